@@ -1,0 +1,128 @@
+// ferry::Context and ferry::Request: the public face over the protocol engine.
+#include <utility>
+
+#include "proto/engine.hpp"
+
+namespace ferry {
+
+Context Context::init(const Options& options) { return Context(proto::Engine::create(options)); }
+
+Context::Context(std::unique_ptr<proto::Engine> engine) : engine_(std::move(engine)) {}
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
+Context::~Context() = default;
+
+int Context::rank() const { return engine_->rank(); }
+int Context::size() const { return engine_->size(); }
+int Context::local_rank() const { return engine_->local_rank(); }
+int Context::local_size() const { return engine_->local_size(); }
+
+Request Context::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  return engine_->isend(buffer, bytes, destination, tag);
+}
+
+Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
+  return engine_->irecv(buffer, capacity, source, tag, mask);
+}
+
+Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  return isend(buffer, bytes, destination, tag).wait();
+}
+
+Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, MessageInfo* info,
+                     Tag mask) {
+  Request request = irecv(buffer, capacity, source, tag, mask);
+  Status status = request.wait();
+  if (info != nullptr) *info = request.info();
+  return status;
+}
+
+std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
+  return engine_->iprobe(source, tag, mask);
+}
+
+MessageInfo Context::probe(int source, Tag tag, Tag mask) {
+  int idle = 0;
+  for (;;) {
+    if (auto info = engine_->iprobe(source, tag, mask)) return *info;
+    engine_->wait_step(&idle);
+  }
+}
+
+Status Context::barrier() { return engine_->barrier(); }
+int Context::progress() { return engine_->progress(); }
+std::string Context::describe_peer(int rank) const { return engine_->describe_peer(rank); }
+std::vector<std::string> Context::describe_transports() const {
+  return engine_->describe_transports();
+}
+
+// ---- Request ----
+
+Request::Request(Request&& other) noexcept
+    : engine_(std::exchange(other.engine_, nullptr)),
+      index_(other.index_),
+      generation_(other.generation_) {}
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    release();
+    engine_ = std::exchange(other.engine_, nullptr);
+    index_ = other.index_;
+    generation_ = other.generation_;
+  }
+  return *this;
+}
+
+Request::~Request() { release(); }
+
+void Request::release() noexcept {
+  if (engine_ != nullptr) engine_->release(index_);
+  engine_ = nullptr;
+}
+
+bool Request::test() { return engine_ == nullptr || engine_->test(index_); }
+
+Status Request::wait() {
+  if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  return engine_->wait(index_);
+}
+
+bool Request::cancel() { return engine_ != nullptr && engine_->cancel(index_); }
+
+Status Request::status() const {
+  if (engine_ == nullptr) return Status(Code::kInvalidArgument, "status of an empty Request");
+  if (!engine_->done(index_)) return Status(Code::kInProgress);
+  return engine_->status(index_);
+}
+
+MessageInfo Request::info() const {
+  if (engine_ == nullptr || !engine_->done(index_)) return {};
+  return engine_->info(index_);
+}
+
+Status Request::wait_all(std::span<Request> requests) {
+  Status first;
+  for (Request& request : requests) {
+    if (!request.valid()) continue;
+    Status status = request.wait();
+    if (first.is_ok() && !status.is_ok()) first = status;
+  }
+  return first;
+}
+
+std::size_t Request::wait_any(std::span<Request> requests) {
+  proto::Engine* engine = nullptr;
+  for (const Request& request : requests) {
+    if (request.valid()) engine = request.engine_;
+  }
+  if (engine == nullptr) return requests.size();
+  int idle = 0;
+  for (;;) {
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i].valid() && requests[i].engine_->done(requests[i].index_)) return i;
+    }
+    engine->wait_step(&idle);
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,203 @@
+// The protocol engine's set-up, finalize and descriptions (see engine.hpp); the message protocols
+// are in protocol.cpp.
+#include "proto/engine.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "proto/wire.hpp"
+#include "transport/self/transport.hpp"
+#include "transport/shm/transport.hpp"
+#include "util/faults.hpp"
+#include "util/log.hpp"
+#include "util/wire.hpp"
+
+namespace ferry::proto {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::nanoseconds seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const Options& options) {
+  util::Config config = util::Config::load(options.config);
+  util::set_log_level(static_cast<util::LogLevel>(config.get_int(util::Var::kLogLevel)));
+  for (const auto& name : config.unknown()) {
+    FERRY_LOG(kWarn, "unknown variable %s is ignored (ferry-info lists the known ones)",
+              name.c_str());
+  }
+  std::unique_ptr<bootstrap::Bootstrap> bootstrap = bootstrap::create(config);
+  return std::unique_ptr<Engine>(new Engine(std::move(config), std::move(bootstrap)));
+}
+
+Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootstrap)
+    : config_(std::move(config)), bootstrap_(std::move(bootstrap)) {
+  rank_ = bootstrap_->rank();
+  size_ = bootstrap_->size();
+  util::set_log_rank(size_ > 1 ? rank_ : -1);
+  rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
+  spin_count_ = static_cast<int>(config_.get_int(util::Var::kSpinCount));
+  crash_on_send_ = config_.get_int(util::Var::kTestCrashRank) == rank_ &&
+                   config_.get_int(util::Var::kTestCrashAt) ==
+                       static_cast<int>(util::CrashPoint::kFirstSend);
+  peers_.resize(static_cast<std::size_t>(size_));
+  setup_transports();
+  connect_peers();
+  util::crash_point(config_, rank_, util::CrashPoint::kInitialized);
+}
+
+void Engine::setup_transports() {
+  if (config_.list_contains(util::Var::kTransports, "self")) {
+    transports_.push_back(std::make_unique<transport::self::SelfTransport>(rank_, this));
+    transport_notes_.push_back("self: available");
+  } else {
+    transport_notes_.push_back("self: excluded by FERRY_TRANSPORTS");
+  }
+  std::vector<int> local = bootstrap_->local_ranks();
+  if (!config_.list_contains(util::Var::kTransports, "shm")) {
+    transport_notes_.push_back("shm: excluded by FERRY_TRANSPORTS");
+  } else if (local.size() < 2) {
+    transport_notes_.push_back("shm: not needed (no other process of the job on this node)");
+  } else {
+    auto it = std::find(local.begin(), local.end(), rank_);
+    if (it == local.end()) {
+      throw Error(Code::kBootstrapError, bootstrap_->name() + " lists this node's ranks without " +
+                                             std::to_string(rank_));
+    }
+    transports_.push_back(std::make_unique<transport::shm::ShmTransport>(
+        config_, bootstrap_->job_id(), rank_, static_cast<int>(it - local.begin()), local, this));
+    transport_notes_.push_back("shm: available (" + std::to_string(local.size()) +
+                               " processes on this node)");
+  }
+}
+
+void Engine::connect_peers() {
+  util::Writer writer;
+  writer.put<std::uint32_t>(static_cast<std::uint32_t>(transports_.size()));
+  for (const auto& t : transports_) {
+    writer.put_string(t->capabilities().name);
+    writer.put_bytes(t->address());
+  }
+  std::vector<bootstrap::Blob> all;
+  auto idle = [this] { progress(); };
+  Status status = bootstrap_->allgather(writer.bytes(), &all, idle);
+  if (!status) throw Error(status);
+  if (all.size() != static_cast<std::size_t>(size_)) {
+    throw Error(Code::kBootstrapError, bootstrap_->name() + " returned " +
+                                           std::to_string(all.size()) + " addresses for " +
+                                           std::to_string(size_) + " ranks");
+  }
+  std::vector<int> local = bootstrap_->local_ranks();
+  for (int r = 0; r < size_; ++r) {
+    // Decode what rank r published: (transport name, address) pairs.
+    std::vector<std::pair<std::string, std::span<const std::byte>>> published;
+    util::Reader reader(all[static_cast<std::size_t>(r)]);
+    std::uint32_t count = 0;
+    bool ok = reader.get(&count) && count <= 16;
+    for (std::uint32_t i = 0; ok && i < count; ++i) {
+      std::string name;
+      std::span<const std::byte> address;
+      ok = reader.get_string(&name, 64) && reader.get_bytes(&address);
+      if (ok) published.emplace_back(name, address);
+    }
+    if (!ok) {
+      throw Error(Code::kProtocolError,
+                  "rank " + std::to_string(r) + " published a malformed address blob");
+    }
+    auto it = std::find(local.begin(), local.end(), r);
+    Peer& peer = peers_[static_cast<std::size_t>(r)];
+    std::string tried;
+    for (const auto& t : transports_) {
+      const std::string& name = t->capabilities().name;
+      transport::PeerInfo info;
+      info.rank = r;
+      info.same_node = it != local.end();
+      info.local_index = info.same_node ? static_cast<int>(it - local.begin()) : -1;
+      auto match = std::find_if(published.begin(), published.end(),
+                                [&](const auto& p) { return p.first == name; });
+      if (match == published.end() && name != "self") {
+        tried += name + ": rank " + std::to_string(r) + " does not offer it; ";
+        continue;
+      }
+      if (match != published.end()) info.address = match->second;
+      transport::Reachability reach = t->reach(info);
+      if (!reach.reachable) {
+        tried += name + ": " + reach.reason + "; ";
+        continue;
+      }
+      try {
+        endpoints_.push_back(t->connect(info));
+      } catch (const Error& e) {
+        FERRY_LOG(kWarn, "%s could not connect to rank %d: %s", name.c_str(), r, e.what());
+        tried += name + ": " + e.what() + "; ";
+        continue;
+      }
+      peer.endpoint = endpoints_.back().get();
+      peer.transport = name;
+      peer.why = peer.endpoint->describe();
+      const std::size_t max_am = t->capabilities().max_am;
+      peer.eager_limit = std::min(rndv_threshold_, max_am - sizeof(EagerHeader));
+      peer.frag_size = std::min<std::size_t>(max_am, 1u << 20) - sizeof(FragHeader);
+      break;
+    }
+    if (peer.endpoint == nullptr) {
+      peer.why = "no transport reaches rank " + std::to_string(r) + " (" +
+                 (tried.empty() ? std::string("none enabled") : tried.substr(0, tried.size() - 2)) +
+                 ")";
+    }
+  }
+  // Everyone has mapped everyone: names in /dev/shm can go now.
+  status = bootstrap_->barrier(idle);
+  if (!status) throw Error(status);
+  for (auto& t : transports_) t->on_all_connected();
+}
+
+Engine::~Engine() { finalize(); }
+
+void Engine::finalize() {
+  const auto deadline = Clock::now() + seconds(config_.get_seconds(util::Var::kFinalizeTimeout));
+  int idle = 0;
+  while ((!pending_peers_.empty() || outstanding_sends_ > 0) && Clock::now() < deadline) {
+    wait_step(&idle);
+  }
+  if (!pending_peers_.empty() || outstanding_sends_ > 0) {
+    FERRY_LOG(kWarn,
+              "finalize: %zu sends still incomplete after %.1f s (FERRY_FINALIZE_TIMEOUT); "
+              "were they received?",
+              outstanding_sends_, config_.get_seconds(util::Var::kFinalizeTimeout));
+  }
+  util::crash_point(config_, rank_, util::CrashPoint::kFinalize);
+  // Peers may still be reading our bounce buffers or our memory: leave only together.
+  Status status = bootstrap_->barrier([this] { progress(); });
+  if (!status) FERRY_LOG(kWarn, "finalize: %s", status.to_string().c_str());
+  endpoints_.clear();
+  transports_.clear();
+}
+
+void Engine::wait_step(int* idle_polls) {
+  if (progress() > 0) {
+    *idle_polls = 0;
+  } else if (++*idle_polls > spin_count_) {
+    ::sched_yield();
+  }
+}
+
+Status Engine::barrier() { return bootstrap_->barrier([this] { progress(); }); }
+
+std::string Engine::describe_peer(int rank) const {
+  if (rank < 0 || rank >= size_) return "rank " + std::to_string(rank) + " is not in the job";
+  const Peer& peer = peers_[static_cast<std::size_t>(rank)];
+  if (peer.endpoint == nullptr) return peer.why;
+  return peer.transport + ": " + peer.why + ", eager up to " + std::to_string(peer.eager_limit) +
+         " B" + (peer.get_failed ? " (zero-copy get failed earlier: pipelined)" : "");
+}
+
+std::vector<std::string> Engine::describe_transports() const { return transport_notes_; }
+
+}  // namespace ferry::proto

@@ -1,0 +1,121 @@
+// The protocol engine behind a Context: picks a transport per peer, chooses eager or rendezvous
+// by size, matches tags, queues what a transport cannot take now, and completes requests.
+#pragma once
+
+#include <array>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bootstrap/bootstrap.hpp"
+#include "ferry/ferry.hpp"
+#include "proto/matching.hpp"
+#include "proto/request_pool.hpp"
+#include "transport/transport.hpp"
+#include "util/config.hpp"
+
+namespace ferry::proto {
+
+class Engine final : public transport::AmHandler {
+ public:
+  // Throws ferry::Error naming what failed (configuration, bootstrap, a transport).
+  static std::unique_ptr<Engine> create(const Options& options);
+  ~Engine() override;  // finalize
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  [[nodiscard]] int local_rank() const { return bootstrap_->local_rank(); }
+  [[nodiscard]] int local_size() const { return bootstrap_->local_size(); }
+  [[nodiscard]] const util::Config& config() const { return config_; }
+
+  Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
+  Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
+  std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
+  Status barrier();
+  int progress();
+
+  // Request operations (through ferry::Request).
+  bool test(std::uint32_t index);
+  Status wait(std::uint32_t index);
+  bool cancel(std::uint32_t index);
+  [[nodiscard]] Status status(std::uint32_t index) { return requests_[index].status; }
+  [[nodiscard]] MessageInfo info(std::uint32_t index) { return requests_[index].info; }
+  [[nodiscard]] bool done(std::uint32_t index) {
+    return requests_[index].state == RequestState::kDone;
+  }
+  void release(std::uint32_t index);
+  // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
+  void wait_step(int* idle_polls);
+
+  [[nodiscard]] std::string describe_peer(int rank) const;
+  [[nodiscard]] std::vector<std::string> describe_transports() const;
+
+  void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override;
+
+ private:
+  struct Pending {
+    std::uint8_t am = 0;
+    std::uint8_t header_size = 0;
+    std::array<std::byte, 40> header{};
+    const std::byte* payload = nullptr;
+    std::size_t payload_size = 0;
+    std::uint32_t request = UINT32_MAX;  // completed with the error if sending fails
+    bool complete_on_send = false;       // eager sends complete once the transport has the data
+    // A pipelined rendezvous stream (am == kAmFrag): send [offset, length) of `stream` in chunks.
+    std::uint32_t stream = UINT32_MAX;
+    std::uint64_t rreq = 0;
+    std::size_t offset = 0;
+    std::size_t length = 0;
+  };
+  struct Peer {
+    transport::Endpoint* endpoint = nullptr;  // null: unreachable (why says why)
+    std::string transport;
+    std::string why;
+    std::size_t eager_limit = 0;  // largest message sent eagerly
+    std::size_t frag_size = 0;    // payload per fragment of a pipelined message
+    bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
+    std::deque<Pending> pending;  // in order; nothing bypasses it
+  };
+
+  Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootstrap);
+  void setup_transports();
+  void connect_peers();
+  void finalize();
+
+  void complete(std::uint32_t index, Status status);
+  // Sends an active message now or queues it behind what is already queued for that peer.
+  void send_or_queue(int peer, Pending&& pending);
+  bool try_send(Peer& peer, Pending& pending);  // true when fully sent
+  int drain_pending();
+  void protocol_error(int source, const char* what);
+
+  void handle_eager(int source, std::span<const std::byte> data);
+  void handle_rts(int source, std::span<const std::byte> data);
+  void handle_cts(int source, std::span<const std::byte> data);
+  void handle_frag(int source, std::span<const std::byte> data);
+  void handle_fin(int source, std::span<const std::byte> data);
+  void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
+  void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
+                        std::uint64_t sreq, std::uint64_t address);
+  void send_control(int peer, std::uint8_t am, std::span<const std::byte> header);
+
+  util::Config config_;
+  std::unique_ptr<bootstrap::Bootstrap> bootstrap_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::size_t rndv_threshold_ = 0;
+  int spin_count_ = 0;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  std::vector<std::string> transport_notes_;  // why each transport is or is not here
+  std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
+  std::vector<Peer> peers_;
+  std::vector<int> pending_peers_;  // peers whose pending queue is not empty
+  RequestPool requests_;
+  Matcher matcher_;
+  bool crash_on_send_ = false;  // FERRY_TEST_CRASH_AT=first-send names this rank
+  std::size_t outstanding_sends_ = 0;  // send requests not yet complete
+};
+
+}  // namespace ferry::proto

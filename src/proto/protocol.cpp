@@ -1,0 +1,378 @@
+// The message protocols (see engine.hpp): eager (inline or bounce) up to the peer's eager limit,
+// rendezvous above it: RTS, then a zero-copy get and FIN where the endpoint can, else CTS and a
+// pipelined stream of fragments. Every header from a peer is size-checked and every request id
+// in it is validated against the pool before use.
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "proto/engine.hpp"
+#include "proto/wire.hpp"
+#include "util/faults.hpp"
+#include "util/log.hpp"
+
+namespace ferry::proto {
+namespace {
+
+template <typename H>
+void set_header(std::uint8_t am, const H& header, std::uint8_t* am_out, std::uint8_t* size_out,
+                std::array<std::byte, 40>* bytes) {
+  static_assert(sizeof(H) <= 40);
+  *am_out = am;
+  *size_out = sizeof(H);
+  std::memcpy(bytes->data(), &header, sizeof(H));
+}
+
+Status truncation(int source, std::size_t size, std::size_t capacity) {
+  return Status(Code::kTruncated, "message of " + std::to_string(size) + " bytes from rank " +
+                                      std::to_string(source) + " truncated to the " +
+                                      std::to_string(capacity) + "-byte receive buffer");
+}
+
+}  // namespace
+
+Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  std::uint32_t index = requests_.allocate(RequestKind::kSend);
+  RequestSlot& slot = requests_[index];
+  slot.peer = destination;
+  slot.tag = tag;
+  slot.send_buffer = static_cast<const std::byte*>(buffer);
+  slot.size = bytes;
+  slot.info = {rank_, tag, bytes};
+  ++outstanding_sends_;
+  Request request(this, index, slot.generation);
+  if (destination < 0 || destination >= size_) {
+    complete(index, Status(Code::kInvalidArgument, "isend: destination rank " +
+                                                       std::to_string(destination) +
+                                                       " is not in [0, " + std::to_string(size_) +
+                                                       ")"));
+    return request;
+  }
+  if (buffer == nullptr && bytes > 0) {
+    complete(index, Status(Code::kInvalidArgument, "isend: null buffer with " +
+                                                       std::to_string(bytes) + " bytes"));
+    return request;
+  }
+  Peer& peer = peers_[static_cast<std::size_t>(destination)];
+  if (peer.endpoint == nullptr) {
+    complete(index, Status(Code::kUnsupported, peer.why));
+    return request;
+  }
+  if (crash_on_send_) util::crash_point(config_, rank_, util::CrashPoint::kFirstSend);
+  Pending pending;
+  pending.request = index;
+  pending.payload = slot.send_buffer;
+  if (bytes <= peer.eager_limit) {
+    set_header(kAmEager, EagerHeader{tag}, &pending.am, &pending.header_size, &pending.header);
+    pending.payload_size = bytes;
+    pending.complete_on_send = true;
+  } else {
+    slot.rendezvous = true;
+    RtsHeader rts{tag, bytes, requests_.wire_id(index), reinterpret_cast<std::uint64_t>(buffer)};
+    set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
+  }
+  send_or_queue(destination, std::move(pending));
+  return request;
+}
+
+Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
+  std::uint32_t index = requests_.allocate(RequestKind::kRecv);
+  RequestSlot& slot = requests_[index];
+  slot.peer = source;
+  slot.tag = tag;
+  slot.mask = mask;
+  slot.recv_buffer = static_cast<std::byte*>(buffer);
+  slot.size = capacity;
+  Request request(this, index, slot.generation);
+  if (source != kAnySource && (source < 0 || source >= size_)) {
+    complete(index, Status(Code::kInvalidArgument, "irecv: source rank " + std::to_string(source) +
+                                                       " is neither kAnySource nor in [0, " +
+                                                       std::to_string(size_) + ")"));
+    return request;
+  }
+  if (buffer == nullptr && capacity > 0) {
+    complete(index, Status(Code::kInvalidArgument, "irecv: null buffer with capacity " +
+                                                       std::to_string(capacity)));
+    return request;
+  }
+  std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
+  if (!message) {
+    slot.state = RequestState::kPosted;
+    matcher_.post({source, tag, mask, index});
+  } else if (!message->rendezvous) {
+    deliver_eager(index, message->source, message->tag, message->data);
+    matcher_.recycle(std::move(message->data));
+  } else {
+    start_rendezvous(index, message->source, message->tag, message->size, message->sreq,
+                     message->address);
+  }
+  return request;
+}
+
+std::optional<MessageInfo> Engine::iprobe(int source, Tag tag, Tag mask) {
+  progress();
+  const Unexpected* message = matcher_.find_unexpected(source, tag, mask);
+  if (message == nullptr) return std::nullopt;
+  return MessageInfo{message->source, message->tag, message->size};
+}
+
+int Engine::progress() {
+  int events = 0;
+  for (auto& t : transports_) events += t->progress();
+  if (!pending_peers_.empty()) events += drain_pending();
+  return events;
+}
+
+void Engine::complete(std::uint32_t index, Status status) {
+  RequestSlot& slot = requests_[index];
+  slot.status = std::move(status);
+  slot.state = RequestState::kDone;
+  if (slot.kind == RequestKind::kSend) --outstanding_sends_;
+  if (!slot.handle_alive) requests_.free(index);
+}
+
+void Engine::send_or_queue(int peer_rank, Pending&& pending) {
+  Peer& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  if (peer.pending.empty()) {
+    if (try_send(peer, pending)) return;
+    pending_peers_.push_back(peer_rank);
+  }
+  peer.pending.push_back(std::move(pending));
+}
+
+bool Engine::try_send(Peer& peer, Pending& pending) {
+  if (pending.stream != UINT32_MAX) {
+    const RequestSlot& slot = requests_[pending.stream];
+    while (pending.offset < pending.length) {
+      std::size_t chunk = std::min(peer.frag_size, pending.length - pending.offset);
+      FragHeader header{pending.rreq, pending.offset};
+      Status status = peer.endpoint->am_send(
+          kAmFrag, as_bytes(header),
+          std::span<const std::byte>(slot.send_buffer + pending.offset, chunk));
+      if (status.code() == Code::kWouldBlock) return false;
+      if (!status) {
+        complete(pending.stream, std::move(status));
+        return true;
+      }
+      pending.offset += chunk;
+    }
+    complete(pending.stream, Status::ok());
+    return true;
+  }
+  Status status = peer.endpoint->am_send(
+      pending.am, std::span<const std::byte>(pending.header.data(), pending.header_size),
+      std::span<const std::byte>(pending.payload, pending.payload_size));
+  if (status.code() == Code::kWouldBlock) return false;
+  if (pending.request != UINT32_MAX && (!status || pending.complete_on_send)) {
+    complete(pending.request, std::move(status));
+  } else if (!status) {
+    FERRY_LOG(kError, "%s: control message %u lost: %s", peer.transport.c_str(), pending.am,
+              status.to_string().c_str());
+  }
+  return true;
+}
+
+int Engine::drain_pending() {
+  int sent = 0;
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < pending_peers_.size(); ++i) {
+    int rank = pending_peers_[i];
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    while (!peer.pending.empty() && try_send(peer, peer.pending.front())) {
+      peer.pending.pop_front();
+      ++sent;
+    }
+    if (!peer.pending.empty()) pending_peers_[keep++] = rank;
+  }
+  pending_peers_.resize(keep);
+  return sent;
+}
+
+void Engine::send_control(int peer_rank, std::uint8_t am, std::span<const std::byte> header) {
+  Pending pending;
+  pending.am = am;
+  pending.header_size = static_cast<std::uint8_t>(header.size());
+  std::memcpy(pending.header.data(), header.data(), header.size());
+  send_or_queue(peer_rank, std::move(pending));
+}
+
+void Engine::protocol_error(int source, const char* what) {
+  // Bounded logging: a hostile peer must not flood stderr.
+  static int logged = 0;
+  if (logged < 10) {
+    ++logged;
+    FERRY_LOG(kError, "protocol error from rank %d: %s; message dropped", source, what);
+  }
+}
+
+void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data) {
+  switch (id) {
+    case kAmEager: return handle_eager(source, data);
+    case kAmRts: return handle_rts(source, data);
+    case kAmCts: return handle_cts(source, data);
+    case kAmFrag: return handle_frag(source, data);
+    case kAmFin: return handle_fin(source, data);
+    default: return protocol_error(source, "unknown active message id");
+  }
+}
+
+void Engine::deliver_eager(std::uint32_t index, int source, Tag tag,
+                           std::span<const std::byte> payload) {
+  RequestSlot& slot = requests_[index];
+  std::size_t copied = std::min(payload.size(), slot.size);
+  if (copied > 0) std::memcpy(slot.recv_buffer, payload.data(), copied);
+  slot.info = {source, tag, copied};
+  complete(index, payload.size() > slot.size ? truncation(source, payload.size(), slot.size)
+                                             : Status::ok());
+}
+
+void Engine::handle_eager(int source, std::span<const std::byte> data) {
+  EagerHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short eager header");
+  auto payload = data.subspan(sizeof(header));
+  if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
+    deliver_eager(*index, source, header.tag, payload);
+    return;
+  }
+  Unexpected message;
+  message.source = source;
+  message.tag = header.tag;
+  message.size = payload.size();
+  message.data = matcher_.buffer();
+  message.data.assign(payload.begin(), payload.end());
+  matcher_.add_unexpected(std::move(message));
+}
+
+void Engine::handle_rts(int source, std::span<const std::byte> data) {
+  RtsHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short RTS header");
+  if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
+    start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address);
+    return;
+  }
+  Unexpected message;
+  message.source = source;
+  message.tag = header.tag;
+  message.size = header.size;
+  message.rendezvous = true;
+  message.sreq = header.sreq;
+  message.address = header.address;
+  matcher_.add_unexpected(std::move(message));
+}
+
+void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
+                              std::uint64_t sreq, std::uint64_t address) {
+  RequestSlot& slot = requests_[index];
+  const std::size_t length = std::min(size, slot.size);
+  slot.info = {source, tag, length};
+  slot.message_size = size;
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (length > 0 && peer.endpoint->has_get() && !peer.get_failed) {
+    Status status = peer.endpoint->get(slot.recv_buffer, address, length);
+    if (!status) {
+      peer.get_failed = true;
+      FERRY_LOG(kWarn, "%s: zero-copy get from rank %d failed (%s); its large messages are "
+                "pipelined from now on", peer.transport.c_str(), source,
+                status.to_string().c_str());
+    }
+    if (status) {
+      complete(index, size > slot.size ? truncation(source, size, slot.size) : Status::ok());
+      send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+      return;
+    }
+  }
+  if (length == 0) {
+    complete(index, size > slot.size ? truncation(source, size, slot.size) : Status::ok());
+    send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+    return;
+  }
+  slot.state = RequestState::kActive;
+  slot.expected = length;
+  slot.received = 0;
+  send_control(source, kAmCts, as_bytes(CtsHeader{sreq, requests_.wire_id(index), length}));
+}
+
+void Engine::handle_cts(int source, std::span<const std::byte> data) {
+  CtsHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short CTS header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.sreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
+      slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
+      header.length > slot->size) {
+    return protocol_error(source, "CTS for no rendezvous send of that size");
+  }
+  slot->rendezvous = false;  // a second CTS or FIN for it is an error
+  Pending pending;
+  pending.am = kAmFrag;
+  pending.stream = index;
+  pending.rreq = header.rreq;
+  pending.length = header.length;
+  send_or_queue(source, std::move(pending));
+}
+
+void Engine::handle_frag(int source, std::span<const std::byte> data) {
+  FragHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short fragment header");
+  auto payload = data.subspan(sizeof(header));
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.rreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kRecv ||
+      slot->state != RequestState::kActive || slot->info.source != source ||
+      header.offset > slot->expected || payload.size() > slot->expected - header.offset ||
+      payload.size() > slot->expected - slot->received) {
+    return protocol_error(source, "fragment outside any receive in progress");
+  }
+  std::memcpy(slot->recv_buffer + header.offset, payload.data(), payload.size());
+  slot->received += payload.size();
+  if (slot->received == slot->expected) {
+    complete(index, slot->message_size > slot->size
+                        ? truncation(source, slot->message_size, slot->size)
+                        : Status::ok());
+  }
+}
+
+void Engine::handle_fin(int source, std::span<const std::byte> data) {
+  FinHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short FIN header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.sreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
+      slot->state != RequestState::kActive || slot->peer != source) {
+    return protocol_error(source, "FIN for no rendezvous send");
+  }
+  slot->rendezvous = false;
+  complete(index, Status::ok());
+}
+
+bool Engine::test(std::uint32_t index) {
+  if (done(index)) return true;
+  progress();
+  return done(index);
+}
+
+Status Engine::wait(std::uint32_t index) {
+  int idle = 0;
+  while (!done(index)) wait_step(&idle);
+  return requests_[index].status;
+}
+
+bool Engine::cancel(std::uint32_t index) {
+  RequestSlot& slot = requests_[index];
+  if (slot.kind != RequestKind::kRecv || slot.state != RequestState::kPosted) return false;
+  if (!matcher_.remove_posted(index)) return false;
+  complete(index, Status(Code::kCanceled, "receive canceled before it matched"));
+  return true;
+}
+
+void Engine::release(std::uint32_t index) {
+  RequestSlot& slot = requests_[index];
+  if (slot.state == RequestState::kDone) {
+    requests_.free(index);
+  } else {
+    slot.handle_alive = false;
+  }
+}
+
+}  // namespace ferry::proto

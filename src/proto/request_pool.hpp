@@ -1,0 +1,91 @@
+// Request slots: stable storage (a deque never moves its elements), a free list, and a generation
+// per slot so that a stale or forged request id from a peer is recognised instead of trusted.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::proto {
+
+enum class RequestKind : std::uint8_t { kSend, kRecv };
+enum class RequestState : std::uint8_t {
+  kFree,
+  kPosted,      // recv: waiting in the posted queue
+  kActive,      // send: queued or waiting for the peer; recv: receiving fragments
+  kDone,
+};
+
+struct RequestSlot {
+  std::uint32_t generation = 1;
+  RequestKind kind = RequestKind::kSend;
+  RequestState state = RequestState::kFree;
+  bool handle_alive = false;  // a Request object refers to it
+  bool rendezvous = false;    // send: waiting for the receiver's CTS or FIN
+  int peer = -1;
+  Tag tag = 0;
+  Tag mask = 0;
+  const std::byte* send_buffer = nullptr;
+  std::byte* recv_buffer = nullptr;
+  std::size_t size = 0;      // send: message size; recv: capacity
+  std::size_t expected = 0;  // recv by fragments: bytes to receive
+  std::size_t received = 0;
+  std::size_t message_size = 0;  // recv: the sender's size (for truncation)
+  Status status;
+  MessageInfo info;
+};
+
+class RequestPool {
+ public:
+  std::uint32_t allocate(RequestKind kind) {
+    std::uint32_t index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = static_cast<std::uint32_t>(slots_.size());
+      slots_.emplace_back();
+    }
+    RequestSlot& slot = slots_[index];
+    std::uint32_t generation = slot.generation;
+    slot = RequestSlot{};
+    slot.generation = generation;
+    slot.kind = kind;
+    slot.state = RequestState::kActive;
+    slot.handle_alive = true;
+    return index;
+  }
+  void free(std::uint32_t index) {
+    RequestSlot& slot = slots_[index];
+    slot.state = RequestState::kFree;
+    slot.status = Status();
+    ++slot.generation;
+    if (slot.generation == 0) slot.generation = 1;
+    free_.push_back(index);
+  }
+  RequestSlot& operator[](std::uint32_t index) { return slots_[index]; }
+  [[nodiscard]] std::size_t capacity() const { return slots_.size(); }
+
+  // The wire form of a request id: generation and index.
+  [[nodiscard]] std::uint64_t wire_id(std::uint32_t index) const {
+    return (std::uint64_t{slots_[index].generation} << 32) | index;
+  }
+  // The slot a wire id names, if it is live with that generation; nullptr otherwise.
+  RequestSlot* lookup(std::uint64_t wire, std::uint32_t* index_out) {
+    auto index = static_cast<std::uint32_t>(wire & 0xffffffffu);
+    auto generation = static_cast<std::uint32_t>(wire >> 32);
+    if (index >= slots_.size()) return nullptr;
+    RequestSlot& slot = slots_[index];
+    if (slot.generation != generation || slot.state == RequestState::kFree) return nullptr;
+    *index_out = index;
+    return &slot;
+  }
+
+ private:
+  std::deque<RequestSlot> slots_;
+  std::vector<std::uint32_t> free_;
+};
+
+}  // namespace ferry::proto

@@ -1,0 +1,56 @@
+// The protocol layer's active messages: ids and headers. Every header is decoded with a size check
+// (decode) before use; the values in it are validated by the handler.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace ferry::proto {
+
+enum AmId : std::uint8_t {
+  kAmEager = 1,  // EagerHeader + the whole message
+  kAmRts = 2,    // RtsHeader: a large message is ready at `address` in the sender
+  kAmCts = 3,    // CtsHeader: the receiver matched it and wants it pipelined (no zero-copy get)
+  kAmFrag = 4,   // FragHeader + one chunk of a pipelined message
+  kAmFin = 5,    // FinHeader: the receiver is done with the sender's buffer
+};
+
+struct EagerHeader {
+  std::uint64_t tag;
+};
+struct RtsHeader {
+  std::uint64_t tag;
+  std::uint64_t size;
+  std::uint64_t sreq;
+  std::uint64_t address;
+};
+struct CtsHeader {
+  std::uint64_t sreq;
+  std::uint64_t rreq;
+  std::uint64_t length;
+};
+struct FragHeader {
+  std::uint64_t rreq;
+  std::uint64_t offset;
+};
+struct FinHeader {
+  std::uint64_t sreq;
+  std::uint32_t code;
+  std::uint32_t reserved;
+};
+
+template <typename H>
+std::span<const std::byte> as_bytes(const H& header) {
+  return {reinterpret_cast<const std::byte*>(&header), sizeof(H)};
+}
+
+// Copies a header out of `data`; false when `data` is too short.
+template <typename H>
+[[nodiscard]] bool decode(std::span<const std::byte> data, H* header) {
+  if (data.size() < sizeof(H)) return false;
+  std::memcpy(header, data.data(), sizeof(H));
+  return true;
+}
+
+}  // namespace ferry::proto

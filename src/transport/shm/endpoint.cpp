@@ -1,0 +1,101 @@
+// shm endpoint (see endpoint.hpp).
+#include "transport/shm/endpoint.hpp"
+
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "transport/shm/segment.hpp"
+#include "transport/shm/transport.hpp"
+
+namespace ferry::transport::shm {
+
+ShmEndpoint::ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank,
+                         int peer_pid, bool cma_ok, std::string cma_reason)
+    : transport_(transport),
+      producer_(&peer_segment->header()->fifo, peer_segment->fifo(),
+                peer_segment->layout().fifo_size),
+      peer_rank_(peer_rank),
+      peer_pid_(peer_pid),
+      cma_ok_(cma_ok),
+      cma_reason_(std::move(cma_reason)) {}
+
+Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
+                            std::span<const std::byte> payload) {
+  const std::size_t length = header.size() + payload.size();
+  if (length <= kInlineCapacity) {
+    FifoClaim claim = producer_.claim();
+    if (claim.elem == nullptr) return Status(Code::kWouldBlock);
+    FifoElem* elem = claim.elem;
+    elem->am_id = id;
+    elem->flags = kElemInline;
+    elem->source = static_cast<std::uint16_t>(transport_->local_index());
+    elem->length = static_cast<std::uint32_t>(length);
+    std::memcpy(elem->data, header.data(), header.size());
+    if (!payload.empty()) std::memcpy(elem->data + header.size(), payload.data(), payload.size());
+    FifoProducer::publish(claim);
+    return Status::ok();
+  }
+  const Segment& own = transport_->own();
+  if (length > own.layout().bounce_size) {
+    return Status(Code::kInvalidArgument, "shm active message of " + std::to_string(length) +
+                                              " bytes exceeds the bounce size " +
+                                              std::to_string(own.layout().bounce_size));
+  }
+  int slot = transport_->alloc_bounce();
+  if (slot < 0) return Status(Code::kWouldBlock);
+  // Fill the buffer before claiming the element: a claimed element stalls the receiver until it
+  // is published, so that window stays short.
+  std::byte* data = own.bounce_data(static_cast<std::uint32_t>(slot));
+  std::memcpy(data, header.data(), header.size());
+  if (!payload.empty()) std::memcpy(data + header.size(), payload.data(), payload.size());
+  FifoClaim claim = producer_.claim();
+  if (claim.elem == nullptr) {
+    transport_->free_bounce(static_cast<std::uint32_t>(slot));
+    return Status(Code::kWouldBlock);
+  }
+  FifoElem* elem = claim.elem;
+  elem->am_id = id;
+  elem->flags = kElemBounce;
+  elem->source = static_cast<std::uint16_t>(transport_->local_index());
+  elem->length = static_cast<std::uint32_t>(length);
+  elem->bounce = static_cast<std::uint32_t>(slot);
+  FifoProducer::publish(claim);
+  return Status::ok();
+}
+
+Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length) {
+  auto* dst = static_cast<char*>(local);
+  std::size_t done = 0;
+  while (done < length) {
+    iovec local_iov{dst + done, length - done};
+    iovec remote_iov{reinterpret_cast<void*>(remote + done), length - done};
+    ssize_t n = ::process_vm_readv(pid, &local_iov, 1, &remote_iov, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status(Code::kIoError, std::string("process_vm_readv of ") + std::to_string(length) +
+                                        " bytes from pid " + std::to_string(pid) +
+                                        " failed: " + std::strerror(errno));
+    }
+    if (n == 0) {
+      return Status(Code::kIoError, "process_vm_readv from pid " + std::to_string(pid) +
+                                        " made no progress");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
+Status ShmEndpoint::get(void* local, std::uint64_t remote, std::size_t length) {
+  if (!cma_ok_) return Status(Code::kUnsupported, "shm to rank " + std::to_string(peer_rank_) +
+                                                      ": no CMA (" + cma_reason_ + ")");
+  return cma_read(peer_pid_, local, remote, length);
+}
+
+std::string ShmEndpoint::describe() const {
+  if (cma_ok_) return "shm, large messages by CMA single copy";
+  return "shm, large messages pipelined through bounce buffers (" + cma_reason_ + ")";
+}
+
+}  // namespace ferry::transport::shm

@@ -1,0 +1,39 @@
+// An shm endpoint: produces into one peer's FIFO, fills bounce buffers from this process's pool,
+// and reads the peer's memory with CMA when the connect-time probe succeeded.
+#pragma once
+
+#include <string>
+
+#include "transport/shm/fifo.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry::transport::shm {
+
+class ShmTransport;
+class Segment;
+
+class ShmEndpoint final : public Endpoint {
+ public:
+  ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank, int peer_pid,
+              bool cma_ok, std::string cma_reason);
+
+  Status am_send(std::uint8_t id, std::span<const std::byte> header,
+                 std::span<const std::byte> payload) override;
+  Status get(void* local, std::uint64_t remote, std::size_t length) override;
+  [[nodiscard]] bool has_get() const override { return cma_ok_; }
+  [[nodiscard]] std::string describe() const override;
+
+ private:
+  ShmTransport* transport_;
+  FifoProducer producer_;
+  int peer_rank_;
+  int peer_pid_;
+  bool cma_ok_;
+  std::string cma_reason_;
+};
+
+// Reads `length` bytes at `remote` in process `pid` with process_vm_readv, looping over partial
+// reads. Exposed for the connect-time probe.
+Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length);
+
+}  // namespace ferry::transport::shm

@@ -1,0 +1,179 @@
+// The shm transport (see transport.hpp): segment set-up, connect with a CMA probe, FIFO polling.
+#include "transport/shm/transport.hpp"
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "transport/shm/endpoint.hpp"
+#include "util/config.hpp"
+#include "util/faults.hpp"
+#include "util/log.hpp"
+
+namespace ferry::transport::shm {
+namespace {
+
+std::string segment_name(const std::string& job_id, int rank) {
+  std::string clean;
+  for (char c : job_id) clean += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '_';
+  return "/ferry-" + clean + "-" + std::to_string(rank);
+}
+
+}  // namespace
+
+ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int rank,
+                           int local_index, std::vector<int> local_ranks, AmHandler* handler)
+    : rank_(rank),
+      local_index_(local_index),
+      local_ranks_(std::move(local_ranks)),
+      handler_(handler),
+      cma_enabled_(config.get_bool(util::Var::kShmCma)) {
+  auto bounce_size = static_cast<std::uint32_t>((config.get_size(util::Var::kShmBounceSize) + 63) / 64 * 64);
+  Layout layout;
+  std::string error = Layout::compute(static_cast<std::uint32_t>(config.get_int(util::Var::kShmFifoSize)),
+                                      static_cast<std::uint32_t>(config.get_int(util::Var::kShmBounceCount)),
+                                      bounce_size, &layout);
+  if (!error.empty()) throw Error(Code::kInvalidArgument, "shm: " + error);
+  own_ = Segment::create(segment_name(job_id, rank), layout);
+  util::crash_point(config, rank, util::CrashPoint::kSegmentCreated);
+
+  std::random_device random;
+  own_.header()->cma_cookie = (std::uint64_t{random()} << 32) | random();
+  address_.name = own_.name();
+  address_.pid = static_cast<std::int32_t>(::getpid());
+  address_.fifo_size = layout.fifo_size;
+  address_.bounce_count = layout.bounce_count;
+  address_.bounce_size = layout.bounce_size;
+  address_.cookie_address = reinterpret_cast<std::uint64_t>(&own_.header()->cma_cookie);
+  address_.cookie = own_.header()->cma_cookie;
+  consumer_ = FifoConsumer(&own_.header()->fifo, own_.fifo(), layout.fifo_size,
+                           static_cast<std::uint32_t>(config.get_int(util::Var::kShmReleaseBatch)));
+  peers_.resize(local_ranks_.size());
+  if (cma_enabled_) {
+    // Under Yama ptrace_scope=1 only descendants may be read; let our peers read us. Without Yama
+    // this fails harmlessly, and the probe at connect tells whether CMA really works.
+    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  }
+  capabilities_.name = "shm";
+  capabilities_.max_am = layout.bounce_size;
+  capabilities_.max_inline = kInlineCapacity;
+  capabilities_.latency_us = 0.2;
+  capabilities_.bandwidth_GBps = 10;
+}
+
+ShmTransport::~ShmTransport() = default;
+
+Reachability ShmTransport::reach(const PeerInfo& peer) const {
+  if (!peer.same_node) return {false, "not on this node"};
+  if (peer.rank == rank_) return {false, "the process itself (self transport)"};
+  return {true, "same node"};
+}
+
+std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
+  Address address;
+  Status status = Address::decode(peer.address, &address);
+  if (!status) throw Error(Code::kProtocolError, "shm: rank " + std::to_string(peer.rank) + ": " +
+                                                     status.message());
+  if (peer.local_index < 0 || static_cast<std::size_t>(peer.local_index) >= peers_.size() ||
+      local_ranks_[static_cast<std::size_t>(peer.local_index)] != peer.rank) {
+    throw Error(Code::kInternal, "shm: rank " + std::to_string(peer.rank) +
+                                     " has no valid local index");
+  }
+  Layout layout;
+  std::string error =
+      Layout::compute(address.fifo_size, address.bounce_count, address.bounce_size, &layout);
+  if (!error.empty()) {
+    throw Error(Code::kProtocolError, "shm: rank " + std::to_string(peer.rank) +
+                                          " announced a bad segment: " + error);
+  }
+  auto mapped = std::make_unique<Peer>();
+  mapped->rank = peer.rank;
+  mapped->segment = Segment::attach(address.name, layout);
+
+  bool cma_ok = false;
+  std::string reason;
+  if (!cma_enabled_) {
+    reason = "CMA disabled by FERRY_SHM_CMA=0";
+  } else {
+    std::uint64_t seen = 0;
+    Status probe = cma_read(address.pid, &seen, address.cookie_address, sizeof(seen));
+    if (!probe) {
+      reason = "CMA probe failed: " + probe.message();
+    } else if (seen != address.cookie) {
+      reason = "CMA probe read the wrong bytes (different PID namespace?)";
+    } else {
+      cma_ok = true;
+      reason = "CMA probe ok";
+    }
+  }
+  FERRY_LOG(kDebug, "shm: connected to rank %d (pid %d): %s", peer.rank, address.pid,
+            reason.c_str());
+  const Segment* segment = &mapped->segment;
+  peers_[static_cast<std::size_t>(peer.local_index)] = std::move(mapped);
+  return std::make_unique<ShmEndpoint>(this, segment, peer.rank, address.pid, cma_ok, reason);
+}
+
+int ShmTransport::alloc_bounce() {
+  const std::uint32_t count = own_.layout().bounce_count;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::uint32_t slot = bounce_cursor_;
+    bounce_cursor_ = (bounce_cursor_ + 1 == count) ? 0 : bounce_cursor_ + 1;
+    BounceHeader* bounce = own_.bounce(slot);
+    // acquire: the receiver's reads of the previous contents happen before we overwrite them.
+    if (bounce->busy.load(std::memory_order_acquire) == 0) {
+      bounce->busy.store(1, std::memory_order_relaxed);
+      return static_cast<int>(slot);
+    }
+  }
+  return -1;
+}
+
+void ShmTransport::free_bounce(std::uint32_t slot) {
+  own_.bounce(slot)->busy.store(0, std::memory_order_release);
+}
+
+void ShmTransport::handle(const FifoElem& elem) {
+  // Copy the fields once: a peer may change shared memory under us, so validate the copies.
+  const std::uint8_t id = elem.am_id;
+  const std::uint8_t flags = elem.flags;
+  const std::uint16_t source = elem.source;
+  const std::uint32_t length = elem.length;
+  const std::uint32_t slot = elem.bounce;
+  Peer* peer = source < peers_.size() ? peers_[source].get() : nullptr;
+  if (peer == nullptr) {
+    FERRY_LOG_ONCE(kError, "shm: dropped a FIFO element from unknown local index %u", source);
+    return;
+  }
+  if (flags == kElemInline && length <= kInlineCapacity) {
+    handler_->on_am(id, peer->rank, std::span<const std::byte>(elem.data, length));
+    return;
+  }
+  const Layout& layout = peer->segment.layout();
+  if (flags == kElemBounce && slot < layout.bounce_count && length <= layout.bounce_size) {
+    handler_->on_am(id, peer->rank,
+                    std::span<const std::byte>(peer->segment.bounce_data(slot), length));
+    peer->segment.bounce(slot)->busy.store(0, std::memory_order_release);
+    return;
+  }
+  FERRY_LOG_ONCE(kError,
+                 "shm: dropped a malformed FIFO element from rank %d (flags %u, length %u, "
+                 "bounce slot %u)",
+                 peer->rank, flags, length, slot);
+}
+
+int ShmTransport::progress() {
+  int count = 0;
+  constexpr int kMaxPerCall = 64;
+  while (count < kMaxPerCall) {
+    FifoElem* elem = consumer_.peek();
+    if (elem == nullptr) break;
+    handle(*elem);
+    consumer_.pop();
+    ++count;
+  }
+  if (count == 0) consumer_.release();
+  return count;
+}
+
+}  // namespace ferry::transport::shm

@@ -1,0 +1,61 @@
+// The shared-memory transport: one segment per process holding its receive FIFO and its bounce
+// pool, mapped by every local peer. Inline messages ride in FIFO elements; larger ones in bounce
+// buffers of the sender's pool; zero-copy get by CMA (process_vm_readv) where a probe shows it works.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/shm/address.hpp"
+#include "transport/shm/segment.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry::util {
+class Config;
+}
+
+namespace ferry::transport::shm {
+
+class ShmTransport final : public Transport {
+ public:
+  // `local_ranks`: global ranks of this node's processes in local order; `local_index` is ours.
+  // Throws ferry::Error when the segment cannot be made.
+  ShmTransport(const util::Config& config, std::string job_id, int rank, int local_index,
+               std::vector<int> local_ranks, AmHandler* handler);
+  ~ShmTransport() override;
+
+  [[nodiscard]] const Capabilities& capabilities() const override { return capabilities_; }
+  [[nodiscard]] std::vector<std::byte> address() const override { return address_.encode(); }
+  [[nodiscard]] Reachability reach(const PeerInfo& peer) const override;
+  std::unique_ptr<Endpoint> connect(const PeerInfo& peer) override;
+  void on_all_connected() override { own_.unlink(); }
+  int progress() override;
+
+  // Used by endpoints.
+  int alloc_bounce();
+  void free_bounce(std::uint32_t slot);
+  [[nodiscard]] const Segment& own() const { return own_; }
+  [[nodiscard]] int local_index() const { return local_index_; }
+
+ private:
+  struct Peer {
+    int rank = -1;
+    Segment segment;
+  };
+  void handle(const FifoElem& elem);
+
+  int rank_;
+  int local_index_;
+  std::vector<int> local_ranks_;
+  AmHandler* handler_;
+  bool cma_enabled_;
+  Capabilities capabilities_;
+  Segment own_;
+  Address address_;
+  FifoConsumer consumer_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by local index; mapped segments
+  std::uint32_t bounce_cursor_ = 0;
+};
+
+}  // namespace ferry::transport::shm

@@ -1,0 +1,76 @@
+// The face every transport shows the protocol layer: active messages (an id, a small header and an
+// optional payload, copied by the transport) and, where the transport can, a zero-copy get from a
+// peer's memory. Transports obey; src/proto decides what to send and when (DESIGN.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/status.hpp"
+
+namespace ferry::transport {
+
+struct Capabilities {
+  std::string name;
+  std::size_t max_am = 0;      // largest header + payload one am_send carries
+  std::size_t max_inline = 0;  // header + payload at or under this go in one FIFO element
+  double latency_us = 0;       // estimates used to rank transports
+  double bandwidth_GBps = 0;
+};
+
+// What the protocol layer knows about a peer when it asks a transport to reach it.
+struct PeerInfo {
+  int rank = -1;
+  bool same_node = false;
+  int local_index = -1;                  // index among the node's processes, when same_node
+  std::span<const std::byte> address;    // what the peer's transport published
+};
+
+struct Reachability {
+  bool reachable = false;
+  std::string reason;  // why, either way
+};
+
+// Receives active messages. `data` is header + payload, valid only during the call.
+class AmHandler {
+ public:
+  virtual ~AmHandler() = default;
+  virtual void on_am(std::uint8_t id, int source_rank, std::span<const std::byte> data) = 0;
+};
+
+// One per (transport, peer).
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  // Copies header and payload to the peer. kWouldBlock when there is no room now (the caller
+  // queues and retries after progress); any other error is a real failure.
+  virtual Status am_send(std::uint8_t id, std::span<const std::byte> header,
+                         std::span<const std::byte> payload) = 0;
+  // Copies `length` bytes at the peer's virtual address `remote` into `local`, synchronously.
+  // kUnsupported when this endpoint has no zero-copy path (then the caller pipelines through AMs).
+  virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;
+  [[nodiscard]] virtual bool has_get() const = 0;
+  // "shm (cma single-copy)" / "shm (pipelined: cma probe failed: EPERM)".
+  [[nodiscard]] virtual std::string describe() const = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  [[nodiscard]] virtual const Capabilities& capabilities() const = 0;
+  // Published to every rank through the bootstrap.
+  [[nodiscard]] virtual std::vector<std::byte> address() const = 0;
+  [[nodiscard]] virtual Reachability reach(const PeerInfo& peer) const = 0;
+  // Throws ferry::Error when the peer's address is malformed or its resources cannot be opened.
+  virtual std::unique_ptr<Endpoint> connect(const PeerInfo& peer) = 0;
+  // Called once every rank has connected (all mappings are made): a transport may drop names.
+  virtual void on_all_connected() {}
+  // Delivers arrived messages to the handler; returns how many.
+  virtual int progress() = 0;
+};
+
+}  // namespace ferry::transport
