@@ -1,0 +1,208 @@
+// The multi-process suite, run by every rank under ferryrun (2, 3 and 8 ranks; CTest also runs it
+// with settings that force the pipelined rendezvous and a tiny FIFO). Each test uses its own tags.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+Context* g_ctx = nullptr;
+Context& ctx() { return *g_ctx; }
+int me() { return ctx().rank(); }
+int nranks() { return ctx().size(); }
+int next() { return (me() + 1) % nranks(); }
+int prev() { return (me() + nranks() - 1) % nranks(); }
+
+// Byte i of message `seq` from `source`.
+std::byte pattern(std::size_t i, int source, std::size_t seq) {
+  return static_cast<std::byte>((i * 7 + static_cast<std::size_t>(source) * 31 + seq * 13) & 0xff);
+}
+std::vector<std::byte> make(std::size_t n, int source, std::size_t seq) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = pattern(i, source, seq);
+  return v;
+}
+std::size_t first_mismatch(const std::vector<std::byte>& v, std::size_t n, int source,
+                           std::size_t seq) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (v[i] != pattern(i, source, seq)) return i;
+  }
+  return SIZE_MAX;
+}
+
+TEST(MultiProcess, RingOfEverySizeFromOneByteTo64MiB) {
+  std::vector<std::size_t> sizes = {0, 1, 7, 64, 103, 104, 105, 4095, 8192, 8193, 32768, 65536,
+                                    100003};
+  for (std::size_t s = 1 << 18; s <= (64u << 20); s *= 4) sizes.push_back(s);
+  sizes.push_back((64u << 20) - 5);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::size_t n = sizes[i];
+    std::vector<std::byte> in(n + 16, std::byte{0xee});
+    Request r = ctx().irecv(in.data(), in.size(), prev(), 100 + i);
+    auto out = make(n, me(), i);
+    ASSERT_TRUE(ctx().send(out.data(), n, next(), 100 + i).is_ok());
+    ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
+    EXPECT_EQ(r.info().bytes, n);
+    EXPECT_EQ(r.info().source, prev());
+    EXPECT_EQ(first_mismatch(in, n, prev(), i), SIZE_MAX) << "size " << n;
+    EXPECT_EQ(in[n], std::byte{0xee}) << "wrote past a " << n << "-byte message";
+  }
+}
+
+TEST(MultiProcess, MessagesWithMatchingTagsDoNotOvertakeAcrossProtocols) {
+  // Inline, bounce and rendezvous sizes interleaved on one tag must arrive in send order.
+  const std::size_t sizes[] = {8, 5000, 300000, 0, 20000};
+  constexpr int kCount = 200;
+  std::vector<std::vector<std::byte>> outs;
+  for (int i = 0; i < kCount; ++i) outs.push_back(make(sizes[i % 5], me(), i));
+  std::vector<Request> sends;
+  for (int i = 0; i < kCount; ++i) sends.push_back(ctx().isend(outs[i].data(), outs[i].size(), next(), 7));
+  std::vector<std::byte> in(300000);
+  for (int i = 0; i < kCount; ++i) {
+    MessageInfo info;
+    ASSERT_TRUE(ctx().recv(in.data(), in.size(), prev(), 7, &info).is_ok());
+    ASSERT_EQ(info.bytes, sizes[i % 5]) << "message " << i << " overtaken";
+    ASSERT_EQ(first_mismatch(in, info.bytes, prev(), i), SIZE_MAX) << "message " << i;
+  }
+  EXPECT_TRUE(Request::wait_all(sends).is_ok());
+}
+
+TEST(MultiProcess, WildcardReceiveGetsEveryoneInPerSenderOrder) {
+  constexpr int kPerSender = 300;
+  if (me() != 0) {
+    for (int i = 0; i < kPerSender; ++i) {
+      std::uint64_t v = (std::uint64_t(me()) << 32) | i;
+      ASSERT_TRUE(ctx().send(&v, sizeof(v), 0, 0x500 + (i % 3)).is_ok());
+    }
+  } else {
+    std::vector<int> expected(nranks(), 0);
+    for (int k = 0; k < kPerSender * (nranks() - 1); ++k) {
+      std::uint64_t v = 0;
+      MessageInfo info;
+      // Mask off the low bits: tags 0x500..0x502 all match.
+      ASSERT_TRUE(ctx().recv(&v, sizeof(v), kAnySource, 0x500, &info, ~Tag{0xf}).is_ok());
+      int source = static_cast<int>(v >> 32);
+      ASSERT_EQ(source, info.source);
+      ASSERT_EQ(static_cast<int>(v & 0xffffffff), expected[source]) << "from " << source;
+      ASSERT_EQ(info.tag, Tag(0x500 + expected[source] % 3));
+      ++expected[source];
+    }
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(MultiProcess, TruncationReportsAnErrorAndDeliversWhatFits) {
+  for (std::size_t n : {std::size_t{1000}, std::size_t{3} << 20}) {
+    auto out = make(n, me(), n);
+    std::vector<std::byte> in(128, std::byte{0xee});
+    Request r = ctx().irecv(in.data(), 100, prev(), 20);
+    Request s = ctx().isend(out.data(), n, next(), 20);
+    Status status = r.wait();
+    EXPECT_EQ(status.code(), Code::kTruncated) << status.to_string();
+    EXPECT_EQ(r.info().bytes, 100u);
+    EXPECT_EQ(first_mismatch(in, 100, prev(), n), SIZE_MAX);
+    EXPECT_EQ(in[100], std::byte{0xee});
+    EXPECT_TRUE(s.wait().is_ok()) << "the sender is not told of the receiver's truncation";
+  }
+}
+
+TEST(MultiProcess, ZeroByteMessagesCarryTheirTag) {
+  Request r = ctx().irecv(nullptr, 0, prev(), 0xabc, 0);
+  ASSERT_TRUE(ctx().send(nullptr, 0, next(), 0xabcdef).is_ok());
+  ASSERT_TRUE(r.wait().is_ok());
+  EXPECT_EQ(r.info().bytes, 0u);
+  EXPECT_EQ(r.info().tag, Tag{0xabcdef});
+}
+
+TEST(MultiProcess, ThousandsOfOutstandingRequests) {
+  constexpr int kCount = 5000;
+  std::vector<std::uint32_t> in(kCount, 0), out(kCount);
+  std::vector<Request> requests;
+  for (int i = 0; i < kCount; ++i) requests.push_back(ctx().irecv(&in[i], 4, prev(), 30000 + i));
+  // Sent in reverse tag order: every message but the last arrives unexpected or out of order.
+  for (int i = kCount - 1; i >= 0; --i) {
+    out[i] = static_cast<std::uint32_t>(i * 3 + prev());
+    requests.push_back(ctx().isend(&out[i], 4, next(), 30000 + i));
+  }
+  ASSERT_TRUE(Request::wait_all(requests).is_ok());
+  for (int i = 0; i < kCount; ++i) ASSERT_EQ(in[i], static_cast<std::uint32_t>(i * 3 + prev()));
+}
+
+TEST(MultiProcess, IncastFillsTheFifoAndLosesNothing) {
+  // Everyone floods rank 0, which is not receiving yet: FIFOs and bounce pools run full and the
+  // sends wait in the pending queues, drained by progress.
+  constexpr int kPerSender = 3000;
+  if (me() != 0) {
+    std::vector<std::vector<std::byte>> outs;
+    std::vector<Request> sends;
+    for (int i = 0; i < kPerSender; ++i) {
+      outs.push_back(make((i % 10 == 0) ? 3000 : 40, me(), i));
+      sends.push_back(ctx().isend(outs.back().data(), outs.back().size(), 0, 40));
+    }
+    ASSERT_TRUE(Request::wait_all(sends).is_ok());
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::vector<int> count(nranks(), 0);
+    std::vector<std::byte> in(4096);
+    for (int k = 0; k < kPerSender * (nranks() - 1); ++k) {
+      MessageInfo info;
+      ASSERT_TRUE(ctx().recv(in.data(), in.size(), kAnySource, 40, &info).is_ok());
+      int i = count[info.source]++;
+      ASSERT_EQ(info.bytes, (i % 10 == 0) ? 3000u : 40u);
+      ASSERT_EQ(first_mismatch(in, info.bytes, info.source, i), SIZE_MAX);
+    }
+    for (int r = 1; r < nranks(); ++r) EXPECT_EQ(count[r], kPerSender);
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(MultiProcess, ProbeThenReceiveAndCancel) {
+  auto out = make(12345, me(), 1);
+  Request s = ctx().isend(out.data(), out.size(), next(), 50);
+  MessageInfo info = ctx().probe(kAnySource, 50);
+  EXPECT_EQ(info.source, prev());
+  EXPECT_EQ(info.bytes, 12345u);
+  std::vector<std::byte> in(info.bytes);
+  ASSERT_TRUE(ctx().recv(in.data(), in.size(), info.source, 50).is_ok());
+  EXPECT_EQ(first_mismatch(in, in.size(), prev(), 1), SIZE_MAX);
+  ASSERT_TRUE(s.wait().is_ok());
+  int x = 0;
+  Request never = ctx().irecv(&x, sizeof(x), kAnySource, 51);
+  EXPECT_TRUE(never.cancel());
+  EXPECT_EQ(never.status().code(), Code::kCanceled);
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(MultiProcess, EveryPeerIsReachedThroughTheExpectedTransport) {
+  for (int r = 0; r < nranks(); ++r) {
+    std::string path = ctx().describe_peer(r);
+    EXPECT_NE(path.find(r == me() ? "self" : "shm"), std::string::npos) << path;
+  }
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  try {
+    ferry::Context context = ferry::Context::init();
+    ferry::g_ctx = &context;
+    // Only rank 0 prints the test list; the others print failures only.
+    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
+    int failed = RUN_ALL_TESTS();
+    ferry::g_ctx = nullptr;
+    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
+    return failed;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "mp_test: %s\n", e.what());
+    return 1;
+  }
+}
