@@ -128,7 +128,7 @@ TEST(MultiProcess, ThousandsOfOutstandingRequests) {
   for (int i = 0; i < kCount; ++i) requests.push_back(ctx().irecv(&in[i], 4, prev(), 30000 + i));
   // Sent in reverse tag order: every message but the last arrives unexpected or out of order.
   for (int i = kCount - 1; i >= 0; --i) {
-    out[i] = static_cast<std::uint32_t>(i * 3 + prev());
+    out[i] = static_cast<std::uint32_t>(i * 3 + me());
     requests.push_back(ctx().isend(&out[i], 4, next(), 30000 + i));
   }
   ASSERT_TRUE(Request::wait_all(requests).is_ok());

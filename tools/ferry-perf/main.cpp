@@ -151,7 +151,7 @@ struct Bench {
     if (args.iterations > 0) return args.iterations;
     const double bytes = static_cast<double>(std::max<std::size_t>(size, 64));
     if (test == "latency") return std::clamp(static_cast<long>(1e9 / bytes), 20L, 20000L);
-    return std::clamp(static_cast<long>(4e9 / (bytes * args.window)), 5L, 2000L);
+    return std::clamp(static_cast<long>(1e9 / (bytes * args.window)), 2L, 2000L);
   }
 
   double latency(std::size_t size, long iters, long warmup) {

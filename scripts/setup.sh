@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Shared set-up for the quick start: installs what is missing (Debian 12), then configures and
+# builds ferry in build/ (or $FERRY_BUILD_DIR). Idempotent: fast when nothing changed.
+#   scripts/setup.sh [cmake target...]
+set -euo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FERRY_BUILD_DIR:-$top/build}
+
+packages=(cmake ninja-build g++ make pkg-config libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=${FERRY_BUILD_TYPE:-RelWithDebInfo})
+[ "${FERRY_WERROR:-OFF}" = ON ] && cmake_args+=(-DFERRY_WERROR=ON)
+command -v ccache >/dev/null && cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [ ! -f "$build/build.ninja" ] || [ "${FERRY_WERROR:-OFF}" = ON ]; then
+  cmake -S "$top" -B "$build" "${cmake_args[@]}" >/dev/null
+fi
+jobs=$(nproc)
+if [ $# -gt 0 ]; then
+  cmake --build "$build" -j "$jobs" --target "$@"
+else
+  cmake --build "$build" -j "$jobs"
+fi

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# ferry-perf and ferry-info as a user runs them: outputs parse, data checks pass, bad input fails.
+#   tools_test.sh FERRYRUN FERRY_PERF FERRY_INFO
+set -u
+ferryrun=$1 perf=$2 info=$3
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+if "$ferryrun" -n 2 "$perf" latency bandwidth bibw --sizes 8,64k,4m --iterations 10 --warmup 2 \
+     --check --json >"$tmp/perf.json" 2>"$tmp/err" &&
+   python3 - "$tmp/perf.json" <<'PY'
+import json, sys
+records = json.load(open(sys.argv[1]))
+assert len(records) == 9, records
+for r in records:
+    assert r["size"] in (8, 65536, 4194304) and r["iterations"] == 10, r
+    field = "latency_us" if r["test"] == "latency" else "bandwidth_GBps"
+    assert r[field] > 0, r
+PY
+then ok "ferry-perf --check --json: 3 tests x 3 sizes, every byte verified"; else bad "ferry-perf --json"; cat "$tmp/err"; fi
+
+if "$ferryrun" -n 2 "$perf" --sizes 1,100 --iterations 5 --csv >"$tmp/perf.csv" &&
+   [ "$(head -1 "$tmp/perf.csv")" = "test,size,iterations,latency_us,bandwidth_GBps" ] &&
+   [ "$(wc -l <"$tmp/perf.csv")" -eq 5 ]; then ok "ferry-perf --csv"; else bad "ferry-perf --csv"; fi
+
+if "$ferryrun" -n 2 "$perf" latency --sizes 8 --iterations 5 >"$tmp/table" &&
+   grep -q "latency_us" "$tmp/table" && grep -qE "^latency +8 +5 " "$tmp/table"; then
+  ok "ferry-perf table"; else bad "ferry-perf table"; cat "$tmp/table"; fi
+
+"$ferryrun" -n 2 "$perf" --sizes 8,zz >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && grep -q "bad size 'zz'" "$tmp/err"; then ok "ferry-perf rejects a bad size"
+else bad "ferry-perf bad size (rc $rc)"; fi
+
+"$perf" >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -eq 2 ] && grep -q "needs 2 ranks" "$tmp/err"; then ok "ferry-perf alone says it needs 2 ranks"
+else bad "ferry-perf alone (rc $rc)"; fi
+
+if "$ferryrun" -n 3 "$info" --peers >"$tmp/info" 2>&1 &&
+   grep -q "FERRY_SHM_FIFO_SIZE = 1024 \[default\]" "$tmp/info" &&
+   grep -q "shm: available (3 processes" "$tmp/info" &&
+   [ "$(grep -c "shm, large messages by CMA" "$tmp/info")" -eq 6 ] &&
+   [ "$(grep -c ": self" "$tmp/info")" -eq 3 ]; then
+  ok "ferry-info --peers shows transports, variables and every rank's paths"
+else bad "ferry-info --peers"; cat "$tmp/info"; fi
+
+if FERRY_SHM_CMA=0 "$ferryrun" -n 2 "$info" --peers 2>&1 | grep -q "pipelined .*FERRY_SHM_CMA=0"; then
+  ok "ferry-info says why CMA is not used"; else bad "ferry-info CMA reason"; fi
+
+FERRY_SHM_FIFO_SIZE=1000 "$info" >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && grep -q "FERRY_SHM_FIFO_SIZE" "$tmp/err" && grep -q "power of two" "$tmp/err"; then
+  ok "an invalid variable fails init naming it"; else bad "invalid variable (rc $rc)"; cat "$tmp/err"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
