@@ -1,0 +1,436 @@
+// ferryrun's store server: accepts ranks on a UNIX socket, validates every frame, and answers
+// requests from one epoll loop without ever blocking the launcher.
+#include "bootstrap/store_server.hpp"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "util/log.hpp"
+
+namespace ferry::bootstrap {
+namespace {
+
+constexpr std::uint64_t kListenerId = 0;
+
+[[noreturn]] void fail(const std::string& path, const char* call) {
+  throw Error(Code::kIoError, "ferryrun store at unix:" + path + ": " + call +
+                                  "() failed: " + std::strerror(errno));
+}
+
+}  // namespace
+
+StoreServer::StoreServer(std::string path, int size, AbortFn on_abort)
+    : path_(std::move(path)),
+      size_(size),
+      on_abort_(std::move(on_abort)),
+      rank_client_(static_cast<std::size_t>(size), 0),
+      departed_pid_(static_cast<std::size_t>(size), 0),
+      in_barrier_(static_cast<std::size_t>(size), false),
+      gathered_(static_cast<std::size_t>(size)),
+      in_allgather_(static_cast<std::size_t>(size), false) {
+  if (size < 1) throw Error(Code::kInvalidArgument, "ferryrun store: job size must be positive");
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path_.size() >= sizeof(address.sun_path)) {
+    throw Error(Code::kInvalidArgument,
+                "ferryrun store: socket path '" + path_ + "' is longer than the " +
+                    std::to_string(sizeof(address.sun_path) - 1) + " bytes a UNIX socket allows");
+  }
+  std::memcpy(address.sun_path, path_.c_str(), path_.size() + 1);
+  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!listener_.valid()) fail(path_, "socket");
+  if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    fail(path_, "bind");
+  }
+  if (::listen(listener_.get(), SOMAXCONN) != 0) {
+    int error = errno;
+    ::unlink(path_.c_str());
+    errno = error;
+    fail(path_, "listen");
+  }
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = kListenerId;
+  if (!epoll_.valid() || ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &event) != 0) {
+    int error = errno;
+    ::unlink(path_.c_str());
+    errno = error;
+    fail(path_, epoll_.valid() ? "epoll_ctl" : "epoll_create1");
+  }
+}
+
+StoreServer::~StoreServer() {
+  clients_.clear();
+  ::unlink(path_.c_str());
+}
+
+int StoreServer::connected_ranks() const {
+  int count = 0;
+  for (std::uint64_t id : rank_client_) count += id != 0 ? 1 : 0;
+  return count;
+}
+
+void StoreServer::poll(int timeout_ms) {
+  epoll_event events[64];
+  int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    std::uint64_t id = events[i].data.u64;
+    if (id == kListenerId) {
+      accept_clients();
+      continue;
+    }
+    auto it = clients_.find(id);
+    if (it == clients_.end() || it->second->dead) continue;
+    Client* client = it->second.get();
+    if ((events[i].events & EPOLLOUT) != 0) on_writable(client);
+    if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0 && !client->dead) {
+      on_readable(client);
+    }
+  }
+  drop_dead();
+}
+
+void StoreServer::accept_clients() {
+  for (;;) {
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+        FERRY_LOG(kWarn, "ferryrun store: accept4() failed: %s", std::strerror(errno));
+      }
+      return;
+    }
+    auto client = std::make_unique<Client>();
+    client->id = next_id_++;
+    client->fd.reset(fd);
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = client->id;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &event) != 0) {
+      FERRY_LOG(kWarn, "ferryrun store: epoll_ctl() failed: %s", std::strerror(errno));
+      continue;
+    }
+    clients_.emplace(client->id, std::move(client));
+  }
+}
+
+void StoreServer::on_readable(Client* client) {
+  // Read what is there now; frames that arrived before a close (an ABORT sent just before the
+  // rank exited) are still served.
+  bool closed = false;
+  for (int reads = 0; reads < 64 && !closed; ++reads) {
+    auto result = client->reader.read_some(client->fd.get());
+    if (result == store::FrameReader::Read::kWouldBlock) break;
+    if (result == store::FrameReader::Read::kError) {
+      FERRY_LOG(kWarn, "ferryrun store: recv() from %s failed: %s", describe(client).c_str(),
+                std::strerror(errno));
+      closed = true;
+    }
+    closed = closed || result == store::FrameReader::Read::kClosed;
+  }
+  store::Frame frame;
+  while (!client->dead && !client->closing) {
+    bool got = false;
+    Status status = client->reader.next(&frame, &got);
+    if (!status) {
+      reject(client, Code::kProtocolError, "malformed frame: " + status.message());
+      break;
+    }
+    if (!got) break;
+    handle(client, &frame);
+  }
+  if (closed) kill(client);
+}
+
+void StoreServer::on_writable(Client* client) { flush(client); }
+
+void StoreServer::handle(Client* client, store::Frame* frame) {
+  if (client->rank < 0 && frame->op != store::Op::kHello) {
+    reject(client, Code::kProtocolError,
+           "the first request must be HELLO, not " + store::op_name(frame->op));
+    return;
+  }
+  switch (frame->op) {
+    case store::Op::kHello:
+      return handle_hello(client, *frame);
+    case store::Op::kPut:
+      return handle_put(client, *frame);
+    case store::Op::kGet:
+      return handle_get(client, *frame);
+    case store::Op::kBarrier:
+      return handle_barrier(client, *frame);
+    case store::Op::kAllgather:
+      return handle_allgather(client, *frame);
+    case store::Op::kAbort:
+      return handle_abort(client, *frame);
+    default:
+      reject(client, Code::kProtocolError,
+             store::op_name(frame->op) + " is not a request the store accepts");
+  }
+}
+
+void StoreServer::handle_hello(Client* client, const store::Frame& frame) {
+  store::Hello hello;
+  if (!store::decode_hello(frame.payload, &hello)) {
+    return reject(client, Code::kProtocolError, "malformed HELLO");
+  }
+  if (client->rank >= 0) {
+    return reject(client, Code::kProtocolError, "a second HELLO on one connection");
+  }
+  if (hello.size != size_) {
+    return reject(client, Code::kInvalidArgument,
+                  "HELLO from rank " + std::to_string(hello.rank) + " says the job has " +
+                      std::to_string(hello.size) + " ranks, but this store serves " +
+                      std::to_string(size_));
+  }
+  if (hello.rank < 0 || hello.rank >= size_) {
+    return reject(
+        client, Code::kInvalidArgument,
+        "rank " + std::to_string(hello.rank) + " is outside 0.." + std::to_string(size_ - 1));
+  }
+  auto rank = static_cast<std::size_t>(hello.rank);
+  if (rank_client_[rank] != 0 || departed_pid_[rank] != 0) {
+    return reject(client, Code::kInvalidArgument,
+                  "rank " + std::to_string(hello.rank) + " (pid " + std::to_string(hello.pid) +
+                      ") already connected to this store" +
+                      (departed_pid_[rank] != 0 ? " and left" : ""));
+  }
+  client->rank = hello.rank;
+  client->pid = hello.pid;
+  rank_client_[rank] = client->id;
+  FERRY_LOG(kDebug, "ferryrun store: rank %d (pid %d) connected", hello.rank, hello.pid);
+  send(client, std::make_shared<const store::Bytes>(store::encode_hello_ok()));
+}
+
+void StoreServer::handle_put(Client* client, const store::Frame& frame) {
+  store::KeyValue kv;
+  if (!store::decode_put(frame.payload, &kv)) {
+    return reject(client, Code::kProtocolError, "malformed PUT");
+  }
+  auto& value = values_[kv.key];
+  value.assign(kv.value.begin(), kv.value.end());
+  auto waiting = waiting_.find(kv.key);
+  if (waiting == waiting_.end()) return;
+  auto reply = std::make_shared<const store::Bytes>(store::encode_value(kv.key, value));
+  std::set<std::uint64_t> ids = std::move(waiting->second);
+  waiting_.erase(waiting);
+  for (std::uint64_t id : ids) {
+    auto it = clients_.find(id);
+    if (it != clients_.end()) send(it->second.get(), reply);
+  }
+}
+
+void StoreServer::handle_get(Client* client, const store::Frame& frame) {
+  std::string key;
+  if (!store::decode_get(frame.payload, &key)) {
+    return reject(client, Code::kProtocolError, "malformed GET");
+  }
+  auto it = values_.find(key);
+  if (it != values_.end()) {
+    send(client, std::make_shared<const store::Bytes>(store::encode_value(key, it->second)));
+  } else {
+    // A set: a client that repeats a GET after its own timeout still gets one reply.
+    waiting_[key].insert(client->id);
+  }
+}
+
+void StoreServer::handle_barrier(Client* client, const store::Frame& frame) {
+  if (!store::decode_empty(frame.payload)) {
+    return reject(client, Code::kProtocolError, "malformed BARRIER");
+  }
+  auto rank = static_cast<std::size_t>(client->rank);
+  if (in_barrier_[rank]) {
+    return reject(
+        client, Code::kProtocolError,
+        "a second BARRIER before barrier round " + std::to_string(barrier_round_) + " completed");
+  }
+  in_barrier_[rank] = true;
+  ++barrier_arrived_;
+  if (int gone = missing_departed(in_barrier_); gone >= 0) return fail_rounds(gone);
+  if (barrier_arrived_ < size_) return;
+  auto reply = std::make_shared<const store::Bytes>(store::encode_barrier_done());
+  for (std::uint64_t id : rank_client_) {
+    auto it = clients_.find(id);
+    if (it != clients_.end()) send(it->second.get(), reply);
+  }
+  in_barrier_.assign(in_barrier_.size(), false);
+  barrier_arrived_ = 0;
+  ++barrier_round_;
+}
+
+void StoreServer::handle_allgather(Client* client, const store::Frame& frame) {
+  std::span<const std::byte> blob;
+  if (!store::decode_allgather(frame.payload, &blob)) {
+    return reject(client, Code::kProtocolError, "malformed ALLGATHER");
+  }
+  auto rank = static_cast<std::size_t>(client->rank);
+  if (in_allgather_[rank]) {
+    return reject(client, Code::kProtocolError,
+                  "a second ALLGATHER before allgather round " + std::to_string(allgather_round_) +
+                      " completed");
+  }
+  in_allgather_[rank] = true;
+  gathered_[rank].assign(blob.begin(), blob.end());
+  ++allgather_arrived_;
+  if (int gone = missing_departed(in_allgather_); gone >= 0) return fail_rounds(gone);
+  if (allgather_arrived_ < size_) return;
+  std::shared_ptr<const store::Bytes> reply;
+  if (std::size_t bytes = store::allgather_done_bytes(gathered_); bytes > store::kMaxFrameBytes) {
+    reply = std::make_shared<const store::Bytes>(store::encode_error(
+        Code::kInvalidArgument, "allgather round " + std::to_string(allgather_round_) +
+                                    " gathered " + std::to_string(bytes) +
+                                    " bytes, more than the store's frame limit of " +
+                                    std::to_string(store::kMaxFrameBytes)));
+  } else {
+    reply = std::make_shared<const store::Bytes>(store::encode_allgather_done(gathered_));
+  }
+  for (std::uint64_t id : rank_client_) {
+    auto it = clients_.find(id);
+    if (it != clients_.end()) send(it->second.get(), reply);
+  }
+  in_allgather_.assign(in_allgather_.size(), false);
+  for (auto& b : gathered_) store::Bytes().swap(b);
+  allgather_arrived_ = 0;
+  ++allgather_round_;
+}
+
+void StoreServer::handle_abort(Client* client, const store::Frame& frame) {
+  store::Abort abort;
+  if (!store::decode_abort(frame.payload, &abort)) {
+    return reject(client, Code::kProtocolError, "malformed ABORT");
+  }
+  if (on_abort_) on_abort_(client->rank, client->pid, abort.code, abort.reason);
+}
+
+void StoreServer::reject(Client* client, Code code, const std::string& message) {
+  FERRY_LOG(kWarn, "ferryrun store: dropping %s: %s", describe(client).c_str(), message.c_str());
+  send(client, std::make_shared<const store::Bytes>(store::encode_error(code, message)));
+  // Stop reading: nothing more from this client is trusted.
+  client->closing = true;
+  update_events(client);
+  if (!client->dead && client->out_front == client->out.size()) kill(client);
+}
+
+void StoreServer::send(Client* client, std::shared_ptr<const store::Bytes> frame) {
+  if (client->dead) return;
+  client->out.push_back(std::move(frame));
+  flush(client);
+}
+
+void StoreServer::flush(Client* client) {
+  while (!client->dead && client->out_front < client->out.size()) {
+    const store::Bytes& buffer = *client->out[client->out_front];
+    ssize_t n = ::send(client->fd.get(), buffer.data() + client->out_offset,
+                       buffer.size() - client->out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        set_want_write(client, true);
+        return;
+      }
+      // The client went away; its departure is handled like a close.
+      kill(client);
+      return;
+    }
+    client->out_offset += static_cast<std::size_t>(n);
+    if (client->out_offset == buffer.size()) {
+      client->out[client->out_front].reset();
+      ++client->out_front;
+      client->out_offset = 0;
+    }
+  }
+  if (client->dead) return;
+  client->out.clear();
+  client->out_front = 0;
+  set_want_write(client, false);
+  if (client->closing) kill(client);
+}
+
+void StoreServer::set_want_write(Client* client, bool want) {
+  client->want_write = want;
+  update_events(client);
+}
+
+void StoreServer::update_events(Client* client) {
+  // A closing client is no longer read, so what it keeps sending cannot grow our buffers.
+  std::uint32_t events = (client->closing ? 0u : static_cast<std::uint32_t>(EPOLLIN)) |
+                         (client->want_write ? static_cast<std::uint32_t>(EPOLLOUT) : 0u);
+  if (client->dead || events == client->registered) return;
+  epoll_event event{};
+  event.events = events;
+  event.data.u64 = client->id;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, client->fd.get(), &event) == 0) {
+    client->registered = events;
+  }
+}
+
+void StoreServer::kill(Client* client) {
+  if (client->dead) return;
+  client->dead = true;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, client->fd.get(), nullptr);
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    it->second.erase(client->id);
+    it = it->second.empty() ? waiting_.erase(it) : std::next(it);
+  }
+  if (client->rank < 0) return;
+  auto rank = static_cast<std::size_t>(client->rank);
+  rank_client_[rank] = 0;
+  departed_pid_[rank] = client->pid != 0 ? client->pid : -1;
+  FERRY_LOG(kDebug, "ferryrun store: %s closed its connection", describe(client).c_str());
+  fail_rounds(client->rank);
+}
+
+void StoreServer::drop_dead() {
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    it = it->second->dead ? clients_.erase(it) : std::next(it);
+  }
+}
+
+int StoreServer::missing_departed(const std::vector<bool>& joined) const {
+  for (std::size_t rank = 0; rank < departed_pid_.size(); ++rank) {
+    if (departed_pid_[rank] != 0 && !joined[rank]) return static_cast<int>(rank);
+  }
+  return -1;
+}
+
+std::string StoreServer::departed_message(int rank, const char* what, std::uint64_t round) const {
+  int pid = departed_pid_[static_cast<std::size_t>(rank)];
+  return "rank " + std::to_string(rank) + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : "") +
+         " closed its connection to the store before it joined " + what + " round " +
+         std::to_string(round) + ", so the round cannot complete";
+}
+
+void StoreServer::fail_rounds(int rank) {
+  // Ranks already waiting in a round the departed rank never joined would wait forever: tell
+  // them now, and start a fresh round (which fails at once for the next arrival too).
+  auto fail_round = [&](std::vector<bool>* joined, int* arrived, std::uint64_t* round,
+                        const char* what) {
+    if (*arrived == 0 || (*joined)[static_cast<std::size_t>(rank)]) return;
+    auto reply = std::make_shared<const store::Bytes>(
+        store::encode_error(Code::kPeerFailed, departed_message(rank, what, *round)));
+    for (std::size_t r = 0; r < joined->size(); ++r) {
+      if (!(*joined)[r]) continue;
+      auto it = clients_.find(rank_client_[r]);
+      if (it != clients_.end()) send(it->second.get(), reply);
+    }
+    joined->assign(joined->size(), false);
+    *arrived = 0;
+    ++*round;
+  };
+  fail_round(&in_barrier_, &barrier_arrived_, &barrier_round_, "barrier");
+  fail_round(&in_allgather_, &allgather_arrived_, &allgather_round_, "allgather");
+  if (allgather_arrived_ == 0) {
+    for (auto& b : gathered_) store::Bytes().swap(b);
+  }
+}
+
+std::string StoreServer::describe(const Client* client) const {
+  if (client->rank < 0) return "a client before its HELLO";
+  return "rank " + std::to_string(client->rank) + " (pid " + std::to_string(client->pid) + ")";
+}
+
+}  // namespace ferry::bootstrap

@@ -1,0 +1,109 @@
+// ferryrun's key-value store: a single-threaded, non-blocking server on a UNIX stream socket that
+// answers the ranks' HELLO, PUT, GET, BARRIER, ALLGATHER and ABORT (store_protocol.hpp). It runs
+// inside ferryrun's event loop: poll fd() with the launcher's other fds, then call poll(0).
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store_protocol.hpp"
+#include "util/fd.hpp"
+
+namespace ferry::bootstrap {
+
+class StoreServer {
+ public:
+  // Called when a rank sends ABORT; the launcher ends the job.
+  using AbortFn = std::function<void(int rank, int pid, int code, const std::string& reason)>;
+
+  // Listens on `path` (which must not exist yet) for a job of `size` ranks. Throws
+  // ferry::Error(kIoError) naming the path and the failed call.
+  StoreServer(std::string path, int size, AbortFn on_abort);
+  // Closes every connection and removes the socket file.
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  // An epoll descriptor that is readable whenever poll(0) has something to do.
+  [[nodiscard]] int fd() const { return epoll_.get(); }
+  // Accepts connections and serves requests that are ready, waiting at most `timeout_ms` for the
+  // first event (0: never blocks, -1: waits). Misbehaving clients get an error reply and are
+  // dropped; the server itself never fails here.
+  void poll(int timeout_ms);
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] int size() const { return size_; }
+  // Ranks whose HELLO was accepted and whose connection is still open.
+  [[nodiscard]] int connected_ranks() const;
+
+ private:
+  struct Client {
+    std::uint64_t id = 0;
+    util::Fd fd;
+    store::FrameReader reader;
+    // Replies still to send; an allgather result is shared by every rank's queue.
+    std::vector<std::shared_ptr<const store::Bytes>> out;
+    std::size_t out_front = 0;           // index of the first unsent buffer in `out`
+    std::size_t out_offset = 0;          // bytes of out[out_front] already sent
+    bool want_write = false;             // replies wait for room in the socket
+    std::uint32_t registered = EPOLLIN;  // the epoll events asked for now
+    bool closing = false;                // drop once `out` is flushed (after an error reply)
+    bool dead = false;                   // dropped at the end of this poll()
+    int rank = -1;                       // set by an accepted HELLO
+    int pid = 0;
+  };
+
+  void accept_clients();
+  void on_readable(Client* client);
+  void on_writable(Client* client);
+  void handle(Client* client, store::Frame* frame);
+  void handle_hello(Client* client, const store::Frame& frame);
+  void handle_put(Client* client, const store::Frame& frame);
+  void handle_get(Client* client, const store::Frame& frame);
+  void handle_barrier(Client* client, const store::Frame& frame);
+  void handle_allgather(Client* client, const store::Frame& frame);
+  void handle_abort(Client* client, const store::Frame& frame);
+  // Replies with an error and drops the client once the reply has left.
+  void reject(Client* client, Code code, const std::string& message);
+  void send(Client* client, std::shared_ptr<const store::Bytes> frame);
+  void flush(Client* client);
+  void set_want_write(Client* client, bool want);
+  // Re-registers with epoll when want_write or closing changed.
+  void update_events(Client* client);
+  void kill(Client* client);
+  void drop_dead();
+  // A rank left: rounds it never joined can no longer complete.
+  void fail_rounds(int rank);
+  // A rank that left the job without joining the round whose arrivals are `joined`, or -1.
+  [[nodiscard]] int missing_departed(const std::vector<bool>& joined) const;
+  [[nodiscard]] std::string departed_message(int rank, const char* what, std::uint64_t round) const;
+  [[nodiscard]] std::string describe(const Client* client) const;
+
+  std::string path_;
+  int size_;
+  AbortFn on_abort_;
+  util::Fd listener_;
+  util::Fd epoll_;
+  std::uint64_t next_id_ = 1;  // 0 is the listener
+  std::map<std::uint64_t, std::unique_ptr<Client>> clients_;
+  std::vector<std::uint64_t> rank_client_;  // client id per rank, 0 when not connected
+  std::vector<int> departed_pid_;           // pid of a rank that closed its connection, else 0
+  std::map<std::string, store::Bytes> values_;
+  std::map<std::string, std::set<std::uint64_t>> waiting_;  // GETs on keys not put yet
+  std::vector<bool> in_barrier_;
+  int barrier_arrived_ = 0;
+  std::uint64_t barrier_round_ = 0;
+  std::vector<store::Bytes> gathered_;
+  std::vector<bool> in_allgather_;
+  int allgather_arrived_ = 0;
+  std::uint64_t allgather_round_ = 0;
+};
+
+}  // namespace ferry::bootstrap

@@ -1,0 +1,448 @@
+// ferryrun's job: fork+exec of the ranks in one process group, an event loop over the store and a
+// signalfd, failure handling (first failure wins, SIGTERM then SIGKILL) and cleanup on exit.
+#include "job.hpp"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "bootstrap/single.hpp"
+#include "bootstrap/store_server.hpp"
+#include "ferry/status.hpp"
+#include "util/fd.hpp"
+#include "util/log.hpp"
+
+extern char** environ;
+
+namespace ferry::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void info(const char* format, ...) __attribute__((format(printf, 1, 2)));
+void info(const char* format, ...) {
+  if (!util::log_enabled(util::LogLevel::kInfo)) return;
+  char text[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof(text), format, args);
+  va_end(args);
+  std::fprintf(stderr, "ferryrun: %s\n", text);
+}
+
+const char* signal_text(int signal) {
+  const char* text = ::strsignal(signal);
+  return text != nullptr ? text : "unknown signal";
+}
+
+// The socket directory: private (mkdtemp makes it 0700), removed with everything in it.
+class ScratchDir {
+ public:
+  ScratchDir() = default;
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ~ScratchDir() {
+    if (path_.empty()) return;
+    ::unlink(socket_path().c_str());
+    ::rmdir(path_.c_str());
+  }
+  // Under $TMPDIR, or /tmp when $TMPDIR is unset or too long for a socket path (108 bytes).
+  bool create(std::string* error) {
+    std::string base = "/tmp";
+    if (const char* tmp = std::getenv("TMPDIR");
+        tmp != nullptr && *tmp != '\0' && std::strlen(tmp) + 40 < 108) {
+      base = tmp;
+    }
+    std::string pattern = base + "/ferryrun-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      *error = "cannot create a directory for the store with mkdtemp(" + pattern +
+               "): " + std::strerror(errno);
+      return false;
+    }
+    path_ = pattern;
+    return true;
+  }
+  [[nodiscard]] std::string socket_path() const { return path_ + "/store.sock"; }
+
+ private:
+  std::string path_;
+};
+
+class Job {
+ public:
+  explicit Job(const JobOptions& options) : options_(options) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  ~Job() {
+    server_.reset();
+    if (!job_id_.empty()) {
+      int swept = sweep_shm(job_id_);
+      if (swept > 0)
+        info("removed %d shared-memory segment(s) left by job %s", swept, job_id_.c_str());
+    }
+  }
+
+  int run() {
+    if (!start()) {
+      stop_all();
+      return failure_.value_or(kExitSetupFailed);
+    }
+    loop();
+    return failure_.value_or(0);
+  }
+
+ private:
+  struct Rank {
+    pid_t pid = -1;
+    bool running = false;
+  };
+
+  bool start();
+  bool block_signals();
+  std::vector<std::string> child_environment(int rank) const;
+  bool spawn(int rank, int stdin_fd);
+  void loop();
+  void read_signals();
+  void reap();
+  void on_exit(int rank, int status);
+  void on_abort(int rank, int pid, int code, const std::string& reason);
+  void on_timeout();
+  // Records the first failure's exit status and ends the job; later failures only log.
+  bool fail(int status);
+  // Sends `signal` to the whole job and arms SIGKILL after the grace period.
+  void terminate(int signal);
+  void signal_job(int signal);
+  // ferryrun itself failed (set-up, poll): kill the ranks already started and wait for them.
+  void stop_all();
+
+  const JobOptions& options_;
+  std::string job_id_;
+  ScratchDir dir_;
+  std::unique_ptr<bootstrap::StoreServer> server_;
+  util::Fd signal_fd_;
+  sigset_t old_mask_{};
+  rlimit old_files_{};
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  pid_t pgid_ = 0;
+  std::optional<int> failure_;
+  bool terminating_ = false;
+  std::optional<Clock::time_point> kill_at_;
+  std::optional<Clock::time_point> timeout_at_;
+};
+
+bool Job::start() {
+  job_id_ = bootstrap::new_job_id();
+  std::string error;
+  if (!dir_.create(&error)) {
+    std::fprintf(stderr, "ferryrun: %s\n", error.c_str());
+    return false;
+  }
+  try {
+    server_ = std::make_unique<bootstrap::StoreServer>(
+        dir_.socket_path(), options_.ranks,
+        [this](int rank, int pid, int code, const std::string& reason) {
+          on_abort(rank, pid, code, reason);
+        });
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ferryrun: %s\n", e.what());
+    return false;
+  }
+  if (!block_signals()) return false;
+  // Every rank holds a socket to the store here: make room for large jobs.
+  ::getrlimit(RLIMIT_NOFILE, &old_files_);
+  rlimit raised = old_files_;
+  raised.rlim_cur = raised.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &raised);
+
+  util::Fd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  // Ranks run in their own process group, which is never the terminal's foreground group: one
+  // reading a terminal would stop on SIGTTIN, so only a non-terminal stdin reaches rank 0.
+  int rank0_stdin = ::isatty(STDIN_FILENO) != 0 ? dev_null.get() : STDIN_FILENO;
+  ranks_.resize(static_cast<std::size_t>(options_.ranks));
+  if (options_.timeout_s > 0) {
+    timeout_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(options_.timeout_s));
+  }
+  for (int rank = 0; rank < options_.ranks; ++rank) {
+    if (!spawn(rank, rank == 0 ? rank0_stdin : dev_null.get())) return false;
+  }
+  info("job %s: started %d rank(s) of '%s', store at unix:%s", job_id_.c_str(), options_.ranks,
+       options_.command[0].c_str(), dir_.socket_path().c_str());
+  return true;
+}
+
+bool Job::block_signals() {
+  // Blocked before the first fork, so no signal is lost or handled by default in between; the
+  // children restore the old mask before exec.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&mask, s);
+  if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) {
+    std::fprintf(stderr, "ferryrun: sigprocmask() failed: %s\n", std::strerror(errno));
+    return false;
+  }
+  signal_fd_.reset(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signal_fd_.valid()) {
+    std::fprintf(stderr, "ferryrun: signalfd() failed: %s\n", std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::string> Job::child_environment(int rank) const {
+  static const char* const kOwned[] = {"FERRY_RANK=",       "FERRY_SIZE=",  "FERRY_LOCAL_RANK=",
+                                       "FERRY_LOCAL_SIZE=", "FERRY_STORE=", "FERRY_JOB_ID="};
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    bool owned = false;
+    for (const char* prefix : kOwned)
+      owned = owned || std::strncmp(*e, prefix, std::strlen(prefix)) == 0;
+    if (!owned) env.emplace_back(*e);
+  }
+  // One node: local numbering is the global one.
+  env.push_back("FERRY_RANK=" + std::to_string(rank));
+  env.push_back("FERRY_SIZE=" + std::to_string(options_.ranks));
+  env.push_back("FERRY_LOCAL_RANK=" + std::to_string(rank));
+  env.push_back("FERRY_LOCAL_SIZE=" + std::to_string(options_.ranks));
+  env.push_back("FERRY_STORE=unix:" + dir_.socket_path());
+  env.push_back("FERRY_JOB_ID=" + job_id_);
+  return env;
+}
+
+bool Job::spawn(int rank, int stdin_fd) {
+  // Everything the child needs is built before fork: between fork and exec only
+  // async-signal-safe calls are allowed.
+  std::vector<std::string> env = child_environment(rank);
+  std::vector<std::string> args = options_.command;
+  // Null-terminated pointer arrays for execvpe.
+  auto pointers = [](std::vector<std::string>& strings) {
+    std::vector<char*> out;
+    out.reserve(strings.size() + 1);
+    for (auto& s : strings) out.push_back(s.data());
+    out.push_back(nullptr);
+    return out;
+  };
+  std::vector<char*> envp = pointers(env);
+  std::vector<char*> argv = pointers(args);
+  std::string cannot_run =
+      "ferryrun: rank " + std::to_string(rank) + ": cannot run '" + args[0] + "': ";
+  pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::fprintf(stderr, "ferryrun: fork() for rank %d failed: %s\n", rank, std::strerror(errno));
+    return false;
+  }
+  if (pid == 0) {
+    ::setpgid(0, pgid_);  // pgid_ 0 for rank 0: a new group named after it
+    // If ferryrun dies (even by SIGKILL) the job must not outlive it.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(kExitCannotRun);
+    if (stdin_fd != STDIN_FILENO) ::dup2(stdin_fd, STDIN_FILENO);
+    ::setrlimit(RLIMIT_NOFILE, &old_files_);
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int error = errno;
+    const char* reason = std::strerror(error);
+    ssize_t ignored = ::write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
+    ignored = ::write(STDERR_FILENO, reason, std::strlen(reason));
+    ignored = ::write(STDERR_FILENO, "\n", 1);
+    (void)ignored;
+    ::_exit(kExitCannotRun);
+  }
+  // Also set here, so the group exists before ferryrun might signal it (the usual race with the
+  // child's own setpgid).
+  if (pgid_ == 0) pgid_ = pid;
+  ::setpgid(pid, pgid_);
+  ranks_[static_cast<std::size_t>(rank)] = {pid, true};
+  ++running_;
+  return true;
+}
+
+void Job::loop() {
+  while (running_ > 0) {
+    int wait_ms = -1;
+    auto now = Clock::now();
+    for (const auto& at : {kill_at_, timeout_at_}) {
+      if (!at) continue;
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
+      ms = std::max<long long>(ms, 0);
+      if (wait_ms < 0 || ms < wait_ms) wait_ms = static_cast<int>(std::min<long long>(ms, 1 << 30));
+    }
+    pollfd fds[2] = {{server_->fd(), POLLIN, 0}, {signal_fd_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) {
+      std::fprintf(stderr, "ferryrun: poll() failed: %s; ending the job\n", std::strerror(errno));
+      stop_all();
+      return;
+    }
+    // The store first: an ABORT sent just before a rank exited explains that exit.
+    if (fds[0].revents != 0) server_->poll(0);
+    if (fds[1].revents != 0) read_signals();
+    now = Clock::now();
+    if (timeout_at_ && now >= *timeout_at_) {
+      timeout_at_.reset();
+      on_timeout();
+    }
+    if (kill_at_ && now >= *kill_at_) {
+      kill_at_.reset();
+      info("ranks still running %d ms after they were signalled; sending SIGKILL", kKillGraceMs);
+      signal_job(SIGKILL);
+    }
+  }
+  // Processes the ranks started (a shell's children) may outlive them: a failed job ends them all.
+  if (terminating_) signal_job(SIGKILL);
+}
+
+void Job::read_signals() {
+  signalfd_siginfo siginfo;
+  while (::read(signal_fd_.get(), &siginfo, sizeof(siginfo)) == sizeof(siginfo)) {
+    int signal = static_cast<int>(siginfo.ssi_signo);
+    if (signal == SIGCHLD) {
+      reap();
+      continue;
+    }
+    const char* name = sigabbrev_np(signal) != nullptr ? sigabbrev_np(signal) : "?";
+    if (terminating_) {
+      // A second interrupt (or one during a failure's grace period): no more waiting.
+      std::fprintf(stderr, "ferryrun: got SIG%s while ending the job; killing it\n", name);
+      signal_job(SIGKILL);
+      kill_at_.reset();
+      continue;
+    }
+    std::fprintf(stderr, "ferryrun: got SIG%s; forwarding it to the job\n", name);
+    fail(128 + signal);
+    terminate(signal);
+  }
+  // SIGCHLDs merge: reap() collects every exited child, whatever signal woke us.
+}
+
+void Job::reap() {
+  for (;;) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+      if (ranks_[rank].pid != pid || !ranks_[rank].running) continue;
+      ranks_[rank].running = false;
+      --running_;
+      on_exit(static_cast<int>(rank), status);
+    }
+  }
+}
+
+void Job::on_exit(int rank, int status) {
+  pid_t pid = ranks_[static_cast<std::size_t>(rank)].pid;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    info("rank %d (pid %d) exited with code 0", rank, pid);
+    return;
+  }
+  char text[256];
+  int code = 0;
+  if (WIFSIGNALED(status)) {
+    code = 128 + WTERMSIG(status);
+    std::snprintf(text, sizeof(text), "rank %d (pid %d) was killed by signal %d (%s)", rank, pid,
+                  WTERMSIG(status), signal_text(WTERMSIG(status)));
+  } else {
+    code = WEXITSTATUS(status);
+    std::snprintf(text, sizeof(text), "rank %d (pid %d) exited with code %d", rank, pid, code);
+  }
+  if (fail(code)) {
+    std::fprintf(stderr, "ferryrun: %s; ending the job\n", text);
+    terminate(SIGTERM);
+  } else {
+    info("%s", text);  // expected while the job is being ended
+  }
+}
+
+void Job::on_abort(int rank, int pid, int code, const std::string& reason) {
+  // Exit statuses are 8 bits; a code that does not fit still has to read as a failure.
+  int status = code >= 0 && code <= 255 ? code : 1;
+  if (fail(status)) {
+    std::fprintf(stderr, "ferryrun: rank %d (pid %d) aborted the job with code %d: %s\n", rank, pid,
+                 code, reason.c_str());
+    terminate(SIGTERM);
+  } else {
+    info("rank %d (pid %d) aborted with code %d: %s", rank, pid, code, reason.c_str());
+  }
+}
+
+void Job::on_timeout() {
+  if (fail(kExitTimeout)) {
+    std::fprintf(stderr, "ferryrun: job timed out after %s s\n", options_.timeout_text.c_str());
+    terminate(SIGTERM);
+  }
+}
+
+bool Job::fail(int status) {
+  if (failure_) return false;
+  failure_ = status;
+  return true;
+}
+
+void Job::terminate(int signal) {
+  if (terminating_) return;
+  terminating_ = true;
+  signal_job(signal);
+  kill_at_ = Clock::now() + std::chrono::milliseconds(kKillGraceMs);
+}
+
+void Job::signal_job(int signal) {
+  if (pgid_ > 0) ::kill(-pgid_, signal);
+}
+
+void Job::stop_all() {
+  if (running_ == 0) return;
+  fail(kExitSetupFailed);
+  signal_job(SIGKILL);
+  terminating_ = true;
+  while (running_ > 0) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0 && errno != EINTR) break;
+    for (auto& rank : ranks_) {
+      if (rank.pid == pid && rank.running) {
+        rank.running = false;
+        --running_;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int sweep_shm(const std::string& job_id) {
+  // The job id holds only [0-9a-fx], so it cannot add glob patterns of its own.
+  std::string pattern = "/dev/shm/ferry-" + job_id + "-*";
+  glob_t found{};
+  int swept = 0;
+  if (::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &found) == 0) {
+    for (std::size_t i = 0; i < found.gl_pathc; ++i) {
+      if (::unlink(found.gl_pathv[i]) == 0) ++swept;
+    }
+  }
+  ::globfree(&found);
+  return swept;
+}
+
+int run_job(const JobOptions& options) {
+  Job job(options);
+  return job.run();
+}
+
+}  // namespace ferry::tools
