@@ -144,6 +144,7 @@ void Engine::connect_peers() {
       const std::size_t max_am = t->capabilities().max_am;
       peer.eager_limit = std::min(rndv_threshold_, max_am - sizeof(EagerHeader));
       peer.frag_size = std::min<std::size_t>(max_am, 1u << 20) - sizeof(FragHeader);
+      peer.get_from = t->capabilities().get_from;
       break;
     }
     if (peer.endpoint == nullptr) {
@@ -194,8 +195,15 @@ std::string Engine::describe_peer(int rank) const {
   if (rank < 0 || rank >= size_) return "rank " + std::to_string(rank) + " is not in the job";
   const Peer& peer = peers_[static_cast<std::size_t>(rank)];
   if (peer.endpoint == nullptr) return peer.why;
-  return peer.transport + ": " + peer.why + ", eager up to " + std::to_string(peer.eager_limit) +
-         " B" + (peer.get_failed ? " (zero-copy get failed earlier: pipelined)" : "");
+  std::string large;
+  if (peer.get_failed) {
+    large = "pipelined (zero-copy get failed earlier)";
+  } else if (peer.endpoint->has_get()) {
+    large = "pipelined below " + std::to_string(peer.get_from) + " B, zero-copy get from there";
+  } else {
+    large = "pipelined";
+  }
+  return peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
 }
 
 std::vector<std::string> Engine::describe_transports() const { return transport_notes_; }

@@ -75,6 +75,7 @@ class Engine final : public transport::AmHandler {
     std::string why;
     std::size_t eager_limit = 0;  // largest message sent eagerly
     std::size_t frag_size = 0;    // payload per fragment of a pipelined message
+    std::size_t get_from = 0;     // rendezvous messages from this size up use the endpoint's get
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
     std::deque<Pending> pending;  // in order; nothing bypasses it
   };

@@ -9,6 +9,7 @@
 
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
+#include "util/copy.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
 
@@ -221,7 +222,7 @@ void Engine::deliver_eager(std::uint32_t index, int source, Tag tag,
                            std::span<const std::byte> payload) {
   RequestSlot& slot = requests_[index];
   std::size_t copied = std::min(payload.size(), slot.size);
-  if (copied > 0) std::memcpy(slot.recv_buffer, payload.data(), copied);
+  if (copied > 0) util::copy(slot.recv_buffer, payload.data(), copied);
   slot.info = {source, tag, copied};
   complete(index, payload.size() > slot.size ? truncation(source, payload.size(), slot.size)
                                              : Status::ok());
@@ -240,7 +241,8 @@ void Engine::handle_eager(int source, std::span<const std::byte> data) {
   message.tag = header.tag;
   message.size = payload.size();
   message.data = matcher_.buffer();
-  message.data.assign(payload.begin(), payload.end());
+  message.data.resize(payload.size());
+  if (!payload.empty()) util::copy(message.data.data(), payload.data(), payload.size());
   matcher_.add_unexpected(std::move(message));
 }
 
@@ -268,7 +270,7 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   slot.info = {source, tag, length};
   slot.message_size = size;
   Peer& peer = peers_[static_cast<std::size_t>(source)];
-  if (length > 0 && peer.endpoint->has_get() && !peer.get_failed) {
+  if (length > 0 && length >= peer.get_from && peer.endpoint->has_get() && !peer.get_failed) {
     Status status = peer.endpoint->get(slot.recv_buffer, address, length);
     if (!status) {
       peer.get_failed = true;
@@ -324,7 +326,7 @@ void Engine::handle_frag(int source, std::span<const std::byte> data) {
       payload.size() > slot->expected - slot->received) {
     return protocol_error(source, "fragment outside any receive in progress");
   }
-  std::memcpy(slot->recv_buffer + header.offset, payload.data(), payload.size());
+  util::copy(slot->recv_buffer + header.offset, payload.data(), payload.size());
   slot->received += payload.size();
   if (slot->received == slot->expected) {
     complete(index, slot->message_size > slot->size

@@ -19,7 +19,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "what ferry prints to stderr")                                                               \
   X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm", 0, 0, "self|shm",                        \
     "transports ferry may use (comma-separated)")                                                \
-  X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "8192", 0, 1 << 30, "",                       \
+  X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                       \
     "messages larger than this go by rendezvous (capped by the transport's eager limit)")        \
   X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "2000", 0, 100000000, "",                              \
     "empty progress polls in a blocking wait before it starts yielding the CPU")                 \
@@ -37,6 +37,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "bounce buffers in each sender's pool")                                                      \
   X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                              \
     "single-copy rendezvous with process_vm_readv when the connect-time probe works")            \
+  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",                \
+    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "   \
+    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                 \
   X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")   \
   X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")        \
   X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                 \

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -184,6 +185,11 @@ TEST(MultiProcess, EveryPeerIsReachedThroughTheExpectedTransport) {
   for (int r = 0; r < nranks(); ++r) {
     std::string path = ctx().describe_peer(r);
     EXPECT_NE(path.find(r == me() ? "self" : "shm"), std::string::npos) << path;
+    // The CTest variant that forces CMA must really be using it (the probe must have passed).
+    const char* cma_from = std::getenv("FERRY_SHM_CMA_THRESHOLD");
+    if (r != me() && cma_from != nullptr && std::string(cma_from) == "0") {
+      EXPECT_NE(path.find("zero-copy get from 0 B"), std::string::npos) << path;
+    }
   }
 }
 

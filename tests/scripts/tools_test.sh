@@ -40,12 +40,12 @@ else bad "ferry-perf alone (rc $rc)"; fi
 if "$ferryrun" -n 3 "$info" --peers >"$tmp/info" 2>&1 &&
    grep -q "FERRY_SHM_FIFO_SIZE = 1024 \[default\]" "$tmp/info" &&
    grep -q "shm: available (3 processes" "$tmp/info" &&
-   [ "$(grep -c "shm, large messages by CMA" "$tmp/info")" -eq 6 ] &&
+   [ "$(grep -c "shm (CMA probe ok): eager up to 32760 B, rendezvous pipelined below" "$tmp/info")" -eq 6 ] &&
    [ "$(grep -c ": self" "$tmp/info")" -eq 3 ]; then
   ok "ferry-info --peers shows transports, variables and every rank's paths"
 else bad "ferry-info --peers"; cat "$tmp/info"; fi
 
-if FERRY_SHM_CMA=0 "$ferryrun" -n 2 "$info" --peers 2>&1 | grep -q "pipelined .*FERRY_SHM_CMA=0"; then
+if FERRY_SHM_CMA=0 "$ferryrun" -n 2 "$info" --peers 2>&1 | grep -q "no CMA: CMA disabled by FERRY_SHM_CMA=0.*rendezvous pipelined$"; then
   ok "ferry-info says why CMA is not used"; else bad "ferry-info CMA reason"; fi
 
 FERRY_SHM_FIFO_SIZE=1000 "$info" >/dev/null 2>"$tmp/err"; rc=$?

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "util/copy.hpp"
+
 namespace ferry::transport::self {
 namespace {
 
@@ -15,7 +17,7 @@ class SelfEndpoint final : public Endpoint {
     return Status::ok();
   }
   Status get(void* local, std::uint64_t remote, std::size_t length) override {
-    std::memcpy(local, reinterpret_cast<const void*>(remote), length);
+    util::copy(local, reinterpret_cast<const void*>(remote), length);
     return Status::ok();
   }
   [[nodiscard]] bool has_get() const override { return true; }

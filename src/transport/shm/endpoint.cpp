@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "transport/shm/segment.hpp"
+#include "util/copy.hpp"
 #include "transport/shm/transport.hpp"
 
 namespace ferry::transport::shm {
@@ -49,7 +50,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
   // is published, so that window stays short.
   std::byte* data = own.bounce_data(static_cast<std::uint32_t>(slot));
   std::memcpy(data, header.data(), header.size());
-  if (!payload.empty()) std::memcpy(data + header.size(), payload.data(), payload.size());
+  if (!payload.empty()) util::copy(data + header.size(), payload.data(), payload.size());
   FifoClaim claim = producer_.claim();
   if (claim.elem == nullptr) {
     transport_->free_bounce(static_cast<std::uint32_t>(slot));
@@ -94,8 +95,7 @@ Status ShmEndpoint::get(void* local, std::uint64_t remote, std::size_t length) {
 }
 
 std::string ShmEndpoint::describe() const {
-  if (cma_ok_) return "shm, large messages by CMA single copy";
-  return "shm, large messages pipelined through bounce buffers (" + cma_reason_ + ")";
+  return cma_ok_ ? "shm (CMA probe ok)" : "shm (no CMA: " + cma_reason_ + ")";
 }
 
 }  // namespace ferry::transport::shm

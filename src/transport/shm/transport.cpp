@@ -58,6 +58,7 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   capabilities_.name = "shm";
   capabilities_.max_am = layout.bounce_size;
   capabilities_.max_inline = kInlineCapacity;
+  capabilities_.get_from = config.get_size(util::Var::kShmCmaThreshold);
   capabilities_.latency_us = 0.2;
   capabilities_.bandwidth_GBps = 10;
 }

@@ -1,0 +1,25 @@
+// Memory copy for the data path. glibc's memcpy switches to `rep movsb` between 2 KiB and its
+// non-temporal threshold; on some virtual machines (seen on this project's AMD EPYC VMs) that
+// instruction runs 13-20x slower than a vector loop (4 KiB: 1.6 us vs 0.12 us), so copies in that
+// range use an AVX2 loop when the CPU has it. docs/PERFORMANCE.md has the measurements.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+namespace ferry::util {
+
+void copy_vector(void* dst, const void* src, std::size_t n) noexcept;
+extern const bool kHaveAvx2;
+
+[[gnu::always_inline]] inline void copy(void* dst, const void* src, std::size_t n) noexcept {
+  constexpr std::size_t kVectorFrom = 1024;
+  constexpr std::size_t kVectorUpTo = 1u << 20;  // above, glibc goes non-temporal: fast again
+  if (n >= kVectorFrom && n < kVectorUpTo && kHaveAvx2) {
+    copy_vector(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
+}  // namespace ferry::util
