@@ -199,7 +199,7 @@ std::string Engine::describe_peer(int rank) const {
   if (peer.get_failed) {
     large = "pipelined (zero-copy get failed earlier)";
   } else if (peer.endpoint->has_get()) {
-    large = "pipelined below " + std::to_string(peer.get_from) + " B, zero-copy get from there";
+    large = "by zero-copy get from " + std::to_string(peer.get_from) + " B, pipelined below";
   } else {
     large = "pipelined";
   }
