@@ -150,7 +150,8 @@ bool Engine::try_send(Peer& peer, Pending& pending) {
       FragHeader header{pending.rreq, pending.offset};
       Status status = peer.endpoint->am_send(
           kAmFrag, as_bytes(header),
-          std::span<const std::byte>(slot.send_buffer + pending.offset, chunk));
+          std::span<const std::byte>(slot.send_buffer + pending.offset, chunk),
+          transport::AmHint::kBulk);
       if (status.code() == Code::kWouldBlock) return false;
       if (!status) {
         complete(pending.stream, std::move(status));
@@ -163,7 +164,7 @@ bool Engine::try_send(Peer& peer, Pending& pending) {
   }
   Status status = peer.endpoint->am_send(
       pending.am, std::span<const std::byte>(pending.header.data(), pending.header_size),
-      std::span<const std::byte>(pending.payload, pending.payload_size));
+      std::span<const std::byte>(pending.payload, pending.payload_size), transport::AmHint::kNone);
   if (status.code() == Code::kWouldBlock) return false;
   if (pending.request != UINT32_MAX && (!status || pending.complete_on_send)) {
     complete(pending.request, std::move(status));

@@ -36,6 +36,12 @@ struct Reachability {
   std::string reason;  // why, either way
 };
 
+// How the data of an active message will be used; transports may pick a copy method by it.
+enum class AmHint : std::uint8_t {
+  kNone,
+  kBulk,  // one piece of a large transfer: the sender will not touch it again (streaming stores)
+};
+
 // Receives active messages. `data` is header + payload, valid only during the call.
 class AmHandler {
  public:
@@ -50,7 +56,7 @@ class Endpoint {
   // Copies header and payload to the peer. kWouldBlock when there is no room now (the caller
   // queues and retries after progress); any other error is a real failure.
   virtual Status am_send(std::uint8_t id, std::span<const std::byte> header,
-                         std::span<const std::byte> payload) = 0;
+                         std::span<const std::byte> payload, AmHint hint) = 0;
   // Copies `length` bytes at the peer's virtual address `remote` into `local`, synchronously.
   // kUnsupported when this endpoint has no zero-copy path (then the caller pipelines through AMs).
   virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;

@@ -10,6 +10,8 @@
 namespace ferry::util {
 
 void copy_vector(void* dst, const void* src, std::size_t n) noexcept;
+// Non-temporal stores: the destination lines go to memory, not into this core's cache.
+void copy_stream(void* dst, const void* src, std::size_t n) noexcept;
 extern const bool kHaveAvx2;
 
 [[gnu::always_inline]] inline void copy(void* dst, const void* src, std::size_t n) noexcept {

@@ -12,7 +12,7 @@ class SelfEndpoint final : public Endpoint {
  public:
   explicit SelfEndpoint(SelfTransport* transport) : transport_(transport) {}
   Status am_send(std::uint8_t id, std::span<const std::byte> header,
-                 std::span<const std::byte> payload) override {
+                 std::span<const std::byte> payload, AmHint /*hint*/) override {
     transport_->enqueue(id, header, payload);
     return Status::ok();
   }

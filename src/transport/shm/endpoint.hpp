@@ -18,7 +18,7 @@ class ShmEndpoint final : public Endpoint {
               bool cma_ok, std::string cma_reason);
 
   Status am_send(std::uint8_t id, std::span<const std::byte> header,
-                 std::span<const std::byte> payload) override;
+                 std::span<const std::byte> payload, AmHint hint) override;
   Status get(void* local, std::uint64_t remote, std::size_t length) override;
   [[nodiscard]] bool has_get() const override { return cma_ok_; }
   [[nodiscard]] std::string describe() const override;
