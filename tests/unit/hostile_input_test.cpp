@@ -1,0 +1,138 @@
+// Messages a broken or malicious peer could send: each is dropped with a logged protocol error,
+// nothing is written out of bounds, and traffic that follows still works.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "proto/engine.hpp"
+#include "proto/wire.hpp"
+#include "transport/shm/transport.hpp"
+#include "util/config.hpp"
+
+namespace ferry {
+namespace {
+
+template <typename H>
+std::vector<std::byte> message(const H& header, std::size_t extra = 0) {
+  std::vector<std::byte> v(sizeof(H) + extra, std::byte{0x5a});
+  std::memcpy(v.data(), &header, sizeof(H));
+  return v;
+}
+
+TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
+  std::unique_ptr<proto::Engine> engine = proto::Engine::create({});
+  std::vector<std::byte> buffer(64, std::byte{0});
+  // The engine's first request: index 0, generation 1 on the wire.
+  Request posted = engine->irecv(buffer.data(), buffer.size(), 0, 42, kFullMask);
+  const std::uint64_t posted_id = (std::uint64_t{1} << 32) | 0;
+
+  std::byte junk[3] = {};
+  engine->on_am(99, 0, junk);                             // unknown id
+  engine->on_am(proto::kAmEager, 0, junk);                // short eager header
+  engine->on_am(proto::kAmRts, 0, junk);                  // short RTS
+  engine->on_am(proto::kAmCts, 0, message(proto::CtsHeader{12345, 1, 10}));  // no such send
+  engine->on_am(proto::kAmFin, 0, message(proto::FinHeader{posted_id, 0, 0}));  // not a send
+  // A fragment aimed at a receive that is posted but not receiving fragments, and one far past it.
+  engine->on_am(proto::kAmFrag, 0, message(proto::FragHeader{posted_id, 0}, 64));
+  engine->on_am(proto::kAmFrag, 0, message(proto::FragHeader{posted_id, 1u << 30}, 64));
+  engine->on_am(proto::kAmCts, 0, message(proto::CtsHeader{~0ull, ~0ull, ~0ull}));
+  for (std::byte b : buffer) ASSERT_EQ(b, std::byte{0}) << "a forged fragment was written";
+  EXPECT_FALSE(posted.test());
+
+  // Real traffic still flows.
+  int value = 7;
+  ASSERT_TRUE(engine->isend(&value, sizeof(value), 0, 42).wait().is_ok());
+  ASSERT_TRUE(posted.wait().is_ok());
+  EXPECT_EQ(posted.info().bytes, sizeof(value));
+}
+
+class Collector : public transport::AmHandler {
+ public:
+  void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override {
+    ids.push_back(id);
+    sources.push_back(source);
+    sizes.push_back(data.size());
+  }
+  std::vector<int> ids, sources;
+  std::vector<std::size_t> sizes;
+};
+
+TEST(HostileInput, ShmDropsFifoElementsThatFailValidation) {
+  util::Config config = util::Config::load({{"FERRY_SHM_FIFO_SIZE", "16"},
+                                            {"FERRY_SHM_RELEASE_BATCH", "2"},
+                                            {"FERRY_SHM_BOUNCE_COUNT", "2"}});
+  std::string job = "unittest" + std::to_string(::getpid());
+  Collector at0, at1;
+  transport::shm::ShmTransport t0(config, job, 0, 0, {0, 1}, &at0);
+  transport::shm::ShmTransport t1(config, job, 1, 1, {0, 1}, &at1);
+  auto a0 = t0.address(), a1 = t1.address();
+  auto e01 = t0.connect({1, true, 1, a1});
+  auto e10 = t1.connect({0, true, 0, a0});
+  t0.on_all_connected();
+  t1.on_all_connected();
+
+  // Forge elements straight into rank 1's FIFO, as a hostile rank 0 could.
+  const auto& seg = t1.own();
+  transport::shm::FifoProducer forger(&seg.header()->fifo, seg.fifo(), seg.layout().fifo_size);
+  auto forge = [&](std::uint8_t flags, std::uint16_t source, std::uint32_t length,
+                   std::uint32_t bounce) {
+    transport::shm::FifoClaim claim = forger.claim();
+    ASSERT_NE(claim.elem, nullptr);
+    claim.elem->am_id = 1;
+    claim.elem->flags = flags;
+    claim.elem->source = source;
+    claim.elem->length = length;
+    claim.elem->bounce = bounce;
+    transport::shm::FifoProducer::publish(claim);
+  };
+  forge(transport::shm::kElemInline, 0, 100000, 0);   // inline longer than an element
+  forge(transport::shm::kElemBounce, 0, 16, 7);       // bounce slot past the pool
+  forge(transport::shm::kElemBounce, 0, 1u << 30, 0); // bounce length past the buffer
+  forge(transport::shm::kElemInline, 9, 8, 0);        // unknown sender
+  forge(transport::shm::kElemInline, 1, 8, 0);        // "from" the receiver itself
+  forge(0x7f, 0, 8, 0);                               // unknown flags
+  EXPECT_EQ(t1.progress(), 6) << "malformed elements are consumed, not left to block the FIFO";
+  EXPECT_TRUE(at1.ids.empty()) << "none of them reached the protocol layer";
+
+  // A real message still arrives, inline and through a bounce buffer.
+  std::vector<std::byte> payload(5000, std::byte{1});
+  std::byte header[8] = {};
+  ASSERT_TRUE(e01->am_send(1, header, {}, transport::AmHint::kNone).is_ok());
+  ASSERT_TRUE(e01->am_send(1, header, payload, transport::AmHint::kNone).is_ok());
+  EXPECT_EQ(t1.progress(), 2);
+  ASSERT_EQ(at1.sizes.size(), 2u);
+  EXPECT_EQ(at1.sources[0], 0);
+  EXPECT_EQ(at1.sizes[1], 5008u);
+}
+
+TEST(HostileInput, ShmBackPressureRefusesInsteadOfOverwriting) {
+  util::Config config = util::Config::load({{"FERRY_SHM_FIFO_SIZE", "16"},
+                                            {"FERRY_SHM_RELEASE_BATCH", "2"},
+                                            {"FERRY_SHM_BOUNCE_COUNT", "2"}});
+  std::string job = "unittestbp" + std::to_string(::getpid());
+  Collector at0, at1;
+  transport::shm::ShmTransport t0(config, job, 0, 0, {0, 1}, &at0);
+  transport::shm::ShmTransport t1(config, job, 1, 1, {0, 1}, &at1);
+  auto a1 = t1.address(), a0 = t0.address();
+  auto e01 = t0.connect({1, true, 1, a1});
+  auto e10 = t1.connect({0, true, 0, a0});
+  std::byte header[8] = {};
+  std::vector<std::byte> big(2000);
+  // Two bounce buffers: the third large message must wait until the receiver frees one.
+  ASSERT_TRUE(e01->am_send(1, header, big, transport::AmHint::kNone).is_ok());
+  ASSERT_TRUE(e01->am_send(1, header, big, transport::AmHint::kNone).is_ok());
+  EXPECT_EQ(e01->am_send(1, header, big, transport::AmHint::kNone).code(), Code::kWouldBlock);
+  EXPECT_EQ(t1.progress(), 2);
+  EXPECT_TRUE(e01->am_send(1, header, big, transport::AmHint::kNone).is_ok());
+  // Sixteen elements: the FIFO fills, then refuses.
+  int sent = 0;
+  while (e01->am_send(1, header, {}, transport::AmHint::kNone).is_ok()) ++sent;
+  EXPECT_EQ(sent, 15);
+  EXPECT_EQ(t1.progress(), 16);
+  EXPECT_EQ(at1.ids.size(), 18u);
+}
+
+}  // namespace
+}  // namespace ferry
