@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   int rank;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (argc < 4) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_pingpong latency|bandwidth SIZE ITERATIONS [WINDOW]\n");
+    if (rank == 0)
+      fprintf(stderr, "usage: mpi_pingpong latency|bandwidth SIZE ITERATIONS [WINDOW]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int latency = strcmp(argv[1], "latency") == 0;

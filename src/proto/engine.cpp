@@ -43,9 +43,9 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   spin_count_ = static_cast<int>(config_.get_int(util::Var::kSpinCount));
-  crash_on_send_ = config_.get_int(util::Var::kTestCrashRank) == rank_ &&
-                   config_.get_int(util::Var::kTestCrashAt) ==
-                       static_cast<int>(util::CrashPoint::kFirstSend);
+  crash_on_send_ =
+      config_.get_int(util::Var::kTestCrashRank) == rank_ &&
+      config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kFirstSend);
   peers_.resize(static_cast<std::size_t>(size_));
   setup_transports();
   connect_peers();
@@ -67,8 +67,8 @@ void Engine::setup_transports() {
   } else {
     auto it = std::find(local.begin(), local.end(), rank_);
     if (it == local.end()) {
-      throw Error(Code::kBootstrapError, bootstrap_->name() + " lists this node's ranks without " +
-                                             std::to_string(rank_));
+      throw Error(Code::kBootstrapError,
+                  bootstrap_->name() + " lists this node's ranks without " + std::to_string(rank_));
     }
     transports_.push_back(std::make_unique<transport::shm::ShmTransport>(
         config_, bootstrap_->job_id(), rank_, static_cast<int>(it - local.begin()), local, this));
@@ -189,7 +189,9 @@ void Engine::wait_step(int* idle_polls) {
   }
 }
 
-Status Engine::barrier() { return bootstrap_->barrier([this] { progress(); }); }
+Status Engine::barrier() {
+  return bootstrap_->barrier([this] { progress(); });
+}
 
 std::string Engine::describe_peer(int rank) const {
   if (rank < 0 || rank >= size_) return "rank " + std::to_string(rank) + " is not in the job";

@@ -115,7 +115,7 @@ class Engine final : public transport::AmHandler {
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty
   RequestPool requests_;
   Matcher matcher_;
-  bool crash_on_send_ = false;  // FERRY_TEST_CRASH_AT=first-send names this rank
+  bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
   std::size_t outstanding_sends_ = 0;  // send requests not yet complete
 };
 

@@ -29,8 +29,8 @@ struct Unexpected {
   Tag tag = 0;
   std::size_t size = 0;
   bool rendezvous = false;
-  std::uint64_t sreq = 0;     // rendezvous: the sender's request
-  std::uint64_t address = 0;  // rendezvous: where the data is in the sender
+  std::uint64_t sreq = 0;       // rendezvous: the sender's request
+  std::uint64_t address = 0;    // rendezvous: where the data is in the sender
   std::vector<std::byte> data;  // eager: a copy of the message
 };
 

@@ -44,15 +44,14 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
   ++outstanding_sends_;
   Request request(this, index, slot.generation);
   if (destination < 0 || destination >= size_) {
-    complete(index, Status(Code::kInvalidArgument, "isend: destination rank " +
-                                                       std::to_string(destination) +
-                                                       " is not in [0, " + std::to_string(size_) +
-                                                       ")"));
+    complete(index, Status(Code::kInvalidArgument,
+                           "isend: destination rank " + std::to_string(destination) +
+                               " is not in [0, " + std::to_string(size_) + ")"));
     return request;
   }
   if (buffer == nullptr && bytes > 0) {
-    complete(index, Status(Code::kInvalidArgument, "isend: null buffer with " +
-                                                       std::to_string(bytes) + " bytes"));
+    complete(index, Status(Code::kInvalidArgument,
+                           "isend: null buffer with " + std::to_string(bytes) + " bytes"));
     return request;
   }
   Peer& peer = peers_[static_cast<std::size_t>(destination)];
@@ -93,8 +92,8 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
     return request;
   }
   if (buffer == nullptr && capacity > 0) {
-    complete(index, Status(Code::kInvalidArgument, "irecv: null buffer with capacity " +
-                                                       std::to_string(capacity)));
+    complete(index, Status(Code::kInvalidArgument,
+                           "irecv: null buffer with capacity " + std::to_string(capacity)));
     return request;
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
@@ -210,12 +209,18 @@ void Engine::protocol_error(int source, const char* what) {
 
 void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data) {
   switch (id) {
-    case kAmEager: return handle_eager(source, data);
-    case kAmRts: return handle_rts(source, data);
-    case kAmCts: return handle_cts(source, data);
-    case kAmFrag: return handle_frag(source, data);
-    case kAmFin: return handle_fin(source, data);
-    default: return protocol_error(source, "unknown active message id");
+    case kAmEager:
+      return handle_eager(source, data);
+    case kAmRts:
+      return handle_rts(source, data);
+    case kAmCts:
+      return handle_cts(source, data);
+    case kAmFrag:
+      return handle_frag(source, data);
+    case kAmFin:
+      return handle_fin(source, data);
+    default:
+      return protocol_error(source, "unknown active message id");
   }
 }
 
@@ -275,9 +280,10 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
     Status status = peer.endpoint->get(slot.recv_buffer, address, length);
     if (!status) {
       peer.get_failed = true;
-      FERRY_LOG(kWarn, "%s: zero-copy get from rank %d failed (%s); its large messages are "
-                "pipelined from now on", peer.transport.c_str(), source,
-                status.to_string().c_str());
+      FERRY_LOG(kWarn,
+                "%s: zero-copy get from rank %d failed (%s); its large messages are "
+                "pipelined from now on",
+                peer.transport.c_str(), source, status.to_string().c_str());
     }
     if (status) {
       complete(index, size > slot.size ? truncation(source, size, slot.size) : Status::ok());
@@ -321,9 +327,9 @@ void Engine::handle_frag(int source, std::span<const std::byte> data) {
   auto payload = data.subspan(sizeof(header));
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(header.rreq, &index);
-  if (slot == nullptr || slot->kind != RequestKind::kRecv ||
-      slot->state != RequestState::kActive || slot->info.source != source ||
-      header.offset > slot->expected || payload.size() > slot->expected - header.offset ||
+  if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
+      slot->info.source != source || header.offset > slot->expected ||
+      payload.size() > slot->expected - header.offset ||
       payload.size() > slot->expected - slot->received) {
     return protocol_error(source, "fragment outside any receive in progress");
   }

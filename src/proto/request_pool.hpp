@@ -13,8 +13,8 @@ namespace ferry::proto {
 enum class RequestKind : std::uint8_t { kSend, kRecv };
 enum class RequestState : std::uint8_t {
   kFree,
-  kPosted,      // recv: waiting in the posted queue
-  kActive,      // send: queued or waiting for the peer; recv: receiving fragments
+  kPosted,  // recv: waiting in the posted queue
+  kActive,  // send: queued or waiting for the peer; recv: receiving fragments
   kDone,
 };
 

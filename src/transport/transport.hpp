@@ -27,8 +27,8 @@ struct Capabilities {
 struct PeerInfo {
   int rank = -1;
   bool same_node = false;
-  int local_index = -1;                  // index among the node's processes, when same_node
-  std::span<const std::byte> address;    // what the peer's transport published
+  int local_index = -1;                // index among the node's processes, when same_node
+  std::span<const std::byte> address;  // what the peer's transport published
 };
 
 struct Reachability {

@@ -59,13 +59,20 @@ std::span<const VarSpec> registry() noexcept { return kRegistry; }
 
 const char* type_name(VarType type) noexcept {
   switch (type) {
-    case VarType::kBool: return "boolean";
-    case VarType::kInt: return "integer";
-    case VarType::kSize: return "size";
-    case VarType::kSeconds: return "seconds";
-    case VarType::kEnum: return "one of";
-    case VarType::kList: return "list of";
-    case VarType::kString: return "string";
+    case VarType::kBool:
+      return "boolean";
+    case VarType::kInt:
+      return "integer";
+    case VarType::kSize:
+      return "size";
+    case VarType::kSeconds:
+      return "seconds";
+    case VarType::kEnum:
+      return "one of";
+    case VarType::kList:
+      return "list of";
+    case VarType::kString:
+      return "string";
   }
   return "?";
 }
@@ -77,10 +84,16 @@ void parse_value(const VarSpec& spec, const std::string& text, std::int64_t* int
       static const char* kTrue[] = {"1", "y", "yes", "on", "true"};
       static const char* kFalse[] = {"0", "n", "no", "off", "false"};
       for (const char* t : kTrue) {
-        if (strcasecmp(text.c_str(), t) == 0) { *integer = 1; return; }
+        if (strcasecmp(text.c_str(), t) == 0) {
+          *integer = 1;
+          return;
+        }
       }
       for (const char* f : kFalse) {
-        if (strcasecmp(text.c_str(), f) == 0) { *integer = 0; return; }
+        if (strcasecmp(text.c_str(), f) == 0) {
+          *integer = 0;
+          return;
+        }
       }
       reject(spec, text, "expected a boolean (1/0, yes/no, on/off, true/false)");
     }
@@ -128,7 +141,10 @@ void parse_value(const VarSpec& spec, const std::string& text, std::int64_t* int
     case VarType::kEnum: {
       auto words = split(spec.allowed, '|');
       for (std::size_t i = 0; i < words.size(); ++i) {
-        if (text == words[i]) { *integer = static_cast<std::int64_t>(i); return; }
+        if (text == words[i]) {
+          *integer = static_cast<std::int64_t>(i);
+          return;
+        }
       }
       reject(spec, text, std::string("expected one of ") + spec.allowed);
     }
@@ -196,7 +212,9 @@ Config Config::load(const std::map<std::string, std::string>& overrides) {
 }
 
 bool Config::get_bool(Var var) const { return values_[static_cast<std::size_t>(var)].integer != 0; }
-std::int64_t Config::get_int(Var var) const { return values_[static_cast<std::size_t>(var)].integer; }
+std::int64_t Config::get_int(Var var) const {
+  return values_[static_cast<std::size_t>(var)].integer;
+}
 double Config::get_seconds(Var var) const { return values_[static_cast<std::size_t>(var)].real; }
 const std::string& Config::get_string(Var var) const {
   return values_[static_cast<std::size_t>(var)].text;

@@ -14,46 +14,46 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
 
 // X(id, name, type, default, min, max, allowed, doc)
 //   min/max bound kInt, kSize and kSeconds; allowed lists the words of kEnum and kList ("a|b").
-#define FERRY_CONFIG_VARS(X)                                                                     \
-  X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                  \
-    "what ferry prints to stderr")                                                               \
-  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm", 0, 0, "self|shm",                        \
-    "transports ferry may use (comma-separated)")                                                \
+#define FERRY_CONFIG_VARS(X)                                                                    \
+  X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                 \
+    "what ferry prints to stderr")                                                              \
+  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm", 0, 0, "self|shm",                       \
+    "transports ferry may use (comma-separated)")                                               \
   X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                       \
-    "messages larger than this go by rendezvous (capped by the transport's eager limit)")        \
-  X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "2000", 0, 100000000, "",                              \
-    "empty progress polls in a blocking wait before it starts yielding the CPU")                 \
-  X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",              \
-    "how long a bootstrap exchange (init, barrier) may wait for the other ranks")                \
-  X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                 \
-    "how long finalize waits to drain queued sends and for the other ranks")                     \
-  X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                            \
-    "elements in each process's receive FIFO (a power of two)")                                  \
-  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                        \
-    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")         \
-  X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                  \
-    "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")         \
-  X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                         \
-    "bounce buffers in each sender's pool")                                                      \
-  X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                              \
-    "single-copy rendezvous with process_vm_readv when the connect-time probe works")            \
-  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",                \
-    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "   \
-    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                 \
-  X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")   \
-  X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")        \
-  X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                 \
-    "rank among the processes of this node (set by ferryrun)")                                   \
-  X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                   \
-    "processes of the job on this node (set by ferryrun)")                                       \
-  X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                                \
-    "address of ferryrun's key-value store (unix:PATH; set by ferryrun)")                        \
-  X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                               \
-    "job identity, part of shared-memory names (set by ferryrun)")                               \
-  X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                    \
-    "none|segment-created|initialized|first-send|finalize",                                      \
-    "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")          \
-  X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                        \
+    "messages larger than this go by rendezvous (capped by the transport's eager limit)")       \
+  X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "2000", 0, 100000000, "",                             \
+    "empty progress polls in a blocking wait before it starts yielding the CPU")                \
+  X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",             \
+    "how long a bootstrap exchange (init, barrier) may wait for the other ranks")               \
+  X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                \
+    "how long finalize waits to drain queued sends and for the other ranks")                    \
+  X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                           \
+    "elements in each process's receive FIFO (a power of two)")                                 \
+  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                       \
+    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")        \
+  X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                 \
+    "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")        \
+  X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                        \
+    "bounce buffers in each sender's pool")                                                     \
+  X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                             \
+    "single-copy rendezvous with process_vm_readv when the connect-time probe works")           \
+  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",               \
+    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce " \
+    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                \
+  X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")  \
+  X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")       \
+  X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                \
+    "rank among the processes of this node (set by ferryrun)")                                  \
+  X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                  \
+    "processes of the job on this node (set by ferryrun)")                                      \
+  X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                               \
+    "address of ferryrun's key-value store (unix:PATH; set by ferryrun)")                       \
+  X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                              \
+    "job identity, part of shared-memory names (set by ferryrun)")                              \
+  X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                   \
+    "none|segment-created|initialized|first-send|finalize",                                     \
+    "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")         \
+  X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                       \
     "test fault: which rank FERRY_TEST_CRASH_AT kills")
 
 enum class Var : int {
@@ -85,7 +85,9 @@ class Config {
 
   [[nodiscard]] bool get_bool(Var var) const;
   [[nodiscard]] std::int64_t get_int(Var var) const;
-  [[nodiscard]] std::size_t get_size(Var var) const { return static_cast<std::size_t>(get_int(var)); }
+  [[nodiscard]] std::size_t get_size(Var var) const {
+    return static_cast<std::size_t>(get_int(var));
+  }
   [[nodiscard]] double get_seconds(Var var) const;
   [[nodiscard]] const std::string& get_string(Var var) const;
   [[nodiscard]] std::vector<std::string> get_list(Var var) const;

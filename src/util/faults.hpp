@@ -2,8 +2,9 @@
 // kills itself with SIGKILL at the named point, so tests can prove nothing hangs or leaks.
 #pragma once
 
-#include <csignal>
 #include <unistd.h>
+
+#include <csignal>
 
 #include "util/config.hpp"
 

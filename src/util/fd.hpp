@@ -40,7 +40,8 @@ class Mapping {
   Mapping() noexcept = default;
   Mapping(void* address, std::size_t length) noexcept : address_(address), length_(length) {}
   Mapping(Mapping&& other) noexcept
-      : address_(std::exchange(other.address_, nullptr)), length_(std::exchange(other.length_, 0)) {}
+      : address_(std::exchange(other.address_, nullptr)),
+        length_(std::exchange(other.length_, 0)) {}
   Mapping& operator=(Mapping&& other) noexcept {
     if (this != &other) {
       reset();

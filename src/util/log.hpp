@@ -15,15 +15,15 @@ void log(LogLevel level, const char* format, ...) noexcept __attribute__((format
 
 }  // namespace ferry::util
 
-#define FERRY_LOG(level, ...)                                                         \
-  do {                                                                                \
-    if (::ferry::util::log_enabled(::ferry::util::LogLevel::level))                   \
-      ::ferry::util::log(::ferry::util::LogLevel::level, __VA_ARGS__);                \
+#define FERRY_LOG(level, ...)                                          \
+  do {                                                                 \
+    if (::ferry::util::log_enabled(::ferry::util::LogLevel::level))    \
+      ::ferry::util::log(::ferry::util::LogLevel::level, __VA_ARGS__); \
   } while (0)
 
 // Logs the first time this line is reached in the process, for verdicts that stay true.
-#define FERRY_LOG_ONCE(level, ...)                                                    \
-  do {                                                                                \
-    static std::atomic<bool> ferry_logged_once_{false};                               \
-    if (!ferry_logged_once_.exchange(true)) FERRY_LOG(level, __VA_ARGS__);            \
+#define FERRY_LOG_ONCE(level, ...)                                         \
+  do {                                                                     \
+    static std::atomic<bool> ferry_logged_once_{false};                    \
+    if (!ferry_logged_once_.exchange(true)) FERRY_LOG(level, __VA_ARGS__); \
   } while (0)

@@ -5,20 +5,34 @@ namespace ferry {
 
 const char* to_string(Code code) noexcept {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInProgress: return "in progress";
-    case Code::kWouldBlock: return "would block";
-    case Code::kTruncated: return "message truncated";
-    case Code::kCanceled: return "canceled";
-    case Code::kInvalidArgument: return "invalid argument";
-    case Code::kPeerFailed: return "peer failed";
-    case Code::kProtocolError: return "protocol error";
-    case Code::kTimeout: return "timed out";
-    case Code::kNoResources: return "no resources";
-    case Code::kUnsupported: return "unsupported";
-    case Code::kIoError: return "I/O error";
-    case Code::kBootstrapError: return "bootstrap error";
-    case Code::kInternal: return "internal error";
+    case Code::kOk:
+      return "ok";
+    case Code::kInProgress:
+      return "in progress";
+    case Code::kWouldBlock:
+      return "would block";
+    case Code::kTruncated:
+      return "message truncated";
+    case Code::kCanceled:
+      return "canceled";
+    case Code::kInvalidArgument:
+      return "invalid argument";
+    case Code::kPeerFailed:
+      return "peer failed";
+    case Code::kProtocolError:
+      return "protocol error";
+    case Code::kTimeout:
+      return "timed out";
+    case Code::kNoResources:
+      return "no resources";
+    case Code::kUnsupported:
+      return "unsupported";
+    case Code::kIoError:
+      return "I/O error";
+    case Code::kBootstrapError:
+      return "bootstrap error";
+    case Code::kInternal:
+      return "internal error";
   }
   return "unknown code";
 }

@@ -39,8 +39,8 @@ std::size_t first_mismatch(const std::vector<std::byte>& v, std::size_t n, int s
 }
 
 TEST(MultiProcess, RingOfEverySizeFromOneByteTo64MiB) {
-  std::vector<std::size_t> sizes = {0, 1, 7, 64, 103, 104, 105, 4095, 8192, 8193, 32768, 65536,
-                                    100003};
+  std::vector<std::size_t> sizes = {0,    1,    7,    64,    103,   104,   105,
+                                    4095, 8192, 8193, 32768, 65536, 100003};
   for (std::size_t s = 1 << 18; s <= (64u << 20); s *= 4) sizes.push_back(s);
   sizes.push_back((64u << 20) - 5);
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -64,7 +64,8 @@ TEST(MultiProcess, MessagesWithMatchingTagsDoNotOvertakeAcrossProtocols) {
   std::vector<std::vector<std::byte>> outs;
   for (int i = 0; i < kCount; ++i) outs.push_back(make(sizes[i % 5], me(), i));
   std::vector<Request> sends;
-  for (int i = 0; i < kCount; ++i) sends.push_back(ctx().isend(outs[i].data(), outs[i].size(), next(), 7));
+  for (int i = 0; i < kCount; ++i)
+    sends.push_back(ctx().isend(outs[i].data(), outs[i].size(), next(), 7));
   std::vector<std::byte> in(300000);
   for (int i = 0; i < kCount; ++i) {
     MessageInfo info;

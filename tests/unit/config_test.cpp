@@ -1,11 +1,12 @@
 // The config registry: parsing, validation messages, overrides.
+#include "util/config.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "ferry/status.hpp"
-#include "util/config.hpp"
 
 namespace ferry::util {
 namespace {

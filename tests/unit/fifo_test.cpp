@@ -1,12 +1,12 @@
 // The shm FIFO on its own: ordering, full detection, wrap-around, and many producer threads.
+#include "transport/shm/fifo.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
-
-#include "transport/shm/fifo.hpp"
 
 namespace ferry::transport::shm {
 namespace {

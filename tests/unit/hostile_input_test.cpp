@@ -29,9 +29,9 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   const std::uint64_t posted_id = (std::uint64_t{1} << 32) | 0;
 
   std::byte junk[3] = {};
-  engine->on_am(99, 0, junk);                             // unknown id
-  engine->on_am(proto::kAmEager, 0, junk);                // short eager header
-  engine->on_am(proto::kAmRts, 0, junk);                  // short RTS
+  engine->on_am(99, 0, junk);                                                // unknown id
+  engine->on_am(proto::kAmEager, 0, junk);                                   // short eager header
+  engine->on_am(proto::kAmRts, 0, junk);                                     // short RTS
   engine->on_am(proto::kAmCts, 0, message(proto::CtsHeader{12345, 1, 10}));  // no such send
   engine->on_am(proto::kAmFin, 0, message(proto::FinHeader{posted_id, 0, 0}));  // not a send
   // A fragment aimed at a receive that is posted but not receiving fragments, and one far past it.
@@ -87,12 +87,12 @@ TEST(HostileInput, ShmDropsFifoElementsThatFailValidation) {
     claim.elem->bounce = bounce;
     transport::shm::FifoProducer::publish(claim);
   };
-  forge(transport::shm::kElemInline, 0, 100000, 0);   // inline longer than an element
-  forge(transport::shm::kElemBounce, 0, 16, 7);       // bounce slot past the pool
-  forge(transport::shm::kElemBounce, 0, 1u << 30, 0); // bounce length past the buffer
-  forge(transport::shm::kElemInline, 9, 8, 0);        // unknown sender
-  forge(transport::shm::kElemInline, 1, 8, 0);        // "from" the receiver itself
-  forge(0x7f, 0, 8, 0);                               // unknown flags
+  forge(transport::shm::kElemInline, 0, 100000, 0);    // inline longer than an element
+  forge(transport::shm::kElemBounce, 0, 16, 7);        // bounce slot past the pool
+  forge(transport::shm::kElemBounce, 0, 1u << 30, 0);  // bounce length past the buffer
+  forge(transport::shm::kElemInline, 9, 8, 0);         // unknown sender
+  forge(transport::shm::kElemInline, 1, 8, 0);         // "from" the receiver itself
+  forge(0x7f, 0, 8, 0);                                // unknown flags
   EXPECT_EQ(t1.progress(), 6) << "malformed elements are consumed, not left to block the FIFO";
   EXPECT_TRUE(at1.ids.empty()) << "none of them reached the protocol layer";
 

@@ -1,7 +1,7 @@
 // Tag matching: order, wildcards, masks, cancel.
-#include <gtest/gtest.h>
-
 #include "proto/matching.hpp"
+
+#include <gtest/gtest.h>
 
 namespace ferry::proto {
 namespace {

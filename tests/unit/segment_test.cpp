@@ -1,6 +1,7 @@
 // shm segments: layout validation, attach checks, and names removed from /dev/shm.
-#include <gtest/gtest.h>
+#include "transport/shm/segment.hpp"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,7 +9,6 @@
 
 #include "ferry/status.hpp"
 #include "transport/shm/address.hpp"
-#include "transport/shm/segment.hpp"
 
 namespace ferry::transport::shm {
 namespace {

@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--peers") == 0) {
       peers = true;
     } else if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
-      std::printf("usage: ferry-info [--peers]   (under ferryrun, --peers shows every rank's "
-                  "path to every other)\n");
+      std::printf(
+          "usage: ferry-info [--peers]   (under ferryrun, --peers shows every rank's "
+          "path to every other)\n");
       return 0;
     } else {
       std::fprintf(stderr, "ferry-info: unknown argument '%s' (try --help)\n", argv[i]);

@@ -52,12 +52,17 @@ std::size_t parse_size(const std::string& text) {
   char* end = nullptr;
   errno = 0;
   unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || text[0] == '-') usage(("bad size '" + text + "'").c_str());
+  if (errno != 0 || end == text.c_str() || text[0] == '-')
+    usage(("bad size '" + text + "'").c_str());
   std::string suffix(end);
-  if (suffix == "k" || suffix == "K") v <<= 10;
-  else if (suffix == "m" || suffix == "M") v <<= 20;
-  else if (suffix == "g" || suffix == "G") v <<= 30;
-  else if (!suffix.empty()) usage(("bad size '" + text + "'").c_str());
+  if (suffix == "k" || suffix == "K")
+    v <<= 10;
+  else if (suffix == "m" || suffix == "M")
+    v <<= 20;
+  else if (suffix == "g" || suffix == "G")
+    v <<= 30;
+  else if (!suffix.empty())
+    usage(("bad size '" + text + "'").c_str());
   if (v > (1ULL << 32)) usage(("size '" + text + "' is over 4 GiB").c_str());
   return v;
 }
@@ -244,8 +249,10 @@ void print(const Args& args, const std::vector<Record>& records, const ferry::Co
     std::printf("test,size,iterations,latency_us,bandwidth_GBps\n");
     for (const Record& r : records) {
       std::printf("%s,%zu,%ld,", r.test.c_str(), r.size, r.iterations);
-      if (r.latency_us >= 0) std::printf("%.4f,\n", r.latency_us);
-      else std::printf(",%.4f\n", r.bandwidth_GBps);
+      if (r.latency_us >= 0)
+        std::printf("%.4f,\n", r.latency_us);
+      else
+        std::printf(",%.4f\n", r.bandwidth_GBps);
     }
     return;
   }
@@ -255,8 +262,10 @@ void print(const Args& args, const std::vector<Record>& records, const ferry::Co
               "bandwidth_GBps");
   for (const Record& r : records) {
     std::printf("%-10s %12zu %11ld ", r.test.c_str(), r.size, r.iterations);
-    if (r.latency_us >= 0) std::printf("%12.3f %15s\n", r.latency_us, "-");
-    else std::printf("%12s %15.3f\n", "-", r.bandwidth_GBps);
+    if (r.latency_us >= 0)
+      std::printf("%12.3f %15s\n", r.latency_us, "-");
+    else
+      std::printf("%12s %15.3f\n", "-", r.bandwidth_GBps);
   }
 }
 

@@ -25,8 +25,8 @@ Status Address::decode(std::span<const std::byte> bytes, Address* out) {
             r.get(&a.cookie);
   if (!ok || r.remaining() != 0 || a.name.empty() || a.name[0] != '/' ||
       a.name.find('/', 1) != std::string::npos || a.pid <= 0) {
-    return Status(Code::kProtocolError, "malformed shm address (" + std::to_string(bytes.size()) +
-                                            " bytes)");
+    return Status(Code::kProtocolError,
+                  "malformed shm address (" + std::to_string(bytes.size()) + " bytes)");
   }
   *out = std::move(a);
   return Status::ok();

@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "transport/shm/segment.hpp"
-#include "util/copy.hpp"
 #include "transport/shm/transport.hpp"
+#include "util/copy.hpp"
 
 namespace ferry::transport::shm {
 
@@ -87,8 +87,8 @@ Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length) 
                                         " failed: " + std::strerror(errno));
     }
     if (n == 0) {
-      return Status(Code::kIoError, "process_vm_readv from pid " + std::to_string(pid) +
-                                        " made no progress");
+      return Status(Code::kIoError,
+                    "process_vm_readv from pid " + std::to_string(pid) + " made no progress");
     }
     done += static_cast<std::size_t>(n);
   }
@@ -96,8 +96,9 @@ Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length) 
 }
 
 Status ShmEndpoint::get(void* local, std::uint64_t remote, std::size_t length) {
-  if (!cma_ok_) return Status(Code::kUnsupported, "shm to rank " + std::to_string(peer_rank_) +
-                                                      ": no CMA (" + cma_reason_ + ")");
+  if (!cma_ok_)
+    return Status(Code::kUnsupported,
+                  "shm to rank " + std::to_string(peer_rank_) + ": no CMA (" + cma_reason_ + ")");
   return cma_read(peer_pid_, local, remote, length);
 }
 

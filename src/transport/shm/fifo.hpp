@@ -1,7 +1,7 @@
 // The shared-memory receive FIFO: many producers (the node's other processes), one consumer (the
-// owner). Producers claim a slot by CAS on head and publish it by storing the slot's sequence number
-// last (the owner bit of uct/mm, widened to a sequence so a stale element is never misread). The
-// consumer releases the tail in batches, so producers rarely touch the consumer's cache line.
+// owner). Producers claim a slot by CAS on head and publish it by storing the slot's sequence
+// number last (the owner bit of uct/mm, widened to a sequence so a stale element is never misread).
+// The consumer releases the tail in batches, so producers rarely touch the consumer's cache line.
 #pragma once
 
 #include <atomic>
@@ -23,9 +23,9 @@ struct alignas(64) FifoElem {
   std::atomic<std::uint32_t> sequence;  // low 32 bits of (index + 1) once published
   std::uint8_t am_id;
   std::uint8_t flags;
-  std::uint16_t source;   // sender's local index
-  std::uint32_t length;   // bytes of header + payload
-  std::uint32_t bounce;   // slot in the sender's bounce pool (kElemBounce)
+  std::uint16_t source;  // sender's local index
+  std::uint32_t length;  // bytes of header + payload
+  std::uint32_t bounce;  // slot in the sender's bounce pool (kElemBounce)
   std::byte data[kFifoElemSize - 16];
 };
 static_assert(sizeof(FifoElem) == kFifoElemSize);

@@ -32,17 +32,19 @@ std::string Layout::compute(std::uint32_t fifo_size, std::uint32_t bounce_count,
     return "bounce count " + std::to_string(bounce_count) + " is not in [1, 65536]";
   }
   if (bounce_size < 64 || bounce_size > kMaxBounceSize || bounce_size % 64 != 0) {
-    return "bounce size " + std::to_string(bounce_size) + " is not a multiple of 64 in [64, 16 MiB]";
+    return "bounce size " + std::to_string(bounce_size) +
+           " is not a multiple of 64 in [64, 16 MiB]";
   }
   Layout layout;
   layout.fifo_size = fifo_size;
   layout.bounce_count = bounce_count;
   layout.bounce_size = bounce_size;
   layout.fifo_offset = align_up(sizeof(SegmentHeader), 4096);
-  layout.bounce_offset = align_up(layout.fifo_offset + std::size_t{fifo_size} * kFifoElemSize, 4096);
+  layout.bounce_offset =
+      align_up(layout.fifo_offset + std::size_t{fifo_size} * kFifoElemSize, 4096);
   layout.bounce_stride = kBounceHeaderSize + bounce_size;
-  layout.total_size = align_up(layout.bounce_offset + std::size_t{bounce_count} * layout.bounce_stride,
-                               4096);
+  layout.total_size =
+      align_up(layout.bounce_offset + std::size_t{bounce_count} * layout.bounce_stride, 4096);
   *out = layout;
   return {};
 }
@@ -55,8 +57,8 @@ Segment Segment::create(const std::string& name, const Layout& layout) {
   segment.owner_ = true;  // from here on, the destructor unlinks the name
   segment.layout_ = layout;
   if (::ftruncate(fd.get(), static_cast<off_t>(layout.total_size)) != 0) {
-    fail(Code::kNoResources, name, "ftruncate to " + std::to_string(layout.total_size) + " bytes failed",
-         errno);
+    fail(Code::kNoResources, name,
+         "ftruncate to " + std::to_string(layout.total_size) + " bytes failed", errno);
   }
   int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(layout.total_size));
   if (err != 0) {
@@ -94,9 +96,9 @@ Segment Segment::attach(const std::string& name, const Layout& expected) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail(Code::kIoError, name, "fstat failed", errno);
   if (static_cast<std::size_t>(st.st_size) != expected.total_size) {
-    throw Error(Code::kProtocolError, "shm segment /dev/shm" + name + " has " +
-                                          std::to_string(st.st_size) + " bytes, the peer announced " +
-                                          std::to_string(expected.total_size));
+    throw Error(Code::kProtocolError,
+                "shm segment /dev/shm" + name + " has " + std::to_string(st.st_size) +
+                    " bytes, the peer announced " + std::to_string(expected.total_size));
   }
   void* address =
       ::mmap(nullptr, expected.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);

@@ -29,11 +29,12 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
       local_ranks_(std::move(local_ranks)),
       handler_(handler),
       cma_enabled_(config.get_bool(util::Var::kShmCma)) {
-  auto bounce_size = static_cast<std::uint32_t>((config.get_size(util::Var::kShmBounceSize) + 63) / 64 * 64);
+  auto bounce_size =
+      static_cast<std::uint32_t>((config.get_size(util::Var::kShmBounceSize) + 63) / 64 * 64);
   Layout layout;
-  std::string error = Layout::compute(static_cast<std::uint32_t>(config.get_int(util::Var::kShmFifoSize)),
-                                      static_cast<std::uint32_t>(config.get_int(util::Var::kShmBounceCount)),
-                                      bounce_size, &layout);
+  std::string error = Layout::compute(
+      static_cast<std::uint32_t>(config.get_int(util::Var::kShmFifoSize)),
+      static_cast<std::uint32_t>(config.get_int(util::Var::kShmBounceCount)), bounce_size, &layout);
   if (!error.empty()) throw Error(Code::kInvalidArgument, "shm: " + error);
   own_ = Segment::create(segment_name(job_id, rank), layout);
   util::crash_point(config, rank, util::CrashPoint::kSegmentCreated);
@@ -74,19 +75,20 @@ Reachability ShmTransport::reach(const PeerInfo& peer) const {
 std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
   Address address;
   Status status = Address::decode(peer.address, &address);
-  if (!status) throw Error(Code::kProtocolError, "shm: rank " + std::to_string(peer.rank) + ": " +
-                                                     status.message());
+  if (!status)
+    throw Error(Code::kProtocolError,
+                "shm: rank " + std::to_string(peer.rank) + ": " + status.message());
   if (peer.local_index < 0 || static_cast<std::size_t>(peer.local_index) >= peers_.size() ||
       local_ranks_[static_cast<std::size_t>(peer.local_index)] != peer.rank) {
-    throw Error(Code::kInternal, "shm: rank " + std::to_string(peer.rank) +
-                                     " has no valid local index");
+    throw Error(Code::kInternal,
+                "shm: rank " + std::to_string(peer.rank) + " has no valid local index");
   }
   Layout layout;
   std::string error =
       Layout::compute(address.fifo_size, address.bounce_count, address.bounce_size, &layout);
   if (!error.empty()) {
-    throw Error(Code::kProtocolError, "shm: rank " + std::to_string(peer.rank) +
-                                          " announced a bad segment: " + error);
+    throw Error(Code::kProtocolError,
+                "shm: rank " + std::to_string(peer.rank) + " announced a bad segment: " + error);
   }
   auto mapped = std::make_unique<Peer>();
   mapped->rank = peer.rank;

@@ -1,6 +1,7 @@
 // The shared-memory transport: one segment per process holding its receive FIFO and its bounce
 // pool, mapped by every local peer. Inline messages ride in FIFO elements; larger ones in bounce
-// buffers of the sender's pool; zero-copy get by CMA (process_vm_readv) where a probe shows it works.
+// buffers of the sender's pool; zero-copy get by CMA (process_vm_readv) where a probe shows it
+// works.
 #pragma once
 
 #include <memory>
