@@ -59,20 +59,30 @@ class Collector : public transport::AmHandler {
   std::vector<std::size_t> sizes;
 };
 
-TEST(HostileInput, ShmDropsFifoElementsThatFailValidation) {
-  util::Config config = util::Config::load({{"FERRY_SHM_FIFO_SIZE", "16"},
-                                            {"FERRY_SHM_RELEASE_BATCH", "2"},
-                                            {"FERRY_SHM_BOUNCE_COUNT", "2"}});
-  std::string job = "unittest" + std::to_string(::getpid());
+// Two shm transports in one process, connected both ways: a 16-element FIFO, 2 bounce buffers.
+class ShmPair : public ::testing::Test {
+ protected:
+  ShmPair()
+      : config_(util::Config::load({{"FERRY_SHM_FIFO_SIZE", "16"},
+                                    {"FERRY_SHM_RELEASE_BATCH", "2"},
+                                    {"FERRY_SHM_BOUNCE_COUNT", "2"}})),
+        job_("unittest" + std::to_string(::getpid())),
+        t0(config_, job_, 0, 0, {0, 1}, &at0),
+        t1(config_, job_, 1, 1, {0, 1}, &at1) {
+    auto a0 = t0.address(), a1 = t1.address();
+    e01 = t0.connect({1, true, 1, a1});
+    e10 = t1.connect({0, true, 0, a0});
+    t0.on_all_connected();
+    t1.on_all_connected();
+  }
+  util::Config config_;
+  std::string job_;
   Collector at0, at1;
-  transport::shm::ShmTransport t0(config, job, 0, 0, {0, 1}, &at0);
-  transport::shm::ShmTransport t1(config, job, 1, 1, {0, 1}, &at1);
-  auto a0 = t0.address(), a1 = t1.address();
-  auto e01 = t0.connect({1, true, 1, a1});
-  auto e10 = t1.connect({0, true, 0, a0});
-  t0.on_all_connected();
-  t1.on_all_connected();
+  transport::shm::ShmTransport t0, t1;
+  std::unique_ptr<transport::Endpoint> e01, e10;
+};
 
+TEST_F(ShmPair, DropsFifoElementsThatFailValidation) {
   // Forge elements straight into rank 1's FIFO, as a hostile rank 0 could.
   const auto& seg = t1.own();
   transport::shm::FifoProducer forger(&seg.header()->fifo, seg.fifo(), seg.layout().fifo_size);
@@ -107,17 +117,7 @@ TEST(HostileInput, ShmDropsFifoElementsThatFailValidation) {
   EXPECT_EQ(at1.sizes[1], 5008u);
 }
 
-TEST(HostileInput, ShmBackPressureRefusesInsteadOfOverwriting) {
-  util::Config config = util::Config::load({{"FERRY_SHM_FIFO_SIZE", "16"},
-                                            {"FERRY_SHM_RELEASE_BATCH", "2"},
-                                            {"FERRY_SHM_BOUNCE_COUNT", "2"}});
-  std::string job = "unittestbp" + std::to_string(::getpid());
-  Collector at0, at1;
-  transport::shm::ShmTransport t0(config, job, 0, 0, {0, 1}, &at0);
-  transport::shm::ShmTransport t1(config, job, 1, 1, {0, 1}, &at1);
-  auto a1 = t1.address(), a0 = t0.address();
-  auto e01 = t0.connect({1, true, 1, a1});
-  auto e10 = t1.connect({0, true, 0, a0});
+TEST_F(ShmPair, BackPressureRefusesInsteadOfOverwriting) {
   std::byte header[8] = {};
   std::vector<std::byte> big(2000);
   // Two bounce buffers: the third large message must wait until the receiver frees one.
