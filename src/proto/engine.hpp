@@ -77,6 +77,7 @@ class Engine final : public transport::AmHandler {
     std::size_t frag_size = 0;    // payload per fragment of a pipelined message
     std::size_t get_from = 0;     // rendezvous messages from this size up use the endpoint's get
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
+    bool failed = false;          // the peer died: everything involving it fails with `why`
     std::deque<Pending> pending;  // in order; nothing bypasses it
   };
 
@@ -91,6 +92,9 @@ class Engine final : public transport::AmHandler {
   bool try_send(Peer& peer, Pending& pending);  // true when fully sent
   int drain_pending();
   void protocol_error(int source, const char* what);
+  // Asks the transports which peers died, and fails what involves them.
+  void check_peers();
+  void peer_failed(int rank, const std::string& why);
 
   void handle_eager(int source, std::span<const std::byte> data);
   void handle_rts(int source, std::span<const std::byte> data);
@@ -117,6 +121,7 @@ class Engine final : public transport::AmHandler {
   Matcher matcher_;
   bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
   std::size_t outstanding_sends_ = 0;  // send requests not yet complete
+  std::uint32_t progress_calls_ = 0;   // peers are checked every kCheckPeersEvery calls
 };
 
 }  // namespace ferry::proto

@@ -42,6 +42,13 @@ const Unexpected* Matcher::find_unexpected(int source, Tag tag, Tag mask) const 
   return nullptr;
 }
 
+std::size_t Matcher::drop_rendezvous_from(int source) {
+  std::size_t before = unexpected_.size();
+  std::erase_if(unexpected_,
+                [source](const Unexpected& m) { return m.rendezvous && m.source == source; });
+  return before - unexpected_.size();
+}
+
 std::vector<std::byte> Matcher::buffer() {
   if (spare_.empty()) return {};
   std::vector<std::byte> buffer = std::move(spare_.back());

@@ -46,6 +46,8 @@ class Matcher {
   // The first unexpected message that a receive with these arguments matches (removed).
   std::optional<Unexpected> take_unexpected(int source, Tag tag, Tag mask);
   [[nodiscard]] const Unexpected* find_unexpected(int source, Tag tag, Tag mask) const;
+  // Drops the rendezvous announcements of `source` (its data died with it); returns how many.
+  std::size_t drop_rendezvous_from(int source);
 
   // A buffer for an unexpected eager message, reusing released ones (no allocation once warm).
   std::vector<std::byte> buffer();

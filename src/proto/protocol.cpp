@@ -55,8 +55,8 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     return request;
   }
   Peer& peer = peers_[static_cast<std::size_t>(destination)];
-  if (peer.endpoint == nullptr) {
-    complete(index, Status(Code::kUnsupported, peer.why));
+  if (peer.endpoint == nullptr || peer.failed) {
+    complete(index, Status(peer.failed ? Code::kPeerFailed : Code::kUnsupported, peer.why));
     return request;
   }
   if (crash_on_send_) util::crash_point(config_, rank_, util::CrashPoint::kFirstSend);
@@ -97,7 +97,9 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
     return request;
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
-  if (!message) {
+  if (!message && source != kAnySource && peers_[static_cast<std::size_t>(source)].failed) {
+    complete(index, Status(Code::kPeerFailed, peers_[static_cast<std::size_t>(source)].why));
+  } else if (!message) {
     slot.state = RequestState::kPosted;
     matcher_.post({source, tag, mask, index});
   } else if (!message->rendezvous) {
@@ -121,7 +123,51 @@ int Engine::progress() {
   int events = 0;
   for (auto& t : transports_) events += t->progress();
   if (!pending_peers_.empty()) events += drain_pending();
+  // A dead peer is noticed within a few thousand calls (well under a millisecond while waiting):
+  // one system call per check, amortised to nothing per message.
+  constexpr std::uint32_t kCheckPeersEvery = 4096;
+  if (++progress_calls_ == kCheckPeersEvery) {
+    progress_calls_ = 0;
+    check_peers();
+  }
   return events;
+}
+
+void Engine::check_peers() {
+  std::vector<std::pair<int, std::string>> failed;
+  for (auto& t : transports_) t->check_peers(&failed);
+  for (const auto& [rank, why] : failed) peer_failed(rank, why);
+}
+
+void Engine::peer_failed(int rank, const std::string& why) {
+  Peer& peer = peers_[static_cast<std::size_t>(rank)];
+  if (peer.failed) return;
+  peer.failed = true;
+  peer.why = why;
+  FERRY_LOG(kWarn, "%s: failing the operations that involve it", why.c_str());
+  const Status status(Code::kPeerFailed, why);
+  // What waited in its queue, then what waits on it: rendezvous sends, fragment streams into us,
+  // receives that name it. Receives from any source stay posted: other peers may still match them.
+  for (Pending& pending : peer.pending) {
+    std::uint32_t index = pending.stream != UINT32_MAX ? pending.stream : pending.request;
+    if (index != UINT32_MAX && requests_[index].state != RequestState::kDone) {
+      complete(index, status);
+    }
+  }
+  peer.pending.clear();
+  std::erase(pending_peers_, rank);
+  for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
+    RequestSlot& slot = requests_[i];
+    if (slot.state == RequestState::kPosted && slot.peer == rank) {
+      matcher_.remove_posted(i);
+      complete(i, status);
+    } else if (slot.state == RequestState::kActive &&
+               ((slot.kind == RequestKind::kSend && slot.peer == rank) ||
+                (slot.kind == RequestKind::kRecv && slot.info.source == rank))) {
+      complete(i, status);
+    }
+  }
+  matcher_.drop_rendezvous_from(rank);
 }
 
 void Engine::complete(std::uint32_t index, Status status) {
@@ -134,6 +180,11 @@ void Engine::complete(std::uint32_t index, Status status) {
 
 void Engine::send_or_queue(int peer_rank, Pending&& pending) {
   Peer& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  if (peer.failed) {
+    std::uint32_t index = pending.stream != UINT32_MAX ? pending.stream : pending.request;
+    if (index != UINT32_MAX) complete(index, Status(Code::kPeerFailed, peer.why));
+    return;
+  }
   if (peer.pending.empty()) {
     if (try_send(peer, pending)) return;
     pending_peers_.push_back(peer_rank);

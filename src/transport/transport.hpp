@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.hpp"
@@ -76,6 +77,9 @@ class Transport {
   virtual std::unique_ptr<Endpoint> connect(const PeerInfo& peer) = 0;
   // Called once every rank has connected (all mappings are made): a transport may drop names.
   virtual void on_all_connected() {}
+  // Appends (rank, why) for each peer found dead since the last call. Called from the engine's
+  // idle path, a few hundred times a second at most: it may make a system call.
+  virtual void check_peers(std::vector<std::pair<int, std::string>>* /*failed*/) {}
   // Delivers arrived messages to the handler; returns how many.
   virtual int progress() = 0;
 };

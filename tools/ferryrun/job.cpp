@@ -362,7 +362,10 @@ void Job::on_exit(int rank, int status) {
     code = WEXITSTATUS(status);
     std::snprintf(text, sizeof(text), "rank %d (pid %d) exited with code %d", rank, pid, code);
   }
-  if (fail(code)) {
+  if (options_.keep_going && !terminating_) {
+    fail(code);
+    std::fprintf(stderr, "ferryrun: %s; the other ranks go on (--keep-going)\n", text);
+  } else if (fail(code)) {
     std::fprintf(stderr, "ferryrun: %s; ending the job\n", text);
     terminate(SIGTERM);
   } else {

@@ -11,6 +11,7 @@ struct JobOptions {
   int ranks = 0;
   double timeout_s = 0;      // 0: no limit
   std::string timeout_text;  // as the user wrote it, for the timeout message
+  bool keep_going = false;   // a rank's failure does not end the others (they see it as an error)
   std::vector<std::string> command;
 };
 

@@ -21,7 +21,8 @@ using ferry::tools::JobOptions;
 constexpr int kMaxRanks = 1 << 16;
 constexpr double kMaxTimeoutS = 1e7;
 
-constexpr const char* kUsage = "usage: ferryrun -n N [--timeout S] [--] program [args...]\n";
+constexpr const char* kUsage =
+    "usage: ferryrun -n N [--timeout S] [--keep-going] [--] program [args...]\n";
 
 constexpr const char* kHelp =
     "Starts N processes of `program` on this node as one ferry job.\n"
@@ -29,6 +30,9 @@ constexpr const char* kHelp =
     "options:\n"
     "  -n N, --np N     number of ranks (required, 1 to 65536)\n"
     "  --timeout S      end the job after S seconds (exit status 124)\n"
+    "  --keep-going     a rank that fails does not end the job: the others see the failure\n"
+    "                   as errors on what involves it (the exit status is still the first\n"
+    "                   failure's)\n"
     "  -h, --help       print this help\n"
     "  --version        print ferry's version\n"
     "  --               ends the options (the program may start with '-')\n"
@@ -121,6 +125,8 @@ int parse(int argc, char** argv, JobOptions* options) {
         return usage_error(error);
       }
       have_ranks = true;
+    } else if (arg == "--keep-going") {
+      options->keep_going = true;
     } else if (arg == "--timeout" || arg.rfind("--timeout=", 0) == 0) {
       if (!value_of("--timeout", &value) || !parse_timeout(value, &options->timeout_s, &error)) {
         return usage_error(error);

@@ -1,9 +1,14 @@
 // The shm transport (see transport.hpp): segment set-up, connect with a CMA probe, FIFO polling.
 #include "transport/shm/transport.hpp"
 
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <random>
 
 #include "transport/shm/endpoint.hpp"
@@ -92,6 +97,9 @@ std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
   }
   auto mapped = std::make_unique<Peer>();
   mapped->rank = peer.rank;
+  mapped->pid = address.pid;
+  // A pidfd tells of the peer's death without races on PID reuse; kernels before 5.3 lack it.
+  mapped->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, address.pid, 0)));
   mapped->segment = Segment::attach(address.name, layout);
 
   bool cma_ok = false;
@@ -115,6 +123,30 @@ std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
   const Segment* segment = &mapped->segment;
   peers_[static_cast<std::size_t>(peer.local_index)] = std::move(mapped);
   return std::make_unique<ShmEndpoint>(this, segment, peer.rank, address.pid, cma_ok, reason);
+}
+
+void ShmTransport::check_peers(std::vector<std::pair<int, std::string>>* failed) {
+  std::vector<pollfd> fds;
+  std::vector<Peer*> watched;
+  for (auto& peer : peers_) {
+    if (!peer || peer->reported) continue;
+    if (peer->pidfd.valid()) {
+      fds.push_back({peer->pidfd.get(), POLLIN, 0});
+      watched.push_back(peer.get());
+    } else if (::kill(peer->pid, 0) != 0 && errno == ESRCH) {
+      peer->reported = true;
+      failed->emplace_back(peer->rank, "rank " + std::to_string(peer->rank) + " (pid " +
+                                           std::to_string(peer->pid) + ") is gone (kill(pid, 0))");
+    }
+  }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    watched[i]->reported = true;
+    failed->emplace_back(watched[i]->rank, "rank " + std::to_string(watched[i]->rank) + " (pid " +
+                                               std::to_string(watched[i]->pid) +
+                                               ") exited or was killed (seen by shm's pidfd)");
+  }
 }
 
 int ShmTransport::alloc_bounce() {

@@ -31,6 +31,7 @@ class ShmTransport final : public Transport {
   [[nodiscard]] Reachability reach(const PeerInfo& peer) const override;
   std::unique_ptr<Endpoint> connect(const PeerInfo& peer) override;
   void on_all_connected() override { own_.unlink(); }
+  void check_peers(std::vector<std::pair<int, std::string>>* failed) override;
   int progress() override;
 
   // Used by endpoints.
@@ -42,6 +43,9 @@ class ShmTransport final : public Transport {
  private:
   struct Peer {
     int rank = -1;
+    int pid = 0;
+    util::Fd pidfd;  // readable once the process has exited (-1: watched with kill(pid, 0))
+    bool reported = false;
     Segment segment;
   };
   void handle(const FifoElem& elem);

@@ -1,0 +1,74 @@
+// Peer failure under `ferryrun --keep-going -n 3`: rank 2 is SIGKILLed while ranks 0 and 1 have
+// operations pending with it; they must see kPeerFailed within a second on each of them, new
+// operations with rank 2 must fail at once, and traffic between 0 and 1 must go on.
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const char* what) {
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "FAIL: %s\n", what);
+  }
+}
+
+}  // namespace
+
+int main() {
+  using Clock = std::chrono::steady_clock;
+  ferry::Context ctx = ferry::Context::init();
+  if (ctx.size() != 3) {
+    std::fprintf(stderr, "fault_test needs 3 ranks\n");
+    return 2;
+  }
+  const int victim = 2;
+  if (ctx.rank() == victim) {
+    // Announce a large message (rendezvous) to rank 0, then die before it can be read.
+    std::vector<char> big(1 << 20, 'v');
+    ferry::Request r = ctx.isend(big.data(), big.size(), 0, 5);
+    ctx.barrier();
+    ::usleep(100000);
+    ::kill(::getpid(), SIGKILL);
+  }
+  // Pending with the victim: a receive naming it, a rendezvous send to it, an eager send to it
+  // queued behind nothing, and the victim's rendezvous message to rank 0 (unexpected).
+  std::vector<char> big(1 << 20, 'a'), in(1 << 20);
+  int small = 0;
+  ferry::Request from_victim = ctx.irecv(&small, sizeof(small), victim, 1);
+  ferry::Request to_victim = ctx.isend(big.data(), big.size(), victim, 2);
+  ferry::Request any = ctx.irecv(&small, sizeof(small), ferry::kAnySource, 3);
+  ctx.barrier();
+  const auto start = Clock::now();
+  ferry::Status s1 = from_victim.wait();
+  ferry::Status s2 = to_victim.wait();
+  const double detect_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  expect(s1.code() == ferry::Code::kPeerFailed, "receive from the dead rank fails");
+  expect(s2.code() == ferry::Code::kPeerFailed, "rendezvous send to the dead rank fails");
+  expect(s1.message().find("rank 2") != std::string::npos, "the error names rank 2");
+  expect(detect_ms < 1000, "detected within a second of the kill");
+  if (ctx.rank() == 0) {
+    ferry::Status s3 = ctx.recv(in.data(), in.size(), victim, 5);
+    expect(s3.code() == ferry::Code::kPeerFailed, "its announced rendezvous message fails");
+  }
+  const auto t0 = Clock::now();
+  ferry::Status s4 = ctx.send(&small, sizeof(small), victim, 4);
+  expect(s4.code() == ferry::Code::kPeerFailed, "a new send to it fails");
+  expect(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() < 10,
+         "a new send to it fails at once");
+  // Rank 0 and 1 go on: an exchange on the wildcard receive posted before the failure.
+  int value = 100 + ctx.rank();
+  expect(ctx.send(&value, sizeof(value), 1 - ctx.rank(), 3).is_ok(), "send to a live rank");
+  expect(any.wait().is_ok() && small == 100 + (1 - ctx.rank()), "wildcard receive still works");
+  std::printf("rank %d: peer failure seen in %.1f ms, %d failures\n", ctx.rank(), detect_ms,
+              failures);
+  std::fflush(stdout);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# A rank SIGKILLed mid-job under `ferryrun --keep-going`: the survivors' operations with it fail
+# with kPeerFailed (checked inside fault_test), they finish their own work and exit 0, ferryrun
+# reports the death and exits 137, nothing is left in /dev/shm, and the job ends in seconds.
+#   fault_test.sh FERRYRUN FAULT_TEST
+set -u
+ferryrun=$1 program=$2
+passed=0 failed=0
+leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
+before=$(leftovers)
+for variant in "" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0"; do
+  start=$(date +%s%N)
+  out=$(env $variant timeout 60 "$ferryrun" --keep-going -n 3 "$program" 2>&1)
+  rc=$?
+  elapsed=$(( ($(date +%s%N) - start) / 1000000 ))
+  why=""
+  [ "$rc" -eq 137 ] || why+="exit code $rc, expected 137; "
+  echo "$out" | grep -q "rank 2 .*signal 9" || why+="ferryrun did not report rank 2; "
+  [ "$(echo "$out" | grep -c "peer failure seen in .* 0 failures")" -eq 2 ] || why+="survivors failed; "
+  echo "$out" | grep -q "^FAIL" && why+="a check failed; "
+  [ "$elapsed" -lt 20000 ] || why+="took $elapsed ms; "
+  [ "$before" = "$(leftovers)" ] || why+="left files in /dev/shm; "
+  if [ -z "$why" ]; then
+    passed=$((passed + 1))
+    echo "ok   ${variant:-default}: $(echo "$out" | grep -o 'seen in [0-9.]* ms' | tr '\n' ' ')(${elapsed} ms)"
+  else
+    failed=$((failed + 1)); echo "FAIL ${variant:-default}: $why"; echo "$out" | tail -15
+  fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
