@@ -22,8 +22,9 @@ fi
 
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=${FERRY_BUILD_TYPE:-RelWithDebInfo})
 [ "${FERRY_WERROR:-OFF}" = ON ] && cmake_args+=(-DFERRY_WERROR=ON)
+[ -n "${FERRY_SANITIZE:-}" ] && cmake_args+=(-DFERRY_SANITIZE="$FERRY_SANITIZE")
 command -v ccache >/dev/null && cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-if [ ! -f "$build/build.ninja" ] || [ "${FERRY_WERROR:-OFF}" = ON ]; then
+if [ ! -f "$build/build.ninja" ] || [ "${FERRY_WERROR:-OFF}" = ON ] || [ -n "${FERRY_SANITIZE:-}" ]; then
   cmake -S "$top" -B "$build" "${cmake_args[@]}" >/dev/null
 fi
 jobs=$(nproc)

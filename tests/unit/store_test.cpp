@@ -387,7 +387,7 @@ TEST_F(StoreFixture, MalformedFramesAreRejectedAndTheServerKeepsServing) {
     EXPECT_TRUE(closed_by_server(raw.get()));
     util::Fd raw2 = connect_raw();
     store::Bytes hello = store::encode_hello(0, 2, 1);
-    hello.resize(hello.size() - 2);
+    hello.erase(hello.end() - 2, hello.end());  // resize() trips a GCC 12 -Wstringop-overflow
     std::uint32_t length = static_cast<std::uint32_t>(hello.size() - 4);
     std::memcpy(hello.data(), &length, sizeof(length));
     ASSERT_TRUE(exchange(raw2.get(), hello, &reply));
