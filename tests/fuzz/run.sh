@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Builds ferry's libFuzzer targets with clang++ (objects cached in BUILD_DIR) and runs each for a
+# bounded time over a copy of its committed seed corpus. Exits non-zero when any target finds a
+# crash, sanitizer report, leak or timeout, and prints the path of the input that triggers it.
+#
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [BUILD_DIR]     defaults: 20, build-fuzz
+#   FUZZ_TARGETS="store_frames config_value" tests/fuzz/run.sh 60    only these targets
+set -euo pipefail
+
+seconds=${1:-20}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${2:-$root/build-fuzz}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+cd "$root"
+
+# Each target: its harness plus the ferry sources it needs.
+store_sources="src/bootstrap/store_protocol.cpp src/util/status.cpp"
+declare -A needs=(
+  [store_frames]="$store_sources"
+  [store_server]="$store_sources src/bootstrap/store_server.cpp src/util/log.cpp"
+  [shm_address]="src/transport/shm/address.cpp src/util/status.cpp"
+  [config_value]="src/util/config.cpp src/util/status.cpp"
+  [engine_am]="$(find src -name '*.cpp' | sort | tr '\n' ' ')"
+)
+all_targets="store_frames store_server shm_address config_value engine_am"
+targets=${FUZZ_TARGETS:-$all_targets}
+
+# ---- the compiler ----
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get install -y "$@" || { as_root apt-get update && as_root apt-get install -y "$@"; }
+}
+if ! command -v clang++ >/dev/null 2>&1; then
+  echo "clang++ not found: installing clang and libclang-rt-14-dev"
+  apt_install clang libclang-rt-14-dev
+fi
+cxx=${CXX_FUZZ:-clang++}
+probe=$build/probe
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+  >"$probe.cpp"
+if ! "$cxx" -fsanitize=fuzzer,address,undefined "$probe.cpp" -o "$probe" 2>/dev/null; then
+  major=$("$cxx" -dumpversion | cut -d. -f1)
+  echo "$cxx cannot link libFuzzer: installing libclang-rt-$major-dev"
+  apt_install "libclang-rt-$major-dev"
+fi
+rm -f "$probe" "$probe.cpp"
+
+# ---- build (objects are reused while the flags, the sources and their headers are unchanged) ----
+gen=$build/gen/ferry
+mkdir -p "$gen"
+version=$(sed -n 's/^project(ferry VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+IFS=. read -r v_major v_minor v_patch <<<"$version"
+sed -e "s/@PROJECT_VERSION_MAJOR@/$v_major/" -e "s/@PROJECT_VERSION_MINOR@/$v_minor/" \
+  -e "s/@PROJECT_VERSION_PATCH@/$v_patch/" -e "s/@PROJECT_VERSION@/$version/" \
+  include/ferry/version.hpp.in >"$gen/version.hpp.new"
+cmp -s "$gen/version.hpp.new" "$gen/version.hpp" 2>/dev/null || mv "$gen/version.hpp.new" "$gen/version.hpp"
+rm -f "$gen/version.hpp.new"
+
+flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+  -Wall -Wextra -Wno-missing-field-initializers -Isrc -Iinclude -I"$build/gen" -Itests/fuzz)
+stamp="$("$cxx" --version | head -n1) ${flags[*]}"
+if [ "$(cat "$build/flags" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$build/obj" "$build/bin"
+  printf '%s' "$stamp" >"$build/flags"
+fi
+
+# True when $1 (an object) is missing or older than anything in its dependency file $2.
+stale() {
+  [ -f "$1" ] && [ -f "$2" ] || return 0
+  local dep
+  for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$2"); do
+    [ "$dep" -nt "$1" ] && return 0
+  done
+  return 1
+}
+
+compile() {  # source -> prints its object
+  local src=$1 obj=$build/obj/${1%.cpp}.o
+  if stale "$obj" "${obj%.o}.d"; then
+    mkdir -p "$(dirname "$obj")"
+    echo "  compile $src" >&2
+    "$cxx" "${flags[@]}" -MMD -MF "${obj%.o}.d" -c "$src" -o "$obj" || return 1
+  fi
+  echo "$obj"
+}
+
+echo "== building in $build"
+mkdir -p "$build/bin"
+for target in $targets; do
+  [ -n "${needs[$target]+x}" ] || { echo "unknown target '$target' (known: $all_targets)"; exit 2; }
+  objs=()
+  for src in "tests/fuzz/${target}_fuzz.cpp" ${needs[$target]}; do
+    obj=$(compile "$src") || { echo "compiling $src failed" >&2; exit 1; }
+    objs+=("$obj")
+  done
+  bin=$build/bin/${target}_fuzz
+  relink=0
+  [ -f "$bin" ] || relink=1
+  for obj in "${objs[@]}"; do [ "$obj" -nt "$bin" ] && relink=1; done
+  if [ "$relink" -eq 1 ]; then
+    echo "  link $target"
+    "$cxx" "${flags[@]}" "${objs[@]}" -pthread -o "$bin"
+  fi
+done
+
+# ---- run ----
+echo "== running each target for $seconds s (nice 10); work files in $build/run"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+failed=0
+for target in $targets; do
+  work=$build/run/$target
+  rm -rf "$work"
+  mkdir -p "$work/corpus" "$work/artifacts"
+  # A copy: what the run adds to its corpus stays out of the committed one.
+  cp -R "tests/fuzz/corpus/$target/." "$work/corpus/"
+  rc=0
+  nice -n 10 "$build/bin/${target}_fuzz" -max_total_time="$seconds" -timeout=25 \
+    -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/corpus" >"$work/log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -n1)
+  # slow-unit-* files are reports, not findings.
+  artifacts=$(find "$work/artifacts" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' \
+    -o -name 'oom-*' \) | sort)
+  if [ "$rc" -eq 0 ] && [ -z "$artifacts" ]; then
+    printf '%-13s %12s executions  no findings\n' "$target" "${execs:-?}"
+    continue
+  fi
+  failed=1
+  printf '%-13s %12s executions  FINDING (exit %d); log: %s\n' "$target" "${execs:-?}" "$rc" "$work/log"
+  grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error:|fuzz invariant failed|==[0-9]+== ERROR: libFuzzer)' \
+    "$work/log" | head -n 5 | sed 's/^/    /' || true
+  for artifact in $artifacts; do
+    echo "    reproducer: $artifact   (replay: $build/bin/${target}_fuzz $artifact)"
+  done
+  [ -n "$artifacts" ] || echo "    no reproducer written; see the log"
+done
+exit "$failed"
