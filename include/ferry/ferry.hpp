@@ -47,6 +47,9 @@ class Request {
   bool test();
   // Drives progress until the operation completes; returns its status.
   Status wait();
+  // Like wait, but gives up after `seconds` with Code::kTimeout; the operation stays pending
+  // (wait again, or cancel a receive).
+  Status wait_for(double seconds);
   // Cancels a receive that has not matched yet. True if it was canceled (its status is then
   // kCanceled); false for sends and for receives that already matched.
   bool cancel();

@@ -87,6 +87,11 @@ Status Request::wait() {
   return engine_->wait(index_);
 }
 
+Status Request::wait_for(double seconds) {
+  if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  return engine_->wait_for(index_, seconds);
+}
+
 bool Request::cancel() { return engine_ != nullptr && engine_->cancel(index_); }
 
 Status Request::status() const {

@@ -224,13 +224,16 @@ bool decode_error(std::span<const std::byte> payload, ErrorReply* out) {
 
 FrameReader::Read FrameReader::read_some(int fd) {
   // Room for the rest of a large frame at once rather than many small chunks; the buffer only
-  // grows (and zero-fills) when that room is missing.
+  // grows (and zero-fills) when that room is missing. A length that next() rejects gets no room:
+  // four bytes of garbage must not cost a 64 MiB allocation.
   std::size_t want = kReadChunk;
   if (buffered() >= kHeaderBytes) {
     std::uint32_t length = 0;
     std::memcpy(&length, buffer_.data() + start_, sizeof(length));
-    std::size_t total = kHeaderBytes + std::min(length, kMaxFrameBytes);
-    if (total > buffered()) want = std::max(want, total - buffered());
+    std::size_t total = kHeaderBytes + length;
+    if (length != 0 && length <= kMaxFrameBytes && total > buffered()) {
+      want = std::max(want, total - buffered());
+    }
   }
   if (buffer_.size() - end_ < want) {
     if (start_ > 0) {

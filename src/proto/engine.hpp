@@ -39,6 +39,7 @@ class Engine final : public transport::AmHandler {
   // Request operations (through ferry::Request).
   bool test(std::uint32_t index);
   Status wait(std::uint32_t index);
+  Status wait_for(std::uint32_t index, double seconds);
   bool cancel(std::uint32_t index);
   [[nodiscard]] Status status(std::uint32_t index) { return requests_[index].status; }
   [[nodiscard]] MessageInfo info(std::uint32_t index) { return requests_[index].info; }

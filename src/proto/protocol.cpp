@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "proto/engine.hpp"
@@ -415,6 +416,20 @@ bool Engine::test(std::uint32_t index) {
 Status Engine::wait(std::uint32_t index) {
   int idle = 0;
   while (!done(index)) wait_step(&idle);
+  return requests_[index].status;
+}
+
+Status Engine::wait_for(std::uint32_t index, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(seconds));
+  int idle = 0;
+  for (std::uint32_t polls = 0; !done(index); ++polls) {
+    wait_step(&idle);
+    if ((polls & 255) == 0 && std::chrono::steady_clock::now() >= deadline) {
+      return Status(Code::kTimeout, "request not complete after " + std::to_string(seconds) + " s");
+    }
+  }
   return requests_[index].status;
 }
 

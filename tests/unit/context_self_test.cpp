@@ -1,6 +1,7 @@
 // A job of one process: the API's semantics over the self transport (eager and rendezvous).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
 #include <vector>
 
@@ -150,6 +151,26 @@ TEST(ContextSelf, InvalidConfigurationFailsInitNamingTheVariable) {
     EXPECT_EQ(e.code(), Code::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("FERRY_SHM_BOUNCE_COUNT"), std::string::npos);
   }
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST(ContextSelf, WaitForTimesOutAndLeavesTheRequestPending) {
+  int x = 0, y = 9;
+  Request r = ctx().irecv(&x, sizeof(x), 0, 300);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(r.wait_for(0.05).code(), Code::kTimeout);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 0.05);
+  EXPECT_LT(waited, 2.0);
+  ASSERT_TRUE(ctx().send(&y, sizeof(y), 0, 300).is_ok());
+  EXPECT_TRUE(r.wait_for(5).is_ok()) << "still pending after the timeout, then completed";
+  EXPECT_EQ(x, 9);
 }
 
 }  // namespace
