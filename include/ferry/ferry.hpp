@@ -119,6 +119,10 @@ class Context {
   // Moves pending work forward; returns the number of events handled.
   int progress();
 
+  // Ends the whole job: the launcher stops every rank and exits with `code`, printing `reason`.
+  // Does not return (the process exits with `code` if the launcher has not killed it within 10 s).
+  [[noreturn]] void abort(int code, const std::string& reason);
+
   // Per peer: the transport in use and why (for ferry-info and error messages).
   [[nodiscard]] std::string describe_peer(int rank) const;
   // The transports this process has, and why the absent ones are absent.

@@ -51,6 +51,7 @@ MessageInfo Context::probe(int source, Tag tag, Tag mask) {
 
 Status Context::barrier() { return engine_->barrier(); }
 int Context::progress() { return engine_->progress(); }
+void Context::abort(int code, const std::string& reason) { engine_->abort(code, reason); }
 std::string Context::describe_peer(int rank) const { return engine_->describe_peer(rank); }
 std::vector<std::string> Context::describe_transports() const {
   return engine_->describe_transports();

@@ -3,6 +3,7 @@
 #include "proto/engine.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -187,6 +188,15 @@ void Engine::wait_step(int* idle_polls) {
   } else if (++*idle_polls > spin_count_) {
     ::sched_yield();
   }
+}
+
+void Engine::abort(int code, const std::string& reason) {
+  FERRY_LOG(kError, "aborting the job (code %d): %s", code, reason.c_str());
+  bootstrap_->abort(code, reason);
+  // The launcher ends every rank; if it does not, leave anyway.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) ::usleep(10000);
+  ::_exit(code);
 }
 
 Status Engine::barrier() {

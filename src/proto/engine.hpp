@@ -34,6 +34,7 @@ class Engine final : public transport::AmHandler {
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
   Status barrier();
+  [[noreturn]] void abort(int code, const std::string& reason);
   int progress();
 
   // Request operations (through ferry::Request).

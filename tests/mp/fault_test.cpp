@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -22,9 +23,16 @@ void expect(bool ok, const char* what) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   ferry::Context ctx = ferry::Context::init();
+  if (argc > 1 && std::string(argv[1]) == "abort") {
+    // Rank 1 ends the job while the others wait for a message that never comes.
+    if (ctx.rank() == 1) ctx.abort(7, "fault_test asked for it");
+    int x = 0;
+    ctx.recv(&x, sizeof(x), 1, 99);
+    return 1;
+  }
   if (ctx.size() != 3) {
     std::fprintf(stderr, "fault_test needs 3 ranks\n");
     return 2;

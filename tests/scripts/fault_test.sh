@@ -27,5 +27,15 @@ for variant in "" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0"; do
     failed=$((failed + 1)); echo "FAIL ${variant:-default}: $why"; echo "$out" | tail -15
   fi
 done
+start=$(date +%s%N)
+out=$(timeout 60 "$ferryrun" -n 3 "$program" abort 2>&1)
+rc=$?
+elapsed=$(( ($(date +%s%N) - start) / 1000000 ))
+if [ "$rc" -eq 7 ] && echo "$out" | grep -q "rank 1 .*aborted the job with code 7: fault_test asked for it" &&
+   [ "$elapsed" -lt 10000 ] && [ "$before" = "$(leftovers)" ]; then
+  passed=$((passed + 1)); echo "ok   Context::abort ends every rank (${elapsed} ms)"
+else
+  failed=$((failed + 1)); echo "FAIL Context::abort: rc $rc, ${elapsed} ms"; echo "$out" | tail -5
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
