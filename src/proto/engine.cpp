@@ -47,6 +47,9 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   crash_on_send_ =
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
       config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kFirstSend);
+  crash_mid_pipeline_ =
+      config_.get_int(util::Var::kTestCrashRank) == rank_ &&
+      config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kMidPipeline);
   peers_.resize(static_cast<std::size_t>(size_));
   setup_transports();
   connect_peers();

@@ -122,6 +122,7 @@ class Engine final : public transport::AmHandler {
   RequestPool requests_;
   Matcher matcher_;
   bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
+  bool crash_mid_pipeline_ = false;    // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
   std::size_t outstanding_sends_ = 0;  // send requests not yet complete
   std::uint32_t progress_calls_ = 0;   // peers are checked every kCheckPeersEvery calls
 };

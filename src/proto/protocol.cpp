@@ -209,6 +209,7 @@ bool Engine::try_send(Peer& peer, Pending& pending) {
         return true;
       }
       pending.offset += chunk;
+      if (crash_mid_pipeline_) util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
     }
     complete(pending.stream, Status::ok());
     return true;

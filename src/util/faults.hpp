@@ -11,7 +11,14 @@
 namespace ferry::util {
 
 // In the order of FERRY_TEST_CRASH_AT's allowed words.
-enum class CrashPoint : int { kNone = 0, kSegmentCreated, kInitialized, kFirstSend, kFinalize };
+enum class CrashPoint : int {
+  kNone = 0,
+  kSegmentCreated,
+  kInitialized,
+  kFirstSend,
+  kFinalize,
+  kMidPipeline,  // after the first fragment of a pipelined rendezvous message
+};
 
 inline void crash_point(const Config& config, int rank, CrashPoint point) {
   if (config.get_int(Var::kTestCrashAt) == static_cast<int>(point) &&

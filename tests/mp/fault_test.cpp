@@ -26,6 +26,18 @@ void expect(bool ok, const char* what) {
 int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   ferry::Context ctx = ferry::Context::init();
+  if (argc > 1 && std::string(argv[1]) == "pipeline") {
+    // Rank 2 dies after the first fragment of a 16 MiB pipelined message to rank 0
+    // (FERRY_TEST_CRASH_AT=mid-pipeline, FERRY_SHM_CMA=0): rank 0's receive must fail.
+    std::vector<char> big(16 << 20, 'p');
+    if (ctx.rank() == 2) ctx.send(big.data(), big.size(), 0, 6);
+    if (ctx.rank() == 0) {
+      ferry::Status s = ctx.recv(big.data(), big.size(), 2, 6);
+      expect(s.code() == ferry::Code::kPeerFailed, "a receive cut mid-pipeline fails");
+    }
+    std::printf("rank %d: mid-pipeline kill, %d failures\n", ctx.rank(), failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "abort") {
     // Rank 1 ends the job while the others wait for a message that never comes.
     if (ctx.rank() == 1) ctx.abort(7, "fault_test asked for it");

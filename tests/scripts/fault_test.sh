@@ -27,6 +27,15 @@ for variant in "" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0"; do
     failed=$((failed + 1)); echo "FAIL ${variant:-default}: $why"; echo "$out" | tail -15
   fi
 done
+out=$(FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_SHM_CMA=0 \
+      timeout 60 "$ferryrun" --keep-going -n 3 "$program" pipeline 2>&1)
+rc=$?
+if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failures")" -eq 2 ] &&
+   [ "$before" = "$(leftovers)" ]; then
+  passed=$((passed + 1)); echo "ok   a sender killed mid-pipeline fails the receive"
+else
+  failed=$((failed + 1)); echo "FAIL mid-pipeline kill: rc $rc"; echo "$out" | tail -5
+fi
 start=$(date +%s%N)
 out=$(timeout 60 "$ferryrun" -n 3 "$program" abort 2>&1)
 rc=$?
