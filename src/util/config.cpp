@@ -119,7 +119,9 @@ void parse_value(const VarSpec& spec, const std::string& text, std::int64_t* int
       } else if (!suffix.empty()) {
         reject(spec, text, range_text(spec));
       }
-      if (v != 0 && std::llabs(v) > (1LL << 40) / scale) reject(spec, text, range_text(spec));
+      // Bound before scaling (no llabs: LLONG_MIN has no absolute value).
+      const long long limit = (1LL << 40) / scale;
+      if (v > limit || v < -limit) reject(spec, text, range_text(spec));
       v *= scale;
       if (static_cast<double>(v) < spec.min || static_cast<double>(v) > spec.max) {
         reject(spec, text, range_text(spec));

@@ -52,6 +52,10 @@ TEST(Config, InvalidValuesNameTheVariableTheValueAndWhatIsAllowed) {
   EXPECT_NE(e.find("carrier-pigeon"), std::string::npos) << e;
   e = error_of({{"FERRY_RNDV_THRESHOLD", "12q"}});
   EXPECT_NE(e.find("FERRY_RNDV_THRESHOLD"), std::string::npos) << e;
+  e = error_of({{"FERRY_RNDV_THRESHOLD", "-9223372036854775808k"}});  // found by config_value_fuzz
+  EXPECT_NE(e.find("FERRY_RNDV_THRESHOLD"), std::string::npos) << e;
+  e = error_of({{"FERRY_RNDV_THRESHOLD", "99999999999999999999"}});
+  EXPECT_NE(e.find("FERRY_RNDV_THRESHOLD"), std::string::npos) << e;
   e = error_of({{"FERRY_BOOTSTRAP_TIMEOUT", "-1"}});
   EXPECT_NE(e.find("FERRY_BOOTSTRAP_TIMEOUT"), std::string::npos) << e;
   e = error_of({{"FERRY_NO_SUCH_THING", "1"}});
