@@ -110,6 +110,7 @@ echo "== running each target for $seconds s (nice 10); work files in $build/run"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=0
+clean=0 found=0
 for target in $targets; do
   work=$build/run/$target
   rm -rf "$work"
@@ -125,9 +126,11 @@ for target in $targets; do
     -o -name 'oom-*' \) | sort)
   if [ "$rc" -eq 0 ] && [ -z "$artifacts" ]; then
     printf '%-13s %12s executions  no findings\n' "$target" "${execs:-?}"
+    clean=$((clean + 1))
     continue
   fi
   failed=1
+  found=$((found + 1))
   printf '%-13s %12s executions  FINDING (exit %d); log: %s\n' "$target" "${execs:-?}" "$rc" "$work/log"
   grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error:|fuzz invariant failed|==[0-9]+== ERROR: libFuzzer)' \
     "$work/log" | head -n 5 | sed 's/^/    /' || true
@@ -136,4 +139,5 @@ for target in $targets; do
   done
   [ -n "$artifacts" ] || echo "    no reproducer written; see the log"
 done
+echo "fuzz: $clean passed, $found failed"
 exit "$failed"
