@@ -58,7 +58,9 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
 
 void Engine::setup_transports() {
   if (config_.list_contains(util::Var::kTransports, "self")) {
-    transports_.push_back(std::make_unique<transport::self::SelfTransport>(rank_, this));
+    auto self = std::make_unique<transport::self::SelfTransport>(rank_, this);
+    self_ = self.get();
+    transports_.push_back(std::move(self));
     transport_notes_.push_back("self: available");
   } else {
     transport_notes_.push_back("self: excluded by FERRY_TRANSPORTS");
@@ -76,6 +78,7 @@ void Engine::setup_transports() {
     }
     transports_.push_back(std::make_unique<transport::shm::ShmTransport>(
         config_, bootstrap_->job_id(), rank_, static_cast<int>(it - local.begin()), local, this));
+    polled_.push_back(transports_.back().get());
     transport_notes_.push_back("shm: available (" + std::to_string(local.size()) +
                                " processes on this node)");
   }
@@ -182,6 +185,8 @@ void Engine::finalize() {
   Status status = bootstrap_->barrier([this] { progress(); });
   if (!status) FERRY_LOG(kWarn, "finalize: %s", status.to_string().c_str());
   endpoints_.clear();
+  polled_.clear();
+  self_ = nullptr;
   transports_.clear();
 }
 

@@ -16,6 +16,10 @@
 #include "transport/transport.hpp"
 #include "util/config.hpp"
 
+namespace ferry::transport::self {
+class SelfTransport;
+}
+
 namespace ferry::proto {
 
 class Engine final : public transport::AmHandler {
@@ -115,7 +119,9 @@ class Engine final : public transport::AmHandler {
   std::size_t rndv_threshold_ = 0;
   int spin_count_ = 0;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
-  std::vector<std::string> transport_notes_;  // why each transport is or is not here
+  transport::self::SelfTransport* self_ = nullptr;  // polled only when it has work
+  std::vector<transport::Transport*> polled_;       // the other transports, polled every time
+  std::vector<std::string> transport_notes_;        // why each transport is or is not here
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Peer> peers_;
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty

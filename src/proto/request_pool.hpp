@@ -48,13 +48,19 @@ class RequestPool {
       index = static_cast<std::uint32_t>(slots_.size());
       slots_.emplace_back();
     }
+    // Field by field: only what a previous use can have left behind (free() reset the status).
     RequestSlot& slot = slots_[index];
-    std::uint32_t generation = slot.generation;
-    slot = RequestSlot{};
-    slot.generation = generation;
     slot.kind = kind;
     slot.state = RequestState::kActive;
     slot.handle_alive = true;
+    slot.rendezvous = false;
+    slot.peer = -1;
+    slot.tag = 0;
+    slot.mask = 0;
+    slot.send_buffer = nullptr;
+    slot.recv_buffer = nullptr;
+    slot.size = slot.expected = slot.received = slot.message_size = 0;
+    slot.info = {};
     return index;
   }
   void free(std::uint32_t index) {
