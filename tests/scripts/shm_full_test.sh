@@ -13,6 +13,11 @@ passed=0 failed=0
 for size in 1m 3m; do
   out=$(unshare -m bash -c "mount -t tmpfs -o size=$size tmpfs /dev/shm || exit 99
     timeout 60 '$ferryrun' -n 2 '$info' >/dev/null; echo \"rc=\$?\"; echo \"left=\$(ls /dev/shm | wc -l)\"" 2>&1)
+  if ! echo "$out" | grep -q "^rc="; then
+    echo "skipped: could not mount a tmpfs over /dev/shm in a mount namespace here"
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+  fi
   why=""
   echo "$out" | grep -q "^rc=0" && why+="init succeeded; "
   echo "$out" | grep -q "^rc=124" && why+="it hung; "
