@@ -45,7 +45,8 @@ class Request {
   [[nodiscard]] bool valid() const noexcept { return engine_ != nullptr; }
   // Drives progress once; true when the operation has completed (successfully or not).
   bool test();
-  // Drives progress until the operation completes; returns its status.
+  // Drives progress until the operation completes (or FERRY_TIMEOUT passes: kTimeout, and the
+  // operation stays pending); returns its status.
   Status wait();
   // Like wait, but gives up after `seconds` with Code::kTimeout; the operation stays pending
   // (wait again, or cancel a receive).
@@ -66,6 +67,7 @@ class Request {
 
  private:
   friend class proto::Engine;
+  friend class Context;
   Request(proto::Engine* engine, std::uint32_t index, std::uint32_t generation) noexcept
       : engine_(engine), index_(index), generation_(generation) {}
   void release() noexcept;
@@ -105,12 +107,16 @@ class Context {
   // set in `mask`. Messages from one sender that match are received in the order they were sent.
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask = kFullMask);
 
+  // Blocking forms. With FERRY_TIMEOUT set they give up after it with kTimeout: a send withdraws
+  // what the receiver has not taken (it never reads the buffer after returning); a receive that
+  // has not matched is canceled.
   Status send(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Status recv(void* buffer, std::size_t capacity, int source, Tag tag, MessageInfo* info = nullptr,
               Tag mask = kFullMask);
 
   // A message that a receive with these arguments would match, without receiving it.
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask = kFullMask);
+  // Waits for such a message; with FERRY_TIMEOUT set, returns source -1 when none came in time.
   MessageInfo probe(int source, Tag tag, Tag mask = kFullMask);
 
   // All ranks enter before any leaves; progresses communication while waiting.

@@ -1,4 +1,5 @@
 // ferry::Context and ferry::Request: the public face over the protocol engine.
+#include <chrono>
 #include <utility>
 
 #include "proto/engine.hpp"
@@ -26,13 +27,25 @@ Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, 
 }
 
 Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag tag) {
-  return isend(buffer, bytes, destination, tag).wait();
+  Request request = isend(buffer, bytes, destination, tag);
+  Status status = request.wait();
+  if (status.code() == Code::kTimeout && !request.test()) {
+    // The caller gets the buffer back: nothing may read it after this returns.
+    return engine_->abandon_send(request.index_);
+  }
+  return status;
 }
 
 Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, MessageInfo* info,
                      Tag mask) {
   Request request = irecv(buffer, capacity, source, tag, mask);
   Status status = request.wait();
+  if (status.code() == Code::kTimeout && !request.cancel() && !request.test()) {
+    // Matched and receiving: the data is on its way (a dead sender fails it), so finish it.
+    int idle = 0;
+    while (!request.test()) engine_->wait_step(&idle);
+    status = request.status();
+  }
   if (info != nullptr) *info = request.info();
   return status;
 }
@@ -42,10 +55,17 @@ std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
 }
 
 MessageInfo Context::probe(int source, Tag tag, Tag mask) {
+  const double timeout = engine_->timeout();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout));
   int idle = 0;
-  for (;;) {
+  for (std::uint32_t polls = 0;; ++polls) {
     if (auto info = engine_->iprobe(source, tag, mask)) return *info;
     engine_->wait_step(&idle);
+    if (timeout > 0 && (polls & 255) == 0 && std::chrono::steady_clock::now() >= deadline) {
+      return MessageInfo{};  // source -1: nothing matched within FERRY_TIMEOUT
+    }
   }
 }
 

@@ -44,6 +44,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   spin_count_ = static_cast<int>(config_.get_int(util::Var::kSpinCount));
+  timeout_ = config_.get_seconds(util::Var::kTimeout);
   crash_on_send_ =
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
       config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kFirstSend);

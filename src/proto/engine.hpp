@@ -45,6 +45,11 @@ class Engine final : public transport::AmHandler {
   bool test(std::uint32_t index);
   Status wait(std::uint32_t index);
   Status wait_for(std::uint32_t index, double seconds);
+  // FERRY_TIMEOUT in seconds (0: none).
+  [[nodiscard]] double timeout() const { return timeout_; }
+  // A blocking send ran out of time and its caller is about to release the buffer: withdraw what
+  // is still queued, tell the receiver of an announced message, and complete it with kTimeout.
+  Status abandon_send(std::uint32_t index);
   bool cancel(std::uint32_t index);
   [[nodiscard]] Status status(std::uint32_t index) { return requests_[index].status; }
   [[nodiscard]] MessageInfo info(std::uint32_t index) { return requests_[index].info; }
@@ -107,6 +112,8 @@ class Engine final : public transport::AmHandler {
   void handle_cts(int source, std::span<const std::byte> data);
   void handle_frag(int source, std::span<const std::byte> data);
   void handle_fin(int source, std::span<const std::byte> data);
+  void handle_cancel(int source, std::span<const std::byte> data);
+  void handle_nack(int source, std::span<const std::byte> data);
   void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
   void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
                         std::uint64_t sreq, std::uint64_t address);
@@ -118,6 +125,7 @@ class Engine final : public transport::AmHandler {
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;
   int spin_count_ = 0;
+  double timeout_ = 0;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   transport::self::SelfTransport* self_ = nullptr;  // polled only when it has work
   std::vector<transport::Transport*> polled_;       // the other transports, polled every time

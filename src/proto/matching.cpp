@@ -49,6 +49,12 @@ std::size_t Matcher::drop_rendezvous_from(int source) {
   return before - unexpected_.size();
 }
 
+bool Matcher::drop_rendezvous(int source, std::uint64_t sreq) {
+  return std::erase_if(unexpected_, [&](const Unexpected& m) {
+           return m.rendezvous && m.source == source && m.sreq == sreq;
+         }) > 0;
+}
+
 std::vector<std::byte> Matcher::buffer() {
   if (spare_.empty()) return {};
   std::vector<std::byte> buffer = std::move(spare_.back());

@@ -48,6 +48,8 @@ class Matcher {
   [[nodiscard]] const Unexpected* find_unexpected(int source, Tag tag, Tag mask) const;
   // Drops the rendezvous announcements of `source` (its data died with it); returns how many.
   std::size_t drop_rendezvous_from(int source);
+  // Drops the rendezvous announcement `sreq` of `source`; false if it is not (or no longer) here.
+  bool drop_rendezvous(int source, std::uint64_t sreq);
 
   // A buffer for an unexpected eager message, reusing released ones (no allocation once warm).
   std::vector<std::byte> buffer();

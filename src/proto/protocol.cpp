@@ -285,6 +285,10 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_frag(source, data);
     case kAmFin:
       return handle_fin(source, data);
+    case kAmCancel:
+      return handle_cancel(source, data);
+    case kAmNack:
+      return handle_nack(source, data);
     default:
       return protocol_error(source, "unknown active message id");
   }
@@ -376,7 +380,10 @@ void Engine::handle_cts(int source, std::span<const std::byte> data) {
   if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
       header.length > slot->size) {
-    return protocol_error(source, "CTS for no rendezvous send of that size");
+    // Also what a send abandoned after FERRY_TIMEOUT sees: the receiver must not wait for
+    // fragments that will never come.
+    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    return protocol_error(source, "CTS for no rendezvous send of that size (answered with NACK)");
   }
   slot->rendezvous = false;  // a second CTS or FIN for it is an error
   Pending pending;
@@ -428,6 +435,7 @@ bool Engine::test(std::uint32_t index) {
 }
 
 Status Engine::wait(std::uint32_t index) {
+  if (timeout_ > 0) return wait_for(index, timeout_);
   int idle = 0;
   while (!done(index)) wait_step(&idle);
   return requests_[index].status;
@@ -445,6 +453,61 @@ Status Engine::wait_for(std::uint32_t index, double seconds) {
     }
   }
   return requests_[index].status;
+}
+
+void Engine::handle_cancel(int source, std::span<const std::byte> data) {
+  CancelHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short cancel header");
+  // Not found: the announcement was already matched; the receive then gets a FIN or a NACK.
+  matcher_.drop_rendezvous(source, header.sreq);
+}
+
+void Engine::handle_nack(int source, std::span<const std::byte> data) {
+  NackHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short NACK header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.rreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
+      slot->info.source != source) {
+    return;  // a receive that already ended: nothing waits
+  }
+  complete(index, Status(Code::kCanceled, "rank " + std::to_string(source) +
+                                              " gave up sending this message (FERRY_TIMEOUT)"));
+}
+
+Status Engine::abandon_send(std::uint32_t index) {
+  RequestSlot& slot = requests_[index];
+  if (slot.state == RequestState::kDone) return slot.status;
+  Peer& peer = peers_[static_cast<std::size_t>(slot.peer)];
+  const Status timeout(Code::kTimeout, "send to rank " + std::to_string(slot.peer) +
+                                           " not complete after FERRY_TIMEOUT (" +
+                                           std::to_string(timeout_) + " s); withdrawn");
+  for (auto it = peer.pending.begin(); it != peer.pending.end(); ++it) {
+    if (it->request == index && it->am != kAmFrag) {
+      // Never reached the transport: withdraw it.
+      peer.pending.erase(it);
+      complete(index, timeout);
+      return timeout;
+    }
+    if (it->stream == index) {
+      // Mid-stream: the receive waiting for the rest is told.
+      const std::uint64_t rreq = it->rreq;
+      peer.pending.erase(it);
+      send_control(slot.peer, kAmNack, as_bytes(NackHeader{rreq}));
+      complete(index, timeout);
+      return timeout;
+    }
+  }
+  if (slot.rendezvous) {
+    // Announced: withdraw the announcement; a CTS that still comes is answered with a NACK.
+    slot.rendezvous = false;
+    send_control(slot.peer, kAmCancel, as_bytes(CancelHeader{requests_.wire_id(index)}));
+    complete(index, timeout);
+    return timeout;
+  }
+  int idle = 0;  // nothing else can keep a send pending; finish it
+  while (!done(index)) wait_step(&idle);
+  return slot.status;
 }
 
 bool Engine::cancel(std::uint32_t index) {

@@ -9,11 +9,13 @@
 namespace ferry::proto {
 
 enum AmId : std::uint8_t {
-  kAmEager = 1,  // EagerHeader + the whole message
-  kAmRts = 2,    // RtsHeader: a large message is ready at `address` in the sender
-  kAmCts = 3,    // CtsHeader: the receiver matched it and wants it pipelined (no zero-copy get)
-  kAmFrag = 4,   // FragHeader + one chunk of a pipelined message
-  kAmFin = 5,    // FinHeader: the receiver is done with the sender's buffer
+  kAmEager = 1,   // EagerHeader + the whole message
+  kAmRts = 2,     // RtsHeader: a large message is ready at `address` in the sender
+  kAmCts = 3,     // CtsHeader: the receiver matched it and wants it pipelined (no zero-copy get)
+  kAmFrag = 4,    // FragHeader + one chunk of a pipelined message
+  kAmFin = 5,     // FinHeader: the receiver is done with the sender's buffer
+  kAmCancel = 6,  // CancelHeader: the sender gave up an announced message (FERRY_TIMEOUT)
+  kAmNack = 7,    // NackHeader: the sender will not send the fragments a receive waits for
 };
 
 struct EagerHeader {
@@ -38,6 +40,13 @@ struct FinHeader {
   std::uint64_t sreq;
   std::uint32_t code;
   std::uint32_t reserved;
+};
+
+struct CancelHeader {
+  std::uint64_t sreq;
+};
+struct NackHeader {
+  std::uint64_t rreq;
 };
 
 template <typename H>

@@ -25,6 +25,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "empty progress polls in a blocking wait before it starts yielding the CPU")                \
   X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",             \
     "how long a bootstrap exchange (init, barrier) may wait for the other ranks")               \
+  X(kTimeout, "FERRY_TIMEOUT", kSeconds, "0", 0, 1e7, "",                                       \
+    "how long a blocking wait, send, recv or probe may wait (0: no limit); then kTimeout")      \
   X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                \
     "how long finalize waits to drain queued sends and for the other ranks")                    \
   X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                           \

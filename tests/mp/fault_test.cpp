@@ -38,6 +38,29 @@ int main(int argc, char** argv) {
     std::printf("rank %d: mid-pipeline kill, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "timeout") {
+    // Run with FERRY_TIMEOUT=0.5. Rank 0 sends a rendezvous message rank 1 never receives, and
+    // waits for one rank 1 never sends: both give up in time, and the announcement is withdrawn.
+    std::vector<char> big(4 << 20, 't');
+    int x = 0;
+    if (ctx.rank() == 0) {
+      auto t0 = Clock::now();
+      ferry::Status s = ctx.send(big.data(), big.size(), 1, 8);
+      double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      expect(s.code() == ferry::Code::kTimeout, "an unmatched blocking send times out");
+      expect(waited >= 0.45 && waited < 5, "after about FERRY_TIMEOUT");
+      expect(ctx.recv(&x, sizeof(x), 1, 9).code() == ferry::Code::kTimeout,
+             "a receive nobody sends to times out");
+      expect(ctx.probe(1, 9).source == -1, "a probe with nothing to find times out");
+    }
+    ctx.barrier();
+    if (ctx.rank() == 1) {
+      expect(!ctx.iprobe(0, 8).has_value(), "the abandoned announcement was withdrawn");
+    }
+    std::printf("rank %d: timeouts, %d failures\n", ctx.rank(), failures);
+    std::fflush(stdout);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "abort") {
     // Rank 1 ends the job while the others wait for a message that never comes.
     if (ctx.rank() == 1) ctx.abort(7, "fault_test asked for it");

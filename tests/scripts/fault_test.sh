@@ -36,6 +36,13 @@ if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failure
 else
   failed=$((failed + 1)); echo "FAIL mid-pipeline kill: rc $rc"; echo "$out" | tail -5
 fi
+out=$(FERRY_TIMEOUT=0.5 timeout 60 "$ferryrun" -n 3 "$program" timeout 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "timeouts, 0 failures")" -eq 3 ]; then
+  passed=$((passed + 1)); echo "ok   FERRY_TIMEOUT bounds blocking send, recv and probe"
+else
+  failed=$((failed + 1)); echo "FAIL FERRY_TIMEOUT: rc $rc"; echo "$out" | tail -8
+fi
 start=$(date +%s%N)
 out=$(timeout 60 "$ferryrun" -n 3 "$program" abort 2>&1)
 rc=$?
