@@ -68,13 +68,13 @@ class Request {
  private:
   friend class proto::Engine;
   friend class Context;
-  Request(proto::Engine* engine, std::uint32_t index, std::uint32_t generation) noexcept
-      : engine_(engine), index_(index), generation_(generation) {}
+  // The handle keeps its slot alive (the engine frees it only once released), so the index alone
+  // names the operation.
+  Request(proto::Engine* engine, std::uint32_t index) noexcept : engine_(engine), index_(index) {}
   void release() noexcept;
 
   proto::Engine* engine_ = nullptr;
   std::uint32_t index_ = 0;
-  std::uint32_t generation_ = 0;
 };
 
 struct Options {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "proto/engine.hpp"
+#include "util/clock.hpp"
 
 namespace ferry {
 
@@ -56,14 +57,12 @@ std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
 
 MessageInfo Context::probe(int source, Tag tag, Tag mask) {
   const double timeout = engine_->timeout();
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout));
+  const auto deadline = util::deadline_after(timeout);
   int idle = 0;
   for (std::uint32_t polls = 0;; ++polls) {
     if (auto info = engine_->iprobe(source, tag, mask)) return *info;
     engine_->wait_step(&idle);
-    if (timeout > 0 && (polls & 255) == 0 && std::chrono::steady_clock::now() >= deadline) {
+    if (timeout > 0 && (polls & 255) == 0 && util::Clock::now() >= deadline) {
       return MessageInfo{};  // source -1: nothing matched within FERRY_TIMEOUT
     }
   }
@@ -80,16 +79,13 @@ std::vector<std::string> Context::describe_transports() const {
 // ---- Request ----
 
 Request::Request(Request&& other) noexcept
-    : engine_(std::exchange(other.engine_, nullptr)),
-      index_(other.index_),
-      generation_(other.generation_) {}
+    : engine_(std::exchange(other.engine_, nullptr)), index_(other.index_) {}
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     release();
     engine_ = std::exchange(other.engine_, nullptr);
     index_ = other.index_;
-    generation_ = other.generation_;
   }
   return *this;
 }

@@ -11,20 +11,13 @@
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
 #include "transport/shm/transport.hpp"
+#include "util/clock.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
 #include "util/wire.hpp"
 
 namespace ferry::proto {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-std::chrono::nanoseconds seconds(double s) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
-}
-
-}  // namespace
+using util::Clock;
 
 std::unique_ptr<Engine> Engine::create(const Options& options) {
   util::Config config = util::Config::load(options.config);
@@ -170,7 +163,7 @@ void Engine::connect_peers() {
 Engine::~Engine() { finalize(); }
 
 void Engine::finalize() {
-  const auto deadline = Clock::now() + seconds(config_.get_seconds(util::Var::kFinalizeTimeout));
+  const auto deadline = util::deadline_after(config_.get_seconds(util::Var::kFinalizeTimeout));
   int idle = 0;
   while ((!pending_peers_.empty() || outstanding_sends_ > 0) && Clock::now() < deadline) {
     wait_step(&idle);
@@ -203,7 +196,7 @@ void Engine::abort(int code, const std::string& reason) {
   FERRY_LOG(kError, "aborting the job (code %d): %s", code, reason.c_str());
   bootstrap_->abort(code, reason);
   // The launcher ends every rank; if it does not, leave anyway.
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = util::deadline_after(10);
   while (Clock::now() < deadline) ::usleep(10000);
   ::_exit(code);
 }

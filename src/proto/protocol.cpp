@@ -11,6 +11,7 @@
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
+#include "util/clock.hpp"
 #include "util/copy.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
@@ -44,7 +45,7 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
   slot.size = bytes;
   slot.info = {rank_, tag, bytes};
   ++outstanding_sends_;
-  Request request(this, index, slot.generation);
+  Request request(this, index);
   if (destination < 0 || destination >= size_) {
     complete(index, Status(Code::kInvalidArgument,
                            "isend: destination rank " + std::to_string(destination) +
@@ -97,7 +98,7 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
   slot.mask = mask;
   slot.recv_buffer = static_cast<std::byte*>(buffer);
   slot.size = capacity;
-  Request request(this, index, slot.generation);
+  Request request(this, index);
   if (source != kAnySource && (source < 0 || source >= size_)) {
     complete(index, Status(Code::kInvalidArgument, "irecv: source rank " + std::to_string(source) +
                                                        " is neither kAnySource nor in [0, " +
@@ -377,7 +378,13 @@ void Engine::handle_cts(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return protocol_error(source, "short CTS header");
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(header.sreq, &index);
-  if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
+  if (slot == nullptr) {
+    // A send that is gone (withdrawn after FERRY_TIMEOUT): the receive must not wait for it.
+    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    FERRY_LOG(kDebug, "CTS from rank %d for a send that is gone: answered with NACK", source);
+    return;
+  }
+  if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
       header.length > slot->size) {
     // Also what a send abandoned after FERRY_TIMEOUT sees: the receiver must not wait for
@@ -420,7 +427,12 @@ void Engine::handle_fin(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return protocol_error(source, "short FIN header");
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(header.sreq, &index);
-  if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
+  if (slot == nullptr) {
+    // A send that is gone: withdrawn after FERRY_TIMEOUT while the receiver finished it.
+    FERRY_LOG(kDebug, "FIN from rank %d for a send that is gone", source);
+    return;
+  }
+  if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source) {
     return protocol_error(source, "FIN for no rendezvous send");
   }
@@ -442,13 +454,11 @@ Status Engine::wait(std::uint32_t index) {
 }
 
 Status Engine::wait_for(std::uint32_t index, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(seconds));
+  const auto deadline = util::deadline_after(seconds);
   int idle = 0;
   for (std::uint32_t polls = 0; !done(index); ++polls) {
     wait_step(&idle);
-    if ((polls & 255) == 0 && std::chrono::steady_clock::now() >= deadline) {
+    if ((polls & 255) == 0 && util::Clock::now() >= deadline) {
       return Status(Code::kTimeout, "request not complete after " + std::to_string(seconds) + " s");
     }
   }
