@@ -45,6 +45,13 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
       config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kMidPipeline);
   peers_.resize(static_cast<std::size_t>(size_));
+  cuda_ = cuda::Cuda::create(config_, &cuda_why_);
+  if (!cuda_ && config_.get_string(util::Var::kCuda) == "require") {
+    throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
+  }
+  cuda_ipc_ = config_.get_bool(util::Var::kCudaIpc);
+  stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
+  stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
   connect_peers();
   util::crash_point(config_, rank_, util::CrashPoint::kInitialized);
@@ -58,6 +65,13 @@ void Engine::setup_transports() {
     transport_notes_.push_back("self: available");
   } else {
     transport_notes_.push_back("self: excluded by FERRY_TRANSPORTS");
+  }
+  if (cuda_) {
+    transport_notes_.push_back("cuda: " + cuda_->describe() +
+                               (cuda_ipc_ ? "; IPC on, host staging when refused"
+                                          : "; IPC off (FERRY_CUDA_IPC=0): host staging"));
+  } else {
+    transport_notes_.push_back("cuda: not used (" + cuda_why_ + ")");
   }
   std::vector<int> local = bootstrap_->local_ranks();
   if (!config_.list_contains(util::Var::kTransports, "shm")) {
@@ -174,10 +188,16 @@ void Engine::finalize() {
               "were they received?",
               outstanding_sends_, config_.get_seconds(util::Var::kFinalizeTimeout));
   }
+  drain_device_ops();
   util::crash_point(config_, rank_, util::CrashPoint::kFinalize);
   // Peers may still be reading our bounce buffers or our memory: leave only together.
   Status status = bootstrap_->barrier([this] { progress(); });
   if (!status) FERRY_LOG(kWarn, "finalize: %s", status.to_string().c_str());
+  drain_device_ops();
+  for (Peer& peer : peers_) {
+    peer.ring_tx.reset();
+    peer.ring_rx.reset();
+  }
   endpoints_.clear();
   polled_.clear();
   self_ = nullptr;
@@ -217,7 +237,21 @@ std::string Engine::describe_peer(int rank) const {
   } else {
     large = "pipelined";
   }
-  return peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
+  std::string out =
+      peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
+  if (cuda_) {
+    out += "; device buffers: ";
+    if (!cuda_ipc_) {
+      out += "host-staged (FERRY_CUDA_IPC=0)";
+    } else if (peer.ipc_refused) {
+      out += "host-staged (CUDA IPC refused: " + peer.ipc_why + ")";
+    } else if (rank == rank_) {
+      out += "host-staged (same process)";
+    } else {
+      out += "CUDA IPC (host-staged if refused)";
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> Engine::describe_transports() const { return transport_notes_; }

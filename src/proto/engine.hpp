@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
+#include "cuda/cuda.hpp"
+#include "cuda/stage_ring.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/matching.hpp"
 #include "proto/request_pool.hpp"
@@ -62,6 +64,7 @@ class Engine final : public transport::AmHandler {
 
   [[nodiscard]] std::string describe_peer(int rank) const;
   [[nodiscard]] std::vector<std::string> describe_transports() const;
+  [[nodiscard]] cuda::Cuda* cuda() const { return cuda_.get(); }
 
   void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override;
 
@@ -90,6 +93,25 @@ class Engine final : public transport::AmHandler {
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
     bool failed = false;          // the peer died: everything involving it fails with `why`
     std::deque<Pending> pending;  // in order; nothing bypasses it
+    // Device buffers: the fallback ladder's verdict for this peer, and the staging rings.
+    bool ipc_refused = false;  // CUDA IPC failed or was refused once: staged from now on
+    std::string ipc_why;
+    std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use)
+    std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
+    std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
+    std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
+  };
+  // A copy in flight on a CUDA stream, polled by progress.
+  struct DeviceOp {
+    enum Kind : std::uint8_t { kIpcGet, kStageFill, kStageDrain } kind;
+    cuda::Ticket ticket;
+    std::uint32_t request;
+    int peer;
+    std::uint64_t wire = 0;         // kIpcGet: the sender's request; kStageFill: the receiver's
+    std::uint64_t offset = 0;       // in the message
+    std::uint64_t ring_offset = 0;  // staging: the slot
+    std::uint64_t length = 0;
+    cuda::IpcKey key;  // kIpcGet: unpinned when done
   };
 
   Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootstrap);
@@ -119,8 +141,35 @@ class Engine final : public transport::AmHandler {
                         std::uint64_t sreq, std::uint64_t address);
   void send_control(int peer, std::uint8_t am, std::span<const std::byte> header);
 
+  // Device buffers (device.cpp).
+  mem::MemoryInfo classify(const void* buffer) {
+    return cuda_ ? cuda_->classify(buffer) : mem::MemoryInfo{};
+  }
+  void isend_device(std::uint32_t index, int destination, const mem::MemoryInfo& memory);
+  void start_device_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
+                               std::uint64_t sreq, const cuda::IpcKey* key);
+  void start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
+                            std::uint32_t flags);
+  void handle_rts_dev(int source, std::span<const std::byte> data);
+  void handle_stage_cts(int source, std::span<const std::byte> data);
+  void handle_stage_frag(int source, std::span<const std::byte> data);
+  void handle_stage_ack(int source, std::span<const std::byte> data);
+  void pump_stage(int peer);
+  int poll_device_ops();
+  // Completes the request once no copy uses its buffer any more.
+  void complete_when_idle(std::uint32_t index, Status status);
+  void copy_to_receive(RequestSlot& slot, std::size_t offset, const std::byte* data,
+                       std::size_t bytes);
+  void drain_device_ops();
+
   util::Config config_;
   std::unique_ptr<bootstrap::Bootstrap> bootstrap_;
+  std::unique_ptr<cuda::Cuda> cuda_;  // null: every buffer is host memory (cuda_why_ says why)
+  std::string cuda_why_;
+  bool cuda_ipc_ = true;
+  std::size_t stage_chunk_ = 0;
+  std::size_t stage_slots_ = 0;
+  std::vector<DeviceOp> device_ops_;
   int rank_ = 0;
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;

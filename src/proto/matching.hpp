@@ -29,6 +29,7 @@ struct Unexpected {
   Tag tag = 0;
   std::size_t size = 0;
   bool rendezvous = false;
+  bool device = false;          // RTS_DEV: data holds the cuda::IpcKey, if the sender sent one
   std::uint64_t sreq = 0;       // rendezvous: the sender's request
   std::uint64_t address = 0;    // rendezvous: where the data is in the sender
   std::vector<std::byte> data;  // eager: a copy of the message

@@ -6,6 +6,7 @@
 #include <deque>
 #include <vector>
 
+#include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry::proto {
@@ -35,6 +36,13 @@ struct RequestSlot {
   std::size_t message_size = 0;  // recv: the sender's size (for truncation)
   Status status;
   MessageInfo info;
+  // Device buffers (proto/device.cpp).
+  int device = -1;               // CUDA ordinal of the buffer; -1: host memory
+  std::uint32_t device_ops = 0;  // copies in flight that read or write the buffer
+  bool deferred = false;         // completion waits for those copies (then `status`)
+  std::size_t staged = 0;        // staged send: bytes put into the ring so far
+  std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
+  cuda::IpcKey key;              // device send: what the RTS carries
 };
 
 class RequestPool {
@@ -61,6 +69,10 @@ class RequestPool {
     slot.recv_buffer = nullptr;
     slot.size = slot.expected = slot.received = slot.message_size = 0;
     slot.info = {};
+    slot.device = -1;
+    slot.device_ops = 0;
+    slot.deferred = false;
+    slot.staged = 0;
     return index;
   }
   void free(std::uint32_t index) {

@@ -16,6 +16,11 @@ enum AmId : std::uint8_t {
   kAmFin = 5,     // FinHeader: the receiver is done with the sender's buffer
   kAmCancel = 6,  // CancelHeader: the sender gave up an announced message (FERRY_TIMEOUT)
   kAmNack = 7,    // NackHeader: the sender will not send the fragments a receive waits for
+  // Device buffers (proto/device.cpp).
+  kAmRtsDev = 8,      // RtsDevHeader [+ cuda::IpcKey]: a device buffer is ready in the sender
+  kAmStageCts = 9,    // StageCtsHeader: the receiver wants the message through the staging ring
+  kAmStageFrag = 10,  // StageFragHeader: one chunk waits in the sender's staging ring
+  kAmStageAck = 11,   // StageAckHeader: the receiver has copied a ring slot out
 };
 
 struct EagerHeader {
@@ -40,6 +45,32 @@ struct FinHeader {
   std::uint64_t sreq;
   std::uint32_t code;
   std::uint32_t reserved;
+};
+
+struct RtsDevHeader {
+  std::uint64_t tag;
+  std::uint64_t size;
+  std::uint64_t sreq;
+  std::uint32_t flags;  // kRtsHasKey
+  std::uint32_t reserved;
+};
+constexpr std::uint32_t kRtsHasKey = 1;  // a cuda::IpcKey follows
+struct StageCtsHeader {
+  std::uint64_t sreq;
+  std::uint64_t rreq;
+  std::uint64_t length;
+  std::uint32_t flags;  // kStageIpcRefused
+  std::uint32_t reserved;
+};
+constexpr std::uint32_t kStageIpcRefused = 1;  // the receiver could not use the IPC key
+struct StageFragHeader {
+  std::uint64_t rreq;
+  std::uint64_t offset;       // in the message
+  std::uint64_t ring_offset;  // in the sender's ring
+  std::uint64_t length;
+};
+struct StageAckHeader {
+  std::uint64_t ring_offset;
 };
 
 struct CancelHeader {

@@ -42,6 +42,21 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",               \
     "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce " \
     "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                \
+  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                             \
+    "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "     \
+    "without them)")                                                                            \
+  X(kCudaIpc, "FERRY_CUDA_IPC", kBool, "1", 0, 0, "",                                           \
+    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")       \
+  X(kCudaIpcCacheEntries, "FERRY_CUDA_IPC_CACHE_ENTRIES", kInt, "1024", 1, 1 << 20, "",         \
+    "peer allocations kept mapped (least recently used closed first)")                          \
+  X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",       \
+    "bytes of peer allocations kept mapped (least recently used closed first)")                 \
+  X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                  \
+    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")               \
+  X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                            \
+    "slots per host-staging ring (one ring per sender and receiver, made on first use)")        \
+  X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                         \
+    "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")           \
   X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")  \
   X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")       \
   X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                \

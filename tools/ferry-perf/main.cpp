@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#ifdef FERRY_HAVE_CUDA
+#include "cuda/driver.hpp"
+#endif
 
 namespace {
 
@@ -24,6 +27,7 @@ struct Args {
   int window = 64;
   bool check = false;
   enum { kTable, kJson, kCsv } format = kTable;
+  std::string mem[2] = {"host", "host"};  // where rank 0's and rank 1's buffers live
 };
 
 struct Record {
@@ -43,6 +47,8 @@ struct Record {
                "  --warmup N         untimed iterations first (default: a tenth)\n"
                "  --window W         sends in flight in bandwidth tests (default 64)\n"
                "  --check            verify every byte received\n"
+               "  -m, --mem A[:B]    buffers in host or cuda memory on rank 0 (A) and rank 1\n"
+               "                     (B, default A); cuda uses GPU local_rank %% device count\n"
                "  --json | --csv     machine-readable output (default: a table)\n"
                "With no test named it runs latency and bandwidth.\n");
   std::exit(error ? 2 : 0);
@@ -102,6 +108,15 @@ Args parse(int argc, char** argv) {
       args.warmup = parse_count("--warmup", value(), 0);
     } else if (a == "--window") {
       args.window = static_cast<int>(parse_count("--window", value(), 1));
+    } else if (a == "-m" || a == "--mem") {
+      std::string spec = value();
+      std::size_t colon = spec.find(':');
+      args.mem[0] = spec.substr(0, colon);
+      args.mem[1] = colon == std::string::npos ? args.mem[0] : spec.substr(colon + 1);
+      for (const std::string& m : args.mem) {
+        if (m != "host" && m != "cuda")
+          usage(("bad memory kind '" + m + "' (host or cuda)").c_str());
+      }
     } else if (a == "--check") {
       args.check = true;
     } else if (a == "--json") {
@@ -120,6 +135,120 @@ Args parse(int argc, char** argv) {
   }
   return args;
 }
+
+// Where one rank's buffers live: host memory, or a CUDA device (allocated through the driver).
+class Space {
+ public:
+  Space(const std::string& kind, int local_rank) {
+    if (kind == "host") return;
+#ifdef FERRY_HAVE_CUDA
+    std::string why;
+    d_ = ferry::cuda::driver(&why);
+    if (d_ == nullptr) fail("--mem cuda: " + why);
+    CUdevice dev;
+    device_ = local_rank % d_->device_count;
+    check(d_->cuDeviceGet(&dev, device_), "cuDeviceGet");
+    CUcontext context;
+    check(d_->cuDevicePrimaryCtxRetain(&context, dev), "cuDevicePrimaryCtxRetain");
+    check(d_->cuCtxSetCurrent(context), "cuCtxSetCurrent");
+#else
+    (void)local_rank;
+    fail("--mem cuda: this ferry-perf was built without CUDA support");
+#endif
+  }
+  [[nodiscard]] bool device() const { return device_ >= 0; }
+  [[nodiscard]] std::string name() const {
+    return device() ? "cuda:" + std::to_string(device_) : "host";
+  }
+
+  std::byte* allocate(std::size_t bytes) {
+    bytes = std::max<std::size_t>(bytes, 1);
+#ifdef FERRY_HAVE_CUDA
+    if (device()) {
+      CUdeviceptr p = 0;
+      check(d_->cuMemAlloc(&p, bytes), "cuMemAlloc");
+      return reinterpret_cast<std::byte*>(p);
+    }
+#endif
+    return new std::byte[bytes];
+  }
+  void release(std::byte* p) {
+#ifdef FERRY_HAVE_CUDA
+    if (device()) {
+      d_->cuMemFree(reinterpret_cast<CUdeviceptr>(p));
+      return;
+    }
+#endif
+    delete[] p;
+  }
+  // Copies between a buffer of this space and host memory (data checks).
+  void put(std::byte* dst, const std::byte* host, std::size_t bytes) {
+#ifdef FERRY_HAVE_CUDA
+    if (device()) {
+      check(d_->cuMemcpy(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(host),
+                         bytes),
+            "cuMemcpy");
+      // Pageable-to-device copies may return before the DMA is done.
+      check(d_->cuCtxSynchronize(), "cuCtxSynchronize");
+      return;
+    }
+#endif
+    std::memcpy(dst, host, bytes);
+  }
+  void get(std::byte* host, const std::byte* src, std::size_t bytes) {
+#ifdef FERRY_HAVE_CUDA
+    if (device()) {
+      check(d_->cuMemcpy(reinterpret_cast<CUdeviceptr>(host), reinterpret_cast<CUdeviceptr>(src),
+                         bytes),
+            "cuMemcpy");
+      return;
+    }
+#endif
+    std::memcpy(host, src, bytes);
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& what) {
+    std::fprintf(stderr, "ferry-perf: %s\n", what.c_str());
+    std::exit(2);
+  }
+#ifdef FERRY_HAVE_CUDA
+  void check(CUresult r, const char* what) {
+    if (r != CUDA_SUCCESS) fail(std::string(what) + ": " + ferry::cuda::error_string(r));
+  }
+  const ferry::cuda::Driver* d_ = nullptr;
+#endif
+  int device_ = -1;
+};
+
+// A buffer in a Space, with a host shadow for data checks.
+class Buffer {
+ public:
+  Buffer(Space& space, std::size_t bytes)
+      : space_(space), data_(space.allocate(bytes)), size_(bytes) {}
+  ~Buffer() { space_.release(data_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  [[nodiscard]] std::byte* data() const { return data_; }
+  // Host memory holding what data() holds after pull(), or what push() copies there.
+  std::byte* shadow() {
+    if (!space_.device()) return data_;
+    shadow_.resize(std::max<std::size_t>(size_, 1));
+    return shadow_.data();
+  }
+  void push(std::size_t offset, std::size_t bytes) {
+    if (space_.device()) space_.put(data_ + offset, shadow_.data() + offset, bytes);
+  }
+  void pull(std::size_t offset, std::size_t bytes) {
+    if (space_.device()) space_.get(shadow_.data() + offset, data_ + offset, bytes);
+  }
+
+ private:
+  Space& space_;
+  std::byte* data_;
+  std::size_t size_;
+  std::vector<std::byte> shadow_;
+};
 
 // The byte at `i` of message number `seq` of size `size`: differs per byte, message and size.
 inline std::byte pattern(std::size_t i, long seq, std::size_t size) {
@@ -151,6 +280,7 @@ struct Bench {
   ferry::Context& ctx;
   const Args& args;
   int peer;
+  Space& space;
 
   long iterations_for(const std::string& test, std::size_t size) const {
     if (args.iterations > 0) return args.iterations;
@@ -160,20 +290,28 @@ struct Bench {
   }
 
   double latency(std::size_t size, long iters, long warmup) {
-    std::vector<std::byte> out(std::max<std::size_t>(size, 1)), in(out.size());
+    Buffer out(space, size), in(space, size);
+    auto fill_out = [&](long seq) {
+      fill(out.shadow(), size, seq);
+      out.push(0, size);
+    };
+    auto verify_in = [&](long seq) {
+      in.pull(0, size);
+      verify(in.shadow(), size, seq, "latency");
+    };
     Clock::time_point start;
     for (long i = -warmup; i < iters; ++i) {
       if (i == 0) start = Clock::now();
       if (ctx.rank() == 0) {
-        if (args.check) fill(out.data(), size, i);
+        if (args.check) fill_out(i);
         require(ctx.send(out.data(), size, peer, 1), "send");
         require(ctx.recv(in.data(), size, peer, 2), "recv");
-        if (args.check) verify(in.data(), size, i + 1, "latency");
+        if (args.check) verify_in(i + 1);
       } else {
         require(ctx.recv(in.data(), size, peer, 1), "recv");
         if (args.check) {
-          verify(in.data(), size, i, "latency");
-          fill(out.data(), size, i + 1);
+          verify_in(i);
+          fill_out(i + 1);
         }
         require(ctx.send(out.data(), size, peer, 2), "send");
       }
@@ -189,8 +327,8 @@ struct Bench {
     std::size_t slots = args.check ? static_cast<std::size_t>(window) : 1;
     while (slots > 1 && slots * size > (1u << 30)) slots /= 2;
     if (args.check) window = static_cast<int>(slots);
-    std::vector<std::byte> out(std::max<std::size_t>(size, 1) * slots);
-    std::vector<std::byte> in(out.size());
+    Buffer out(space, std::max<std::size_t>(size, 1) * slots);
+    Buffer in(space, std::max<std::size_t>(size, 1) * slots);
     std::vector<ferry::Request> requests;
     requests.reserve(static_cast<std::size_t>(2 * window));
     const bool sender = both || ctx.rank() == 0;
@@ -205,14 +343,19 @@ struct Bench {
         requests.push_back(ctx.irecv(p, size, peer, 3));
       }
       for (int w = 0; sender && w < window; ++w) {
-        std::byte* p = out.data() + (args.check ? static_cast<std::size_t>(w) * size : 0);
-        if (args.check) fill(p, size, i * window + w);
-        requests.push_back(ctx.isend(p, size, peer, 3));
+        const std::size_t offset = args.check ? static_cast<std::size_t>(w) * size : 0;
+        if (args.check) {
+          fill(out.shadow() + offset, size, i * window + w);
+          out.push(offset, size);
+        }
+        requests.push_back(ctx.isend(out.data() + offset, size, peer, 3));
       }
       require(ferry::Request::wait_all(requests), "wait_all");
       if (args.check && receiver) {
+        in.pull(0, size * static_cast<std::size_t>(window));
         for (int w = 0; w < window; ++w) {
-          verify(in.data() + static_cast<std::size_t>(w) * size, size, i * window + w, "bandwidth");
+          verify(in.shadow() + static_cast<std::size_t>(w) * size, size, i * window + w,
+                 "bandwidth");
         }
       }
       if (!both) {
@@ -256,8 +399,9 @@ void print(const Args& args, const std::vector<Record>& records, const ferry::Co
     }
     return;
   }
-  std::printf("# ferry-perf %s: ranks 0 and 1 of %d; rank 1 via %s%s\n", FERRY_VERSION_STRING,
-              ctx.size(), ctx.describe_peer(1).c_str(), args.check ? "; data checked" : "");
+  std::printf("# ferry-perf %s: ranks 0 and 1 of %d; memory %s:%s; rank 1 via %s%s\n",
+              FERRY_VERSION_STRING, ctx.size(), args.mem[0].c_str(), args.mem[1].c_str(),
+              ctx.describe_peer(1).c_str(), args.check ? "; data checked" : "");
   std::printf("%-10s %12s %11s %12s %15s\n", "test", "size", "iterations", "latency_us",
               "bandwidth_GBps");
   for (const Record& r : records) {
@@ -281,7 +425,8 @@ int main(int argc, char** argv) {
     }
     std::vector<Record> records;
     if (ctx.rank() <= 1) {
-      Bench bench{ctx, args, 1 - ctx.rank()};
+      Space space(args.mem[ctx.rank()], ctx.local_rank());
+      Bench bench{ctx, args, 1 - ctx.rank(), space};
       for (const std::string& test : args.tests) {
         for (std::size_t size : args.sizes) {
           long iters = bench.iterations_for(test, size);

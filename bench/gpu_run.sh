@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
+# `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
+# Steps: info tests perf perf_staged compare check sanitizer (default: info tests perf).
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = pack ]; then
+  build=${2:?build dir}
+  rm -rf "$here/.devbin" && mkdir -p "$here/.devbin/bin" "$here/.devbin/lib"
+  cp "$build"/tools/ferryrun "$build"/tools/ferry-perf "$build"/tools/ferry-info \
+     "$build"/tests/ferry_gpu_tests "$here/.devbin/bin/"
+  [ -x "$build/bench/nccl_perf" ] && cp "$build/bench/nccl_perf" "$here/.devbin/bin/"
+  [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
+  cp -P "$build"/libferry.so* "$here/.devbin/lib/"
+  strip --strip-debug "$here"/.devbin/bin/* "$here"/.devbin/lib/libferry.so.*.* 2>/dev/null
+  du -sh "$here/.devbin"
+  exit 0
+fi
+shift || true
+steps=${*:-info tests perf}
+export LD_LIBRARY_PATH=$here/.devbin/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+bin=$here/.devbin/bin
+out=${OUT:-/tmp/ferry-gpu-out}
+mkdir -p "$out"
+run=("$bin/ferryrun" --timeout 500 -n 2)
+for step in $steps; do
+  echo "=== $step"
+  case $step in
+    info)
+      nvidia-smi -L
+      "${run[@]}" "$bin/ferry-info" --peers 2>&1 | grep -v "^  FERRY_" | head -20 ;;
+    tests)
+      for mode in ipc ipc_refused staged; do
+        env=()
+        [ $mode = ipc_refused ] && env=(FERRY_TEST_CUDA_IPC_FAIL=1)
+        [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
+        echo "--- gpu.$mode ${env[*]:-}"
+        env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_tests" 2>&1 | tee "$out/gpu_$mode.log" \
+          | grep -E "^\[  |rank .*(grew|->)|Failure|error|SKIP" | head -40
+        echo "exit ${PIPESTATUS[0]}"
+      done ;;
+    perf)
+      for mem in cuda:cuda host:cuda cuda:host; do
+        "${run[@]}" "$bin/ferry-perf" latency bandwidth -m $mem \
+          --sizes 8,4k,64k,1m,4m,64m,256m 2>&1 | tee "$out/perf_${mem/:/_}.txt"
+      done ;;
+    perf_staged)
+      FERRY_CUDA_IPC=0 "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda \
+        --sizes 8,64k,4m,64m,256m 2>&1 | tee "$out/perf_staged.txt" ;;
+    compare)
+      # Interleaved rounds: ferry-perf -m cuda:cuda, then NCCL's send/recv, same sizes and tests.
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${FERRY_COMPARE_SIZES:-8,64k,1m,4m,8m,64m,512m}
+      for round in $(seq 1 "${FERRY_COMPARE_ROUNDS:-3}"); do
+        echo "--- round $round"
+        "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --sizes "$sizes" 2>&1 \
+          | tee -a "$out/compare_ferry.txt"
+        LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "${run[@]}" "$bin/nccl_perf" --sizes "$sizes" \
+          2>&1 | grep -v "^NCCL INFO" | tee -a "$out/compare_nccl.txt"
+      done ;;
+    check)
+      "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
+        --sizes 1,8,100,64k,1m,5m 2>&1 | tail -14 ;;
+    sanitizer)
+      compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
+        "${run[@]}" "$bin/ferry-perf" latency -m cuda:cuda --check --sizes 8,64k,4m \
+        --iterations 20 2>&1 | tail -15 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

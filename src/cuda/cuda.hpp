@@ -1,0 +1,85 @@
+// ferry's CUDA module as the protocol layer sees it, free of cuda.h: memory classification, IPC
+// export and a bounded cache of opened peer mappings, asynchronous copies completed by polling
+// (never a blocking synchronize in progress), and pinned staging rings in shared memory.
+// Built from cuda.cpp where the CUDA headers exist, else from none.cpp (create() says why not).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/status.hpp"
+#include "mem/memory.hpp"
+#include "util/config.hpp"
+
+namespace ferry::cuda {
+
+// What a sender puts in a device rendezvous so that a peer can map its buffer (CUDA IPC).
+// Everything in it is checked by the receiver before use.
+struct IpcKey {
+  std::array<std::byte, 64> handle{};  // CUipcMemHandle of the allocation
+  std::array<std::byte, 16> uuid{};    // the GPU it lives on (ordinals differ between processes)
+  std::uint64_t base = 0;              // the allocation, in the sender's address space
+  std::uint64_t extent = 0;
+  std::uint64_t buffer_id = 0;  // changes when the allocation is freed and replaced
+  std::uint64_t offset = 0;     // of the message within the allocation
+};
+static_assert(sizeof(IpcKey) == 112);
+
+// A copy in flight: complete when done(ticket).
+struct Ticket {
+  std::uint32_t stream = 0;
+  std::uint32_t sequence = 0;
+};
+
+class StageRing;
+
+class Cuda {
+ public:
+  // Null, with *why set, when CUDA cannot be used (not built in, no driver, no device,
+  // FERRY_CUDA=0). Throws nothing.
+  static std::unique_ptr<Cuda> create(const util::Config& config, std::string* why);
+  virtual ~Cuda() = default;
+
+  // One driver query (cuPointerGetAttributes): bench/cuda_probe measured 87 ns for device and
+  // 234 ns for host pointers on an H100. Unknown pointers are host memory.
+  virtual mem::MemoryInfo classify(const void* pointer) = 0;
+
+  // Exports the allocation holding [pointer, pointer + bytes); the handle is cached per buffer id.
+  virtual Status export_ipc(const void* pointer, const mem::MemoryInfo& info, IpcKey* key) = 0;
+
+  // Can this process's `device` copy from the peer GPU named by `uuid`? Empty when yes, else why.
+  virtual std::string ipc_refusal(const std::array<std::byte, 16>& uuid, int device) = 0;
+
+  // Maps a peer's allocation (cached per (peer, base, buffer id); a stale entry for the same base
+  // is closed; LRU-bounded) and returns the address of key.offset in it. Pins the entry until
+  // unpin(); a failure says what was tried.
+  virtual Status import_ipc(int peer, const IpcKey& key, int device, void** mapped) = 0;
+  virtual void unpin(int peer, const IpcKey& key) = 0;
+  // Drops every mapping of a peer (it died or finalized).
+  virtual void forget_peer(int peer) = 0;
+
+  // Asynchronous copy on `device`'s stream for `lane` (a peer index); pointers may be device,
+  // IPC-mapped, pinned or pageable host memory.
+  virtual Status copy_async(int device, int lane, void* dst, const void* src, std::size_t bytes,
+                            Ticket* ticket) = 0;
+  [[nodiscard]] virtual bool done(const Ticket& ticket) = 0;
+  // Synchronous copy (small eager messages into device memory, tools, tests).
+  virtual Status copy(void* dst, const void* src, std::size_t bytes) = 0;
+
+  // Pins host memory for DMA (staging rings); unregister before unmapping.
+  virtual Status register_host(void* pointer, std::size_t bytes) = 0;
+  virtual void unregister_host(void* pointer) = 0;
+
+  // The test fault FERRY_TEST_CUDA_IPC_FAIL: import_ipc fails as a driver refusal would.
+  [[nodiscard]] virtual bool inject_ipc_failure() const = 0;
+
+  // "CUDA 13000: 1 device (NVIDIA H100 80GB HBM3); ipc cache 3 mappings, 12 MiB"
+  [[nodiscard]] virtual std::string describe() const = 0;
+  [[nodiscard]] virtual std::size_t cached_mappings() const = 0;
+};
+
+}  // namespace ferry::cuda

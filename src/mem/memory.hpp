@@ -1,0 +1,27 @@
+// What kind of memory a buffer is, as the protocol layer needs to know it: host memory is read and
+// written by the CPU; CUDA device memory only by the GPU (copy engine, kernels) or through an IPC
+// mapping. Managed memory is CPU-accessible and goes by the host paths.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ferry::mem {
+
+enum class MemoryKind : std::uint8_t { kHost, kCudaDevice, kCudaManaged };
+
+struct MemoryInfo {
+  MemoryKind kind = MemoryKind::kHost;
+  bool pinned = false;          // host memory registered with (or allocated by) CUDA
+  int device = -1;              // CUDA ordinal of device or pinned memory
+  std::uint64_t base = 0;       // the allocation the buffer lies in (device memory)
+  std::uint64_t extent = 0;     // its size
+  std::uint64_t buffer_id = 0;  // CUDA's id of that allocation: new for every allocation
+
+  [[nodiscard]] bool device_only() const { return kind == MemoryKind::kCudaDevice; }
+};
+
+// "host", "host (pinned)", "cuda:0", "cuda managed"
+std::string to_string(const MemoryInfo& info);
+
+}  // namespace ferry::mem

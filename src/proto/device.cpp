@@ -1,0 +1,361 @@
+// Device buffers (see engine.hpp). Every device send is a rendezvous: RTS_DEV carries an IPC key
+// unless IPC to that peer failed before. The receiver climbs down the fallback ladder:
+//   1. CUDA IPC: map the sender's allocation (cached) and copy on a stream; FIN when done.
+//   2. Host staging: STAGE_CTS; the sender fills slots of a pinned ring in shared memory
+//      (device -> host copy), announces each with STAGE_FRAG; the receiver empties it (host ->
+//      device copy) and returns the slot with STAGE_ACK. Slots double-buffer, so the copy out of
+//      chunk k overlaps the copy into chunk k+1.
+// A receiver that cannot use the key says so in STAGE_CTS, so both sides stop trying IPC with
+// that peer. Host senders to device receivers take rung 2 as well (a CTS would bring fragments
+// the receiver could only copy synchronously). Copies complete by polling, never by blocking.
+#include <algorithm>
+#include <cstring>
+
+#include "proto/engine.hpp"
+#include "proto/wire.hpp"
+#include "util/copy.hpp"
+#include "util/log.hpp"
+
+namespace ferry::proto {
+namespace {
+
+Status truncation_status(int source, std::size_t size, std::size_t capacity) {
+  if (size <= capacity) return Status::ok();
+  return Status(Code::kTruncated, "message of " + std::to_string(size) + " bytes from rank " +
+                                      std::to_string(source) + " truncated to the " +
+                                      std::to_string(capacity) + "-byte receive buffer");
+}
+
+}  // namespace
+
+void Engine::isend_device(std::uint32_t index, int destination, const mem::MemoryInfo& memory) {
+  RequestSlot& slot = requests_[index];
+  Peer& peer = peers_[static_cast<std::size_t>(destination)];
+  slot.device = memory.device;
+  slot.rendezvous = true;
+  RtsDevHeader header{slot.tag, slot.size, requests_.wire_id(index), 0, 0};
+  if (cuda_ipc_ && !peer.ipc_refused && destination != rank_) {
+    Status status = cuda_->export_ipc(slot.send_buffer, memory, &slot.key);
+    if (status) {
+      header.flags |= kRtsHasKey;
+    } else {
+      peer.ipc_refused = true;
+      peer.ipc_why = "exporting an IPC handle failed: " + status.message();
+      FERRY_LOG(kWarn, "CUDA IPC to rank %d not possible (%s); device data goes by host staging",
+                destination, peer.ipc_why.c_str());
+    }
+  }
+  Pending pending;
+  pending.request = index;
+  pending.am = kAmRtsDev;
+  pending.header_size = sizeof(RtsDevHeader);
+  std::memcpy(pending.header.data(), &header, sizeof header);
+  if ((header.flags & kRtsHasKey) != 0) {
+    pending.payload = reinterpret_cast<const std::byte*>(&slot.key);  // a deque slot: stable
+    pending.payload_size = sizeof(cuda::IpcKey);
+  }
+  send_or_queue(destination, std::move(pending));
+}
+
+void Engine::handle_rts_dev(int source, std::span<const std::byte> data) {
+  RtsDevHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short RTS_DEV header");
+  cuda::IpcKey key;
+  const bool has_key = (header.flags & kRtsHasKey) != 0;
+  if (has_key) {
+    if (data.size() != sizeof(header) + sizeof(key)) {
+      return protocol_error(source, "RTS_DEV with a key of the wrong size");
+    }
+    std::memcpy(&key, data.data() + sizeof(header), sizeof(key));
+  }
+  if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
+    start_device_rendezvous(*index, source, header.tag, header.size, header.sreq,
+                            has_key ? &key : nullptr);
+    return;
+  }
+  Unexpected message;
+  message.source = source;
+  message.tag = header.tag;
+  message.size = header.size;
+  message.rendezvous = true;
+  message.device = true;
+  message.sreq = header.sreq;
+  if (has_key) {
+    message.data.resize(sizeof(key));
+    std::memcpy(message.data.data(), &key, sizeof(key));
+  }
+  matcher_.add_unexpected(std::move(message));
+}
+
+void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
+                                     std::uint64_t sreq, const cuda::IpcKey* key) {
+  RequestSlot& slot = requests_[index];
+  const std::size_t length = std::min(size, slot.size);
+  slot.info = {source, tag, length};
+  slot.message_size = size;
+  if (length == 0) {
+    complete(index, truncation_status(source, size, slot.size));
+    send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+    return;
+  }
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  std::uint32_t flags = 0;
+  if (key != nullptr && slot.device >= 0) {
+    std::string refusal = peer.ipc_refused ? peer.ipc_why : std::string();
+    if (refusal.empty() && key->offset + length > key->extent) {
+      return protocol_error(source, "RTS_DEV key does not cover the message");
+    }
+    if (refusal.empty()) refusal = cuda_->ipc_refusal(key->uuid, slot.device);
+    void* mapped = nullptr;
+    if (refusal.empty()) {
+      Status status = cuda_->import_ipc(source, *key, slot.device, &mapped);
+      if (status) {
+        DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, 0, 0, length, *key};
+        status =
+            cuda_->copy_async(slot.device, source, slot.recv_buffer, mapped, length, &op.ticket);
+        if (status) {
+          slot.state = RequestState::kActive;
+          ++slot.device_ops;
+          device_ops_.push_back(op);
+          return;
+        }
+        cuda_->unpin(source, *key);
+      }
+      refusal = status.message();
+    }
+    if (!peer.ipc_refused) {
+      peer.ipc_refused = true;
+      peer.ipc_why = refusal;
+      FERRY_LOG(kWarn,
+                "CUDA IPC from rank %d refused (%s); its device data goes by host staging from "
+                "now on",
+                source, refusal.c_str());
+    }
+    flags |= kStageIpcRefused;
+  } else if (key != nullptr) {
+    // A host receive buffer: the sender copies into the ring, we copy out with the CPU.
+  }
+  slot.state = RequestState::kActive;
+  slot.expected = length;
+  slot.received = 0;
+  start_staged_receive(index, source, sreq, flags);
+}
+
+void Engine::start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
+                                  std::uint32_t flags) {
+  RequestSlot& slot = requests_[index];
+  slot.state = RequestState::kActive;
+  slot.expected = slot.info.bytes;
+  slot.received = 0;
+  send_control(source, kAmStageCts,
+               as_bytes(StageCtsHeader{sreq, requests_.wire_id(index), slot.expected, flags, 0}));
+}
+
+void Engine::handle_stage_cts(int source, std::span<const std::byte> data) {
+  StageCtsHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_CTS header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.sreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
+      slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
+      header.length > slot->size) {
+    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    if (slot == nullptr) return;  // withdrawn after FERRY_TIMEOUT
+    return protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
+  }
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if ((header.flags & kStageIpcRefused) != 0 && !peer.ipc_refused) {
+    peer.ipc_refused = true;
+    peer.ipc_why = "rank " + std::to_string(source) + " could not open our IPC handles";
+    FERRY_LOG(kWarn, "%s; device data to it goes by host staging from now on",
+              peer.ipc_why.c_str());
+  }
+  if (!peer.ring_tx) {
+    try {
+      peer.ring_tx = cuda::StageRing::create(
+          cuda_.get(), cuda::StageRing::name(bootstrap_->job_id(), rank_, source),
+          stage_chunk_ * stage_slots_);
+    } catch (const Error& e) {
+      slot->rendezvous = false;
+      send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+      complete(index, Status(e.code(), std::string("host staging to rank ") +
+                                           std::to_string(source) + " impossible: " + e.what()));
+      return;
+    }
+    peer.free_slots.clear();
+    for (std::size_t i = stage_slots_; i-- > 0;) peer.free_slots.push_back(i * stage_chunk_);
+  }
+  slot->rendezvous = false;
+  slot->stage_rreq = header.rreq;
+  slot->expected = header.length;  // bytes to stage
+  slot->staged = 0;
+  peer.stage_streams.push_back(index);
+  pump_stage(source);
+}
+
+void Engine::pump_stage(int peer_rank) {
+  Peer& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  while (!peer.stage_streams.empty() && !peer.free_slots.empty()) {
+    const std::uint32_t index = peer.stage_streams.front();
+    RequestSlot& slot = requests_[index];
+    const std::size_t offset = slot.staged;
+    const std::size_t chunk = std::min(stage_chunk_, slot.expected - offset);
+    const std::uint64_t ring_offset = peer.free_slots.back();
+    std::byte* target = peer.ring_tx->data() + ring_offset;
+    if (slot.device >= 0) {
+      DeviceOp op{DeviceOp::kStageFill, {},    index, peer_rank, slot.stage_rreq, offset,
+                  ring_offset,          chunk, {}};
+      Status status = cuda_->copy_async(slot.device, peer_rank, target, slot.send_buffer + offset,
+                                        chunk, &op.ticket);
+      if (!status) {
+        peer.stage_streams.pop_front();
+        send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
+        complete_when_idle(index, std::move(status));
+        continue;
+      }
+      ++slot.device_ops;
+      device_ops_.push_back(op);
+    } else {
+      util::copy(target, slot.send_buffer + offset, chunk);
+      send_control(peer_rank, kAmStageFrag,
+                   as_bytes(StageFragHeader{slot.stage_rreq, offset, ring_offset, chunk}));
+    }
+    peer.free_slots.pop_back();
+    slot.staged += chunk;
+    if (slot.staged == slot.expected) {
+      peer.stage_streams.pop_front();
+      complete_when_idle(index, Status::ok());
+    }
+  }
+}
+
+void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
+  StageFragHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_FRAG header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.rreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
+      slot->info.source != source || header.offset > slot->expected ||
+      header.length > slot->expected - header.offset ||
+      header.length > slot->expected - slot->received) {
+    return protocol_error(source, "staged fragment outside any receive in progress");
+  }
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (!peer.ring_rx) {
+    try {
+      // At most what the largest allowed configuration makes (64 slots of 1 GiB).
+      peer.ring_rx = cuda::StageRing::open(
+          cuda_.get(), cuda::StageRing::name(bootstrap_->job_id(), source, rank_),
+          std::size_t{64} << 30);
+      peer.ring_rx->unlink();  // both sides have it now
+    } catch (const Error& e) {
+      return complete(index, Status(e.code(), std::string("host staging from rank ") +
+                                                  std::to_string(source) + ": " + e.what()));
+    }
+  }
+  if (header.ring_offset > peer.ring_rx->size() ||
+      header.length > peer.ring_rx->size() - header.ring_offset) {
+    return protocol_error(source, "staged fragment outside the sender's ring");
+  }
+  const std::byte* from = peer.ring_rx->data() + header.ring_offset;
+  if (slot->device >= 0) {
+    DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
+                header.length,         {}};
+    Status status = cuda_->copy_async(slot->device, source, slot->recv_buffer + header.offset, from,
+                                      header.length, &op.ticket);
+    if (!status) return complete_when_idle(index, std::move(status));
+    ++slot->device_ops;
+    device_ops_.push_back(op);
+    return;
+  }
+  util::copy(slot->recv_buffer + header.offset, from, header.length);
+  slot->received += header.length;
+  send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+  if (slot->received == slot->expected) {
+    complete(index, truncation_status(source, slot->message_size, slot->size));
+  }
+}
+
+void Engine::handle_stage_ack(int source, std::span<const std::byte> data) {
+  StageAckHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_ACK header");
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (!peer.ring_tx || stage_chunk_ == 0 || header.ring_offset % stage_chunk_ != 0 ||
+      header.ring_offset >= peer.ring_tx->size() ||
+      std::find(peer.free_slots.begin(), peer.free_slots.end(), header.ring_offset) !=
+          peer.free_slots.end() ||
+      peer.free_slots.size() >= stage_slots_) {
+    return protocol_error(source, "STAGE_ACK for a slot that is not in use");
+  }
+  peer.free_slots.push_back(header.ring_offset);
+  pump_stage(source);
+}
+
+int Engine::poll_device_ops() {
+  int finished = 0;
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < device_ops_.size(); ++i) {
+    DeviceOp& op = device_ops_[i];
+    if (!cuda_->done(op.ticket)) {
+      device_ops_[keep++] = op;
+      continue;
+    }
+    ++finished;
+    RequestSlot& slot = requests_[op.request];
+    --slot.device_ops;
+    switch (op.kind) {
+      case DeviceOp::kIpcGet:
+        cuda_->unpin(op.peer, op.key);
+        send_control(op.peer, kAmFin, as_bytes(FinHeader{op.wire, 0, 0}));
+        if (!slot.deferred) {
+          complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
+          continue;
+        }
+        break;
+      case DeviceOp::kStageFill:
+        send_control(op.peer, kAmStageFrag,
+                     as_bytes(StageFragHeader{op.wire, op.offset, op.ring_offset, op.length}));
+        break;
+      case DeviceOp::kStageDrain:
+        send_control(op.peer, kAmStageAck, as_bytes(StageAckHeader{op.ring_offset}));
+        slot.received += op.length;
+        if (!slot.deferred && slot.received == slot.expected && slot.device_ops == 0) {
+          complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
+          continue;
+        }
+        break;
+    }
+    // A completion that waited for this buffer's copies (a failure, or a staged send).
+    if (slot.deferred && slot.device_ops == 0 && slot.state != RequestState::kDone) {
+      slot.deferred = false;
+      complete(op.request, slot.status);
+    }
+  }
+  device_ops_.resize(keep);
+  return finished;
+}
+
+void Engine::complete_when_idle(std::uint32_t index, Status status) {
+  RequestSlot& slot = requests_[index];
+  if (slot.device_ops == 0) return complete(index, std::move(status));
+  slot.deferred = true;
+  slot.status = std::move(status);
+}
+
+void Engine::copy_to_receive(RequestSlot& slot, std::size_t offset, const std::byte* data,
+                             std::size_t bytes) {
+  if (bytes == 0) return;
+  if (slot.device < 0) return util::copy(slot.recv_buffer + offset, data, bytes);
+  Status status = cuda_->copy(slot.recv_buffer + offset, data, bytes);
+  if (!status) slot.status = std::move(status);
+}
+
+void Engine::drain_device_ops() {
+  // Copies always finish: a GPU copy does not wait on a peer.
+  while (!device_ops_.empty()) {
+    poll_device_ops();
+    drain_pending();
+  }
+}
+
+}  // namespace ferry::proto

@@ -1,0 +1,278 @@
+// GPU buffers between two processes (run by ferryrun -n 2; on one GPU both ranks share it, on
+// several rank r uses GPU r). CTest runs it three times: CUDA IPC, IPC refused by injection
+// (FERRY_TEST_CUDA_IPC_FAIL=1) and IPC off (FERRY_CUDA_IPC=0), so every rung of the fallback ladder
+// moves the same data. Without a GPU it exits 77 (CTest: skipped) and says why.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/driver.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+Context* g_ctx = nullptr;
+const cuda::Driver* g_cuda = nullptr;
+Context& ctx() { return *g_ctx; }
+int me() { return ctx().rank(); }
+int other() { return 1 - me(); }
+
+void check(CUresult result, const char* what) {
+  if (result != CUDA_SUCCESS) {
+    std::fprintf(stderr, "%s: %s\n", what, cuda::error_string(result).c_str());
+    std::abort();
+  }
+}
+
+// A buffer in host or device memory, with helpers to fill and read it through host memory.
+class Buffer {
+ public:
+  Buffer(bool device, std::size_t bytes)
+      : device_(device), bytes_(std::max<std::size_t>(bytes, 1)) {
+    if (device_) {
+      CUdeviceptr p = 0;
+      check(g_cuda->cuMemAlloc(&p, bytes_), "cuMemAlloc");
+      data_ = reinterpret_cast<std::byte*>(p);
+    } else {
+      data_ = new std::byte[bytes_];
+    }
+  }
+  ~Buffer() {
+    if (device_) {
+      g_cuda->cuMemFree(reinterpret_cast<CUdeviceptr>(data_));
+    } else {
+      delete[] data_;
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  [[nodiscard]] std::byte* data() const { return data_; }
+
+  void write(const std::vector<std::uint8_t>& host) {
+    if (device_) {
+      check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(data_),
+                             reinterpret_cast<CUdeviceptr>(host.data()), host.size()),
+            "cuMemcpy to device");
+      // A copy from pageable memory may return before its DMA is done: like any user of a
+      // device buffer, finish writing it before handing it to ferry.
+      check(g_cuda->cuCtxSynchronize(), "cuCtxSynchronize");
+    } else {
+      std::memcpy(data_, host.data(), host.size());
+    }
+  }
+  std::vector<std::uint8_t> read(std::size_t bytes) const {
+    std::vector<std::uint8_t> host(bytes);
+    if (device_) {
+      check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()),
+                             reinterpret_cast<CUdeviceptr>(data_), bytes),
+            "cuMemcpy to host");
+    } else {
+      std::memcpy(host.data(), data_, bytes);
+    }
+    return host;
+  }
+
+ private:
+  bool device_;
+  std::size_t bytes_;
+  std::byte* data_ = nullptr;
+};
+
+// Message `seq`'s bytes: differ per byte and message; 64-bit words keep 1 GiB fills quick.
+std::vector<std::uint8_t> pattern(std::size_t bytes, std::uint64_t seq) {
+  std::vector<std::uint8_t> v(bytes);
+  std::uint64_t x = seq * 0x9e3779b97f4a7c15ULL + 1;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(v.data() + i, &x, 8);
+  }
+  for (; i < bytes; ++i) v[i] = static_cast<std::uint8_t>(seq + i);
+  return v;
+}
+
+std::size_t first_difference(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b,
+                             std::size_t bytes) {
+  if (std::memcmp(a.data(), b.data(), bytes) == 0) return SIZE_MAX;
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (a[i] != b[i]) return i;
+  }
+  return SIZE_MAX;
+}
+
+std::vector<std::size_t> sizes_up_to_1GiB() {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = 1; s <= (std::size_t{1} << 30); s *= 2) {
+    sizes.push_back(s);
+    // Odd sizes: tails of copies and of ring slots (4 MiB slots: 4m+3 spans two).
+    if (s >= 4 && s <= (std::size_t{64} << 20)) sizes.push_back(s + 3);
+  }
+  return sizes;
+}
+
+// One message from rank 0 to rank 1 in the given memory kinds, checked byte for byte, including
+// that nothing past the message was written.
+void transfer(bool device0, bool device1, std::size_t bytes, std::uint64_t seq) {
+  constexpr std::size_t kGuard = 64;
+  if (me() == 0) {
+    Buffer out(device0, bytes);
+    out.write(pattern(bytes, seq));
+    ASSERT_TRUE(ctx().send(out.data(), bytes, 1, seq).is_ok());
+  } else {
+    Buffer in(device1, bytes + kGuard);
+    in.write(std::vector<std::uint8_t>(bytes + kGuard, 0xee));
+    Request r = ctx().irecv(in.data(), bytes + kGuard, 0, seq);
+    ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
+    ASSERT_EQ(r.info().bytes, bytes);
+    std::vector<std::uint8_t> got = in.read(bytes + kGuard);
+    ASSERT_EQ(first_difference(got, pattern(bytes, seq), bytes), SIZE_MAX)
+        << bytes << " bytes, " << (device0 ? "cuda" : "host") << " -> "
+        << (device1 ? "cuda" : "host");
+    for (std::size_t i = bytes; i < bytes + kGuard; ++i) {
+      ASSERT_EQ(got[i], 0xee) << "wrote past a " << bytes << "-byte message";
+    }
+  }
+}
+
+TEST(Gpu, EveryMemoryPairAndSizeFromOneByteTo1GiB) {
+  std::uint64_t seq = 1000;
+  const bool pairs[3][2] = {{true, true}, {true, false}, {false, true}};
+  for (const auto& pair : pairs) {
+    for (std::size_t bytes : sizes_up_to_1GiB()) {
+      transfer(pair[0], pair[1], bytes, seq++);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(Gpu, UnexpectedDeviceMessagesMatchInOrder) {
+  // Rank 0's sends arrive before rank 1 posts anything: RTS_DEV waits in the unexpected queue.
+  const std::size_t sizes[] = {8, 65536, 8 << 20};
+  if (me() == 0) {
+    std::vector<std::unique_ptr<Buffer>> buffers;
+    std::vector<Request> sends;
+    for (std::size_t i = 0; i < 3; ++i) {
+      buffers.push_back(std::make_unique<Buffer>(true, sizes[i]));
+      buffers.back()->write(pattern(sizes[i], 50 + i));
+      sends.push_back(ctx().isend(buffers.back()->data(), sizes[i], 1, 7));
+    }
+    ASSERT_TRUE(ctx().barrier().is_ok());
+    ASSERT_TRUE(Request::wait_all(sends).is_ok());
+  } else {
+    ASSERT_TRUE(ctx().barrier().is_ok());
+    for (std::size_t i = 0; i < 3; ++i) {
+      Buffer in(true, sizes[i]);
+      ASSERT_TRUE(ctx().recv(in.data(), sizes[i], 0, 7).is_ok());
+      EXPECT_EQ(first_difference(in.read(sizes[i]), pattern(sizes[i], 50 + i), sizes[i]), SIZE_MAX);
+    }
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(Gpu, TruncatedDeviceReceiveKeepsWhatFits) {
+  const std::size_t sent = 1 << 20, room = 1 << 19;
+  if (me() == 0) {
+    Buffer out(true, sent);
+    out.write(pattern(sent, 77));
+    ASSERT_TRUE(ctx().send(out.data(), sent, 1, 8).is_ok());
+  } else {
+    Buffer in(true, room);
+    Status status = ctx().recv(in.data(), room, 0, 8);
+    EXPECT_EQ(status.code(), Code::kTruncated) << status.to_string();
+    EXPECT_EQ(first_difference(in.read(room), pattern(sent, 77), room), SIZE_MAX);
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(Gpu, TenThousandFreedBuffersKeepGpuMemoryFlat) {
+  // Rank 0 allocates, sends and frees a buffer 10,000 times. The receiver's IPC cache must close
+  // mappings of freed allocations (or the GPU memory they hold is never released).
+  const std::size_t bytes = 2 << 20;
+  const int rounds = 10000;
+  std::size_t free_at_start = 0, free_now = 0, total = 0;
+  Buffer in(true, bytes);
+  for (int i = 0; i < rounds; ++i) {
+    if (me() == 0) {
+      Buffer out(true, bytes);
+      check(g_cuda->cuMemsetD8(reinterpret_cast<CUdeviceptr>(out.data()),
+                               static_cast<unsigned char>(i), bytes),
+            "cuMemsetD8");
+      ASSERT_TRUE(ctx().send(out.data(), bytes, 1, 9).is_ok());
+    } else {
+      ASSERT_TRUE(ctx().recv(in.data(), bytes, 0, 9).is_ok());
+      if (i % 1000 == 999) {
+        std::vector<std::uint8_t> got = in.read(bytes);
+        ASSERT_EQ(got[0], static_cast<std::uint8_t>(i));
+        ASSERT_EQ(got[bytes - 1], static_cast<std::uint8_t>(i));
+      }
+    }
+    if (i == 100) check(g_cuda->cuMemGetInfo(&free_at_start, &total), "cuMemGetInfo");
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  check(g_cuda->cuMemGetInfo(&free_now, &total), "cuMemGetInfo");
+  const double grown_mib =
+      (static_cast<double>(free_at_start) - static_cast<double>(free_now)) / (1 << 20);
+  std::printf("rank %d: GPU memory in use grew by %.0f MiB over %d allocate/send/free rounds\n",
+              me(), grown_mib, rounds);
+  EXPECT_LT(grown_mib, 512.0) << "freed buffers stay mapped by the peer";
+}
+
+TEST(Gpu, PeerPathIsReported) {
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  const std::string path = ctx().describe_peer(other());
+  std::printf("rank %d -> rank %d: %s\n", me(), other(), path.c_str());
+  const char* ipc = std::getenv("FERRY_CUDA_IPC");
+  const char* fail = std::getenv("FERRY_TEST_CUDA_IPC_FAIL");
+  if (ipc != nullptr && std::string(ipc) == "0") {
+    EXPECT_NE(path.find("host-staged (FERRY_CUDA_IPC=0)"), std::string::npos) << path;
+  } else if (fail != nullptr && std::string(fail) == "1") {
+    // Both sides learned of the refusal from the first device transfer.
+    EXPECT_NE(path.find("CUDA IPC refused"), std::string::npos) << path;
+  } else {
+    EXPECT_NE(path.find("device buffers: CUDA IPC"), std::string::npos) << path;
+  }
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::string why;
+  ferry::g_cuda = ferry::cuda::driver(&why);
+  if (ferry::g_cuda == nullptr) {
+    std::printf("SKIP: GPU tests need a CUDA driver and device: %s\n", why.c_str());
+    return 77;
+  }
+  try {
+    ferry::Context ctx = ferry::Context::init();
+    ferry::g_ctx = &ctx;
+    if (ctx.size() != 2) {
+      std::fprintf(stderr, "run with ferryrun -n 2\n");
+      return 2;
+    }
+    // One GPU per rank where there are several; both ranks on GPU 0 otherwise.
+    CUdevice device;
+    ferry::check(ferry::g_cuda->cuDeviceGet(&device, ctx.rank() % ferry::g_cuda->device_count),
+                 "cuDeviceGet");
+    CUcontext context;
+    ferry::check(ferry::g_cuda->cuDevicePrimaryCtxRetain(&context, device), "retain");
+    ferry::check(ferry::g_cuda->cuCtxSetCurrent(context), "set current");
+    int result = RUN_ALL_TESTS();
+    ferry::g_ctx = nullptr;
+    return result;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "gpu_test: %s\n", e.what());
+    return 1;
+  }
+}
