@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info tests perf perf_staged compare check sanitizer (default: info tests perf).
+# Steps: info probe tests perf perf_staged compare check sanitizer (default: info tests perf).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = pack ]; then
@@ -31,7 +31,7 @@ for step in $steps; do
       nvidia-smi -L
       "${run[@]}" "$bin/ferry-info" --peers 2>&1 | grep -v "^  FERRY_" | head -20 ;;
     tests)
-      for mode in ipc ipc_refused staged; do
+      for mode in ${FERRY_GPU_TEST_MODES:-ipc ipc_refused staged}; do
         env=()
         [ $mode = ipc_refused ] && env=(FERRY_TEST_CUDA_IPC_FAIL=1)
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
@@ -59,6 +59,9 @@ for step in $steps; do
         LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "${run[@]}" "$bin/nccl_perf" --sizes "$sizes" \
           2>&1 | grep -v "^NCCL INFO" | tee -a "$out/compare_nccl.txt"
       done ;;
+    probe)
+      b=0; [ "$(nvidia-smi -L | wc -l)" -gt 1 ] && b=1
+      "$bin/cuda_probe" 0 $b "$here/.devbin/kernels.fatbin" 2>&1 | tee "$out/probe.txt" ;;
     check)
       "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
         --sizes 1,8,100,64k,1m,5m 2>&1 | tail -14 ;;
