@@ -31,7 +31,7 @@ for step in $steps; do
       nvidia-smi -L
       "${run[@]}" "$bin/ferry-info" --peers 2>&1 | grep -v "^  FERRY_" | head -20 ;;
     tests)
-      for mode in ${FERRY_GPU_TEST_MODES:-ipc ipc_refused staged}; do
+      for mode in ${GPU_RUN_MODES:-ipc ipc_refused staged}; do
         env=()
         [ $mode = ipc_refused ] && env=(FERRY_TEST_CUDA_IPC_FAIL=1)
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
@@ -51,11 +51,16 @@ for step in $steps; do
     compare)
       # Interleaved rounds: ferry-perf -m cuda:cuda, then NCCL's send/recv, same sizes and tests.
       nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
-      sizes=${FERRY_COMPARE_SIZES:-8,64k,1m,4m,8m,64m,512m}
-      for round in $(seq 1 "${FERRY_COMPARE_ROUNDS:-3}"); do
+      sizes=${GPU_RUN_SIZES:-8,64k,1m,4m,8m,64m,512m}
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
         echo "--- round $round"
         "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --sizes "$sizes" 2>&1 \
           | tee -a "$out/compare_ferry.txt"
+        if [ -n "${GPU_RUN_NOSPLIT:-}" ]; then
+          echo "# FERRY_CUDA_IPC_SPLIT=0" | tee -a "$out/compare_ferry_nosplit.txt"
+          FERRY_CUDA_IPC_SPLIT=0 "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda \
+            --sizes "$sizes" 2>&1 | tee -a "$out/compare_ferry_nosplit.txt"
+        fi
         LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "${run[@]}" "$bin/nccl_perf" --sizes "$sizes" \
           2>&1 | grep -v "^NCCL INFO" | tee -a "$out/compare_nccl.txt"
       done ;;
@@ -66,9 +71,13 @@ for step in $steps; do
       "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
         --sizes 1,8,100,64k,1m,5m 2>&1 | tail -14 ;;
     sanitizer)
-      compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
-        "${run[@]}" "$bin/ferry-perf" latency -m cuda:cuda --check --sizes 8,64k,4m \
-        --iterations 20 2>&1 | tail -15 ;;
+      # memcheck over both ranks (ferryrun's children): IPC, split copies, and staging.
+      for ipc in 1 0; do
+        FERRY_CUDA_IPC=$ipc compute-sanitizer --tool memcheck --target-processes all \
+          --print-limit 20 "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
+          --sizes 8,64k,5m --iterations 10 --window 4 2>&1 | tee "$out/memcheck_ipc$ipc.txt" \
+          | grep -E "ERROR SUMMARY|error|^latency|^bandwidth"
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done

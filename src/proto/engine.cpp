@@ -50,6 +50,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
     throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
   }
   cuda_ipc_ = config_.get_bool(util::Var::kCudaIpc);
+  ipc_split_ = config_.get_size(util::Var::kCudaIpcSplit);
   stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
