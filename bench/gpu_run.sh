@@ -68,14 +68,19 @@ for step in $steps; do
       b=0; [ "$(nvidia-smi -L | wc -l)" -gt 1 ] && b=1
       "$bin/cuda_probe" 0 $b "$here/.devbin/kernels.fatbin" 2>&1 | tee "$out/probe.txt" ;;
     check)
-      "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
-        --sizes 1,8,100,64k,1m,5m 2>&1 | tail -14 ;;
+      for ipc in 1 0; do
+        for mem in cuda:cuda host:cuda cuda:host; do
+          echo "--- FERRY_CUDA_IPC=$ipc -m $mem --check"
+          FERRY_CUDA_IPC=$ipc "${run[@]}" "$bin/ferry-perf" latency bandwidth -m $mem --check \
+            --sizes 1,8,100,64k,1m,5m --iterations 20 2>&1 | grep -v "^test " | cut -c1-70
+        done
+      done ;;
     sanitizer)
       # memcheck over both ranks (ferryrun's children): IPC, split copies, and staging.
       for ipc in 1 0; do
         FERRY_CUDA_IPC=$ipc compute-sanitizer --tool memcheck --target-processes all \
           --print-limit 20 "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
-          --sizes 8,64k,5m --iterations 10 --window 4 2>&1 | tee "$out/memcheck_ipc$ipc.txt" \
+          --sizes 8,64k,5m --iterations 5 --window 2 2>&1 | tee "$out/memcheck_ipc$ipc.txt" \
           | grep -E "ERROR SUMMARY|error|^latency|^bandwidth"
       done ;;
     *) echo "unknown step $step" ;;

@@ -110,8 +110,8 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
     if (refusal.empty()) {
       Status status = cuda_->import_ipc(source, *key, slot.device, &mapped);
       if (status) {
-        // Large copies go as up to 4 pieces on separate streams: one copy engine moves 221 GB/s
-        // of a 4 MiB copy across NVLink (bench/cuda_probe on H200s), several share the link.
+        // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by
+        // default: on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
         std::size_t pieces = 1;
         if (ipc_split_ > 0 && length >= ipc_split_) {
           pieces = std::clamp<std::size_t>(length >> 20, 1, 4);

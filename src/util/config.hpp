@@ -51,9 +51,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "peer allocations kept mapped (least recently used closed first)")                          \
   X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",       \
     "bytes of peer allocations kept mapped (least recently used closed first)")                 \
-  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "2m", 0, 1LL << 40, "",                      \
-    "IPC copies from this size up are split into up to 4 pieces on separate streams, so "      \
-    "several copy engines share them (0: never split)")                                         \
+  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                       \
+    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "      \
+    "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                         \
   X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                  \
     "bytes per slot of a host-staging ring (device data that cannot go by IPC)")               \
   X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                            \

@@ -237,10 +237,10 @@ class Buffer {
     return shadow_.data();
   }
   void push(std::size_t offset, std::size_t bytes) {
-    if (space_.device()) space_.put(data_ + offset, shadow_.data() + offset, bytes);
+    if (space_.device()) space_.put(data_ + offset, shadow() + offset, bytes);
   }
   void pull(std::size_t offset, std::size_t bytes) {
-    if (space_.device()) space_.get(shadow_.data() + offset, data_ + offset, bytes);
+    if (space_.device()) space_.get(shadow() + offset, data_ + offset, bytes);
   }
 
  private:
