@@ -107,9 +107,26 @@ class CudaImpl final : public Cuda {
     int managed = 0;
     void* values[] = {&type, &ordinal, &start, &size, &buffer_id, &managed};
     mem::MemoryInfo info;
-    if (d_->cuPointerGetAttributes(6, attributes, values, reinterpret_cast<CUdeviceptr>(pointer)) !=
-        CUDA_SUCCESS) {
-      return info;  // not a pointer CUDA knows: host memory
+    const auto address = reinterpret_cast<CUdeviceptr>(pointer);
+    if (d_->cuPointerGetAttributes(6, attributes, values, address) != CUDA_SUCCESS) {
+      // Not every layer between us and the driver answers the batched query (compute-sanitizer's
+      // memcheck does not): ask for the memory type alone before calling it host memory, or a
+      // device buffer would be read by the CPU. Without a buffer id it never goes by IPC.
+      if (d_->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) !=
+              CUDA_SUCCESS ||
+          type != CU_MEMORYTYPE_DEVICE) {
+        return info;
+      }
+      info.kind = mem::MemoryKind::kCudaDevice;
+      d_->cuPointerGetAttribute(&info.device, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address);
+      CUdeviceptr base = 0;
+      std::size_t extent = 0;
+      if (d_->cuMemGetAddressRange(&base, &extent, address) == CUDA_SUCCESS) {
+        info.base = base;
+        info.extent = extent;
+      }
+      if (info.device < 0 || info.device >= d_->device_count) info.device = 0;
+      return info;  // buffer_id 0: unknown
     }
     if (managed != 0) {
       info.kind = mem::MemoryKind::kCudaManaged;
@@ -119,6 +136,12 @@ class CudaImpl final : public Cuda {
       info.pinned = true;
     } else {
       return info;
+    }
+    if (ordinal < 0 || ordinal >= d_->device_count) {
+      // Managed memory may live on the host (CU_DEVICE_CPU); copies of it run on device 0.
+      ordinal = -1;
+      d_->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address);
+      if (ordinal < 0 || ordinal >= d_->device_count) ordinal = 0;  // reachable by UVA
     }
     info.device = ordinal;
     info.base = reinterpret_cast<std::uint64_t>(start);
@@ -131,6 +154,11 @@ class CudaImpl final : public Cuda {
     if (info.kind != mem::MemoryKind::kCudaDevice || info.device < 0 ||
         info.device >= d_->device_count) {
       return Status(Code::kInvalidArgument, "export_ipc: not device memory");
+    }
+    if (info.buffer_id == 0 || info.extent == 0) {
+      // Without a buffer id a peer could not tell this allocation from a freed one at the same
+      // address: its cached mapping would deliver stale data.
+      return Status(Code::kUnsupported, "the driver gave no buffer id for the allocation");
     }
     auto it = exported_.find(info.buffer_id);
     if (it == exported_.end()) {
@@ -369,6 +397,9 @@ class CudaImpl final : public Cuda {
 
   // The device's primary context and streams, made on first use.
   Device& device(int ordinal) {
+    if (ordinal < 0 || ordinal >= d_->device_count) {
+      throw Error(Code::kInternal, "no CUDA device " + std::to_string(ordinal));
+    }
     Device& dev = devices_[static_cast<std::size_t>(ordinal)];
     if (dev.context != nullptr) return dev;
     if (d_->cuDevicePrimaryCtxRetain(&dev.context, dev.handle) != CUDA_SUCCESS) {

@@ -29,9 +29,15 @@ Loaded load() {
     return loaded;
   }
   // The library stays open for the life of the process: driver state outlives any Context.
-  auto get_proc = reinterpret_cast<GetProcAddress>(dlsym(library, "cuGetProcAddress_v2"));
+  // A tool that interposes on the driver (compute-sanitizer preloads one) must see our calls:
+  // prefer the entry points visible to the whole process, then the library's own.
+  auto lookup = [library](const char* name) {
+    void* symbol = dlsym(RTLD_DEFAULT, name);
+    return symbol != nullptr ? symbol : dlsym(library, name);
+  };
+  auto get_proc = reinterpret_cast<GetProcAddress>(lookup("cuGetProcAddress_v2"));
   auto get_version =
-      reinterpret_cast<decltype(&::cuDriverGetVersion)>(dlsym(library, "cuDriverGetVersion"));
+      reinterpret_cast<decltype(&::cuDriverGetVersion)>(lookup("cuDriverGetVersion"));
   if (get_proc == nullptr || get_version == nullptr) {
     loaded.why = "CUDA driver too old: libcuda.so.1 has no cuGetProcAddress_v2 (needs CUDA 12+)";
     return loaded;

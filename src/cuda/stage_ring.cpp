@@ -41,10 +41,13 @@ std::unique_ptr<StageRing> StageRing::create(Cuda* cuda, const std::string& name
   void* address = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (address == MAP_FAILED) fail(Code::kNoResources, name, "mmap failed", errno);
   ring->mapping_ = util::Mapping(address, bytes);
-  Status status = cuda->register_host(address, bytes);
-  if (!status)
-    throw Error(Code::kNoResources, "staging ring /dev/shm" + name + ": " + status.message());
-  ring->registered_ = true;
+  if (cuda != nullptr) {  // a host-only sender fills the ring with the CPU
+    Status status = cuda->register_host(address, bytes);
+    if (!status) {
+      throw Error(Code::kNoResources, "staging ring /dev/shm" + name + ": " + status.message());
+    }
+    ring->registered_ = true;
+  }
   return ring;
 }
 

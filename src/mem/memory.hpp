@@ -1,6 +1,7 @@
 // What kind of memory a buffer is, as the protocol layer needs to know it: host memory is read and
 // written by the CPU; CUDA device memory only by the GPU (copy engine, kernels) or through an IPC
-// mapping. Managed memory is CPU-accessible and goes by the host paths.
+// mapping. Managed memory is moved by the copy engine too (a CPU copy would migrate its pages to
+// the host and back), through host staging since it has no IPC handle.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,8 @@ struct MemoryInfo {
   std::uint64_t extent = 0;     // its size
   std::uint64_t buffer_id = 0;  // CUDA's id of that allocation: new for every allocation
 
-  [[nodiscard]] bool device_only() const { return kind == MemoryKind::kCudaDevice; }
+  // Moved by CUDA copies rather than by the CPU.
+  [[nodiscard]] bool device_only() const { return kind != MemoryKind::kHost; }
 };
 
 // "host", "host (pinned)", "cuda:0", "cuda managed"

@@ -31,10 +31,17 @@ Status truncation_status(int source, std::size_t size, std::size_t capacity) {
 void Engine::isend_device(std::uint32_t index, int destination, const mem::MemoryInfo& memory) {
   RequestSlot& slot = requests_[index];
   Peer& peer = peers_[static_cast<std::size_t>(destination)];
+  FERRY_LOG(kDebug, "send of %zu B to rank %d from %s (allocation %zu B, buffer id %llu)",
+            slot.size, destination, mem::to_string(memory).c_str(),
+            static_cast<std::size_t>(memory.extent),
+            static_cast<unsigned long long>(memory.buffer_id));
   slot.device = memory.device;
   slot.rendezvous = true;
   RtsDevHeader header{slot.tag, slot.size, requests_.wire_id(index), 0, 0};
-  if (cuda_ipc_ && !peer.ipc_refused && destination != rank_) {
+  // Managed memory and allocations without a buffer id have no usable IPC handle: they go by
+  // host staging without changing the verdict for the peer.
+  const bool exportable = memory.kind == mem::MemoryKind::kCudaDevice && memory.buffer_id != 0;
+  if (cuda_ipc_ && exportable && !peer.ipc_refused && destination != rank_) {
     Status status = cuda_->export_ipc(slot.send_buffer, memory, &slot.key);
     if (status) {
       header.flags |= kRtsHasKey;

@@ -382,7 +382,7 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   const std::size_t length = std::min(size, slot.size);
   slot.info = {source, tag, length};
   slot.message_size = size;
-  if (slot.device >= 0 && length > 0) {
+  if ((slot.device >= 0 || test_host_staging_) && length > 0) {
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
     return start_staged_receive(index, source, sreq, 0);
   }

@@ -58,6 +58,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "bytes per slot of a host-staging ring (device data that cannot go by IPC)")               \
   X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                            \
     "slots per host-staging ring (one ring per sender and receiver, made on first use)")        \
+  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                        \
+    "test: host rendezvous messages also go through the staging ring of device buffers, so "   \
+    "its protocol runs on machines without a GPU")                                              \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                         \
     "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")           \
   X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")  \

@@ -48,6 +48,41 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   EXPECT_EQ(posted.info().bytes, sizeof(value));
 }
 
+TEST(HostileInput, DeviceProtocolMessagesAreValidatedBeforeUse) {
+  // The staging protocol (device buffers) on a single-process engine: forged rings, slots and
+  // keys are dropped; nothing is mapped, written or completed on their word.
+  Options options;
+  options.config["FERRY_TEST_HOST_STAGING"] = "1";
+  std::unique_ptr<proto::Engine> engine = proto::Engine::create(options);
+  std::vector<std::byte> buffer(64, std::byte{0});
+  Request posted = engine->irecv(buffer.data(), buffer.size(), 0, 43, kFullMask);
+  const std::uint64_t posted_id = (std::uint64_t{1} << 32) | 0;
+  std::byte junk[3] = {};
+  engine->on_am(proto::kAmRtsDev, 0, junk);  // short header
+  // A key of the wrong size behind the header.
+  engine->on_am(proto::kAmRtsDev, 0,
+                message(proto::RtsDevHeader{44, 8, 1, proto::kRtsHasKey, 0}, 17));
+  engine->on_am(proto::kAmStageCts, 0, message(proto::StageCtsHeader{12345, 1, 10, 0, 0}));
+  // Fragments for a receive that is posted but not staged, and far outside any ring.
+  engine->on_am(proto::kAmStageFrag, 0, message(proto::StageFragHeader{posted_id, 0, 0, 64}));
+  engine->on_am(proto::kAmStageFrag, 0,
+                message(proto::StageFragHeader{posted_id, 1u << 30, ~0ull, ~0ull}));
+  // Slots returned that were never lent.
+  engine->on_am(proto::kAmStageAck, 0, message(proto::StageAckHeader{0}));
+  engine->on_am(proto::kAmStageAck, 0, message(proto::StageAckHeader{~0ull}));
+  for (std::byte b : buffer) ASSERT_EQ(b, std::byte{0}) << "a forged fragment was written";
+  EXPECT_FALSE(posted.test());
+
+  // A real message through the staging ring (FERRY_TEST_HOST_STAGING) still arrives whole.
+  std::vector<std::byte> big(1 << 20), got(1 << 20);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 13);
+  Request r = engine->irecv(got.data(), got.size(), 0, 45, kFullMask);
+  ASSERT_TRUE(engine->isend(big.data(), big.size(), 0, 45).wait().is_ok());
+  ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
+  EXPECT_EQ(got, big);
+  EXPECT_TRUE(engine->cancel(0) || posted.test());
+}
+
 class Collector : public transport::AmHandler {
  public:
   void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override {
