@@ -42,24 +42,24 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",               \
     "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce " \
     "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                \
-  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                             \
+  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                               \
     "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "     \
     "without them)")                                                                            \
   X(kCudaIpc, "FERRY_CUDA_IPC", kBool, "1", 0, 0, "",                                           \
-    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")       \
+    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")        \
   X(kCudaIpcCacheEntries, "FERRY_CUDA_IPC_CACHE_ENTRIES", kInt, "1024", 1, 1 << 20, "",         \
     "peer allocations kept mapped (least recently used closed first)")                          \
   X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",       \
     "bytes of peer allocations kept mapped (least recently used closed first)")                 \
-  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                       \
-    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "      \
+  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                        \
+    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "       \
     "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                         \
   X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                  \
-    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")               \
+    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                \
   X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                            \
     "slots per host-staging ring (one ring per sender and receiver, made on first use)")        \
-  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                        \
-    "test: host rendezvous messages also go through the staging ring of device buffers, so "   \
+  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                          \
+    "test: host rendezvous messages also go through the staging ring of device buffers, so "    \
     "its protocol runs on machines without a GPU")                                              \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                         \
     "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")           \
