@@ -18,6 +18,7 @@ enum class CrashPoint : int {
   kFirstSend,
   kFinalize,
   kMidPipeline,  // after the first fragment of a pipelined rendezvous message
+  kMidClaim,     // between claiming a shm FIFO element and publishing it
 };
 
 inline void crash_point(const Config& config, int rank, CrashPoint point) {

@@ -38,6 +38,24 @@ int main(int argc, char** argv) {
     std::printf("rank %d: mid-pipeline kill, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "hole") {
+    // Rank 2 dies between claiming an element of rank 0's FIFO and publishing it
+    // (FERRY_TEST_CRASH_AT=mid-claim). Rank 1's later message sits behind that hole: rank 0 must
+    // step over it once rank 2 is known dead, not wait forever.
+    int x = 0;
+    if (ctx.rank() == 2) ctx.send(&x, sizeof(x), 0, 10);
+    if (ctx.rank() == 1) {
+      ::usleep(300000);  // after rank 2's claim
+      x = 11;
+      expect(ctx.send(&x, sizeof(x), 0, 11).is_ok(), "a send behind the hole is accepted");
+    }
+    if (ctx.rank() == 0) {
+      ferry::Request r = ctx.irecv(&x, sizeof(x), 1, 11);
+      expect(r.wait_for(10).is_ok() && x == 11, "the message behind the hole arrives");
+    }
+    std::printf("rank %d: hole left by a dead producer, %d failures\n", ctx.rank(), failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "timeout") {
     // Run with FERRY_TIMEOUT=0.5. Rank 0 sends a rendezvous message rank 1 never receives, and
     // waits for one rank 1 never sends: both give up in time, and the announcement is withdrawn.

@@ -36,6 +36,15 @@ if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failure
 else
   failed=$((failed + 1)); echo "FAIL mid-pipeline kill: rc $rc"; echo "$out" | tail -5
 fi
+out=$(FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
+      timeout 60 "$ferryrun" --keep-going -n 3 "$program" hole 2>&1)
+rc=$?
+if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "dead producer, 0 failures")" -eq 2 ] &&
+   [ "$before" = "$(leftovers)" ]; then
+  passed=$((passed + 1)); echo "ok   a producer killed between claim and publish leaves no stuck FIFO"
+else
+  failed=$((failed + 1)); echo "FAIL hole left by a dead producer: rc $rc"; echo "$out" | tail -5
+fi
 out=$(FERRY_TIMEOUT=0.5 timeout 60 "$ferryrun" -n 3 "$program" timeout 2>&1)
 rc=$?
 if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "timeouts, 0 failures")" -eq 3 ]; then

@@ -32,7 +32,7 @@ bool push(FifoProducer& producer, std::uint32_t source, std::uint64_t value) {
   claim.elem->source = static_cast<std::uint16_t>(source);
   claim.elem->length = sizeof(value);
   std::memcpy(claim.elem->data, &value, sizeof(value));
-  FifoProducer::publish(claim);
+  producer.publish(claim);
   return true;
 }
 
@@ -121,6 +121,55 @@ TEST(ShmFifo, ManyProducerThreadsLoseNothingAndKeepEachProducersOrder) {
   for (auto& t : threads) t.join();
   for (int p = 0; p < kProducers; ++p) EXPECT_EQ(next[p], kPerProducer);
   EXPECT_EQ(fifo.consumer.peek(), nullptr);
+}
+
+}  // namespace
+}  // namespace ferry::transport::shm
+
+namespace ferry::transport::shm {
+namespace {
+
+TEST(ShmFifo, ClaimRecordNamesTheElementUntilPublished) {
+  TestFifo fifo(16);
+  std::atomic<std::uint64_t> record{0};
+  FifoProducer producer(fifo.control.get(), fifo.elems.data(), 16, &record, /*receiver=*/3);
+  FifoClaim claim = producer.claim();
+  ASSERT_NE(claim.elem, nullptr);
+  EXPECT_EQ(record.load(), claim_record(3, claim.index));
+  producer.publish(claim);
+  EXPECT_EQ(record.load(), 0u) << "a published element must not look claimed";
+}
+
+TEST(ShmFifo, ConsumerStepsOverTheHoleOfADeadProducerOnly) {
+  // Producer A claims element 0 and dies before publishing it; producer B publishes element 1.
+  TestFifo fifo(16);
+  std::atomic<std::uint64_t> record_a{0}, record_b{0};
+  FifoProducer a(fifo.control.get(), fifo.elems.data(), 16, &record_a, 0);
+  FifoProducer b(fifo.control.get(), fifo.elems.data(), 16, &record_b, 0);
+  FifoClaim lost = a.claim();
+  ASSERT_NE(lost.elem, nullptr);
+  ASSERT_TRUE(push(b, 2, 77));
+  EXPECT_EQ(fifo.consumer.peek(), nullptr) << "the hole blocks what follows it";
+  const std::uint64_t wanted = claim_record(0, fifo.consumer.position());
+
+  // While A is alive its claim is honoured: it may still publish.
+  ProducerView alive[] = {{record_a.load(), false}, {record_b.load(), false}};
+  EXPECT_FALSE(is_hole_of_dead_producer(alive, 2, wanted));
+  // A dead, B not claiming that element: a hole.
+  ProducerView dead[] = {{record_a.load(), true}, {record_b.load(), false}};
+  ASSERT_TRUE(is_hole_of_dead_producer(dead, 2, wanted));
+  fifo.consumer.pop();
+  FifoElem* next = fifo.consumer.peek();
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(value_of(next), 77u);
+  EXPECT_EQ(next->source, 2);
+
+  // A dead producer whose record names an element that a live producer claims (A lost the CAS
+  // for it and died): the live claimant's record wins.
+  ProducerView both[] = {{wanted, true}, {wanted, false}};
+  EXPECT_FALSE(is_hole_of_dead_producer(both, 2, wanted));
+  ProducerView none[] = {{0, true}, {0, false}};
+  EXPECT_FALSE(is_hole_of_dead_producer(none, 2, wanted));
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ TEST_F(ShmPair, DropsFifoElementsThatFailValidation) {
     claim.elem->source = source;
     claim.elem->length = length;
     claim.elem->bounce = bounce;
-    transport::shm::FifoProducer::publish(claim);
+    forger.publish(claim);
   };
   forge(transport::shm::kElemInline, 0, 100000, 0);    // inline longer than an element
   forge(transport::shm::kElemBounce, 0, 16, 7);        // bounce slot past the pool

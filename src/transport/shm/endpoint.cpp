@@ -2,8 +2,10 @@
 #include "transport/shm/endpoint.hpp"
 
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
 #include "transport/shm/segment.hpp"
@@ -13,10 +15,11 @@
 namespace ferry::transport::shm {
 
 ShmEndpoint::ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank,
-                         int peer_pid, bool cma_ok, std::string cma_reason)
+                         int peer_local_index, int peer_pid, bool cma_ok, std::string cma_reason)
     : transport_(transport),
       producer_(&peer_segment->header()->fifo, peer_segment->fifo(),
-                peer_segment->layout().fifo_size),
+                peer_segment->layout().fifo_size, &transport->own().header()->claim,
+                static_cast<std::uint32_t>(peer_local_index)),
       peer_rank_(peer_rank),
       peer_pid_(peer_pid),
       cma_ok_(cma_ok),
@@ -28,6 +31,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
   if (length <= kInlineCapacity) {
     FifoClaim claim = producer_.claim();
     if (claim.elem == nullptr) return Status(Code::kWouldBlock);
+    if (transport_->crash_mid_claim()) ::kill(::getpid(), SIGKILL);
     FifoElem* elem = claim.elem;
     elem->am_id = id;
     elem->flags = kElemInline;
@@ -35,7 +39,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
     elem->length = static_cast<std::uint32_t>(length);
     std::memcpy(elem->data, header.data(), header.size());
     if (!payload.empty()) std::memcpy(elem->data + header.size(), payload.data(), payload.size());
-    FifoProducer::publish(claim);
+    producer_.publish(claim);
     return Status::ok();
   }
   const Segment& own = transport_->own();
@@ -69,7 +73,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
   elem->source = static_cast<std::uint16_t>(transport_->local_index());
   elem->length = static_cast<std::uint32_t>(length);
   elem->bounce = static_cast<std::uint32_t>(slot);
-  FifoProducer::publish(claim);
+  producer_.publish(claim);
   return Status::ok();
 }
 

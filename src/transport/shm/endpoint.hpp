@@ -14,8 +14,8 @@ class Segment;
 
 class ShmEndpoint final : public Endpoint {
  public:
-  ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank, int peer_pid,
-              bool cma_ok, std::string cma_reason);
+  ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank,
+              int peer_local_index, int peer_pid, bool cma_ok, std::string cma_reason);
 
   Status am_send(std::uint8_t id, std::span<const std::byte> header,
                  std::span<const std::byte> payload, AmHint hint) override;

@@ -37,11 +37,22 @@ struct FifoClaim {
   std::uint64_t index = 0;
 };
 
+// A producer's claim record, in its own segment: which element of which FIFO it is claiming or
+// has claimed and not yet published. A producer that dies between claim and publish leaves a hole
+// the consumer cannot pass; the record lets the consumer prove the hole is the dead one's.
+//   bits 48..63: the receiver's local index + 1; bits 0..47: the element's index + 1.
+inline constexpr std::uint64_t kClaimIndexMask = (std::uint64_t{1} << 48) - 1;
+inline std::uint64_t claim_record(std::uint32_t receiver, std::uint64_t index) {
+  return (std::uint64_t{receiver + 1} << 48) | ((index + 1) & kClaimIndexMask);
+}
+
 class FifoProducer {
  public:
   FifoProducer() = default;
-  FifoProducer(FifoControl* control, FifoElem* elems, std::uint32_t size)
-      : control_(control), elems_(elems), mask_(size - 1) {}
+  // `record`: this producer's claim record; `receiver`: the FIFO owner's local index.
+  FifoProducer(FifoControl* control, FifoElem* elems, std::uint32_t size,
+               std::atomic<std::uint64_t>* record = nullptr, std::uint32_t receiver = 0)
+      : control_(control), elems_(elems), mask_(size - 1), record_(record), receiver_(receiver) {}
 
   // Claims the next slot, or returns a claim with elem == nullptr when the FIFO is full.
   [[gnu::always_inline]] inline FifoClaim claim() {
@@ -49,7 +60,17 @@ class FifoProducer {
     for (;;) {
       if (head - tail_cache_ > mask_) {
         tail_cache_ = control_->tail.load(std::memory_order_acquire);
-        if (head - tail_cache_ > mask_) return {};
+        if (head - tail_cache_ > mask_) {
+          clear_record();  // a lost CAS may have left it naming another's element
+          return {};
+        }
+      }
+      // The record names the element before the CAS can take it: if we die right after a
+      // successful CAS, the record already says which element is ours. (A record naming an
+      // element whose CAS failed is told apart by the consumer: its real claimant is alive and
+      // says so, or has published.) The locked CAS orders this store before it (x86 TSO).
+      if (record_ != nullptr) {
+        record_->store(claim_record(receiver_, head), std::memory_order_release);
       }
       if (control_->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel,
                                                std::memory_order_relaxed)) {
@@ -57,10 +78,14 @@ class FifoProducer {
       }
     }
   }
-  // Makes a filled element visible to the consumer.
-  [[gnu::always_inline]] static inline void publish(const FifoClaim& claim) {
+  // Makes a filled element visible to the consumer, then clears the claim record.
+  [[gnu::always_inline]] inline void publish(const FifoClaim& claim) {
     claim.elem->sequence.store(static_cast<std::uint32_t>(claim.index + 1),
                                std::memory_order_release);
+    if (record_ != nullptr) record_->store(0, std::memory_order_release);
+  }
+  void clear_record() {
+    if (record_ != nullptr) record_->store(0, std::memory_order_release);
   }
 
  private:
@@ -68,7 +93,27 @@ class FifoProducer {
   FifoElem* elems_ = nullptr;
   std::uint64_t mask_ = 0;
   std::uint64_t tail_cache_ = 0;  // this producer's last view of the tail
+  std::atomic<std::uint64_t>* record_ = nullptr;
+  std::uint32_t receiver_ = 0;
 };
+
+// Whether the consumer may step over the unpublished element it waits on: some dead producer's
+// record names it and no live producer's does (a live claimant publishes; then it is no hole).
+// The caller re-checks that the element is still unpublished after reading the records.
+struct ProducerView {
+  std::uint64_t record;
+  bool dead;
+};
+inline bool is_hole_of_dead_producer(const ProducerView* producers, std::size_t count,
+                                     std::uint64_t wanted) {
+  bool dead = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (producers[i].record != wanted) continue;
+    if (!producers[i].dead) return false;
+    dead = true;
+  }
+  return dead;
+}
 
 class FifoConsumer {
  public:
@@ -84,7 +129,11 @@ class FifoConsumer {
     }
     return elem;
   }
-  // Done with the element peek returned; the tail moves every `batch` elements.
+  // Where the consumer waits: the index of the next element, and whether it is published.
+  [[nodiscard]] std::uint64_t position() const { return read_; }
+  [[nodiscard]] bool head_published() const { return peek() != nullptr; }
+  // Done with the element peek returned (or with a hole: see is_hole_of_dead_producer); the
+  // tail moves every `batch` elements.
   [[gnu::always_inline]] inline void pop() {
     ++read_;
     if ((read_ & batch_mask_) == 0) release();

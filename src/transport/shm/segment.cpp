@@ -81,6 +81,7 @@ Segment Segment::create(const std::string& name, const Layout& layout) {
   header->total_size = layout.total_size;
   header->fifo.head.store(0, std::memory_order_relaxed);
   header->fifo.tail.store(0, std::memory_order_relaxed);
+  header->claim.store(0, std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < layout.fifo_size; ++i) {
     new (&segment.fifo()[i]) FifoElem{};
   }

@@ -14,7 +14,7 @@
 namespace ferry::transport::shm {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x46455252595f5348ULL;  // "FERRY_SH"
-inline constexpr std::uint32_t kSegmentVersion = 1;
+inline constexpr std::uint32_t kSegmentVersion = 2;
 inline constexpr std::uint32_t kMaxFifoSize = 65536;
 inline constexpr std::uint32_t kMaxBounceCount = 65536;
 inline constexpr std::uint32_t kMaxBounceSize = 1u << 24;
@@ -29,6 +29,8 @@ struct SegmentHeader {
   std::uint64_t total_size;
   std::uint64_t cma_cookie;  // read by peers through process_vm_readv to probe CMA
   FifoControl fifo;
+  // This process's claim record as a producer into its peers' FIFOs (fifo.hpp claim_record).
+  alignas(64) std::atomic<std::uint64_t> claim;
 };
 
 struct BounceHeader {

@@ -43,6 +43,9 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   if (!error.empty()) throw Error(Code::kInvalidArgument, "shm: " + error);
   own_ = Segment::create(segment_name(job_id, rank), layout);
   util::crash_point(config, rank, util::CrashPoint::kSegmentCreated);
+  crash_mid_claim_ =
+      config.get_int(util::Var::kTestCrashRank) == rank &&
+      config.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kMidClaim);
 
   std::random_device random;
   own_.header()->cma_cookie = (std::uint64_t{random()} << 32) | random();
@@ -122,7 +125,8 @@ std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
             reason.c_str());
   const Segment* segment = &mapped->segment;
   peers_[static_cast<std::size_t>(peer.local_index)] = std::move(mapped);
-  return std::make_unique<ShmEndpoint>(this, segment, peer.rank, address.pid, cma_ok, reason);
+  return std::make_unique<ShmEndpoint>(this, segment, peer.rank, peer.local_index, address.pid,
+                                       cma_ok, reason);
 }
 
 void ShmTransport::check_peers(std::vector<std::pair<int, std::string>>* failed) {
@@ -135,6 +139,7 @@ void ShmTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
       watched.push_back(peer.get());
     } else if (::kill(peer->pid, 0) != 0 && errno == ESRCH) {
       peer->reported = true;
+      ++dead_producers_;
       failed->emplace_back(peer->rank, "rank " + std::to_string(peer->rank) + " (pid " +
                                            std::to_string(peer->pid) + ") is gone (kill(pid, 0))");
     }
@@ -143,6 +148,7 @@ void ShmTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
   for (std::size_t i = 0; i < fds.size(); ++i) {
     if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     watched[i]->reported = true;
+    ++dead_producers_;
     failed->emplace_back(watched[i]->rank, "rank " + std::to_string(watched[i]->rank) + " (pid " +
                                                std::to_string(watched[i]->pid) +
                                                ") exited or was killed (seen by shm's pidfd)");
@@ -202,13 +208,38 @@ int ShmTransport::progress() {
   constexpr int kMaxPerCall = 64;
   while (count < kMaxPerCall) {
     FifoElem* elem = consumer_.peek();
-    if (elem == nullptr) break;
+    if (elem == nullptr) {
+      if (dead_producers_ > 0 && skip_hole()) continue;
+      break;
+    }
     handle(*elem);
     consumer_.pop();
     ++count;
   }
   if (count == 0) consumer_.release();
   return count;
+}
+
+bool ShmTransport::skip_hole() {
+  // Only while a producer is known dead: the element we wait on may be one it claimed and never
+  // published. Step over it when its record (in its segment, still mapped) names the element
+  // and no live producer's does.
+  const std::uint64_t wanted =
+      claim_record(static_cast<std::uint32_t>(local_index_), consumer_.position());
+  std::vector<ProducerView> views;
+  for (const auto& peer : peers_) {
+    if (!peer) continue;
+    views.push_back(
+        {peer->segment.header()->claim.load(std::memory_order_acquire), peer->reported});
+  }
+  if (!is_hole_of_dead_producer(views.data(), views.size(), wanted)) return false;
+  if (consumer_.head_published()) return false;  // its claimant published after all
+  FERRY_LOG(kWarn,
+            "shm: stepped over FIFO element %llu, claimed by a producer that died before "
+            "publishing it",
+            static_cast<unsigned long long>(consumer_.position()));
+  consumer_.pop();
+  return true;
 }
 
 }  // namespace ferry::transport::shm

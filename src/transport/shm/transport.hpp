@@ -39,6 +39,8 @@ class ShmTransport final : public Transport {
   void free_bounce(std::uint32_t slot);
   [[nodiscard]] const Segment& own() const { return own_; }
   [[nodiscard]] int local_index() const { return local_index_; }
+  // FERRY_TEST_CRASH_AT=mid-claim names this rank: die between claim and publish.
+  [[nodiscard]] bool crash_mid_claim() const { return crash_mid_claim_; }
 
  private:
   struct Peer {
@@ -49,6 +51,8 @@ class ShmTransport final : public Transport {
     Segment segment;
   };
   void handle(const FifoElem& elem);
+  // Steps over an element a dead producer claimed and never published; true when it did.
+  bool skip_hole();
 
   int rank_;
   int local_index_;
@@ -61,6 +65,8 @@ class ShmTransport final : public Transport {
   FifoConsumer consumer_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by local index; mapped segments
   std::uint32_t bounce_cursor_ = 0;
+  int dead_producers_ = 0;  // peers check_peers found dead
+  bool crash_mid_claim_ = false;
 };
 
 }  // namespace ferry::transport::shm
