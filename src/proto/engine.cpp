@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "proto/address_blob.hpp"
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
 #include "transport/shm/transport.hpp"
@@ -95,15 +96,15 @@ void Engine::setup_transports() {
 }
 
 void Engine::connect_peers() {
-  util::Writer writer;
-  writer.put<std::uint32_t>(static_cast<std::uint32_t>(transports_.size()));
-  for (const auto& t : transports_) {
-    writer.put_string(t->capabilities().name);
-    writer.put_bytes(t->address());
+  std::vector<std::vector<std::byte>> addresses;
+  Published mine;
+  for (const auto& t : transports_) addresses.push_back(t->address());
+  for (std::size_t i = 0; i < transports_.size(); ++i) {
+    mine.emplace_back(transports_[i]->capabilities().name, addresses[i]);
   }
   std::vector<bootstrap::Blob> all;
   auto idle = [this] { progress(); };
-  Status status = bootstrap_->allgather(writer.bytes(), &all, idle);
+  Status status = bootstrap_->allgather(encode_addresses(mine), &all, idle);
   if (!status) throw Error(status);
   if (all.size() != static_cast<std::size_t>(size_)) {
     throw Error(Code::kBootstrapError, bootstrap_->name() + " returned " +
@@ -112,18 +113,9 @@ void Engine::connect_peers() {
   }
   std::vector<int> local = bootstrap_->local_ranks();
   for (int r = 0; r < size_; ++r) {
-    // Decode what rank r published: (transport name, address) pairs.
-    std::vector<std::pair<std::string, std::span<const std::byte>>> published;
-    util::Reader reader(all[static_cast<std::size_t>(r)]);
-    std::uint32_t count = 0;
-    bool ok = reader.get(&count) && count <= 16;
-    for (std::uint32_t i = 0; ok && i < count; ++i) {
-      std::string name;
-      std::span<const std::byte> address;
-      ok = reader.get_string(&name, 64) && reader.get_bytes(&address);
-      if (ok) published.emplace_back(name, address);
-    }
-    if (!ok) {
+    // What rank r published: (transport name, address) pairs.
+    Published published;
+    if (!decode_addresses(all[static_cast<std::size_t>(r)], &published)) {
       throw Error(Code::kProtocolError,
                   "rank " + std::to_string(r) + " published a malformed address blob");
     }

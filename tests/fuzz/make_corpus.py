@@ -112,9 +112,25 @@ def config_value():
     return {f'value{i:02d}': t.encode() for i, t in enumerate(texts)}
 
 
+# ---- address blob (src/proto/address_blob.cpp): u32 count + (blob name, blob address)* ----
+def address_blob():
+    def published(*pairs):
+        return u32(len(pairs)) + b''.join(blob(n) + blob(a) for n, a in pairs)
+    shm = shm_address()['valid']
+    return {
+        'self_only': published((b'self', b'')),
+        'self_and_shm': published((b'self', b''), (b'shm', shm)),
+        'empty': published(),
+        'sixteen': published(*[(b't%d' % i, b'x' * i) for i in range(16)]),
+        'too_many': published(*[(b't', b'')] * 17),
+        'short_address': u32(1) + blob(b'shm') + u32(100) + b'abc',
+    }
+
+
 def main():
     corpora = {'store_frames': store_frames(), 'store_server': store_server(),
-               'engine_am': engine_am(), 'shm_address': shm_address(), 'config_value': config_value()}
+               'engine_am': engine_am(), 'shm_address': shm_address(), 'config_value': config_value(),
+               'address_blob': address_blob()}
     for name, seeds in corpora.items():
         directory = os.path.join(HERE, 'corpus', name)
         shutil.rmtree(directory, ignore_errors=True)

@@ -21,11 +21,12 @@ declare -A needs=(
   [store_server]="$store_sources src/bootstrap/store_server.cpp src/util/log.cpp"
   [shm_address]="src/transport/shm/address.cpp src/util/status.cpp"
   [config_value]="src/util/config.cpp src/util/status.cpp"
+  [address_blob]="src/proto/address_blob.cpp src/util/status.cpp"
   # The engine without the CUDA module (cuda/none.cpp): fuzzing needs no driver.
   [engine_am]="$(find src -name '*.cpp' ! -path 'src/cuda/cuda.cpp' ! -path 'src/cuda/driver.cpp' \
                  | sort | tr '\n' ' ')"
 )
-all_targets="store_frames store_server shm_address config_value engine_am"
+all_targets="store_frames store_server shm_address config_value address_blob engine_am"
 targets=${FUZZ_TARGETS:-$all_targets}
 
 # ---- the compiler ----

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
@@ -333,17 +334,24 @@ void Job::read_signals() {
 }
 
 void Job::reap() {
+  std::vector<std::pair<int, int>> exited;  // (rank, status)
   for (;;) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) return;
+    if (pid <= 0) break;
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       if (ranks_[rank].pid != pid || !ranks_[rank].running) continue;
       ranks_[rank].running = false;
       --running_;
-      on_exit(static_cast<int>(rank), status);
+      exited.emplace_back(static_cast<int>(rank), status);
     }
   }
+  // A rank killed by a signal is reported before ranks that exited in the same batch: those are
+  // usually its victims (a killed rank's store connection closes before its SIGCHLD arrives, and a
+  // peer that learns of it first may exit with an error first), and the report must name the cause.
+  std::stable_partition(exited.begin(), exited.end(),
+                        [](const auto& e) { return WIFSIGNALED(e.second); });
+  for (const auto& [rank, status] : exited) on_exit(rank, status);
 }
 
 void Job::on_exit(int rank, int status) {
