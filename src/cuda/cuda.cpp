@@ -217,14 +217,7 @@ class CudaImpl final : public Cuda {
     for (auto it = index_.lower_bound(Key{peer, local, key.base, 0});
          it != index_.end() && it->first.peer == peer && it->first.device == local &&
          it->first.base == key.base;) {
-      if (it->second->pins == 0) {
-        close_mapping(*it->second);
-        bytes_ -= it->second->extent;
-        mappings_.erase(it->second);
-        it = index_.erase(it);
-      } else {
-        ++it;
-      }
+      it = it->second->pins == 0 ? drop(it) : std::next(it);
     }
     Device& dev = device(local);
     ScopedContext scope(d_, dev.context);
@@ -263,14 +256,7 @@ class CudaImpl final : public Cuda {
 
   void forget_peer(int peer) override {
     for (auto it = index_.begin(); it != index_.end();) {
-      if (it->first.peer == peer && it->second->pins == 0) {
-        close_mapping(*it->second);
-        bytes_ -= it->second->extent;
-        mappings_.erase(it->second);
-        it = index_.erase(it);
-      } else {
-        ++it;
-      }
+      it = it->first.peer == peer && it->second->pins == 0 ? drop(it) : std::next(it);
     }
   }
 
@@ -423,6 +409,15 @@ class CudaImpl final : public Cuda {
       if (dev.flags != nullptr) lane.flag = dev.flags + 16 * i;
     }
     return dev;
+  }
+
+  // Closes an unpinned mapping and forgets it; returns the next index entry.
+  std::map<Key, std::list<Mapping>::iterator>::iterator drop(
+      std::map<Key, std::list<Mapping>::iterator>::iterator it) {
+    close_mapping(*it->second);
+    bytes_ -= it->second->extent;
+    mappings_.erase(it->second);
+    return index_.erase(it);
   }
 
   void close_mapping(const Mapping& mapping) {

@@ -53,6 +53,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   cuda_ipc_ = config_.get_bool(util::Var::kCudaIpc);
   ipc_split_ = config_.get_size(util::Var::kCudaIpcSplit);
   test_host_staging_ = config_.get_bool(util::Var::kTestHostStaging);
+  test_get_delay_ = config_.get_seconds(util::Var::kTestGetDelay);
   stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();

@@ -168,6 +168,7 @@ class Engine final : public transport::AmHandler {
   std::string cuda_why_;
   bool cuda_ipc_ = true;
   bool test_host_staging_ = false;  // FERRY_TEST_HOST_STAGING
+  double test_get_delay_ = 0;       // FERRY_TEST_GET_DELAY
   std::size_t ipc_split_ = 0;
   int next_lane_ = 0;  // copies rotate over the device's streams (and so its copy engines)
   std::size_t stage_chunk_ = 0;

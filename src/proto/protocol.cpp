@@ -3,6 +3,7 @@
 // pipelined stream of fragments. Every header from a peer is size-checked and every request id
 // in it is validated against the pool before use.
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -388,7 +389,14 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   }
   Peer& peer = peers_[static_cast<std::size_t>(source)];
   if (length > 0 && length >= peer.get_from && peer.endpoint->has_get() && !peer.get_failed) {
+    if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
     Status status = peer.endpoint->get(slot.recv_buffer, address, length);
+    if (status && peer.endpoint->was_withdrawn(sreq)) {
+      // The sender gave up (FERRY_TIMEOUT) while we read: its buffer may have been reused.
+      return complete(index, Status(Code::kCanceled, "rank " + std::to_string(source) +
+                                                         " withdrew this message while it was "
+                                                         "being read (FERRY_TIMEOUT)"));
+    }
     if (!status) {
       peer.get_failed = true;
       FERRY_LOG(kWarn,
@@ -498,7 +506,8 @@ Status Engine::wait_for(std::uint32_t index, double seconds) {
   int idle = 0;
   for (std::uint32_t polls = 0; !done(index); ++polls) {
     wait_step(&idle);
-    if ((polls & 255) == 0 && util::Clock::now() >= deadline) {
+    // A request that completed in this very step (however late) is not a timeout.
+    if ((polls & 255) == 0 && !done(index) && util::Clock::now() >= deadline) {
       return Status(Code::kTimeout, "request not complete after " + std::to_string(seconds) + " s");
     }
   }
@@ -559,8 +568,10 @@ Status Engine::abandon_send(std::uint32_t index) {
     return timeout;
   }
   if (slot.rendezvous) {
-    // Announced: withdraw the announcement; a CTS that still comes is answered with a NACK.
+    // Announced: withdraw the announcement; a CTS that still comes is answered with a NACK, and
+    // a receiver reading the buffer by zero-copy get sees the mark afterwards and drops the data.
     slot.rendezvous = false;
+    peer.endpoint->mark_withdrawn(requests_.wire_id(index));
     send_control(slot.peer, kAmCancel, as_bytes(CancelHeader{requests_.wire_id(index)}));
     complete(index, timeout);
     return timeout;

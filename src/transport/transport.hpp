@@ -62,6 +62,12 @@ class Endpoint {
   // kUnsupported when this endpoint has no zero-copy path (then the caller pipelines through AMs).
   virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;
   [[nodiscard]] virtual bool has_get() const = 0;
+  // A rendezvous send whose buffer the caller may reuse now (withdrawn after FERRY_TIMEOUT) is
+  // marked where the peer can see it; a receiver that fetched `sreq` with get() asks afterwards
+  // whether it was withdrawn (then what it read may be garbage). Marking comes before the send
+  // returns, and the check after the read, so a clean check proves the read saw live data.
+  virtual void mark_withdrawn(std::uint64_t /*sreq*/) {}
+  [[nodiscard]] virtual bool was_withdrawn(std::uint64_t /*sreq*/) const { return false; }
   // "shm (cma single-copy)" / "shm (pipelined: cma probe failed: EPERM)".
   [[nodiscard]] virtual std::string describe() const = 0;
 };

@@ -61,6 +61,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                          \
     "test: host rendezvous messages also go through the staging ring of device buffers, so "    \
     "its protocol runs on machines without a GPU")                                              \
+  X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                            \
+    "test: a receiver waits this long between matching a rendezvous and its zero-copy get")     \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                         \
     "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")           \
   X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")  \

@@ -45,6 +45,14 @@ if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "dead producer, 0 failures")"
 else
   failed=$((failed + 1)); echo "FAIL hole left by a dead producer: rc $rc"; echo "$out" | tail -5
 fi
+out=$(FERRY_TIMEOUT=0.5 FERRY_SHM_CMA_THRESHOLD=0 FERRY_TEST_GET_DELAY=1 \
+      timeout 60 "$ferryrun" -n 3 "$program" withdraw 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "withdrawn while read, 0 failures")" -eq 3 ]; then
+  passed=$((passed + 1)); echo "ok   a send withdrawn while its receiver reads it is not delivered"
+else
+  failed=$((failed + 1)); echo "FAIL withdrawn while read: rc $rc"; echo "$out" | tail -6
+fi
 out=$(FERRY_TIMEOUT=0.5 timeout 60 "$ferryrun" -n 3 "$program" timeout 2>&1)
 rc=$?
 if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "timeouts, 0 failures")" -eq 3 ]; then

@@ -17,6 +17,7 @@ namespace ferry::transport::shm {
 ShmEndpoint::ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank,
                          int peer_local_index, int peer_pid, bool cma_ok, std::string cma_reason)
     : transport_(transport),
+      peer_segment_(peer_segment),
       producer_(&peer_segment->header()->fifo, peer_segment->fifo(),
                 peer_segment->layout().fifo_size, &transport->own().header()->claim,
                 static_cast<std::uint32_t>(peer_local_index)),
@@ -75,6 +76,25 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
   elem->bounce = static_cast<std::uint32_t>(slot);
   producer_.publish(claim);
   return Status::ok();
+}
+
+void ShmEndpoint::mark_withdrawn(std::uint64_t sreq) {
+  SegmentHeader* own = transport_->own().header();
+  const std::uint32_t slot = own->withdrawn_next.fetch_add(1, std::memory_order_relaxed);
+  // seq_cst: ordered before the send returns and the caller reuses the buffer (see
+  // was_withdrawn for the other half of the argument).
+  own->withdrawn[slot % kWithdrawnSlots].store(sreq, std::memory_order_seq_cst);
+}
+
+bool ShmEndpoint::was_withdrawn(std::uint64_t sreq) const {
+  // Called after the CMA read: if the sender's mark is not visible now, the mark comes after
+  // this load in the single order of seq_cst operations, so the read (before the load) saw the
+  // buffer before the send returned. The last kWithdrawnSlots withdrawals are remembered.
+  const SegmentHeader* peer = peer_segment_->header();
+  for (const auto& id : peer->withdrawn) {
+    if (id.load(std::memory_order_seq_cst) == sreq) return true;
+  }
+  return false;
 }
 
 Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length) {

@@ -21,10 +21,13 @@ class ShmEndpoint final : public Endpoint {
                  std::span<const std::byte> payload, AmHint hint) override;
   Status get(void* local, std::uint64_t remote, std::size_t length) override;
   [[nodiscard]] bool has_get() const override { return cma_ok_; }
+  void mark_withdrawn(std::uint64_t sreq) override;
+  [[nodiscard]] bool was_withdrawn(std::uint64_t sreq) const override;
   [[nodiscard]] std::string describe() const override;
 
  private:
   ShmTransport* transport_;
+  const Segment* peer_segment_;
   FifoProducer producer_;
   int peer_rank_;
   int peer_pid_;

@@ -82,6 +82,8 @@ Segment Segment::create(const std::string& name, const Layout& layout) {
   header->fifo.head.store(0, std::memory_order_relaxed);
   header->fifo.tail.store(0, std::memory_order_relaxed);
   header->claim.store(0, std::memory_order_relaxed);
+  header->withdrawn_next.store(0, std::memory_order_relaxed);
+  for (auto& id : header->withdrawn) id.store(0, std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < layout.fifo_size; ++i) {
     new (&segment.fifo()[i]) FifoElem{};
   }

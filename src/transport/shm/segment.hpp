@@ -19,6 +19,7 @@ inline constexpr std::uint32_t kMaxFifoSize = 65536;
 inline constexpr std::uint32_t kMaxBounceCount = 65536;
 inline constexpr std::uint32_t kMaxBounceSize = 1u << 24;
 inline constexpr std::size_t kBounceHeaderSize = 64;
+inline constexpr std::size_t kWithdrawnSlots = 256;
 
 struct SegmentHeader {
   std::uint64_t magic;
@@ -31,6 +32,10 @@ struct SegmentHeader {
   FifoControl fifo;
   // This process's claim record as a producer into its peers' FIFOs (fifo.hpp claim_record).
   alignas(64) std::atomic<std::uint64_t> claim;
+  // Rendezvous sends of this process withdrawn after FERRY_TIMEOUT (request wire ids), newest at
+  // withdrawn_next - 1; read by peers after a CMA get (transport.hpp mark_withdrawn).
+  alignas(64) std::atomic<std::uint32_t> withdrawn_next;
+  std::atomic<std::uint64_t> withdrawn[kWithdrawnSlots];
 };
 
 struct BounceHeader {
