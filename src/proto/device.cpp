@@ -14,6 +14,7 @@
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
 #include "util/copy.hpp"
+#include "util/faults.hpp"
 #include "util/log.hpp"
 
 namespace ferry::proto {
@@ -110,7 +111,8 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
   if (key != nullptr && slot.device >= 0) {
     std::string refusal = peer.ipc_refused ? peer.ipc_why : std::string();
     if (refusal.empty() && key->offset + length > key->extent) {
-      return protocol_error(source, "RTS_DEV key does not cover the message");
+      protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
+      refusal = "the peer sent an IPC key that does not cover its message";
     }
     if (refusal.empty()) refusal = cuda_->ipc_refusal(key->uuid, slot.device);
     void* mapped = nullptr;
@@ -169,6 +171,7 @@ void Engine::start_staged_receive(std::uint32_t index, int source, std::uint64_t
   slot.state = RequestState::kActive;
   slot.expected = slot.info.bytes;
   slot.received = 0;
+  slot.stage_rreq = sreq;  // on a receive: the sender's request, for a FIN that fails it
   send_control(source, kAmStageCts,
                as_bytes(StageCtsHeader{sreq, requests_.wire_id(index), slot.expected, flags, 0}));
 }
@@ -244,6 +247,7 @@ void Engine::pump_stage(int peer_rank) {
     }
     peer.free_slots.pop_back();
     slot.staged += chunk;
+    if (crash_mid_pipeline_) util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
     if (slot.staged == slot.expected) {
       peer.stage_streams.pop_front();
       complete_when_idle(index, Status::ok());
@@ -260,19 +264,28 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
       slot->info.source != source || header.offset > slot->expected ||
       header.length > slot->expected - header.offset ||
       header.length > slot->expected - slot->received) {
+    // Give the slot back all the same (the sender checks it lent it): a receive that already
+    // failed must not leave the sender's ring short of slots.
+    send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
     return protocol_error(source, "staged fragment outside any receive in progress");
   }
   Peer& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.ring_rx) {
     try {
+      if (test_stage_open_fail_) {
+        throw Error(Code::kIoError, "mapping refused (FERRY_TEST_STAGE_OPEN_FAIL)");
+      }
       // At most what the largest allowed configuration makes (64 slots of 1 GiB).
       peer.ring_rx = cuda::StageRing::open(
           cuda_.get(), cuda::StageRing::name(bootstrap_->job_id(), source, rank_),
           std::size_t{64} << 30);
       peer.ring_rx->unlink();  // both sides have it now
     } catch (const Error& e) {
-      return complete(index, Status(e.code(), std::string("host staging from rank ") +
-                                                  std::to_string(source) + ": " + e.what()));
+      // FIN first: the sender must learn of the failure before more slots come back to it.
+      fail_staged_receive(index, Status(e.code(), std::string("host staging from rank ") +
+                                                      std::to_string(source) + ": " + e.what()));
+      send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+      return;
     }
   }
   if (header.ring_offset > peer.ring_rx->size() ||
@@ -285,7 +298,11 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
                 header.length,         {}};
     Status status = cuda_->copy_async(slot->device, next_lane_++, slot->recv_buffer + header.offset,
                                       from, header.length, &op.ticket);
-    if (!status) return complete_when_idle(index, std::move(status));
+    if (!status) {
+      fail_staged_receive(index, std::move(status));
+      send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+      return;
+    }
     ++slot->device_ops;
     device_ops_.push_back(op);
     return;
@@ -296,6 +313,21 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
   if (slot->received == slot->expected) {
     complete(index, truncation_status(source, slot->message_size, slot->size));
   }
+}
+
+void Engine::fail_staged_receive(std::uint32_t index, Status status) {
+  RequestSlot& slot = requests_[index];
+  // The sender learns of it (FIN with a code) and stops: neither side waits for the other.
+  send_control(slot.info.source, kAmFin, as_bytes(FinHeader{slot.stage_rreq, 1, 0}));
+  complete_when_idle(index, std::move(status));
+}
+
+void Engine::fail_staged_send(std::uint32_t index, int source) {
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  std::erase(peer.stage_streams, index);
+  complete_when_idle(index, Status(Code::kIoError, "rank " + std::to_string(source) +
+                                                       " could not receive this message through "
+                                                       "the host-staging ring"));
 }
 
 void Engine::handle_stage_ack(int source, std::span<const std::byte> data) {

@@ -54,6 +54,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   ipc_split_ = config_.get_size(util::Var::kCudaIpcSplit);
   test_host_staging_ = config_.get_bool(util::Var::kTestHostStaging);
   test_get_delay_ = config_.get_seconds(util::Var::kTestGetDelay);
+  test_stage_open_fail_ = config_.get_bool(util::Var::kTestStageOpenFail);
   stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();

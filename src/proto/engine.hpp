@@ -154,6 +154,9 @@ class Engine final : public transport::AmHandler {
   void handle_stage_cts(int source, std::span<const std::byte> data);
   void handle_stage_frag(int source, std::span<const std::byte> data);
   void handle_stage_ack(int source, std::span<const std::byte> data);
+  // A staged receive that cannot go on: it fails, and so does the send (FIN with a code).
+  void fail_staged_receive(std::uint32_t index, Status status);
+  void fail_staged_send(std::uint32_t index, int source);
   void pump_stage(int peer);
   int poll_device_ops();
   // Completes the request once no copy uses its buffer any more.
@@ -169,6 +172,7 @@ class Engine final : public transport::AmHandler {
   bool cuda_ipc_ = true;
   bool test_host_staging_ = false;  // FERRY_TEST_HOST_STAGING
   double test_get_delay_ = 0;       // FERRY_TEST_GET_DELAY
+  bool test_stage_open_fail_ = false;  // FERRY_TEST_STAGE_OPEN_FAIL
   std::size_t ipc_split_ = 0;
   int next_lane_ = 0;  // copies rotate over the device's streams (and so its copy engines)
   std::size_t stage_chunk_ = 0;

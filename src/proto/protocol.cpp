@@ -480,6 +480,10 @@ void Engine::handle_fin(int source, std::span<const std::byte> data) {
     FERRY_LOG(kDebug, "FIN from rank %d for a send that is gone", source);
     return;
   }
+  if (header.code != 0 && slot->kind == RequestKind::kSend &&
+      slot->state == RequestState::kActive && slot->peer == source && !slot->deferred) {
+    return fail_staged_send(index, source);  // the receiver failed mid-staging
+  }
   if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source) {
     return protocol_error(source, "FIN for no rendezvous send");

@@ -14,71 +14,73 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
 
 // X(id, name, type, default, min, max, allowed, doc)
 //   min/max bound kInt, kSize and kSeconds; allowed lists the words of kEnum and kList ("a|b").
-#define FERRY_CONFIG_VARS(X)                                                                    \
-  X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                 \
-    "what ferry prints to stderr")                                                              \
-  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm", 0, 0, "self|shm",                       \
-    "transports ferry may use (comma-separated)")                                               \
-  X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                       \
-    "messages larger than this go by rendezvous (capped by the transport's eager limit)")       \
-  X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "2000", 0, 100000000, "",                             \
-    "empty progress polls in a blocking wait before it starts yielding the CPU")                \
-  X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",             \
-    "how long a bootstrap exchange (init, barrier) may wait for the other ranks")               \
-  X(kTimeout, "FERRY_TIMEOUT", kSeconds, "0", 0, 1e7, "",                                       \
-    "how long a blocking wait, send, recv or probe may wait (0: no limit); then kTimeout")      \
-  X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                \
-    "how long finalize waits to drain queued sends and for the other ranks")                    \
-  X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                           \
-    "elements in each process's receive FIFO (a power of two)")                                 \
-  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                       \
-    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")        \
-  X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                 \
-    "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")        \
-  X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                        \
-    "bounce buffers in each sender's pool")                                                     \
-  X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                             \
-    "single-copy rendezvous with process_vm_readv when the connect-time probe works")           \
-  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",               \
-    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce " \
-    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                \
-  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                               \
-    "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "     \
-    "without them)")                                                                            \
-  X(kCudaIpc, "FERRY_CUDA_IPC", kBool, "1", 0, 0, "",                                           \
-    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")        \
-  X(kCudaIpcCacheEntries, "FERRY_CUDA_IPC_CACHE_ENTRIES", kInt, "1024", 1, 1 << 20, "",         \
-    "peer allocations kept mapped (least recently used closed first)")                          \
-  X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",       \
-    "bytes of peer allocations kept mapped (least recently used closed first)")                 \
-  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                        \
-    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "       \
-    "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                         \
-  X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                  \
-    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                \
-  X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                            \
-    "slots per host-staging ring (one ring per sender and receiver, made on first use)")        \
-  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                          \
-    "test: host rendezvous messages also go through the staging ring of device buffers, so "    \
-    "its protocol runs on machines without a GPU")                                              \
-  X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                            \
-    "test: a receiver waits this long between matching a rendezvous and its zero-copy get")     \
-  X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                         \
-    "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")           \
-  X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")  \
-  X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")       \
-  X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                \
-    "rank among the processes of this node (set by ferryrun)")                                  \
-  X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                  \
-    "processes of the job on this node (set by ferryrun)")                                      \
-  X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                               \
-    "address of ferryrun's key-value store (unix:PATH; set by ferryrun)")                       \
-  X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                              \
-    "job identity, part of shared-memory names (set by ferryrun)")                              \
-  X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                   \
-    "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim",              \
-    "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")         \
-  X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                       \
+#define FERRY_CONFIG_VARS(X)                                                                      \
+  X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                   \
+    "what ferry prints to stderr")                                                                \
+  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm", 0, 0, "self|shm",                         \
+    "transports ferry may use (comma-separated)")                                                 \
+  X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                         \
+    "messages larger than this go by rendezvous (capped by the transport's eager limit)")         \
+  X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "2000", 0, 100000000, "",                               \
+    "empty progress polls in a blocking wait before it starts yielding the CPU")                  \
+  X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",               \
+    "how long a bootstrap exchange (init, barrier) may wait for the other ranks")                 \
+  X(kTimeout, "FERRY_TIMEOUT", kSeconds, "0", 0, 1e7, "",                                         \
+    "how long a blocking wait, send, recv or probe may wait (0: no limit); then kTimeout")        \
+  X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                  \
+    "how long finalize waits to drain queued sends and for the other ranks")                      \
+  X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                             \
+    "elements in each process's receive FIFO (a power of two)")                                   \
+  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                         \
+    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")          \
+  X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                   \
+    "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")          \
+  X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                          \
+    "bounce buffers in each sender's pool")                                                       \
+  X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                               \
+    "single-copy rendezvous with process_vm_readv when the connect-time probe works")             \
+  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",                 \
+    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "   \
+    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                  \
+  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                                 \
+    "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "       \
+    "without them)")                                                                              \
+  X(kCudaIpc, "FERRY_CUDA_IPC", kBool, "1", 0, 0, "",                                             \
+    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")          \
+  X(kCudaIpcCacheEntries, "FERRY_CUDA_IPC_CACHE_ENTRIES", kInt, "1024", 1, 1 << 20, "",           \
+    "peer allocations kept mapped (least recently used closed first)")                            \
+  X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",         \
+    "bytes of peer allocations kept mapped (least recently used closed first)")                   \
+  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                          \
+    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "         \
+    "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                           \
+  X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                    \
+    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                  \
+  X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                              \
+    "slots per host-staging ring (one ring per sender and receiver, made on first use)")          \
+  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                            \
+    "test: host rendezvous messages also go through the staging ring of device buffers, so "      \
+    "its protocol runs on machines without a GPU")                                                \
+  X(kTestStageOpenFail, "FERRY_TEST_STAGE_OPEN_FAIL", kBool, "0", 0, 0, "",                       \
+    "test fault: a receiver cannot map its peer's staging ring (both sides must fail, not wait)") \
+  X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                              \
+    "test: a receiver waits this long between matching a rendezvous and its zero-copy get")       \
+  X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                           \
+    "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")             \
+  X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")    \
+  X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")         \
+  X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                  \
+    "rank among the processes of this node (set by ferryrun)")                                    \
+  X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                    \
+    "processes of the job on this node (set by ferryrun)")                                        \
+  X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                                 \
+    "address of ferryrun's key-value store (unix:PATH; set by ferryrun)")                         \
+  X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                                \
+    "job identity, part of shared-memory names (set by ferryrun)")                                \
+  X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                     \
+    "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim",                \
+    "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")           \
+  X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                         \
     "test fault: which rank FERRY_TEST_CRASH_AT kills")
 
 enum class Var : int {

@@ -17,7 +17,7 @@ enum class CrashPoint : int {
   kInitialized,
   kFirstSend,
   kFinalize,
-  kMidPipeline,  // after the first fragment of a pipelined rendezvous message
+  kMidPipeline,  // after the first fragment (or staging-ring chunk) of a large message
   kMidClaim,     // between claiming a shm FIFO element and publishing it
 };
 

@@ -57,6 +57,28 @@ int main(int argc, char** argv) {
     std::printf("rank %d: hole left by a dead producer, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "stagefail") {
+    // FERRY_TEST_HOST_STAGING=1 FERRY_TEST_STAGE_OPEN_FAIL=1 FERRY_CUDA_STAGE_CHUNK=64k (more
+    // chunks than slots, so the send waits on the receiver) FERRY_TIMEOUT=10: rank 1 cannot map
+    // rank 0's staging ring. Its receive fails, and rank 0's send learns of it and fails too.
+    std::vector<char> big(1 << 20, 's');
+    if (ctx.rank() == 0) {
+      ferry::Status s = ctx.send(big.data(), big.size(), 1, 13);
+      expect(s.code() == ferry::Code::kIoError, "the send fails when its receiver cannot stage");
+      if (s.code() != ferry::Code::kIoError)
+        std::fprintf(stderr, "send: %s\n", s.to_string().c_str());
+    }
+    if (ctx.rank() == 1) {
+      ferry::Status s = ctx.recv(big.data(), big.size(), 0, 13);
+      expect(s.code() == ferry::Code::kIoError &&
+                 s.message().find("STAGE_OPEN_FAIL") != std::string::npos,
+             "the receive fails saying why");
+      if (!s.is_ok()) std::fprintf(stderr, "recv: %s\n", s.to_string().c_str());
+    }
+    ctx.barrier();
+    std::printf("rank %d: staging refused, %d failures\n", ctx.rank(), failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "withdraw") {
     // FERRY_TIMEOUT=0.5 FERRY_SHM_CMA_THRESHOLD=0 FERRY_TEST_GET_DELAY=1: rank 1 matches rank 0's
     // 4 MiB rendezvous at once but reads it (CMA) only after rank 0's send has timed out and its

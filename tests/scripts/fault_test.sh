@@ -36,6 +36,24 @@ if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failure
 else
   failed=$((failed + 1)); echo "FAIL mid-pipeline kill: rc $rc"; echo "$out" | tail -5
 fi
+out=$(FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_TEST_HOST_STAGING=1 \
+      FERRY_CUDA_STAGE_CHUNK=64k timeout 60 "$ferryrun" --keep-going -n 3 "$program" pipeline 2>&1)
+rc=$?
+if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failures")" -eq 2 ] &&
+   [ "$before" = "$(leftovers)" ]; then
+  passed=$((passed + 1)); echo "ok   a sender killed mid-staging (the device fallback ring) fails the receive"
+else
+  failed=$((failed + 1)); echo "FAIL mid-staging kill: rc $rc"; echo "$out" | tail -5
+fi
+out=$(FERRY_TEST_HOST_STAGING=1 FERRY_TEST_STAGE_OPEN_FAIL=1 FERRY_TIMEOUT=10 FERRY_CUDA_STAGE_CHUNK=64k \
+      timeout 60 "$ferryrun" -n 3 "$program" stagefail 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "staging refused, 0 failures")" -eq 3 ] &&
+   [ "$before" = "$(leftovers)" ]; then
+  passed=$((passed + 1)); echo "ok   a receiver that cannot map the staging ring fails both sides"
+else
+  failed=$((failed + 1)); echo "FAIL staging refused: rc $rc"; echo "$out" | tail -6
+fi
 out=$(FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
       timeout 60 "$ferryrun" --keep-going -n 3 "$program" hole 2>&1)
 rc=$?

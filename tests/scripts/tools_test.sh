@@ -52,5 +52,23 @@ FERRY_SHM_FIFO_SIZE=1000 "$info" >/dev/null 2>"$tmp/err"; rc=$?
 if [ $rc -ne 0 ] && grep -q "FERRY_SHM_FIFO_SIZE" "$tmp/err" && grep -q "power of two" "$tmp/err"; then
   ok "an invalid variable fails init naming it"; else bad "invalid variable (rc $rc)"; cat "$tmp/err"; fi
 
+# GPU options on a machine without a usable CUDA driver (CI): every one fails clearly, nothing hangs.
+if "$info" 2>&1 | grep -q "^  cuda: not used ("; then
+  ok "ferry-info says why CUDA is not used ($("$info" 2>&1 | grep -o "cuda: not used (.*" | cut -c1-60)…)"
+  "$ferryrun" -n 2 "$perf" latency -m cuda --sizes 8 >/dev/null 2>"$tmp/err"; rc=$?
+  if [ $rc -eq 2 ] && grep -q "ferry-perf: --mem cuda: " "$tmp/err"; then
+    ok "ferry-perf -m cuda without a GPU fails and says why"
+  else bad "ferry-perf -m cuda without a GPU (rc $rc)"; cat "$tmp/err"; fi
+  FERRY_CUDA=require "$info" >/dev/null 2>"$tmp/err"; rc=$?
+  if [ $rc -ne 0 ] && grep -q "FERRY_CUDA=require, but CUDA cannot be used: " "$tmp/err"; then
+    ok "FERRY_CUDA=require without a GPU fails init naming the reason"
+  else bad "FERRY_CUDA=require (rc $rc)"; cat "$tmp/err"; fi
+else
+  ok "CUDA is usable here: the no-GPU checks do not apply"
+fi
+FERRY_CUDA=maybe "$info" >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -ne 0 ] && grep -q "FERRY_CUDA" "$tmp/err" && grep -q "auto|off|require" "$tmp/err"; then
+  ok "an invalid FERRY_CUDA names the allowed values"; else bad "FERRY_CUDA=maybe (rc $rc)"; cat "$tmp/err"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
