@@ -170,8 +170,8 @@ class Engine final : public transport::AmHandler {
   std::unique_ptr<cuda::Cuda> cuda_;  // null: every buffer is host memory (cuda_why_ says why)
   std::string cuda_why_;
   bool cuda_ipc_ = true;
-  bool test_host_staging_ = false;  // FERRY_TEST_HOST_STAGING
-  double test_get_delay_ = 0;       // FERRY_TEST_GET_DELAY
+  bool test_host_staging_ = false;     // FERRY_TEST_HOST_STAGING
+  double test_get_delay_ = 0;          // FERRY_TEST_GET_DELAY
   bool test_stage_open_fail_ = false;  // FERRY_TEST_STAGE_OPEN_FAIL
   std::size_t ipc_split_ = 0;
   int next_lane_ = 0;  // copies rotate over the device's streams (and so its copy engines)
