@@ -27,57 +27,42 @@ for variant in "" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0"; do
     failed=$((failed + 1)); echo "FAIL ${variant:-default}: $why"; echo "$out" | tail -15
   fi
 done
-out=$(FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_SHM_CMA=0 \
-      timeout 60 "$ferryrun" --keep-going -n 3 "$program" pipeline 2>&1)
-rc=$?
-if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failures")" -eq 2 ] &&
-   [ "$before" = "$(leftovers)" ]; then
-  passed=$((passed + 1)); echo "ok   a sender killed mid-pipeline fails the receive"
-else
-  failed=$((failed + 1)); echo "FAIL mid-pipeline kill: rc $rc"; echo "$out" | tail -5
-fi
-out=$(FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_TEST_HOST_STAGING=1 \
-      FERRY_CUDA_STAGE_CHUNK=64k timeout 60 "$ferryrun" --keep-going -n 3 "$program" pipeline 2>&1)
-rc=$?
-if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "mid-pipeline kill, 0 failures")" -eq 2 ] &&
-   [ "$before" = "$(leftovers)" ]; then
-  passed=$((passed + 1)); echo "ok   a sender killed mid-staging (the device fallback ring) fails the receive"
-else
-  failed=$((failed + 1)); echo "FAIL mid-staging kill: rc $rc"; echo "$out" | tail -5
-fi
-out=$(FERRY_TEST_HOST_STAGING=1 FERRY_TEST_STAGE_OPEN_FAIL=1 FERRY_TIMEOUT=10 FERRY_CUDA_STAGE_CHUNK=64k \
-      timeout 60 "$ferryrun" -n 3 "$program" stagefail 2>&1)
-rc=$?
-if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "staging refused, 0 failures")" -eq 3 ] &&
-   [ "$before" = "$(leftovers)" ]; then
-  passed=$((passed + 1)); echo "ok   a receiver that cannot map the staging ring fails both sides"
-else
-  failed=$((failed + 1)); echo "FAIL staging refused: rc $rc"; echo "$out" | tail -6
-fi
-out=$(FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
-      timeout 60 "$ferryrun" --keep-going -n 3 "$program" hole 2>&1)
-rc=$?
-if [ "$rc" -eq 137 ] && [ "$(echo "$out" | grep -c "dead producer, 0 failures")" -eq 2 ] &&
-   [ "$before" = "$(leftovers)" ]; then
-  passed=$((passed + 1)); echo "ok   a producer killed between claim and publish leaves no stuck FIFO"
-else
-  failed=$((failed + 1)); echo "FAIL hole left by a dead producer: rc $rc"; echo "$out" | tail -5
-fi
-out=$(FERRY_TIMEOUT=0.5 FERRY_SHM_CMA_THRESHOLD=0 FERRY_TEST_GET_DELAY=1 \
-      timeout 60 "$ferryrun" -n 3 "$program" withdraw 2>&1)
-rc=$?
-if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "withdrawn while read, 0 failures")" -eq 3 ]; then
-  passed=$((passed + 1)); echo "ok   a send withdrawn while its receiver reads it is not delivered"
-else
-  failed=$((failed + 1)); echo "FAIL withdrawn while read: rc $rc"; echo "$out" | tail -6
-fi
-out=$(FERRY_TIMEOUT=0.5 timeout 60 "$ferryrun" -n 3 "$program" timeout 2>&1)
-rc=$?
-if [ "$rc" -eq 0 ] && [ "$(echo "$out" | grep -c "timeouts, 0 failures")" -eq 3 ]; then
-  passed=$((passed + 1)); echo "ok   FERRY_TIMEOUT bounds blocking send, recv and probe"
-else
-  failed=$((failed + 1)); echo "FAIL FERRY_TIMEOUT: rc $rc"; echo "$out" | tail -8
-fi
+# One scenario: `expect WHAT RC LINES PATTERN [VAR=VALUE...] -- FERRYRUN-ARGS...` runs ferryrun
+# with those variables; it passes when ferryrun exits RC, LINES ranks print PATTERN, and nothing
+# is left in /dev/shm.
+expect() {
+  local what=$1 want_rc=$2 want_lines=$3 pattern=$4 vars=()
+  shift 4
+  while [ "$1" != -- ]; do vars+=("$1"); shift; done
+  shift
+  local out rc
+  out=$(env "${vars[@]}" timeout 60 "$ferryrun" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$want_rc" ] && [ "$(echo "$out" | grep -c "$pattern")" -eq "$want_lines" ] &&
+     [ "$before" = "$(leftovers)" ]; then
+    passed=$((passed + 1)); echo "ok   $what"
+  else
+    failed=$((failed + 1)); echo "FAIL $what: rc $rc"; echo "$out" | tail -6
+  fi
+}
+expect "a sender killed mid-pipeline fails the receive" 137 2 "mid-pipeline kill, 0 failures" \
+  FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_SHM_CMA=0 \
+  -- --keep-going -n 3 "$program" pipeline
+expect "a sender killed mid-staging (the device fallback ring) fails the receive" \
+  137 2 "mid-pipeline kill, 0 failures" \
+  FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_TEST_HOST_STAGING=1 \
+  FERRY_CUDA_STAGE_CHUNK=64k -- --keep-going -n 3 "$program" pipeline
+expect "a receiver that cannot map the staging ring fails both sides" 0 3 \
+  "staging refused, 0 failures" FERRY_TEST_HOST_STAGING=1 FERRY_TEST_STAGE_OPEN_FAIL=1 \
+  FERRY_TIMEOUT=10 FERRY_CUDA_STAGE_CHUNK=64k -- -n 3 "$program" stagefail
+expect "a producer killed between claim and publish leaves no stuck FIFO" 137 2 \
+  "dead producer, 0 failures" FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
+  -- --keep-going -n 3 "$program" hole
+expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
+  "withdrawn while read, 0 failures" FERRY_TIMEOUT=0.5 FERRY_SHM_CMA_THRESHOLD=0 \
+  FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw
+expect "FERRY_TIMEOUT bounds blocking send, recv and probe" 0 3 "timeouts, 0 failures" \
+  FERRY_TIMEOUT=0.5 -- -n 3 "$program" timeout
 start=$(date +%s%N)
 out=$(timeout 60 "$ferryrun" -n 3 "$program" abort 2>&1)
 rc=$?
