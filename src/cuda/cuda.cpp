@@ -243,14 +243,9 @@ class CudaImpl final : public Cuda {
     return Status::ok();
   }
 
-  void unpin(int peer, const IpcKey& key) override {
-    for (int local = 0; local < d_->device_count; ++local) {
-      auto found = index_.find(Key{peer, local, key.base, key.buffer_id});
-      if (found != index_.end() && found->second->pins > 0) {
-        --found->second->pins;
-        break;
-      }
-    }
+  void unpin(int peer, int local, const IpcKey& key) override {
+    auto found = index_.find(Key{peer, local, key.base, key.buffer_id});
+    if (found != index_.end() && found->second->pins > 0) --found->second->pins;
     evict();
   }
 

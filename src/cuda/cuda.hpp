@@ -58,7 +58,7 @@ class Cuda {
   // is closed; LRU-bounded) and returns the address of key.offset in it. Pins the entry until
   // unpin(); a failure says what was tried.
   virtual Status import_ipc(int peer, const IpcKey& key, int device, void** mapped) = 0;
-  virtual void unpin(int peer, const IpcKey& key) = 0;
+  virtual void unpin(int peer, int device, const IpcKey& key) = 0;
   // Drops every mapping of a peer (it died or finalized).
   virtual void forget_peer(int peer) = 0;
 

@@ -81,13 +81,8 @@ void Engine::handle_rts_dev(int source, std::span<const std::byte> data) {
                             has_key ? &key : nullptr);
     return;
   }
-  Unexpected message;
-  message.source = source;
-  message.tag = header.tag;
-  message.size = header.size;
-  message.rendezvous = true;
+  Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.device = true;
-  message.sreq = header.sreq;
   if (has_key) {
     message.data.resize(sizeof(key));
     std::memcpy(message.data.data(), &key, sizeof(key));
@@ -109,42 +104,16 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
   Peer& peer = peers_[static_cast<std::size_t>(source)];
   std::uint32_t flags = 0;
   if (key != nullptr && slot.device >= 0) {
+    // Rung 1; a host receive buffer skips it (the sender fills the ring, the CPU empties it).
     std::string refusal = peer.ipc_refused ? peer.ipc_why : std::string();
     if (refusal.empty() && key->offset + length > key->extent) {
       protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
       refusal = "the peer sent an IPC key that does not cover its message";
     }
     if (refusal.empty()) refusal = cuda_->ipc_refusal(key->uuid, slot.device);
-    void* mapped = nullptr;
     if (refusal.empty()) {
-      Status status = cuda_->import_ipc(source, *key, slot.device, &mapped);
-      if (status) {
-        // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by
-        // default: on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
-        std::size_t pieces = 1;
-        if (ipc_split_ > 0 && length >= ipc_split_) {
-          pieces = std::clamp<std::size_t>(length >> 20, 1, 4);
-        }
-        const std::size_t piece = (length / pieces + 4095) & ~std::size_t{4095};
-        slot.state = RequestState::kActive;
-        for (std::size_t offset = 0; offset < length && status; offset += piece) {
-          const std::size_t bytes = std::min(piece, length - offset);
-          DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, *key};
-          status = cuda_->copy_async(slot.device, next_lane_++, slot.recv_buffer + offset,
-                                     static_cast<std::byte*>(mapped) + offset, bytes, &op.ticket);
-          if (status) {
-            ++slot.device_ops;
-            device_ops_.push_back(op);
-          }
-        }
-        if (status) return;
-        if (slot.device_ops > 0) {
-          // Some pieces are in flight: the receive ends with the error once they are done.
-          complete_when_idle(index, std::move(status));
-          return;
-        }
-        cuda_->unpin(source, *key);
-      }
+      Status status = start_ipc_get(index, source, sreq, *key);
+      if (status || slot.device_ops > 0) return;  // copying (or failing once pieces are done)
       refusal = status.message();
     }
     if (!peer.ipc_refused) {
@@ -156,13 +125,40 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
                 source, refusal.c_str());
     }
     flags |= kStageIpcRefused;
-  } else if (key != nullptr) {
-    // A host receive buffer: the sender copies into the ring, we copy out with the CPU.
   }
-  slot.state = RequestState::kActive;
-  slot.expected = length;
-  slot.received = 0;
   start_staged_receive(index, source, sreq, flags);
+}
+
+Status Engine::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
+                             const cuda::IpcKey& key) {
+  RequestSlot& slot = requests_[index];
+  const std::size_t length = slot.info.bytes;
+  void* mapped = nullptr;
+  Status status = cuda_->import_ipc(source, key, slot.device, &mapped);
+  if (!status) return status;
+  // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by default:
+  // on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
+  std::size_t pieces = 1;
+  if (ipc_split_ > 0 && length >= ipc_split_) pieces = std::clamp<std::size_t>(length >> 20, 1, 4);
+  const std::size_t piece = (length / pieces + 4095) & ~std::size_t{4095};
+  slot.state = RequestState::kActive;
+  for (std::size_t offset = 0; offset < length && status; offset += piece) {
+    const std::size_t bytes = std::min(piece, length - offset);
+    DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, key};
+    status = cuda_->copy_async(slot.device, next_lane_++, slot.recv_buffer + offset,
+                               static_cast<std::byte*>(mapped) + offset, bytes, &op.ticket);
+    if (status) {
+      ++slot.device_ops;
+      device_ops_.push_back(op);
+    }
+  }
+  if (!status && slot.device_ops > 0) {
+    // Some pieces are in flight: the receive ends with the error once they are done.
+    complete_when_idle(index, status);
+  } else if (!status) {
+    cuda_->unpin(source, slot.device, key);
+  }
+  return status;
 }
 
 void Engine::start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
@@ -322,12 +318,12 @@ void Engine::fail_staged_receive(std::uint32_t index, Status status) {
   complete_when_idle(index, std::move(status));
 }
 
-void Engine::fail_staged_send(std::uint32_t index, int source) {
+void Engine::receiver_failed(std::uint32_t index, int source) {
   Peer& peer = peers_[static_cast<std::size_t>(source)];
   std::erase(peer.stage_streams, index);
   complete_when_idle(index, Status(Code::kIoError, "rank " + std::to_string(source) +
-                                                       " could not receive this message through "
-                                                       "the host-staging ring"));
+                                                       " reported that it could not receive "
+                                                       "this message"));
 }
 
 void Engine::handle_stage_ack(int source, std::span<const std::byte> data) {
@@ -360,8 +356,9 @@ int Engine::poll_device_ops() {
     switch (op.kind) {
       case DeviceOp::kIpcGet:
         if (slot.device_ops > 0) continue;  // other pieces of the message still copying
-        cuda_->unpin(op.peer, op.key);
-        send_control(op.peer, kAmFin, as_bytes(FinHeader{op.wire, 0, 0}));
+        cuda_->unpin(op.peer, slot.device, op.key);
+        // A code tells the sender the receive failed (slot.deferred: an error waits).
+        send_control(op.peer, kAmFin, as_bytes(FinHeader{op.wire, slot.deferred ? 1u : 0u, 0}));
         if (!slot.deferred) {
           complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
           continue;
@@ -395,14 +392,6 @@ void Engine::complete_when_idle(std::uint32_t index, Status status) {
   if (slot.device_ops == 0) return complete(index, std::move(status));
   slot.deferred = true;
   slot.status = std::move(status);
-}
-
-void Engine::copy_to_receive(RequestSlot& slot, std::size_t offset, const std::byte* data,
-                             std::size_t bytes) {
-  if (bytes == 0) return;
-  if (slot.device < 0) return util::copy(slot.recv_buffer + offset, data, bytes);
-  Status status = cuda_->copy(slot.recv_buffer + offset, data, bytes);
-  if (!status) slot.status = std::move(status);
 }
 
 void Engine::drain_device_ops() {

@@ -156,13 +156,18 @@ class Engine final : public transport::AmHandler {
   void handle_stage_ack(int source, std::span<const std::byte> data);
   // A staged receive that cannot go on: it fails, and so does the send (FIN with a code).
   void fail_staged_receive(std::uint32_t index, Status status);
-  void fail_staged_send(std::uint32_t index, int source);
+  // A FIN with a code: the receiver failed; so does the send.
+  void receiver_failed(std::uint32_t index, int source);
+  // Rung 1 of a device receive: map the sender's buffer and start the copies.
+  Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
+                       const cuda::IpcKey& key);
+  // An announced rendezvous message that waits for its receive.
+  static Unexpected unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
+                                          std::uint64_t sreq);
   void pump_stage(int peer);
   int poll_device_ops();
   // Completes the request once no copy uses its buffer any more.
   void complete_when_idle(std::uint32_t index, Status status);
-  void copy_to_receive(RequestSlot& slot, std::size_t offset, const std::byte* data,
-                       std::size_t bytes);
   void drain_device_ops();
 
   util::Config config_;

@@ -367,14 +367,20 @@ void Engine::handle_rts(int source, std::span<const std::byte> data) {
     start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address);
     return;
   }
-  Unexpected message;
-  message.source = source;
-  message.tag = header.tag;
-  message.size = header.size;
-  message.rendezvous = true;
-  message.sreq = header.sreq;
+  Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.address = header.address;
   matcher_.add_unexpected(std::move(message));
+}
+
+Unexpected Engine::unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
+                                         std::uint64_t sreq) {
+  Unexpected message;
+  message.source = source;
+  message.tag = tag;
+  message.size = size;
+  message.rendezvous = true;
+  message.sreq = sreq;
+  return message;
 }
 
 void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
@@ -482,7 +488,7 @@ void Engine::handle_fin(int source, std::span<const std::byte> data) {
   }
   if (header.code != 0 && slot->kind == RequestKind::kSend &&
       slot->state == RequestState::kActive && slot->peer == source && !slot->deferred) {
-    return fail_staged_send(index, source);  // the receiver failed mid-staging
+    return receiver_failed(index, source);  // the receiver failed (IPC copy or staging)
   }
   if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source) {
