@@ -2,13 +2,21 @@
 // without a driver pays nothing but one failed dlopen.
 #include "cuda/driver.hpp"
 
+#include <cudaTypedefs.h>
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <mutex>
+#include <type_traits>
 
 namespace ferry::cuda {
 namespace {
+
+// The versions in FERRY_CUDA_DRIVER_FUNCTIONS name the prototypes cuda.h declares.
+#define FERRY_CUDA_DRIVER_CHECK(name, version)                              \
+  static_assert(std::is_same_v<decltype(&::name), PFN_##name##_v##version>, \
+                #name " is not declared with the signature of version " #version);
+FERRY_CUDA_DRIVER_FUNCTIONS(FERRY_CUDA_DRIVER_CHECK)
+#undef FERRY_CUDA_DRIVER_CHECK
 
 struct Loaded {
   Driver driver;
@@ -47,20 +55,20 @@ Loaded load() {
     loaded.why = "cuDriverGetVersion failed";
     return loaded;
   }
-  // Ask for each entry point at the ABI this file was compiled for; an older driver gets its own
-  // (the functions ferry uses kept their signatures since 12.0).
-  const int abi = std::min(d.version, CUDA_VERSION);
+  // Ask for each entry point at the version of its prototype in cuda.h: the driver returns the
+  // newest variant not newer than that, which is exactly the one declared (a driver older than
+  // the variant says so, and its name joins the missing ones).
   std::string missing;
-#define FERRY_CUDA_DRIVER_LOAD(name)                                                           \
-  {                                                                                            \
-    void* pointer = nullptr;                                                                   \
-    CUdriverProcAddressQueryResult found{};                                                    \
-    if (get_proc(#name, &pointer, abi, CU_GET_PROC_ADDRESS_DEFAULT, &found) == CUDA_SUCCESS && \
-        pointer != nullptr) {                                                                  \
-      d.name = reinterpret_cast<decltype(d.name)>(pointer);                                    \
-    } else {                                                                                   \
-      missing += missing.empty() ? #name : ", " #name;                                         \
-    }                                                                                          \
+#define FERRY_CUDA_DRIVER_LOAD(name, version)                                                      \
+  {                                                                                                \
+    void* pointer = nullptr;                                                                       \
+    CUdriverProcAddressQueryResult found{};                                                        \
+    if (get_proc(#name, &pointer, version, CU_GET_PROC_ADDRESS_DEFAULT, &found) == CUDA_SUCCESS && \
+        pointer != nullptr) {                                                                      \
+      d.name = reinterpret_cast<decltype(d.name)>(pointer);                                        \
+    } else {                                                                                       \
+      missing += missing.empty() ? #name : ", " #name;                                             \
+    }                                                                                              \
   }
   FERRY_CUDA_DRIVER_FUNCTIONS(FERRY_CUDA_DRIVER_LOAD)
 #undef FERRY_CUDA_DRIVER_LOAD

@@ -1,6 +1,6 @@
 // The CUDA driver, opened at run time with dlopen (libcuda.so.1) so that libferry builds and runs
-// on machines without a GPU. Every entry point is fetched once through cuGetProcAddress at the
-// ABI of the cuda.h this file was compiled against (or the driver's, when that is older).
+// on machines without a GPU. Every entry point is fetched once through cuGetProcAddress, at the
+// version whose signature is the one cuda.h declares for its name.
 #pragma once
 
 #include <cuda.h>
@@ -9,74 +9,78 @@
 
 namespace ferry::cuda {
 
-// X(name): every driver function ferry calls. The pointer types come from cuda.h's prototypes,
-// so a call through the table is type-checked like a direct call.
-#define FERRY_CUDA_DRIVER_FUNCTIONS(X)      \
-  X(cuInit)                                 \
-  X(cuDriverGetVersion)                     \
-  X(cuGetErrorString)                       \
-  X(cuGetErrorName)                         \
-  X(cuDeviceGetCount)                       \
-  X(cuDeviceGet)                            \
-  X(cuDeviceGetName)                        \
-  X(cuDeviceGetUuid)                        \
-  X(cuDeviceGetAttribute)                   \
-  X(cuDeviceCanAccessPeer)                  \
-  X(cuDevicePrimaryCtxRetain)               \
-  X(cuDevicePrimaryCtxRelease)              \
-  X(cuCtxSetCurrent)                        \
-  X(cuCtxGetCurrent)                        \
-  X(cuCtxGetDevice)                         \
-  X(cuCtxSynchronize)                       \
-  X(cuPointerGetAttribute)                  \
-  X(cuPointerGetAttributes)                 \
-  X(cuMemGetAddressRange)                   \
-  X(cuMemGetInfo)                           \
-  X(cuMemAlloc)                             \
-  X(cuMemFree)                              \
-  X(cuMemAllocManaged)                      \
-  X(cuMemHostAlloc)                         \
-  X(cuMemFreeHost)                          \
-  X(cuMemHostRegister)                      \
-  X(cuMemHostUnregister)                    \
-  X(cuMemHostGetDevicePointer)              \
-  X(cuMemcpy)                               \
-  X(cuMemcpyAsync)                          \
-  X(cuMemsetD8)                             \
-  X(cuStreamCreate)                         \
-  X(cuStreamDestroy)                        \
-  X(cuStreamSynchronize)                    \
-  X(cuStreamQuery)                          \
-  X(cuEventCreate)                          \
-  X(cuEventDestroy)                         \
-  X(cuEventRecord)                          \
-  X(cuEventQuery)                           \
-  X(cuEventSynchronize)                     \
-  X(cuEventElapsedTime)                     \
-  X(cuStreamWriteValue32)                   \
-  X(cuModuleLoadData)                       \
-  X(cuModuleUnload)                         \
-  X(cuModuleGetFunction)                    \
-  X(cuLaunchKernel)                         \
-  X(cuFuncGetAttribute)                     \
-  X(cuIpcGetMemHandle)                      \
-  X(cuIpcOpenMemHandle)                     \
-  X(cuIpcCloseMemHandle)                    \
-  X(cuMemGetAllocationGranularity)          \
-  X(cuMemCreate)                            \
-  X(cuMemRelease)                           \
-  X(cuMemAddressReserve)                    \
-  X(cuMemAddressFree)                       \
-  X(cuMemMap)                               \
-  X(cuMemUnmap)                             \
-  X(cuMemSetAccess)                         \
-  X(cuMemRetainAllocationHandle)            \
-  X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuMemExportToShareableHandle)           \
-  X(cuMemImportFromShareableHandle)
+// X(name, version): every driver function ferry calls, and the CUDA version that introduced the
+// signature cuda.h gives that name. The version matters: asked for at 13000, "cuCtxSynchronize"
+// is cuCtxSynchronize_v2(CUcontext), not the cuCtxSynchronize(void) that cuda.h declares, and a
+// call through the wrong type passes a garbage context. The pointer types come from cuda.h's
+// prototypes, so a call through the table is type-checked like a direct call, and driver.cpp
+// checks each pair against cudaTypedefs.h's PFN_<name>_v<version> at compile time.
+#define FERRY_CUDA_DRIVER_FUNCTIONS(X)             \
+  X(cuInit, 2000)                                  \
+  X(cuDriverGetVersion, 2020)                      \
+  X(cuGetErrorString, 6000)                        \
+  X(cuGetErrorName, 6000)                          \
+  X(cuDeviceGetCount, 2000)                        \
+  X(cuDeviceGet, 2000)                             \
+  X(cuDeviceGetName, 2000)                         \
+  X(cuDeviceGetUuid, 11040)                        \
+  X(cuDeviceGetAttribute, 2000)                    \
+  X(cuDeviceCanAccessPeer, 4000)                   \
+  X(cuDevicePrimaryCtxRetain, 7000)                \
+  X(cuDevicePrimaryCtxRelease, 11000)              \
+  X(cuCtxSetCurrent, 4000)                         \
+  X(cuCtxGetCurrent, 4000)                         \
+  X(cuCtxGetDevice, 2000)                          \
+  X(cuCtxSynchronize, 2000)                        \
+  X(cuPointerGetAttribute, 4000)                   \
+  X(cuPointerGetAttributes, 7000)                  \
+  X(cuMemGetAddressRange, 3020)                    \
+  X(cuMemGetInfo, 3020)                            \
+  X(cuMemAlloc, 3020)                              \
+  X(cuMemFree, 3020)                               \
+  X(cuMemAllocManaged, 6000)                       \
+  X(cuMemHostAlloc, 2020)                          \
+  X(cuMemFreeHost, 2000)                           \
+  X(cuMemHostRegister, 6050)                       \
+  X(cuMemHostUnregister, 4000)                     \
+  X(cuMemHostGetDevicePointer, 3020)               \
+  X(cuMemcpy, 4000)                                \
+  X(cuMemcpyAsync, 4000)                           \
+  X(cuMemsetD8, 3020)                              \
+  X(cuStreamCreate, 2000)                          \
+  X(cuStreamDestroy, 4000)                         \
+  X(cuStreamSynchronize, 2000)                     \
+  X(cuStreamQuery, 2000)                           \
+  X(cuEventCreate, 2000)                           \
+  X(cuEventDestroy, 4000)                          \
+  X(cuEventRecord, 2000)                           \
+  X(cuEventQuery, 2000)                            \
+  X(cuEventSynchronize, 2000)                      \
+  X(cuEventElapsedTime, 12080)                     \
+  X(cuStreamWriteValue32, 11070)                   \
+  X(cuModuleLoadData, 2000)                        \
+  X(cuModuleUnload, 2000)                          \
+  X(cuModuleGetFunction, 2000)                     \
+  X(cuLaunchKernel, 4000)                          \
+  X(cuFuncGetAttribute, 2020)                      \
+  X(cuIpcGetMemHandle, 4010)                       \
+  X(cuIpcOpenMemHandle, 11000)                     \
+  X(cuIpcCloseMemHandle, 4010)                     \
+  X(cuMemGetAllocationGranularity, 10020)          \
+  X(cuMemCreate, 10020)                            \
+  X(cuMemRelease, 10020)                           \
+  X(cuMemAddressReserve, 10020)                    \
+  X(cuMemAddressFree, 10020)                       \
+  X(cuMemMap, 10020)                               \
+  X(cuMemUnmap, 10020)                             \
+  X(cuMemSetAccess, 10020)                         \
+  X(cuMemRetainAllocationHandle, 11000)            \
+  X(cuMemGetAllocationPropertiesFromHandle, 10020) \
+  X(cuMemExportToShareableHandle, 10020)           \
+  X(cuMemImportFromShareableHandle, 10020)
 
 struct Driver {
-#define FERRY_CUDA_DRIVER_MEMBER(name) decltype(&::name) name = nullptr;
+#define FERRY_CUDA_DRIVER_MEMBER(name, version) decltype(&::name) name = nullptr;
   FERRY_CUDA_DRIVER_FUNCTIONS(FERRY_CUDA_DRIVER_MEMBER)
 #undef FERRY_CUDA_DRIVER_MEMBER
   int version = 0;       // cuDriverGetVersion, e.g. 13000
