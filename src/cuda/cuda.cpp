@@ -95,20 +95,24 @@ class CudaImpl final : public Cuda {
   }
 
   mem::MemoryInfo classify(const void* pointer) override {
-    CUpointer_attribute attributes[] = {
-        CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-        CU_POINTER_ATTRIBUTE_BUFFER_ID,        CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                        CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                        CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                        CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                        CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
     unsigned type = 0;
     int ordinal = -1;
     void* start = nullptr;
     std::size_t size = 0;
     unsigned long long buffer_id = 0;
     int managed = 0;
-    void* values[] = {&type, &ordinal, &start, &size, &buffer_id, &managed};
+    int legacy_ipc = 0;
+    void* values[] = {&type, &ordinal, &start, &size, &buffer_id, &managed, &legacy_ipc};
     mem::MemoryInfo info;
     const auto address = reinterpret_cast<CUdeviceptr>(pointer);
-    if (d_->cuPointerGetAttributes(6, attributes, values, address) != CUDA_SUCCESS) {
+    if (d_->cuPointerGetAttributes(7, attributes, values, address) != CUDA_SUCCESS) {
       // Not every layer between us and the driver answers the batched query (compute-sanitizer's
       // memcheck does not): ask for the memory type alone before calling it host memory, or a
       // device buffer would be read by the CPU. Without a buffer id it never goes by IPC.
@@ -147,31 +151,55 @@ class CudaImpl final : public Cuda {
     info.base = reinterpret_cast<std::uint64_t>(start);
     info.extent = size;
     info.buffer_id = buffer_id;
+    if (info.kind == mem::MemoryKind::kCudaDevice) {
+      if (legacy_ipc != 0) {
+        info.ipc = mem::IpcKind::kLegacy;
+      } else {
+        classify_vmm(address, &info);
+      }
+    }
     return info;
   }
 
-  Status export_ipc(const void* pointer, const mem::MemoryInfo& info, IpcKey* key) override {
+  Status export_ipc(const void* pointer, const mem::MemoryInfo& info, IpcKey* key,
+                    util::Fd* fd) override {
     if (info.kind != mem::MemoryKind::kCudaDevice || info.device < 0 ||
-        info.device >= d_->device_count) {
-      return Status(Code::kInvalidArgument, "export_ipc: not device memory");
+        info.device >= d_->device_count || info.ipc == mem::IpcKind::kNone) {
+      return Status(Code::kInvalidArgument, "export_ipc: not IPC-capable device memory");
     }
     if (info.buffer_id == 0 || info.extent == 0) {
       // Without a buffer id a peer could not tell this allocation from a freed one at the same
       // address: its cached mapping would deliver stale data.
       return Status(Code::kUnsupported, "the driver gave no buffer id for the allocation");
     }
-    auto it = exported_.find(info.buffer_id);
-    if (it == exported_.end()) {
-      Device& dev = device(info.device);
+    Device& dev = device(info.device);
+    if (info.ipc == mem::IpcKind::kPosixFd) {
       ScopedContext scope(d_, dev.context);
-      CUipcMemHandle handle;
-      CUresult result = d_->cuIpcGetMemHandle(&handle, static_cast<CUdeviceptr>(info.base));
-      if (result != CUDA_SUCCESS) return driver_error("cuIpcGetMemHandle", result);
-      // Bounded: ids of freed allocations are never looked up again; start over when full.
-      if (exported_.size() >= 4 * cache_entries_) exported_.clear();
-      it = exported_.emplace(info.buffer_id, handle).first;
+      CUmemGenericAllocationHandle handle = 0;
+      CUresult result =
+          d_->cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(info.base));
+      if (result != CUDA_SUCCESS) return driver_error("cuMemRetainAllocationHandle", result);
+      int exported = -1;
+      result = d_->cuMemExportToShareableHandle(&exported, handle,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      d_->cuMemRelease(handle);  // the mapping keeps the allocation
+      if (result != CUDA_SUCCESS) return driver_error("cuMemExportToShareableHandle", result);
+      fd->reset(exported);
+      key->handle = {};
+    } else {
+      auto it = exported_.find(info.buffer_id);
+      if (it == exported_.end()) {
+        ScopedContext scope(d_, dev.context);
+        CUipcMemHandle handle;
+        CUresult result = d_->cuIpcGetMemHandle(&handle, static_cast<CUdeviceptr>(info.base));
+        if (result != CUDA_SUCCESS) return driver_error("cuIpcGetMemHandle", result);
+        // Bounded: ids of freed allocations are never looked up again; start over when full.
+        if (exported_.size() >= 4 * cache_entries_) exported_.clear();
+        it = exported_.emplace(info.buffer_id, handle).first;
+      }
+      std::memcpy(key->handle.data(), &it->second, sizeof(CUipcMemHandle));
     }
-    std::memcpy(key->handle.data(), &it->second, sizeof(CUipcMemHandle));
+    key->kind = info.ipc;
     key->uuid = devices_[static_cast<std::size_t>(info.device)].uuid;
     key->base = info.base;
     key->extent = info.extent;
@@ -196,11 +224,12 @@ class CudaImpl final : public Cuda {
     return {};
   }
 
-  Status import_ipc(int peer, const IpcKey& key, int local, void** mapped) override {
-    if (key.extent == 0 || key.offset >= key.extent || local < 0 || local >= d_->device_count) {
+  Status import_ipc(int peer, const IpcKey& key, int local, util::Fd* fd, void** mapped) override {
+    if (key.extent == 0 || key.offset >= key.extent || local < 0 || local >= d_->device_count ||
+        (key.kind != mem::IpcKind::kLegacy && key.kind != mem::IpcKind::kPosixFd)) {
       return Status(Code::kProtocolError, "malformed IPC key");
     }
-    const Key k{peer, local, key.base, key.buffer_id};
+    const Key k{peer, local, key.base, key.kind, key.buffer_id};
     auto found = index_.find(k);
     if (found != index_.end()) {
       mappings_.splice(mappings_.begin(), mappings_, found->second);  // most recent first
@@ -209,33 +238,41 @@ class CudaImpl final : public Cuda {
       return Status::ok();
     }
     if (inject_ipc_failure_) {
-      return Status(Code::kUnsupported,
-                    "cuIpcOpenMemHandle refused (injected by FERRY_TEST_CUDA_IPC_FAIL)");
+      return Status(Code::kUnsupported, std::string(key.kind == mem::IpcKind::kPosixFd
+                                                        ? "cuMemImportFromShareableHandle"
+                                                        : "cuIpcOpenMemHandle") +
+                                            " refused (injected by FERRY_TEST_CUDA_IPC_FAIL)");
     }
     // The peer freed the allocation at this address and made another: close the old mapping so
     // its memory can really be released (the freed buffer lives on while a peer maps it).
-    for (auto it = index_.lower_bound(Key{peer, local, key.base, 0});
+    for (auto it = index_.lower_bound(Key{peer, local, key.base, mem::IpcKind::kNone, 0});
          it != index_.end() && it->first.peer == peer && it->first.device == local &&
          it->first.base == key.base;) {
       it = it->second->pins == 0 ? drop(it) : std::next(it);
     }
     Device& dev = device(local);
     ScopedContext scope(d_, dev.context);
-    CUipcMemHandle handle;
-    std::memcpy(&handle, key.handle.data(), sizeof handle);
     CUdeviceptr pointer = 0;
-    CUresult result = d_->cuIpcOpenMemHandle(&pointer, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-    if (result != CUDA_SUCCESS) return driver_error("cuIpcOpenMemHandle", result);
-    CUdeviceptr range_base = 0;
-    std::size_t range_size = 0;
-    d_->cuMemGetAddressRange(&range_base, &range_size, pointer);
-    if (range_size < key.extent) {
-      d_->cuIpcCloseMemHandle(pointer);
-      return Status(Code::kProtocolError, "IPC handle maps " + std::to_string(range_size) +
-                                              " bytes, the peer announced " +
-                                              std::to_string(key.extent));
+    if (key.kind == mem::IpcKind::kPosixFd) {
+      Status status = map_descriptor(key, local, fd, &pointer);
+      if (!status) return status;
+    } else {
+      CUipcMemHandle handle;
+      std::memcpy(&handle, key.handle.data(), sizeof handle);
+      CUresult result =
+          d_->cuIpcOpenMemHandle(&pointer, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      if (result != CUDA_SUCCESS) return driver_error("cuIpcOpenMemHandle", result);
+      CUdeviceptr range_base = 0;
+      std::size_t range_size = 0;
+      d_->cuMemGetAddressRange(&range_base, &range_size, pointer);
+      if (range_size < key.extent) {
+        d_->cuIpcCloseMemHandle(pointer);
+        return Status(Code::kProtocolError, "IPC handle maps " + std::to_string(range_size) +
+                                                " bytes, the peer announced " +
+                                                std::to_string(key.extent));
+      }
     }
-    mappings_.push_front(Mapping{k, pointer, key.extent, 1});
+    mappings_.push_front(Mapping{k, pointer, key.extent, 1, key.kind});
     index_[k] = mappings_.begin();
     bytes_ += key.extent;
     evict();
@@ -244,7 +281,7 @@ class CudaImpl final : public Cuda {
   }
 
   void unpin(int peer, int local, const IpcKey& key) override {
-    auto found = index_.find(Key{peer, local, key.base, key.buffer_id});
+    auto found = index_.find(Key{peer, local, key.base, key.kind, key.buffer_id});
     if (found != index_.end() && found->second->pins > 0) --found->second->pins;
     evict();
   }
@@ -359,14 +396,17 @@ class CudaImpl final : public Cuda {
     std::uint32_t* flags = nullptr;  // host-mapped, one cache line per lane
     std::array<Lane, kLanesPerDevice> lanes;
   };
+  // Buffer ids (cudaMalloc) and memory block ids (cuMem) are separate counters: the kind is part
+  // of the key, or one allocation could be taken for another at a reused address.
   struct Key {
     int peer;
     int device;
     std::uint64_t base;
+    mem::IpcKind kind;
     std::uint64_t buffer_id;
     bool operator<(const Key& o) const {
-      return std::tie(peer, device, base, buffer_id) <
-             std::tie(o.peer, o.device, o.base, o.buffer_id);
+      return std::tie(peer, device, base, kind, buffer_id) <
+             std::tie(o.peer, o.device, o.base, o.kind, o.buffer_id);
     }
   };
   struct Mapping {
@@ -374,6 +414,7 @@ class CudaImpl final : public Cuda {
     CUdeviceptr mapped;
     std::uint64_t extent;
     int pins;
+    mem::IpcKind kind;
   };
 
   // The device's primary context and streams, made on first use.
@@ -418,7 +459,71 @@ class CudaImpl final : public Cuda {
   void close_mapping(const Mapping& mapping) {
     Device& dev = devices_[static_cast<std::size_t>(mapping.key.device)];
     ScopedContext scope(d_, dev.context);
-    d_->cuIpcCloseMemHandle(mapping.mapped);
+    if (mapping.kind == mem::IpcKind::kPosixFd) {
+      d_->cuMemUnmap(mapping.mapped, mapping.extent);  // releases the imported allocation
+      d_->cuMemAddressFree(mapping.mapped, mapping.extent);
+    } else {
+      d_->cuIpcCloseMemHandle(mapping.mapped);
+    }
+  }
+
+  // A cuMem allocation: device memory not made by cudaMalloc. Its mapping (not the reserved range
+  // around it) is what a peer maps, and its memory block id tells reuses of an address apart.
+  void classify_vmm(CUdeviceptr address, mem::MemoryInfo* info) {
+    CUpointer_attribute attributes[] = {
+        CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+        CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID};
+    unsigned long long handle_types = 0;
+    void* base = nullptr;
+    std::size_t size = 0;
+    unsigned long long block = 0;
+    void* values[] = {&handle_types, &base, &size, &block};
+    if (d_->cuPointerGetAttributes(4, attributes, values, address) != CUDA_SUCCESS) return;
+    if ((handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 || size == 0 || block == 0) {
+      return;
+    }
+    info->ipc = mem::IpcKind::kPosixFd;
+    info->base = reinterpret_cast<std::uint64_t>(base);
+    info->extent = size;
+    info->buffer_id = block;
+  }
+
+  // Imports a peer's cuMem allocation from its descriptor and maps it for `local`.
+  Status map_descriptor(const IpcKey& key, int local, util::Fd* fd, CUdeviceptr* mapped) {
+    if (fd == nullptr || !fd->valid()) {
+      return Status(Code::kProtocolError,
+                    "no file descriptor arrived with the peer's cuMem allocation");
+    }
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult result = d_->cuMemImportFromShareableHandle(
+        &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd->get())),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    fd->reset();
+    if (result != CUDA_SUCCESS) return driver_error("cuMemImportFromShareableHandle", result);
+    CUdeviceptr pointer = 0;
+    result = d_->cuMemAddressReserve(&pointer, key.extent, 0, 0, 0);
+    if (result != CUDA_SUCCESS) {
+      d_->cuMemRelease(handle);
+      return driver_error("cuMemAddressReserve", result);
+    }
+    result = d_->cuMemMap(pointer, key.extent, 0, handle, 0);
+    d_->cuMemRelease(handle);  // the mapping holds the allocation from here on
+    if (result != CUDA_SUCCESS) {
+      d_->cuMemAddressFree(pointer, key.extent);
+      return driver_error("cuMemMap of " + std::to_string(key.extent) + " bytes", result);
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = local;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    result = d_->cuMemSetAccess(pointer, key.extent, &access, 1);
+    if (result != CUDA_SUCCESS) {
+      d_->cuMemUnmap(pointer, key.extent);
+      d_->cuMemAddressFree(pointer, key.extent);
+      return driver_error("cuMemSetAccess", result);
+    }
+    *mapped = pointer;
+    return Status::ok();
   }
 
   void evict() {

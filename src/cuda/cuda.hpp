@@ -14,20 +14,24 @@
 #include "ferry/status.hpp"
 #include "mem/memory.hpp"
 #include "util/config.hpp"
+#include "util/fd.hpp"
 
 namespace ferry::cuda {
 
-// What a sender puts in a device rendezvous so that a peer can map its buffer (CUDA IPC).
-// Everything in it is checked by the receiver before use.
+// What a sender puts in a device rendezvous so that a peer can map its buffer. Everything in it is
+// checked by the receiver before use. A kPosixFd key travels with a file descriptor of the
+// allocation, passed beside it (util::FdMailbox, tagged with buffer_id).
 struct IpcKey {
-  std::array<std::byte, 64> handle{};  // CUipcMemHandle of the allocation
+  std::array<std::byte, 64> handle{};  // kLegacy: CUipcMemHandle of the allocation
   std::array<std::byte, 16> uuid{};    // the GPU it lives on (ordinals differ between processes)
   std::uint64_t base = 0;              // the allocation, in the sender's address space
   std::uint64_t extent = 0;
   std::uint64_t buffer_id = 0;  // changes when the allocation is freed and replaced
   std::uint64_t offset = 0;     // of the message within the allocation
+  mem::IpcKind kind = mem::IpcKind::kLegacy;
+  std::array<std::uint8_t, 7> reserved{};
 };
-static_assert(sizeof(IpcKey) == 112);
+static_assert(sizeof(IpcKey) == 120);
 
 // A copy in flight: complete when done(ticket).
 struct Ticket {
@@ -48,16 +52,21 @@ class Cuda {
   // 234 ns for host pointers on an H100. Unknown pointers are host memory.
   virtual mem::MemoryInfo classify(const void* pointer) = 0;
 
-  // Exports the allocation holding [pointer, pointer + bytes); the handle is cached per buffer id.
-  virtual Status export_ipc(const void* pointer, const mem::MemoryInfo& info, IpcKey* key) = 0;
+  // Exports the allocation holding `pointer` (info.ipc says how). kLegacy: the handle is cached per
+  // buffer id. kPosixFd: *fd receives a new descriptor of the allocation, never cached (an open
+  // descriptor keeps freed GPU memory alive); the caller passes it to the peer and closes it.
+  virtual Status export_ipc(const void* pointer, const mem::MemoryInfo& info, IpcKey* key,
+                            util::Fd* fd) = 0;
 
   // Can this process's `device` copy from the peer GPU named by `uuid`? Empty when yes, else why.
   virtual std::string ipc_refusal(const std::array<std::byte, 16>& uuid, int device) = 0;
 
   // Maps a peer's allocation (cached per (peer, base, buffer id); a stale entry for the same base
   // is closed; LRU-bounded) and returns the address of key.offset in it. Pins the entry until
-  // unpin(); a failure says what was tried.
-  virtual Status import_ipc(int peer, const IpcKey& key, int device, void** mapped) = 0;
+  // unpin(); a failure says what was tried. A kPosixFd key not in the cache needs the descriptor
+  // that came with it in *fd (imported, then closed).
+  virtual Status import_ipc(int peer, const IpcKey& key, int device, util::Fd* fd,
+                            void** mapped) = 0;
   virtual void unpin(int peer, int device, const IpcKey& key) = 0;
   // Drops every mapping of a peer (it died or finalized).
   virtual void forget_peer(int peer) = 0;

@@ -7,7 +7,10 @@ std::string to_string(const MemoryInfo& info) {
     case MemoryKind::kHost:
       return info.pinned ? "host (pinned)" : "host";
     case MemoryKind::kCudaDevice:
-      return "cuda:" + std::to_string(info.device);
+      return "cuda:" + std::to_string(info.device) +
+             (info.ipc == IpcKind::kPosixFd ? " (cuMem, shared by descriptor)"
+              : info.ipc == IpcKind::kNone  ? " (not IPC-capable)"
+                                            : "");
     case MemoryKind::kCudaManaged:
       return "cuda managed";
   }

@@ -39,18 +39,22 @@ void Engine::isend_device(std::uint32_t index, int destination, const mem::Memor
   slot.device = memory.device;
   slot.rendezvous = true;
   RtsDevHeader header{slot.tag, slot.size, requests_.wire_id(index), 0, 0};
-  // Managed memory and allocations without a buffer id have no usable IPC handle: they go by
-  // host staging without changing the verdict for the peer.
-  const bool exportable = memory.kind == mem::MemoryKind::kCudaDevice && memory.buffer_id != 0;
-  if (cuda_ipc_ && exportable && !peer.ipc_refused && destination != rank_) {
-    Status status = cuda_->export_ipc(slot.send_buffer, memory, &slot.key);
+  // Managed memory, allocations without a buffer id and cuMem allocations that cannot be shared
+  // have no usable IPC handle: they go by host staging without changing the verdict for the peer.
+  const bool exportable = memory.kind == mem::MemoryKind::kCudaDevice && memory.buffer_id != 0 &&
+                          memory.ipc != mem::IpcKind::kNone;
+  if (cuda_ipc_ && exportable && !peer.verdict(memory.ipc).refused && destination != rank_) {
+    util::Fd descriptor;
+    Status status = cuda_->export_ipc(slot.send_buffer, memory, &slot.key, &descriptor);
+    if (status && memory.ipc == mem::IpcKind::kPosixFd) {
+      // The descriptor goes first: it waits in the peer's mailbox when RTS_DEV arrives.
+      status = mailbox_ ? mailbox_->send(destination, slot.key.buffer_id, descriptor.get())
+                        : Status(Code::kUnsupported, mailbox_why_);
+    }
     if (status) {
       header.flags |= kRtsHasKey;
     } else {
-      peer.ipc_refused = true;
-      peer.ipc_why = "exporting an IPC handle failed: " + status.message();
-      FERRY_LOG(kWarn, "CUDA IPC to rank %d not possible (%s); device data goes by host staging",
-                destination, peer.ipc_why.c_str());
+      refuse_ipc(destination, memory.ipc, "exporting the allocation failed: " + status.message());
     }
   }
   Pending pending;
@@ -105,8 +109,13 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
   std::uint32_t flags = 0;
   if (key != nullptr && slot.device >= 0) {
     // Rung 1; a host receive buffer skips it (the sender fills the ring, the CPU empties it).
-    std::string refusal = peer.ipc_refused ? peer.ipc_why : std::string();
-    if (refusal.empty() && key->offset + length > key->extent) {
+    std::string refusal;
+    if (key->kind != mem::IpcKind::kLegacy && key->kind != mem::IpcKind::kPosixFd) {
+      protocol_error(source, "RTS_DEV key of an unknown kind (staged instead)");
+      refusal = "the peer sent an IPC key of an unknown kind";
+    } else if (peer.verdict(key->kind).refused) {
+      refusal = peer.verdict(key->kind).why;
+    } else if (key->offset + length > key->extent) {
       protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
       refusal = "the peer sent an IPC key that does not cover its message";
     }
@@ -116,15 +125,10 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
       if (status || slot.device_ops > 0) return;  // copying (or failing once pieces are done)
       refusal = status.message();
     }
-    if (!peer.ipc_refused) {
-      peer.ipc_refused = true;
-      peer.ipc_why = refusal;
-      FERRY_LOG(kWarn,
-                "CUDA IPC from rank %d refused (%s); its device data goes by host staging from "
-                "now on",
-                source, refusal.c_str());
-    }
+    refuse_ipc(source, key->kind, refusal);
     flags |= kStageIpcRefused;
+  } else if (key != nullptr && key->kind == mem::IpcKind::kPosixFd) {
+    take_descriptor(source, key->buffer_id);  // not needed: a host receive buffer
   }
   start_staged_receive(index, source, sreq, flags);
 }
@@ -134,7 +138,9 @@ Status Engine::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq
   RequestSlot& slot = requests_[index];
   const std::size_t length = slot.info.bytes;
   void* mapped = nullptr;
-  Status status = cuda_->import_ipc(source, key, slot.device, &mapped);
+  util::Fd descriptor;
+  if (key.kind == mem::IpcKind::kPosixFd) descriptor = take_descriptor(source, key.buffer_id);
+  Status status = cuda_->import_ipc(source, key, slot.device, &descriptor, &mapped);
   if (!status) return status;
   // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by default:
   // on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
@@ -185,11 +191,12 @@ void Engine::handle_stage_cts(int source, std::span<const std::byte> data) {
     return protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
   }
   Peer& peer = peers_[static_cast<std::size_t>(source)];
-  if ((header.flags & kStageIpcRefused) != 0 && !peer.ipc_refused) {
-    peer.ipc_refused = true;
-    peer.ipc_why = "rank " + std::to_string(source) + " could not open our IPC handles";
-    FERRY_LOG(kWarn, "%s; device data to it goes by host staging from now on",
-              peer.ipc_why.c_str());
+  if ((header.flags & kStageIpcRefused) != 0) {
+    refuse_ipc(
+        source, slot->key.kind,
+        "rank " + std::to_string(source) +
+            (slot->key.kind == mem::IpcKind::kPosixFd ? " could not map our cuMem allocations"
+                                                      : " could not open our IPC handles"));
   }
   if (!peer.ring_tx) {
     try {
@@ -212,6 +219,51 @@ void Engine::handle_stage_cts(int source, std::span<const std::byte> data) {
   slot->staged = 0;
   peer.stage_streams.push_back(index);
   pump_stage(source);
+}
+
+void Engine::refuse_ipc(int peer_rank, mem::IpcKind kind, const std::string& why) {
+  Peer::IpcVerdict& verdict = peers_[static_cast<std::size_t>(peer_rank)].verdict(kind);
+  if (verdict.refused) return;
+  verdict.refused = true;
+  verdict.why = why;
+  FERRY_LOG(kWarn, "%s with rank %d not possible (%s); such device data goes by host staging",
+            kind == mem::IpcKind::kPosixFd ? "mapping cuMem allocations" : "CUDA IPC", peer_rank,
+            why.c_str());
+}
+
+util::Fd Engine::take_descriptor(int source, std::uint64_t buffer_id) {
+  constexpr std::size_t kMaxWaiting = 256;  // descriptors of messages not yet matched
+  if (mailbox_) {
+    std::vector<util::FdMailbox::Letter> letters;
+    std::size_t rejected = 0;
+    mailbox_->receive(&letters, &rejected);
+    if (rejected > 0) FERRY_LOG(kWarn, "dropped %zu malformed descriptor message(s)", rejected);
+    for (util::FdMailbox::Letter& letter : letters) {
+      // Only from a rank of this job whose process the kernel vouches for.
+      const bool known =
+          letter.sender_rank >= 0 && letter.sender_rank < size_ &&
+          peers_[static_cast<std::size_t>(letter.sender_rank)].endpoint != nullptr &&
+          letter.sender_pid != 0 &&
+          peers_[static_cast<std::size_t>(letter.sender_rank)].endpoint->peer_pid() ==
+              letter.sender_pid;
+      if (!known) {
+        FERRY_LOG(kWarn, "dropped a descriptor from pid %d claiming to be rank %d",
+                  static_cast<int>(letter.sender_pid), letter.sender_rank);
+        continue;
+      }
+      descriptors_.emplace_back(std::make_pair(letter.sender_rank, letter.tag),
+                                std::move(letter.fd));
+    }
+    while (descriptors_.size() > kMaxWaiting) descriptors_.pop_front();
+  }
+  for (auto it = descriptors_.begin(); it != descriptors_.end(); ++it) {
+    if (it->first == std::make_pair(source, buffer_id)) {
+      util::Fd fd = std::move(it->second);
+      descriptors_.erase(it);
+      return fd;
+    }
+  }
+  return {};
 }
 
 void Engine::pump_stage(int peer_rank) {

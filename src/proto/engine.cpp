@@ -51,6 +51,17 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
     throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
   }
   cuda_ipc_ = config_.get_bool(util::Var::kCudaIpc);
+  if (cuda_ && cuda_ipc_ && bootstrap_->local_ranks().size() > 1) {
+    // Bound before the address exchange, so a peer never finds it missing.
+    try {
+      mailbox_ = std::make_unique<util::FdMailbox>(bootstrap_->job_id(), rank_);
+    } catch (const Error& e) {
+      mailbox_why_ = e.what();
+      FERRY_LOG(kInfo, "cuMem allocations go by host staging: %s", e.what());
+    }
+  } else {
+    mailbox_why_ = "no descriptor mailbox (CUDA IPC off or no other process on this node)";
+  }
   ipc_split_ = config_.get_size(util::Var::kCudaIpcSplit);
   test_host_staging_ = config_.get_bool(util::Var::kTestHostStaging);
   test_get_delay_ = config_.get_seconds(util::Var::kTestGetDelay);
@@ -239,12 +250,15 @@ std::string Engine::describe_peer(int rank) const {
     out += "; device buffers: ";
     if (!cuda_ipc_) {
       out += "host-staged (FERRY_CUDA_IPC=0)";
-    } else if (peer.ipc_refused) {
-      out += "host-staged (CUDA IPC refused: " + peer.ipc_why + ")";
     } else if (rank == rank_) {
       out += "host-staged (same process)";
     } else {
-      out += "CUDA IPC (host-staged if refused)";
+      out += peer.ipc_legacy.refused ? "host-staged (CUDA IPC refused: " + peer.ipc_legacy.why + ")"
+                                     : std::string("CUDA IPC (host-staged if refused)");
+      out += peer.ipc_fd.refused
+                 ? "; cuMem allocations host-staged (" + peer.ipc_fd.why + ")"
+                 : std::string(mailbox_ ? "; cuMem allocations by descriptor passing"
+                                        : "; cuMem allocations host-staged (" + mailbox_why_ + ")");
     }
   }
   return out;

@@ -17,6 +17,7 @@
 #include "proto/request_pool.hpp"
 #include "transport/transport.hpp"
 #include "util/config.hpp"
+#include "util/fd_mailbox.hpp"
 
 namespace ferry::transport::self {
 class SelfTransport;
@@ -93,9 +94,17 @@ class Engine final : public transport::AmHandler {
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
     bool failed = false;          // the peer died: everything involving it fails with `why`
     std::deque<Pending> pending;  // in order; nothing bypasses it
-    // Device buffers: the fallback ladder's verdict for this peer, and the staging rings.
-    bool ipc_refused = false;  // CUDA IPC failed or was refused once: staged from now on
-    std::string ipc_why;
+    // Device buffers: the fallback ladder's verdict for this peer, per way of mapping memory
+    // (legacy CUDA IPC, cuMem descriptors), and the staging rings.
+    struct IpcVerdict {
+      bool refused = false;  // failed or refused once: staged from now on
+      std::string why;
+    };
+    IpcVerdict ipc_legacy;
+    IpcVerdict ipc_fd;
+    IpcVerdict& verdict(mem::IpcKind kind) {
+      return kind == mem::IpcKind::kPosixFd ? ipc_fd : ipc_legacy;
+    }
     std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use)
     std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
     std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
@@ -164,6 +173,10 @@ class Engine final : public transport::AmHandler {
   // An announced rendezvous message that waits for its receive.
   static Unexpected unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
                                           std::uint64_t sreq);
+  // Records that a way of mapping device memory failed with a peer, once, and logs it.
+  void refuse_ipc(int peer, mem::IpcKind kind, const std::string& why);
+  // The descriptor that came with a cuMem key from `source` (closed, or invalid if none came).
+  util::Fd take_descriptor(int source, std::uint64_t buffer_id);
   void pump_stage(int peer);
   int poll_device_ops();
   // Completes the request once no copy uses its buffer any more.
@@ -183,6 +196,11 @@ class Engine final : public transport::AmHandler {
   std::size_t stage_chunk_ = 0;
   std::size_t stage_slots_ = 0;
   std::vector<DeviceOp> device_ops_;
+  // cuMem descriptors: our mailbox (null, mailbox_why_ says why), and those received but not yet
+  // used, by (sender, memory block id), oldest first for a bound.
+  std::unique_ptr<util::FdMailbox> mailbox_;
+  std::string mailbox_why_;
+  std::deque<std::pair<std::pair<int, std::uint64_t>, util::Fd>> descriptors_;
   int rank_ = 0;
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;

@@ -68,6 +68,8 @@ class Endpoint {
   // returns, and the check after the read, so a clean check proves the read saw live data.
   virtual void mark_withdrawn(std::uint64_t /*sreq*/) {}
   [[nodiscard]] virtual bool was_withdrawn(std::uint64_t /*sreq*/) const { return false; }
+  // The peer's process id where it runs on this node and the transport knows it, else 0.
+  [[nodiscard]] virtual int peer_pid() const { return 0; }
   // "shm (cma single-copy)" / "shm (pipelined: cma probe failed: EPERM)".
   [[nodiscard]] virtual std::string describe() const = 0;
 };

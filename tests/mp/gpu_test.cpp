@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda.hpp"
 #include "cuda/driver.hpp"
 #include "ferry/ferry.hpp"
 
@@ -20,6 +21,7 @@ namespace {
 
 Context* g_ctx = nullptr;
 const cuda::Driver* g_cuda = nullptr;
+int g_device = 0;  // this rank's GPU
 Context& ctx() { return *g_ctx; }
 int me() { return ctx().rank(); }
 int other() { return 1 - me(); }
@@ -31,22 +33,56 @@ void check(CUresult result, const char* what) {
   }
 }
 
+enum class Mem {
+  kHost,
+  kDevice,        // cuMemAlloc (cudaMalloc): legacy CUDA IPC
+  kCuMem,         // cuMemCreate, shareable as a POSIX file descriptor
+  kCuMemPrivate,  // cuMemCreate without a shareable handle type: only staging can move it
+};
+
 // A buffer in host or device memory, with helpers to fill and read it through host memory.
 class Buffer {
  public:
-  Buffer(bool device, std::size_t bytes)
-      : device_(device), bytes_(std::max<std::size_t>(bytes, 1)) {
-    if (device_) {
+  Buffer(bool device, std::size_t bytes) : Buffer(device ? Mem::kDevice : Mem::kHost, bytes) {}
+  Buffer(Mem mem, std::size_t bytes)
+      : device_(mem != Mem::kHost), mem_(mem), bytes_(std::max<std::size_t>(bytes, 1)) {
+    if (mem_ == Mem::kDevice) {
       CUdeviceptr p = 0;
       check(g_cuda->cuMemAlloc(&p, bytes_), "cuMemAlloc");
+      data_ = reinterpret_cast<std::byte*>(p);
+    } else if (device_) {
+      CUmemAllocationProp prop{};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = g_device;
+      prop.requestedHandleTypes =
+          mem_ == Mem::kCuMem ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+      std::size_t granularity = 0;
+      check(g_cuda->cuMemGetAllocationGranularity(&granularity, &prop,
+                                                  CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            "cuMemGetAllocationGranularity");
+      mapped_ = (bytes_ + granularity - 1) / granularity * granularity;
+      check(g_cuda->cuMemCreate(&handle_, mapped_, &prop, 0), "cuMemCreate");
+      CUdeviceptr p = 0;
+      check(g_cuda->cuMemAddressReserve(&p, mapped_, 0, 0, 0), "cuMemAddressReserve");
+      check(g_cuda->cuMemMap(p, mapped_, 0, handle_, 0), "cuMemMap");
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      check(g_cuda->cuMemSetAccess(p, mapped_, &access, 1), "cuMemSetAccess");
       data_ = reinterpret_cast<std::byte*>(p);
     } else {
       data_ = new std::byte[bytes_];
     }
   }
   ~Buffer() {
-    if (device_) {
-      g_cuda->cuMemFree(reinterpret_cast<CUdeviceptr>(data_));
+    const auto p = reinterpret_cast<CUdeviceptr>(data_);
+    if (mem_ == Mem::kDevice) {
+      g_cuda->cuMemFree(p);
+    } else if (device_) {
+      g_cuda->cuMemUnmap(p, mapped_);
+      g_cuda->cuMemAddressFree(p, mapped_);
+      g_cuda->cuMemRelease(handle_);
     } else {
       delete[] data_;
     }
@@ -81,7 +117,10 @@ class Buffer {
 
  private:
   bool device_;
+  Mem mem_;
   std::size_t bytes_;
+  std::size_t mapped_ = 0;  // cuMem: the mapped size (a multiple of the granularity)
+  CUmemGenericAllocationHandle handle_ = 0;
   std::byte* data_ = nullptr;
 };
 
@@ -121,14 +160,15 @@ std::vector<std::size_t> sizes_up_to_1GiB() {
 
 // One message from rank 0 to rank 1 in the given memory kinds, checked byte for byte, including
 // that nothing past the message was written.
-void transfer(bool device0, bool device1, std::size_t bytes, std::uint64_t seq) {
+void transfer(Mem mem0, Mem mem1, std::size_t bytes, std::uint64_t seq) {
   constexpr std::size_t kGuard = 64;
+  const bool device0 = mem0 != Mem::kHost, device1 = mem1 != Mem::kHost;
   if (me() == 0) {
-    Buffer out(device0, bytes);
+    Buffer out(mem0, bytes);
     out.write(pattern(bytes, seq));
     ASSERT_TRUE(ctx().send(out.data(), bytes, 1, seq).is_ok());
   } else {
-    Buffer in(device1, bytes + kGuard);
+    Buffer in(mem1, bytes + kGuard);
     in.write(std::vector<std::uint8_t>(bytes + kGuard, 0xee));
     Request r = ctx().irecv(in.data(), bytes + kGuard, 0, seq);
     ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
@@ -148,7 +188,8 @@ TEST(Gpu, EveryMemoryPairAndSizeFromOneByteTo1GiB) {
   const bool pairs[3][2] = {{true, true}, {true, false}, {false, true}};
   for (const auto& pair : pairs) {
     for (std::size_t bytes : sizes_up_to_1GiB()) {
-      transfer(pair[0], pair[1], bytes, seq++);
+      transfer(pair[0] ? Mem::kDevice : Mem::kHost, pair[1] ? Mem::kDevice : Mem::kHost, bytes,
+               seq++);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -227,6 +268,97 @@ TEST(Gpu, TenThousandFreedBuffersKeepGpuMemoryFlat) {
   EXPECT_LT(grown_mib, 512.0) << "freed buffers stay mapped by the peer";
 }
 
+bool ipc_expected() {
+  const char* ipc = std::getenv("FERRY_CUDA_IPC");
+  const char* fail = std::getenv("FERRY_TEST_CUDA_IPC_FAIL");
+  return !(ipc != nullptr && std::string(ipc) == "0") &&
+         !(fail != nullptr && std::string(fail) == "1");
+}
+
+TEST(Gpu, CuMemAllocationsMoveWithTheirDescriptors) {
+  // cuMem (VMM) allocations, as PyTorch's expandable segments make them: no legacy IPC handle,
+  // mapped by the receiver from a POSIX descriptor passed over the node's socket.
+  {
+    // ferry sees them as such (so no verdict below could come from a send that never tried).
+    std::string why;
+    std::unique_ptr<cuda::Cuda> module = cuda::Cuda::create(util::Config::load(), &why);
+    ASSERT_TRUE(module) << why;
+    Buffer probe(Mem::kCuMem, 3 << 20);
+    const mem::MemoryInfo info = module->classify(probe.data() + 5);
+    EXPECT_EQ(info.kind, mem::MemoryKind::kCudaDevice);
+    EXPECT_EQ(info.ipc, mem::IpcKind::kPosixFd) << mem::to_string(info);
+    EXPECT_EQ(info.base, reinterpret_cast<std::uint64_t>(probe.data()));
+    EXPECT_GE(info.extent, std::uint64_t{3} << 20);
+    Buffer plain(Mem::kCuMemPrivate, 1);
+    EXPECT_EQ(module->classify(plain.data()).ipc, mem::IpcKind::kNone);
+    Buffer legacy(Mem::kDevice, 1);
+    EXPECT_EQ(module->classify(legacy.data()).ipc, mem::IpcKind::kLegacy);
+  }
+  std::uint64_t seq = 5000;
+  const std::size_t sizes[] = {1, 4096, (1 << 20) + 3, 8 << 20, 64 << 20};
+  for (std::size_t bytes : sizes) {
+    transfer(Mem::kCuMem, Mem::kDevice, bytes, seq++);
+    transfer(Mem::kCuMem, Mem::kCuMem, bytes, seq++);
+    transfer(Mem::kDevice, Mem::kCuMem, bytes, seq++);
+    transfer(Mem::kCuMem, Mem::kHost, bytes, seq++);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  const std::string path = ctx().describe_peer(other());
+  if (ipc_expected()) {
+    EXPECT_NE(path.find("cuMem allocations by descriptor passing"), std::string::npos) << path;
+  }
+}
+
+TEST(Gpu, UnshareableCuMemIsStagedWithoutGivingUpIpc) {
+  // An allocation that cannot be exported is moved by staging; the peer's IPC verdict stays.
+  std::uint64_t seq = 6000;
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{3} << 20}) {
+    transfer(Mem::kCuMemPrivate, Mem::kDevice, bytes, seq++);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  const std::string path = ctx().describe_peer(other());
+  if (ipc_expected()) {
+    EXPECT_NE(path.find("device buffers: CUDA IPC (host-staged if refused)"), std::string::npos)
+        << path;
+    EXPECT_EQ(path.find("cuMem allocations host-staged"), std::string::npos) << path;
+  }
+}
+
+TEST(Gpu, FreedCuMemAllocationsKeepGpuMemoryFlat) {
+  // As TenThousandFreedBuffersKeepGpuMemoryFlat, for mappings made from descriptors: each round
+  // is a new allocation, often at the address of the last one.
+  const std::size_t bytes = 2 << 20;
+  const int rounds = 2000;
+  std::size_t free_at_start = 0, free_now = 0, total = 0;
+  Buffer in(true, bytes);
+  for (int i = 0; i < rounds; ++i) {
+    if (me() == 0) {
+      Buffer out(Mem::kCuMem, bytes);
+      check(g_cuda->cuMemsetD8(reinterpret_cast<CUdeviceptr>(out.data()),
+                               static_cast<unsigned char>(i), bytes),
+            "cuMemsetD8");
+      check(g_cuda->cuCtxSynchronize(), "cuCtxSynchronize");
+      ASSERT_TRUE(ctx().send(out.data(), bytes, 1, 10).is_ok());
+    } else {
+      ASSERT_TRUE(ctx().recv(in.data(), bytes, 0, 10).is_ok());
+      std::vector<std::uint8_t> got = in.read(bytes);
+      ASSERT_EQ(got[0], static_cast<std::uint8_t>(i)) << "round " << i;
+      ASSERT_EQ(got[bytes - 1], static_cast<std::uint8_t>(i)) << "round " << i;
+    }
+    if (i == 100) check(g_cuda->cuMemGetInfo(&free_at_start, &total), "cuMemGetInfo");
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  check(g_cuda->cuMemGetInfo(&free_now, &total), "cuMemGetInfo");
+  const double grown_mib =
+      (static_cast<double>(free_at_start) - static_cast<double>(free_now)) / (1 << 20);
+  std::printf(
+      "rank %d: GPU memory in use grew by %.0f MiB over %d cuMem allocate/send/free rounds\n", me(),
+      grown_mib, rounds);
+  EXPECT_LT(grown_mib, 512.0) << "freed cuMem allocations stay mapped by the peer";
+}
+
 TEST(Gpu, PeerPathIsReported) {
   ASSERT_TRUE(ctx().barrier().is_ok());
   const std::string path = ctx().describe_peer(other());
@@ -263,8 +395,8 @@ int main(int argc, char** argv) {
     }
     // One GPU per rank where there are several; both ranks on GPU 0 otherwise.
     CUdevice device;
-    ferry::check(ferry::g_cuda->cuDeviceGet(&device, ctx.rank() % ferry::g_cuda->device_count),
-                 "cuDeviceGet");
+    ferry::g_device = ctx.rank() % ferry::g_cuda->device_count;
+    ferry::check(ferry::g_cuda->cuDeviceGet(&device, ferry::g_device), "cuDeviceGet");
     CUcontext context;
     ferry::check(ferry::g_cuda->cuDevicePrimaryCtxRetain(&context, device), "retain");
     ferry::check(ferry::g_cuda->cuCtxSetCurrent(context), "set current");

@@ -23,6 +23,7 @@ class ShmEndpoint final : public Endpoint {
   [[nodiscard]] bool has_get() const override { return cma_ok_; }
   void mark_withdrawn(std::uint64_t sreq) override;
   [[nodiscard]] bool was_withdrawn(std::uint64_t sreq) const override;
+  [[nodiscard]] int peer_pid() const override { return peer_pid_; }
   [[nodiscard]] std::string describe() const override;
 
  private:
