@@ -15,6 +15,9 @@
 #include "util/clock.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
+#if FERRY_HAVE_OFI
+#include "transport/ofi/transport.hpp"
+#endif
 #include "util/wire.hpp"
 
 namespace ferry::proto {
@@ -106,6 +109,34 @@ void Engine::setup_transports() {
     transport_notes_.push_back("shm: available (" + std::to_string(local.size()) +
                                " processes on this node)");
   }
+  setup_ofi(local.size());
+}
+
+void Engine::setup_ofi(std::size_t local_count) {
+  if (!config_.list_contains(util::Var::kTransports, "ofi")) {
+    transport_notes_.push_back("ofi: excluded by FERRY_TRANSPORTS");
+    return;
+  }
+  const bool shm = config_.list_contains(util::Var::kTransports, "shm");
+  if (shm && local_count == static_cast<std::size_t>(size_)) {
+    transport_notes_.push_back("ofi: not needed (every rank is on this node)");
+    return;
+  }
+#if FERRY_HAVE_OFI
+  try {
+    auto ofi = std::make_unique<transport::ofi::OfiTransport>(config_, rank_, size_, this);
+    transport_notes_.push_back("ofi: " + ofi->provider());
+    transports_.push_back(std::move(ofi));
+    polled_.push_back(transports_.back().get());
+  } catch (const Error& e) {
+    // Not fatal here: peers it was needed for say "no transport reaches rank N (ofi: …)".
+    FERRY_LOG(kWarn, "ofi transport unavailable: %s", e.what());
+    transport_notes_.push_back(std::string("ofi: unavailable (") + e.what() + ")");
+  }
+#else
+  transport_notes_.push_back(
+      "ofi: not in this build (no rdma/fabric.h at configure time: install libfabric-dev)");
+#endif
 }
 
 void Engine::connect_peers() {

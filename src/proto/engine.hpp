@@ -125,6 +125,7 @@ class Engine final : public transport::AmHandler {
 
   Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootstrap);
   void setup_transports();
+  void setup_ofi(std::size_t local_count);  // local_count: ranks on this node
   void connect_peers();
   void finalize();
 

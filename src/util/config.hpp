@@ -17,8 +17,17 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
 #define FERRY_CONFIG_VARS(X)                                                                      \
   X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                   \
     "what ferry prints to stderr")                                                                \
-  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm", 0, 0, "self|shm",                         \
-    "transports ferry may use (comma-separated)")                                                 \
+  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm,ofi", 0, 0, "self|shm|ofi",                 \
+    "transports ferry may use (comma-separated); ofi is opened only when a rank is on another "   \
+    "node or shm is excluded")                                                                    \
+  X(kOfiProvider, "FERRY_OFI_PROVIDER", kString, "^shm", 0, 0, "",                                \
+    "libfabric providers ofi may use: names to allow, ^names to refuse (e.g. tcp, ^sockets)")     \
+  X(kKeepalive, "FERRY_KEEPALIVE", kSeconds, "1", 0, 3600, "",                                    \
+    "interval of the keepalive ofi sends to every peer (a failed send marks it dead; 0: off)")    \
+  X(kKeepaliveTimeout, "FERRY_KEEPALIVE_TIMEOUT", kSeconds, "0", 0, 86400, "",                    \
+    "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "     \
+    "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "   \
+    "every rank calls ferry at least that often)")                                                \
   X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                         \
     "messages larger than this go by rendezvous (capped by the transport's eager limit)")         \
   X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "2000", 0, 100000000, "",                               \
@@ -63,6 +72,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "its protocol runs on machines without a GPU")                                                \
   X(kTestStageOpenFail, "FERRY_TEST_STAGE_OPEN_FAIL", kBool, "0", 0, 0, "",                       \
     "test fault: a receiver cannot map its peer's staging ring (both sides must fail, not wait)") \
+  X(kTestOfiRemote, "FERRY_TEST_OFI_REMOTE", kBool, "0", 0, 0, "",                                \
+    "test: ofi treats every peer as on another node (no pidfd: keepalives must find deaths)")     \
   X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                              \
     "test: a receiver waits this long between matching a rendezvous and its zero-copy get")       \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                           \

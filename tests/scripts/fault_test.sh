@@ -2,13 +2,21 @@
 # A rank SIGKILLed mid-job under `ferryrun --keep-going`: the survivors' operations with it fail
 # with kPeerFailed (checked inside fault_test), they finish their own work and exit 0, ferryrun
 # reports the death and exits 137, nothing is left in /dev/shm, and the job ends in seconds.
-#   fault_test.sh FERRYRUN FAULT_TEST
+# With a third argument `ofi` the same kill runs over libfabric (tcp and shm providers, the death
+# seen by pidfd; and tcp with every peer taken as remote, the death seen by keepalives).
+#   fault_test.sh FERRYRUN FAULT_TEST [ofi]
 set -u
-ferryrun=$1 program=$2
+ferryrun=$1 program=$2 with_ofi=${3:-}
 passed=0 failed=0
 leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
 before=$(leftovers)
-for variant in "" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0"; do
+variants=("" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0")
+if [ "$with_ofi" = ofi ]; then
+  variants+=("FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp"
+             "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=shm"
+             "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2")
+fi
+for variant in "${variants[@]}"; do
   start=$(date +%s%N)
   out=$(env $variant timeout 60 "$ferryrun" --keep-going -n 3 "$program" 2>&1)
   rc=$?

@@ -54,7 +54,6 @@ int main(int argc, char** argv) {
     if (ctx.rank() == 0) {
       std::printf("ferry %s\n\nTransports (rank 0 of %d):\n", FERRY_VERSION_STRING, ctx.size());
       for (const auto& line : ctx.describe_transports()) std::printf("  %s\n", line.c_str());
-      std::printf("  ofi: not in this build (the libfabric module is not built yet)\n");
       print_config(config);
       std::fflush(stdout);
     }

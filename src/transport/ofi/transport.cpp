@@ -1,0 +1,536 @@
+// The ofi transport (see transport.hpp): provider choice, endpoint set-up, bounce buffers, the
+// completion queue and peer failure.
+#include "transport/ofi/transport.hpp"
+
+#include <poll.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "transport/ofi/fabric.hpp"
+#include "util/config.hpp"
+#include "util/log.hpp"
+
+namespace ferry::transport::ofi {
+namespace {
+
+constexpr std::size_t kBufferSize = 64 * 1024;  // the largest active message, with its header
+constexpr std::uint32_t kReceives = 64;         // posted in advance
+constexpr std::uint32_t kSends = 64;            // bounce buffers for sends larger than inject
+constexpr int kSendsPerPeer = 16;  // in flight to one peer: a dead one cannot hold them all
+constexpr std::uint8_t kKeepaliveId = 0xff;  // handled here, never delivered
+constexpr std::uint16_t kMagic = 0xfe71;
+
+// What a rank publishes: its pid and node identity, then its endpoint's name. Two ranks with the
+// same node identity (boot id and pid namespace) can watch each other's process.
+struct AddressHeader {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::array<char, 64> node;
+};
+constexpr std::uint32_t kAddressMagic = 0x0f1ad0e5;
+
+std::array<char, 64> node_identity() {
+  std::array<char, 64> node{};
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat ns {};
+  const auto pid_ns = ::stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
+  const std::string id = boot + "/" + std::to_string(pid_ns);
+  std::memcpy(node.data(), id.data(), std::min(id.size(), node.size() - 1));
+  return node;
+}
+
+// "tcp;ofi_rxm" is allowed by "tcp", "ofi_rxm" or nothing, refused by "^tcp".
+bool provider_allowed(const std::string& list, const char* name) {
+  std::vector<std::string> parts;
+  std::stringstream components(name != nullptr ? name : "");
+  for (std::string part; std::getline(components, part, ';');) parts.push_back(part);
+  bool any_include = false, included = false;
+  std::stringstream entries(list);
+  for (std::string entry; std::getline(entries, entry, ',');) {
+    if (entry.empty()) continue;
+    const bool exclude = entry[0] == '^';
+    const std::string word = exclude ? entry.substr(1) : entry;
+    const bool hit = std::find(parts.begin(), parts.end(), word) != parts.end();
+    if (exclude && hit) return false;
+    if (!exclude) {
+      any_include = true;
+      included = included || hit;
+    }
+  }
+  return !any_include || included;
+}
+
+}  // namespace
+
+// Before every message: who sent it, how long it is and its place in the sender's stream to us,
+// checked before anything else is read. Providers keep matching order (FI_ORDER_SAS) but not
+// completion order: under tcp;ofi_rxm a large message that goes by the provider's own rendezvous
+// completes after smaller ones sent behind it, so the receiver restores order by `seq`.
+struct OfiTransport::Wire {
+  std::uint8_t id;
+  std::uint8_t reserved;
+  std::uint16_t magic;
+  std::int32_t source;
+  std::uint32_t length;  // of what follows (the engine's header and payload)
+  std::uint32_t seq;
+};
+
+struct OfiTransport::Op {
+  fi_context2 context;  // first: providers that ask for FI_CONTEXT(2) use it
+  bool send = false;
+  int peer = -1;
+  std::uint32_t buffer = 0;
+};
+
+OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHandler* handler)
+    : rank_(rank),
+      size_(size),
+      handler_(handler),
+      keepalive_s_(config.get_seconds(util::Var::kKeepalive)),
+      silence_s_(config.get_seconds(util::Var::kKeepaliveTimeout)),
+      test_remote_(config.get_bool(util::Var::kTestOfiRemote)) {
+  if (silence_s_ > 0 && (keepalive_s_ == 0 || silence_s_ < 2 * keepalive_s_)) {
+    throw Error(Code::kInvalidArgument,
+                "FERRY_KEEPALIVE_TIMEOUT needs keepalives at least twice as often "
+                "(FERRY_KEEPALIVE), or live peers would be taken for dead");
+  }
+  std::string why;
+  fi_ = fabric(&why);
+  if (fi_ == nullptr) throw Error(Code::kUnsupported, why);
+  auto fail = [this](const char* call, int code) {
+    throw Error(Code::kIoError, std::string(call) + " failed: " + error_text(code) +
+                                    (provider_.empty() ? "" : " (" + provider_ + ")"));
+  };
+
+  fi_info* hints = fi_->dupinfo(nullptr);
+  if (hints == nullptr) throw Error(Code::kNoResources, "fi_allocinfo failed");
+  hints->caps = FI_MSG;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->tx_attr->msg_order = FI_ORDER_SAS;  // the protocol relies on per-peer order
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  fi_info* list = nullptr;
+  int ret = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
+  fi_->freeinfo(hints);
+  if (ret != 0) fail("fi_getinfo (reliable datagram endpoints with ordered messages)", ret);
+  const std::string& allowed = config.get_string(util::Var::kOfiProvider);
+  std::string seen;
+  for (fi_info* i = list; i != nullptr; i = i->next) {
+    const char* name = i->fabric_attr->prov_name;
+    if (provider_allowed(allowed, name)) {
+      info_ = fi_->dupinfo(i);
+      break;
+    }
+    if (seen.find(name) == std::string::npos) seen += std::string(seen.empty() ? "" : ", ") + name;
+  }
+  fi_->freeinfo(list);
+  if (info_ == nullptr) {
+    throw Error(Code::kUnsupported,
+                "no libfabric provider allowed by FERRY_OFI_PROVIDER=" + allowed +
+                    " (offered: " + (seen.empty() ? "none" : seen) + ")");
+  }
+  provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
+              " (" + info_->fabric_attr->name + ")";
+  inject_size_ = std::min(info_->tx_attr->inject_size, kBufferSize);
+
+  if ((ret = fi_->fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) fail("fi_fabric", ret);
+  if ((ret = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) fail("fi_domain", ret);
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_MSG;
+  cq_attr.size = 4 * (kReceives + kSends);
+  if ((ret = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) fail("fi_cq_open", ret);
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = static_cast<std::size_t>(size_);
+  if ((ret = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0) fail("fi_av_open", ret);
+  if ((ret = fi_endpoint(domain_, info_, &ep_, nullptr)) != 0) fail("fi_endpoint", ret);
+  if ((ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) fail("fi_ep_bind(cq)", ret);
+  if ((ret = fi_ep_bind(ep_, &av_->fid, 0)) != 0) fail("fi_ep_bind(av)", ret);
+  if ((ret = fi_enable(ep_)) != 0) fail("fi_enable", ret);
+
+  const std::size_t count = kReceives + kSends;
+  buffers_ = static_cast<std::byte*>(std::aligned_alloc(4096, count * kBufferSize));
+  if (buffers_ == nullptr) throw Error(Code::kNoResources, "ofi bounce buffers");
+  ops_ = std::make_unique<Op[]>(count);
+  if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
+    ret = fi_mr_reg(domain_, buffers_, count * kBufferSize, FI_SEND | FI_RECV, 0, 0, 0, &mr_,
+                    nullptr);
+    if (ret != 0) fail("fi_mr_reg (bounce buffers)", ret);
+    if ((info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
+      if ((ret = fi_mr_bind(mr_, &ep_->fid, 0)) != 0) fail("fi_mr_bind", ret);
+      if ((ret = fi_mr_enable(mr_)) != 0) fail("fi_mr_enable", ret);
+    }
+    desc_ = fi_mr_desc(mr_);
+  }
+  for (std::uint32_t i = 0; i < kReceives; ++i) post_receive(i);
+  for (std::uint32_t i = count; i-- > kReceives;) free_sends_.push_back(i);
+
+  std::size_t length = 0;
+  fi_getname(&ep_->fid, nullptr, &length);
+  std::vector<std::byte> name(length);
+  if ((ret = fi_getname(&ep_->fid, name.data(), &length)) != 0) fail("fi_getname", ret);
+  node_ = node_identity();
+  const AddressHeader header{kAddressMagic, static_cast<std::int32_t>(::getpid()), node_};
+  address_.resize(sizeof header + length);
+  std::memcpy(address_.data(), &header, sizeof header);
+  std::memcpy(address_.data() + sizeof header, name.data(), length);
+  peers_.resize(static_cast<std::size_t>(size_));
+  for (PeerState& state : peers_) state.last_heard = std::chrono::steady_clock::now();
+
+  capabilities_.name = "ofi";
+  capabilities_.max_am = kBufferSize - sizeof(Wire);
+  capabilities_.max_inline = inject_size_ > sizeof(Wire) ? inject_size_ - sizeof(Wire) : 0;
+  capabilities_.get_from = SIZE_MAX;  // no zero-copy get yet
+  capabilities_.latency_us = 10;
+  capabilities_.bandwidth_GBps = 2;
+  next_keepalive_ = std::chrono::steady_clock::now();
+  FERRY_LOG(kDebug, "ofi: %s, inject up to %zu B", provider_.c_str(), inject_size_);
+}
+
+OfiTransport::~OfiTransport() {
+  // Endpoint first (cancels posted receives), then what it was bound to.
+  if (ep_ != nullptr) fi_close(&ep_->fid);
+  if (mr_ != nullptr) fi_close(&mr_->fid);
+  if (av_ != nullptr) fi_close(&av_->fid);
+  if (cq_ != nullptr) fi_close(&cq_->fid);
+  if (domain_ != nullptr) fi_close(&domain_->fid);
+  if (fabric_ != nullptr) fi_close(&fabric_->fid);
+  if (info_ != nullptr) fi_->freeinfo(info_);
+  std::free(buffers_);
+}
+
+std::string OfiTransport::error_text(int code) const {
+  const int positive = code < 0 ? -code : code;
+  return std::string(fi_ != nullptr ? fi_->strerror(positive) : std::strerror(positive)) + " (" +
+         std::to_string(code) + ")";
+}
+
+std::byte* OfiTransport::buffer(std::uint32_t index) const {
+  return buffers_ + static_cast<std::size_t>(index) * kBufferSize;
+}
+
+void OfiTransport::post_receive(std::uint32_t index) {
+  Op& op = ops_[index];
+  op.send = false;
+  op.buffer = index;
+  const ssize_t ret = fi_recv(ep_, buffer(index), kBufferSize, desc_, FI_ADDR_UNSPEC, &op.context);
+  if (ret == -FI_EAGAIN) {
+    reposts_.push_back(index);  // retried at the next progress
+  } else if (ret != 0) {
+    FERRY_LOG(kWarn, "ofi: posting a receive failed: %s",
+              error_text(static_cast<int>(ret)).c_str());
+  }
+}
+
+Reachability OfiTransport::reach(const PeerInfo& peer) const {
+  if (peer.address.empty())
+    return {false, "rank " + std::to_string(peer.rank) + " has no ofi address"};
+  return {true, provider_};
+}
+
+namespace {
+
+class OfiEndpoint final : public Endpoint {
+ public:
+  OfiEndpoint(OfiTransport* transport, int peer, fi_addr_t address)
+      : transport_(transport), peer_(peer), address_(address) {}
+  Status am_send(std::uint8_t id, std::span<const std::byte> header,
+                 std::span<const std::byte> payload, AmHint /*hint*/) override {
+    return transport_->send(peer_, address_, id, header, payload);
+  }
+  Status get(void* /*local*/, std::uint64_t /*remote*/, std::size_t /*length*/) override {
+    return Status(Code::kUnsupported, "ofi: no zero-copy get yet");
+  }
+  [[nodiscard]] bool has_get() const override { return false; }
+  [[nodiscard]] std::string describe() const override {
+    return "ofi (" + transport_->provider() + ")";
+  }
+
+ private:
+  OfiTransport* transport_;
+  int peer_;
+  fi_addr_t address_;
+};
+
+}  // namespace
+
+std::unique_ptr<Endpoint> OfiTransport::connect(const PeerInfo& peer) {
+  if (peer.rank < 0 || peer.rank >= size_) {
+    throw Error(Code::kInvalidArgument, "ofi: no rank " + std::to_string(peer.rank));
+  }
+  AddressHeader header{};
+  if (peer.address.size() > sizeof header) std::memcpy(&header, peer.address.data(), sizeof header);
+  if (peer.address.size() <= sizeof header || peer.address.size() > 1024 ||
+      header.magic != kAddressMagic || header.node.back() != 0) {
+    throw Error(Code::kProtocolError, "ofi: rank " + std::to_string(peer.rank) +
+                                          " published a malformed address of " +
+                                          std::to_string(peer.address.size()) + " bytes");
+  }
+  PeerState& state = peers_[static_cast<std::size_t>(peer.rank)];
+  const int ret =
+      fi_av_insert(av_, peer.address.data() + sizeof header, 1, &state.address, 0, nullptr);
+  if (ret != 1) {
+    throw Error(Code::kIoError, "ofi: fi_av_insert of rank " + std::to_string(peer.rank) +
+                                    "'s address failed: " + error_text(ret < 0 ? ret : -FI_EINVAL));
+  }
+  state.connected = true;
+  if (header.node == node_ && header.pid > 0 && !test_remote_) {
+    // On this node: its death is seen by its process, not only by the next failed send.
+    state.pid = header.pid;
+    state.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, header.pid, 0)));
+  }
+  return std::make_unique<OfiEndpoint>(this, peer.rank, state.address);
+}
+
+Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
+                          std::span<const std::byte> header, std::span<const std::byte> payload) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (state.failed) return Status(Code::kPeerFailed, state.why);
+  const std::size_t length = header.size() + payload.size();
+  const std::size_t total = sizeof(Wire) + length;
+  if (total > kBufferSize) {
+    return Status(Code::kInvalidArgument, "ofi: active message of " + std::to_string(total) +
+                                              " bytes exceeds " + std::to_string(kBufferSize));
+  }
+  Wire wire{id, 0, kMagic, rank_, static_cast<std::uint32_t>(length), state.next_seq};
+  auto fill = [&](std::byte* out) {
+    std::memcpy(out, &wire, sizeof wire);
+    if (!header.empty()) std::memcpy(out + sizeof wire, header.data(), header.size());
+    if (!payload.empty())
+      std::memcpy(out + sizeof wire + header.size(), payload.data(), payload.size());
+  };
+  ssize_t ret;
+  if (state.outstanding >= kSendsPerPeer) return Status(Code::kWouldBlock);
+  if (total <= inject_size_) {
+    alignas(16) std::byte small[kBufferSize];
+    fill(small);
+    ret = fi_inject(ep_, small, total, address);
+  } else {
+    // No progress from here: a send may be made from inside a delivered message's handler.
+    if (free_sends_.empty()) return Status(Code::kWouldBlock);
+    const std::uint32_t index = free_sends_.back();
+    fill(buffer(index));
+    Op& op = ops_[index];
+    op.send = true;
+    op.peer = peer;
+    op.buffer = index;
+    ret = fi_send(ep_, buffer(index), total, desc_, address, &op.context);
+    if (ret == 0) {
+      free_sends_.pop_back();
+      ++state.outstanding;
+    }
+  }
+  if (ret == 0) {
+    ++state.next_seq;
+    state.refused_since = {};
+    return Status::ok();
+  }
+  if (ret == -FI_EAGAIN) {
+    // Normal back-pressure, retried by the engine after progress, unless it never ends: a
+    // provider keeps answering -FI_EAGAIN for a peer that died (check_peers decides).
+    if (state.refused_since == std::chrono::steady_clock::time_point{}) {
+      state.refused_since = std::chrono::steady_clock::now();
+    }
+    return Status(Code::kWouldBlock);
+  }
+  const std::string why = "ofi: sending to rank " + std::to_string(peer) +
+                          " failed: " + error_text(static_cast<int>(ret));
+  peer_failed(peer, why);
+  return Status(Code::kPeerFailed, why);
+}
+
+void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
+  static_assert(sizeof(Wire) == 16);
+  const std::byte* data = buffer(index);
+  Wire wire;
+  if (length < sizeof wire) {
+    if (malformed_++ == 0) FERRY_LOG(kWarn, "ofi: dropped a %zu-byte message (no header)", length);
+    return;
+  }
+  std::memcpy(&wire, data, sizeof wire);
+  if (wire.magic != kMagic || wire.length != length - sizeof wire || wire.source < 0 ||
+      wire.source >= size_ || wire.source == rank_) {
+    if (malformed_++ == 0) {
+      FERRY_LOG(kWarn, "ofi: dropped a malformed message (%zu bytes, claims rank %d, length %u)",
+                length, wire.source, wire.length);
+    }
+    return;
+  }
+  PeerState& peer = peers_[static_cast<std::size_t>(wire.source)];
+  if (peer.failed) return;
+  const auto ahead = static_cast<std::int32_t>(wire.seq - peer.expected_seq);
+  if (ahead < 0 || (ahead > 0 && peer.held.count(wire.seq) != 0)) {
+    if (malformed_++ == 0) {
+      FERRY_LOG(kWarn, "ofi: dropped a repeated message from rank %d (seq %u, expecting %u)",
+                wire.source, wire.seq, peer.expected_seq);
+    }
+    return;
+  }
+  if (ahead > 0) {  // overtook an earlier one still completing: keep a copy, repost the buffer
+    FERRY_LOG(kDebug, "ofi: message %u from rank %d arrived before %u: held", wire.seq, wire.source,
+              peer.expected_seq);
+    peer.held.emplace(wire.seq, std::vector<std::byte>(data, data + length));
+    return;
+  }
+  deliver(wire, data + sizeof wire);
+  // Messages that had overtaken this one follow it now, in order.
+  for (auto it = peer.held.find(peer.expected_seq); it != peer.held.end() && !peer.failed;
+       it = peer.held.find(peer.expected_seq)) {
+    std::vector<std::byte> message = std::move(it->second);
+    peer.held.erase(it);
+    Wire held;
+    std::memcpy(&held, message.data(), sizeof held);
+    deliver(held, message.data() + sizeof held);
+  }
+}
+
+void OfiTransport::deliver(const Wire& wire, const std::byte* body) {
+  PeerState& peer = peers_[static_cast<std::size_t>(wire.source)];
+  ++peer.expected_seq;
+  peer.last_heard = std::chrono::steady_clock::now();
+  if (wire.id == kKeepaliveId) return;
+  handler_->on_am(wire.id, wire.source, {body, wire.length});
+}
+
+void OfiTransport::peer_failed(int peer, const std::string& why) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (state.failed) return;
+  state.failed = true;
+  state.why = why;
+  // Let the provider drop what it holds for the peer (sends stuck on it complete in error).
+  if (state.connected) fi_av_remove(av_, &state.address, 1, 0);
+}
+
+void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed) {
+  std::vector<pollfd> fds;
+  std::vector<int> watched;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i].pidfd.valid() && !peers_[i].failed) {
+      fds.push_back({peers_[i].pidfd.get(), POLLIN, 0});
+      watched.push_back(static_cast<int>(i));
+    }
+  }
+  if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const int rank = watched[i];
+      peer_failed(rank, "rank " + std::to_string(rank) + " (pid " +
+                            std::to_string(peers_[static_cast<std::size_t>(rank)].pid) +
+                            ") exited or was killed (seen by ofi's pidfd)");
+    }
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const auto refused_limit = std::chrono::duration<double>(3 * keepalive_s_);
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    PeerState& state = peers_[i];
+    if (keepalive_s_ > 0 && !state.failed &&
+        state.refused_since != std::chrono::steady_clock::time_point{} &&
+        now - state.refused_since > refused_limit) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.3g s", 3 * keepalive_s_);
+      peer_failed(static_cast<int>(i),
+                  "rank " + std::to_string(i) + " refused every send for " + seconds +
+                      " (3 keepalive intervals; the provider answers -FI_EAGAIN): unreachable");
+    }
+    if (silence_s_ > 0 && state.connected && !state.failed && static_cast<int>(i) != rank_ &&
+        now - state.last_heard > std::chrono::duration<double>(silence_s_)) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.3g s", silence_s_);
+      peer_failed(static_cast<int>(i), "rank " + std::to_string(i) + " sent nothing for " +
+                                           seconds + " (FERRY_KEEPALIVE_TIMEOUT)");
+    }
+  }
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    PeerState& state = peers_[i];
+    if (state.failed && !state.reported) {
+      state.reported = true;
+      failed->emplace_back(static_cast<int>(i), state.why);
+    }
+  }
+}
+
+void OfiTransport::keepalive() {
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    const PeerState& state = peers_[i];
+    if (!state.connected || state.failed || static_cast<int>(i) == rank_) continue;
+    // Lost to back-pressure is fine: the next interval tries again.
+    Status status = send(static_cast<int>(i), state.address, kKeepaliveId, {}, {});
+    FERRY_LOG(kDebug, "ofi: keepalive to rank %zu: %s", i, status.to_string().c_str());
+  }
+}
+
+int OfiTransport::progress() {
+  if (keepalive_s_ > 0 && (++polls_ & 255) == 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_keepalive_) {
+      next_keepalive_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(keepalive_s_));
+      keepalive();
+    }
+  }
+  if (!reposts_.empty()) {
+    std::vector<std::uint32_t> again;
+    again.swap(reposts_);
+    for (std::uint32_t index : again) post_receive(index);
+  }
+  int delivered = 0;
+  for (;;) {
+    fi_cq_msg_entry entries[16];
+    const ssize_t n = fi_cq_read(cq_, entries, 16);
+    if (n == -FI_EAGAIN) break;
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry error{};
+      if (fi_cq_readerr(cq_, &error, 0) < 0) break;
+      auto* op = static_cast<Op*>(error.op_context);
+      if (op == nullptr) continue;
+      FERRY_LOG(kDebug, "ofi: completion error %d (%s) for a %s", error.err,
+                error_text(-error.err).c_str(), op->send ? "send" : "receive");
+      if (op->send) {
+        free_sends_.push_back(op->buffer);
+        --peers_[static_cast<std::size_t>(op->peer)].outstanding;
+        const char* detail = fi_cq_strerror(cq_, error.prov_errno, error.err_data, nullptr, 0);
+        peer_failed(op->peer, "ofi: a send to rank " + std::to_string(op->peer) +
+                                  " failed: " + error_text(-error.err) +
+                                  (detail != nullptr ? std::string(": ") + detail : ""));
+      } else if (error.err != FI_ECANCELED) {
+        FERRY_LOG(kWarn, "ofi: a receive failed: %s", error_text(-error.err).c_str());
+        post_receive(op->buffer);
+      }
+      continue;
+    }
+    if (n < 0) {
+      FERRY_LOG(kWarn, "ofi: fi_cq_read failed: %s", error_text(static_cast<int>(n)).c_str());
+      break;
+    }
+    for (ssize_t i = 0; i < n; ++i) {
+      auto* op = static_cast<Op*>(entries[i].op_context);
+      if (op->send) {
+        free_sends_.push_back(op->buffer);
+        --peers_[static_cast<std::size_t>(op->peer)].outstanding;
+      } else {
+        handle_receive(op->buffer, entries[i].len);
+        post_receive(op->buffer);
+        ++delivered;
+      }
+    }
+    if (n < 16) break;
+  }
+  return delivered;
+}
+
+}  // namespace ferry::transport::ofi

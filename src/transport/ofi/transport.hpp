@@ -1,0 +1,112 @@
+// The libfabric transport: one reliable-datagram endpoint (FI_EP_RDM) per process, found with
+// fi_getinfo among the providers FERRY_OFI_PROVIDER allows. Active messages travel as FI_MSG
+// sends from registered bounce buffers (fi_inject for what fits the provider's inject size) into
+// receives posted in advance; every message carries a small header naming its source rank. Peers
+// are addresses in an address vector (fi_getname published through the bootstrap). A send that
+// completes in error marks its peer failed, and a keepalive (FERRY_KEEPALIVE) sent to every peer
+// finds dead ones that nothing else is sent to. No zero-copy get yet: rendezvous data is
+// pipelined through active messages. Peers on the same node (same boot id and pid namespace, as
+// published) are also watched by pidfd.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.hpp"
+#include "util/fd.hpp"
+
+namespace ferry::util {
+class Config;
+}
+
+namespace ferry::transport::ofi {
+
+struct Fabric;
+
+class OfiTransport final : public Transport {
+ public:
+  // Throws ferry::Error saying what was tried when no provider fits or a call fails.
+  OfiTransport(const util::Config& config, int rank, int size, AmHandler* handler);
+  ~OfiTransport() override;
+  OfiTransport(const OfiTransport&) = delete;
+  OfiTransport& operator=(const OfiTransport&) = delete;
+
+  [[nodiscard]] const Capabilities& capabilities() const override { return capabilities_; }
+  [[nodiscard]] std::vector<std::byte> address() const override { return address_; }
+  [[nodiscard]] Reachability reach(const PeerInfo& peer) const override;
+  std::unique_ptr<Endpoint> connect(const PeerInfo& peer) override;
+  void check_peers(std::vector<std::pair<int, std::string>>* failed) override;
+  int progress() override;
+
+  // "tcp;ofi_rxm on lo (127.0.0.1/32)"
+  [[nodiscard]] const std::string& provider() const { return provider_; }
+
+  // Used by endpoints.
+  Status send(int peer, fi_addr_t address, std::uint8_t id, std::span<const std::byte> header,
+              std::span<const std::byte> payload);
+
+ private:
+  struct Op;
+  struct Wire;
+  struct PeerState {
+    fi_addr_t address = FI_ADDR_UNSPEC;
+    bool connected = false;
+    bool failed = false;
+    bool reported = false;
+    std::string why;
+    std::uint32_t next_seq = 0;                            // of our next message to it
+    std::uint32_t expected_seq = 0;                        // of its next message to us
+    std::map<std::uint32_t, std::vector<std::byte>> held;  // arrived ahead of expected_seq
+    std::chrono::steady_clock::time_point last_heard{};
+    std::chrono::steady_clock::time_point refused_since{};  // sends answered -FI_EAGAIN since
+    int outstanding = 0;                                    // sends awaiting completion
+    int pid = 0;  // on this node: its process, watched by pidfd
+    util::Fd pidfd;
+  };
+  void post_receive(std::uint32_t buffer);
+  void handle_receive(std::uint32_t buffer, std::size_t length);
+  void deliver(const Wire& wire, const std::byte* body);
+  void peer_failed(int peer, const std::string& why);
+  void keepalive();
+  [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
+  [[nodiscard]] std::string error_text(int code) const;
+
+  const Fabric* fi_;
+  int rank_;
+  int size_;
+  AmHandler* handler_;
+  Capabilities capabilities_;
+  std::string provider_;
+  std::vector<std::byte> address_;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  fid_mr* mr_ = nullptr;
+  void* desc_ = nullptr;  // the bounce buffers' registration, where the provider wants one
+  std::size_t inject_size_ = 0;
+  std::byte* buffers_ = nullptr;  // receive buffers, then send buffers, kBufferSize each
+  std::unique_ptr<Op[]> ops_;
+  std::vector<std::uint32_t> free_sends_;
+  std::vector<std::uint32_t> reposts_;  // receives the provider had no room for
+  std::vector<PeerState> peers_;
+  std::size_t malformed_ = 0;
+  double keepalive_s_ = 0;
+  double silence_s_ = 0;      // FERRY_KEEPALIVE_TIMEOUT (0: silence is not failure)
+  bool test_remote_ = false;  // FERRY_TEST_OFI_REMOTE
+  std::array<char, 64> node_{};
+  std::chrono::steady_clock::time_point next_keepalive_{};
+  std::uint32_t polls_ = 0;
+};
+
+}  // namespace ferry::transport::ofi
