@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests perf perf_staged compare check sanitizer (default: info tests perf).
+# Steps: info probe tests perf perf_staged compare check sanitizer ofi (default: info tests perf).
+# The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
+# source .devlibs/env.sh first.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = pack ]; then
@@ -83,6 +85,17 @@ for step in $steps; do
           --sizes 8,64k,5m --iterations 5 --window 2 2>&1 | tee "$out/memcheck_ipc$ipc.txt" \
           | grep -E "ERROR SUMMARY|error|^latency|^bandwidth"
       done ;;
+    ofi)
+      # Two processes as if on two nodes: libfabric over tcp, device data through host memory.
+      export FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp
+      "${run[@]}" "$bin/ferry_gpu_tests" 2>&1 | tee "$out/gpu_ofi.log" \
+        | grep -E "^\[  |rank .*(grew|->)|Failure|error|SKIP" | head -40
+      echo "exit ${PIPESTATUS[0]}"
+      for mem in cuda:cuda host:host; do
+        "${run[@]}" "$bin/ferry-perf" latency bandwidth -m $mem --check \
+          --sizes 16,256,4k,1m,64m --iterations 20 2>&1 | tee -a "$out/perf_ofi.txt" | cut -c1-90
+      done
+      unset FERRY_TRANSPORTS FERRY_OFI_PROVIDER ;;
     *) echo "unknown step $step" ;;
   esac
 done

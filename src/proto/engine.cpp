@@ -193,6 +193,7 @@ void Engine::connect_peers() {
       }
       peer.endpoint = endpoints_.back().get();
       peer.transport = name;
+      peer.shares_memory = name == "self" || name == "shm";
       peer.why = peer.endpoint->describe();
       const std::size_t max_am = t->capabilities().max_am;
       peer.eager_limit = std::min(rndv_threshold_, max_am - sizeof(EagerHeader));
@@ -270,6 +271,8 @@ std::string Engine::describe_peer(int rank) const {
   std::string large;
   if (peer.get_failed) {
     large = "pipelined (zero-copy get failed earlier)";
+  } else if (peer.endpoint->has_direct() && !peer.direct_failed) {
+    large = "by direct transfer (the transport's own rendezvous)";
   } else if (peer.endpoint->has_get()) {
     large = "by zero-copy get from " + std::to_string(peer.get_from) + " B, pipelined below";
   } else {
@@ -279,7 +282,9 @@ std::string Engine::describe_peer(int rank) const {
       peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
   if (cuda_) {
     out += "; device buffers: ";
-    if (!cuda_ipc_) {
+    if (!peer.shares_memory) {
+      out += "copied through host memory (no shared memory with this peer)";
+    } else if (!cuda_ipc_) {
       out += "host-staged (FERRY_CUDA_IPC=0)";
     } else if (rank == rank_) {
       out += "host-staged (same process)";

@@ -25,6 +25,8 @@ class SelfTransport;
 
 namespace ferry::proto {
 
+struct CtsHeader;  // proto/wire.hpp
+
 class Engine final : public transport::AmHandler {
  public:
   // Throws ferry::Error naming what failed (configuration, bootstrap, a transport).
@@ -68,6 +70,7 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] cuda::Cuda* cuda() const { return cuda_.get(); }
 
   void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override;
+  void on_direct(std::uint64_t cookie, Status status) override;
 
  private:
   struct Pending {
@@ -92,7 +95,9 @@ class Engine final : public transport::AmHandler {
     std::size_t frag_size = 0;    // payload per fragment of a pipelined message
     std::size_t get_from = 0;     // rendezvous messages from this size up use the endpoint's get
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
+    bool direct_failed = false;   // a direct receive could not be posted: pipeline from now on
     bool failed = false;          // the peer died: everything involving it fails with `why`
+    bool shares_memory = false;   // self or shm: device data can go by CUDA IPC or staging ring
     std::deque<Pending> pending;  // in order; nothing bypasses it
     // Device buffers: the fallback ladder's verdict for this peer, per way of mapping memory
     // (legacy CUDA IPC, cuMem descriptors), and the staging rings.
@@ -142,6 +147,9 @@ class Engine final : public transport::AmHandler {
   void handle_eager(int source, std::span<const std::byte> data);
   void handle_rts(int source, std::span<const std::byte> data);
   void handle_cts(int source, std::span<const std::byte> data);
+  void handle_cts_direct(int source, std::span<const std::byte> data);
+  // Validates a CTS (plain or direct) for one of our rendezvous sends; null (NACKed) if not.
+  RequestSlot* cts_target(int source, const CtsHeader& header, std::uint32_t* index);
   void handle_frag(int source, std::span<const std::byte> data);
   void handle_fin(int source, std::span<const std::byte> data);
   void handle_cancel(int source, std::span<const std::byte> data);

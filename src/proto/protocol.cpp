@@ -67,9 +67,20 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
   if (cuda_ && bytes > 0) {
     // One driver query per send while CUDA is in use (bench/cuda_probe: 87-234 ns).
     const mem::MemoryInfo memory = cuda_->classify(buffer);
-    if (memory.device_only()) {
+    if (memory.device_only() && peer.shares_memory) {
       isend_device(index, destination, memory);
       return request;
+    }
+    if (memory.device_only()) {
+      // No shared memory with the peer (ofi): the message goes as host data, from a copy.
+      slot.host_copy.resize(bytes);
+      Status status = cuda_->copy(slot.host_copy.data(), buffer, bytes);
+      if (!status) {
+        complete(index, std::move(status));
+        return request;
+      }
+      slot.send_buffer = slot.host_copy.data();
+      buffer = slot.host_copy.data();
     }
   }
   if (bytes <= peer.eager_limit && peer.pending.empty()) {
@@ -211,6 +222,15 @@ void Engine::peer_failed(int rank, const std::string& why) {
 
 void Engine::complete(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
+  if (slot.device_target != nullptr) {
+    // A device receive that came through host memory: its bytes go where the caller asked.
+    if (status || status.code() == Code::kTruncated) {
+      Status copied = cuda_->copy(slot.device_target, slot.host_copy.data(), slot.info.bytes);
+      if (!copied) status = std::move(copied);
+    }
+    slot.recv_buffer = slot.device_target;
+    slot.device_target = nullptr;
+  }
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
   if (slot.kind == RequestKind::kSend) --outstanding_sends_;
@@ -306,6 +326,8 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_rts(source, data);
     case kAmCts:
       return handle_cts(source, data);
+    case kAmCtsDirect:
+      return handle_cts_direct(source, data);
     case kAmFrag:
       return handle_frag(source, data);
     case kAmFin:
@@ -390,11 +412,16 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   const std::size_t length = std::min(size, slot.size);
   slot.info = {source, tag, length};
   slot.message_size = size;
-  if ((slot.device >= 0 || test_host_staging_) && length > 0) {
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (slot.device >= 0 && !peer.shares_memory && length > 0) {
+    // No shared memory with the sender (ofi): receive into host memory, copied in at the end.
+    slot.host_copy.resize(length);
+    slot.device_target = slot.recv_buffer;
+    slot.recv_buffer = slot.host_copy.data();
+  } else if ((slot.device >= 0 || test_host_staging_) && length > 0) {
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
     return start_staged_receive(index, source, sreq, 0);
   }
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
   if (length > 0 && length >= peer.get_from && peer.endpoint->has_get() && !peer.get_failed) {
     if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
     Status status = peer.endpoint->get(slot.recv_buffer, address, length);
@@ -423,21 +450,32 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
     return;
   }
   slot.state = RequestState::kActive;
+  const std::uint64_t rreq = requests_.wire_id(index);
+  if (peer.endpoint->has_direct() && !peer.direct_failed) {
+    // The transport moves the whole message into the receive buffer (its own rendezvous).
+    Status status = peer.endpoint->recv_direct(slot.recv_buffer, length, rreq, rreq);
+    if (status) {
+      slot.direct = true;
+      ++slot.device_ops;  // the buffer is the transport's until on_direct
+      send_control(source, kAmCtsDirect, as_bytes(CtsHeader{sreq, rreq, length}));
+      return;
+    }
+    peer.direct_failed = true;
+    FERRY_LOG(kWarn, "%s: a direct receive from rank %d failed (%s); pipelined from now on",
+              peer.transport.c_str(), source, status.to_string().c_str());
+  }
   slot.expected = length;
   slot.received = 0;
-  send_control(source, kAmCts, as_bytes(CtsHeader{sreq, requests_.wire_id(index), length}));
+  send_control(source, kAmCts, as_bytes(CtsHeader{sreq, rreq, length}));
 }
 
-void Engine::handle_cts(int source, std::span<const std::byte> data) {
-  CtsHeader header;
-  if (!decode(data, &header)) return protocol_error(source, "short CTS header");
-  std::uint32_t index = 0;
-  RequestSlot* slot = requests_.lookup(header.sreq, &index);
+RequestSlot* Engine::cts_target(int source, const CtsHeader& header, std::uint32_t* index) {
+  RequestSlot* slot = requests_.lookup(header.sreq, index);
   if (slot == nullptr) {
     // A send that is gone (withdrawn after FERRY_TIMEOUT): the receive must not wait for it.
     send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     FERRY_LOG(kDebug, "CTS from rank %d for a send that is gone: answered with NACK", source);
-    return;
+    return nullptr;
   }
   if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
@@ -445,15 +483,70 @@ void Engine::handle_cts(int source, std::span<const std::byte> data) {
     // Also what a send abandoned after FERRY_TIMEOUT sees: the receiver must not wait for
     // fragments that will never come.
     send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
-    return protocol_error(source, "CTS for no rendezvous send of that size (answered with NACK)");
+    protocol_error(source, "CTS for no rendezvous send of that size (answered with NACK)");
+    return nullptr;
   }
   slot->rendezvous = false;  // a second CTS or FIN for it is an error
+  return slot;
+}
+
+void Engine::handle_cts(int source, std::span<const std::byte> data) {
+  CtsHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short CTS header");
+  std::uint32_t index = 0;
+  if (cts_target(source, header, &index) == nullptr) return;
   Pending pending;
   pending.am = kAmFrag;
   pending.stream = index;
   pending.rreq = header.rreq;
   pending.length = header.length;
   send_or_queue(source, std::move(pending));
+}
+
+void Engine::handle_cts_direct(int source, std::span<const std::byte> data) {
+  CtsHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short CTS header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = cts_target(source, header, &index);
+  if (slot == nullptr) return;
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (!peer.endpoint->has_direct()) {
+    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    complete(index, Status(Code::kProtocolError, "rank " + std::to_string(source) +
+                                                     " asked for a direct transfer over " +
+                                                     peer.transport + ", which has none"));
+    return;
+  }
+  // FERRY_TEST_CRASH_AT=mid-pipeline: die with the receiver's direct receive posted.
+  if (crash_mid_pipeline_) util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
+  Status status = peer.endpoint->send_direct(slot->send_buffer, header.length, header.rreq,
+                                             requests_.wire_id(index));
+  if (!status) {
+    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    complete(index, std::move(status));
+    return;
+  }
+  slot->direct = true;
+  ++slot->device_ops;
+}
+
+void Engine::on_direct(std::uint64_t cookie, Status status) {
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(cookie, &index);
+  if (slot == nullptr || !slot->direct || slot->device_ops == 0) return;
+  --slot->device_ops;
+  if (slot->state == RequestState::kDone) return;
+  if (slot->deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
+    if (slot->device_ops == 0) {
+      slot->deferred = false;
+      complete(index, slot->status);
+    }
+    return;
+  }
+  if (!status || slot->kind == RequestKind::kSend) return complete(index, std::move(status));
+  complete(index, slot->message_size > slot->size
+                      ? truncation(slot->info.source, slot->message_size, slot->size)
+                      : Status::ok());
 }
 
 void Engine::handle_frag(int source, std::span<const std::byte> data) {
@@ -541,6 +634,9 @@ void Engine::handle_nack(int source, std::span<const std::byte> data) {
       slot->info.source != source) {
     return;  // a receive that already ended: nothing waits
   }
+  if (slot->direct && slot->device_ops > 0) {
+    peers_[static_cast<std::size_t>(source)].endpoint->cancel_direct(header.rreq);
+  }
   complete_when_idle(index, Status(Code::kCanceled, "rank " + std::to_string(source) +
                                                         " gave up sending this message"));
 }
@@ -577,6 +673,13 @@ Status Engine::abandon_send(std::uint32_t index) {
     int idle = 0;
     while (!done(index)) wait_step(&idle);
     return timeout;
+  }
+  if (slot.direct && slot.device_ops > 0) {
+    // The transport is sending the buffer: ask for it back, and wait until it lets go.
+    peer.endpoint->cancel_direct(requests_.wire_id(index));
+    int idle = 0;
+    while (!done(index)) wait_step(&idle);
+    return slot.status;
   }
   if (slot.rendezvous) {
     // Announced: withdraw the announcement; a CTS that still comes is answered with a NACK, and

@@ -38,11 +38,16 @@ struct RequestSlot {
   MessageInfo info;
   // Device buffers (proto/device.cpp).
   int device = -1;               // CUDA ordinal of the buffer; -1: host memory
-  std::uint32_t device_ops = 0;  // copies in flight that read or write the buffer
+  std::uint32_t device_ops = 0;  // copies or direct transfers in flight that use the buffer
+  bool direct = false;           // a transport moves the whole message (Endpoint::*_direct)
   bool deferred = false;         // completion waits for those copies (then `status`)
   std::size_t staged = 0;        // staged send: bytes put into the ring so far
   std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
   cuda::IpcKey key;              // device send: what the RTS carries
+  // Device buffers with a peer that shares no memory with us (ofi): the message travels from or
+  // into this host copy; a receive copies it to `device_target` when it completes.
+  std::vector<std::byte> host_copy;
+  std::byte* device_target = nullptr;
 };
 
 class RequestPool {
@@ -71,6 +76,7 @@ class RequestPool {
     slot.info = {};
     slot.device = -1;
     slot.device_ops = 0;
+    slot.direct = false;
     slot.deferred = false;
     slot.staged = 0;
     return index;
@@ -79,6 +85,8 @@ class RequestPool {
     RequestSlot& slot = slots_[index];
     slot.state = RequestState::kFree;
     slot.status = Status();
+    std::vector<std::byte>().swap(slot.host_copy);
+    slot.device_target = nullptr;
     ++slot.generation;
     if (slot.generation == 0) slot.generation = 1;
     free_.push_back(index);

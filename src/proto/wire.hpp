@@ -21,6 +21,7 @@ enum AmId : std::uint8_t {
   kAmStageCts = 9,    // StageCtsHeader: the receiver wants the message through the staging ring
   kAmStageFrag = 10,  // StageFragHeader: one chunk waits in the sender's staging ring
   kAmStageAck = 11,   // StageAckHeader: the receiver has copied a ring slot out
+  kAmCtsDirect = 12,  // CtsHeader: a direct receive waits under key rreq; send it directly
 };
 
 struct EagerHeader {

@@ -48,6 +48,9 @@ class AmHandler {
  public:
   virtual ~AmHandler() = default;
   virtual void on_am(std::uint8_t id, int source_rank, std::span<const std::byte> data) = 0;
+  // A direct transfer (Endpoint::send_direct / recv_direct) finished, well or not: `cookie` is
+  // the one its caller passed. Called from the transport's progress.
+  virtual void on_direct(std::uint64_t /*cookie*/, Status /*status*/) {}
 };
 
 // One per (transport, peer).
@@ -62,6 +65,21 @@ class Endpoint {
   // kUnsupported when this endpoint has no zero-copy path (then the caller pipelines through AMs).
   virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;
   [[nodiscard]] virtual bool has_get() const = 0;
+  // Zero-copy transfer of one whole message by the transport's own matching: the receiver posts
+  // recv_direct(buffer, length, key) with a key of its choosing and tells the sender (CTS), which
+  // calls send_direct with that key. Each side learns that its buffer is free again through
+  // AmHandler::on_direct(cookie). cancel_direct asks for it back early (the completion still
+  // comes, with an error). A transport without it answers kUnsupported.
+  [[nodiscard]] virtual bool has_direct() const { return false; }
+  virtual Status send_direct(const void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
+                             std::uint64_t /*cookie*/) {
+    return Status(Code::kUnsupported, "no direct transfers");
+  }
+  virtual Status recv_direct(void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
+                             std::uint64_t /*cookie*/) {
+    return Status(Code::kUnsupported, "no direct transfers");
+  }
+  virtual void cancel_direct(std::uint64_t /*cookie*/) {}
   // A rendezvous send whose buffer the caller may reuse now (withdrawn after FERRY_TIMEOUT) is
   // marked where the peer can see it; a receiver that fetched `sreq` with get() asks afterwards
   // whether it was withdrawn (then what it read may be garbage). Marking comes before the send

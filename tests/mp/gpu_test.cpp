@@ -268,10 +268,17 @@ TEST(Gpu, TenThousandFreedBuffersKeepGpuMemoryFlat) {
   EXPECT_LT(grown_mib, 512.0) << "freed buffers stay mapped by the peer";
 }
 
+// FERRY_TRANSPORTS without shm: the ranks talk over ofi as if on two nodes, and device data is
+// copied through host memory.
+bool shm_used() {
+  const char* transports = std::getenv("FERRY_TRANSPORTS");
+  return transports == nullptr || std::string(transports).find("shm") != std::string::npos;
+}
+
 bool ipc_expected() {
   const char* ipc = std::getenv("FERRY_CUDA_IPC");
   const char* fail = std::getenv("FERRY_TEST_CUDA_IPC_FAIL");
-  return !(ipc != nullptr && std::string(ipc) == "0") &&
+  return shm_used() && !(ipc != nullptr && std::string(ipc) == "0") &&
          !(fail != nullptr && std::string(fail) == "1");
 }
 
@@ -365,7 +372,10 @@ TEST(Gpu, PeerPathIsReported) {
   std::printf("rank %d -> rank %d: %s\n", me(), other(), path.c_str());
   const char* ipc = std::getenv("FERRY_CUDA_IPC");
   const char* fail = std::getenv("FERRY_TEST_CUDA_IPC_FAIL");
-  if (ipc != nullptr && std::string(ipc) == "0") {
+  if (!shm_used()) {
+    EXPECT_NE(path.find("ofi ("), std::string::npos) << path;
+    EXPECT_NE(path.find("device buffers: copied through host memory"), std::string::npos) << path;
+  } else if (ipc != nullptr && std::string(ipc) == "0") {
     EXPECT_NE(path.find("host-staged (FERRY_CUDA_IPC=0)"), std::string::npos) << path;
   } else if (fail != nullptr && std::string(fail) == "1") {
     // Both sides learned of the refusal from the first device transfer.

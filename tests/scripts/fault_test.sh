@@ -63,6 +63,15 @@ expect "a sender killed mid-staging (the device fallback ring) fails the receive
 expect "a receiver that cannot map the staging ring fails both sides" 0 3 \
   "staging refused, 0 failures" FERRY_TEST_HOST_STAGING=1 FERRY_TEST_STAGE_OPEN_FAIL=1 \
   FERRY_TIMEOUT=10 FERRY_CUDA_STAGE_CHUNK=64k -- -n 3 "$program" stagefail
+if [ "$with_ofi" = ofi ]; then
+  for detect in "FERRY_OFI_PROVIDER=tcp" "FERRY_OFI_PROVIDER=tcp FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2" \
+                "FERRY_OFI_PROVIDER=shm"; do
+    # shellcheck disable=SC2086
+    expect "a sender killed mid-direct-transfer over ofi fails the receive ($detect)" 137 2 \
+      "mid-pipeline kill, 0 failures" FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 \
+      FERRY_TRANSPORTS=self,ofi $detect -- --keep-going -n 3 "$program" pipeline
+  done
+fi
 expect "a producer killed between claim and publish leaves no stuck FIFO" 137 2 \
   "dead producer, 0 failures" FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
   -- --keep-going -n 3 "$program" hole

@@ -6,6 +6,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -90,8 +91,16 @@ struct OfiTransport::Wire {
 struct OfiTransport::Op {
   fi_context2 context;  // first: providers that ask for FI_CONTEXT(2) use it
   bool send = false;
+  bool direct = false;  // a tagged transfer of a caller's buffer (else an active message)
   int peer = -1;
   std::uint32_t buffer = 0;
+  // Direct transfers:
+  void* data = nullptr;
+  std::size_t length = 0;
+  std::uint64_t key = 0;
+  std::uint64_t cookie = 0;
+  fid_mr* mr = nullptr;   // where the provider wants local buffers registered
+  bool orphaned = false;  // its completion was reported already (the peer failed)
 };
 
 OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHandler* handler)
@@ -116,7 +125,7 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
 
   fi_info* hints = fi_->dupinfo(nullptr);
   if (hints == nullptr) throw Error(Code::kNoResources, "fi_allocinfo failed");
-  hints->caps = FI_MSG;
+  hints->caps = FI_MSG | FI_TAGGED;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->tx_attr->msg_order = FI_ORDER_SAS;  // the protocol relies on per-peer order
@@ -257,6 +266,16 @@ class OfiEndpoint final : public Endpoint {
     return Status(Code::kUnsupported, "ofi: no zero-copy get yet");
   }
   [[nodiscard]] bool has_get() const override { return false; }
+  [[nodiscard]] bool has_direct() const override { return true; }
+  Status send_direct(const void* buffer, std::size_t length, std::uint64_t key,
+                     std::uint64_t cookie) override {
+    return transport_->start_direct(true, peer_, const_cast<void*>(buffer), length, key, cookie);
+  }
+  Status recv_direct(void* buffer, std::size_t length, std::uint64_t key,
+                     std::uint64_t cookie) override {
+    return transport_->start_direct(false, peer_, buffer, length, key, cookie);
+  }
+  void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
   [[nodiscard]] std::string describe() const override {
     return "ofi (" + transport_->provider() + ")";
   }
@@ -354,6 +373,81 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
   return Status(Code::kPeerFailed, why);
 }
 
+Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t length,
+                                  std::uint64_t key, std::uint64_t cookie) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (state.failed) return Status(Code::kPeerFailed, state.why);
+  if (directs_.count(cookie) != 0) {
+    return Status(Code::kInternal, "ofi: a direct transfer with that cookie is in flight");
+  }
+  auto op = std::make_unique<Op>();
+  op->send = send;
+  op->direct = true;
+  op->peer = peer;
+  op->data = data;
+  op->length = length;
+  op->key = key;
+  op->cookie = cookie;
+  if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0 && length > 0) {
+    int ret = fi_mr_reg(domain_, data, length, send ? FI_SEND : FI_RECV, 0, 0, 0, &op->mr, nullptr);
+    if (ret == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
+      ret = fi_mr_bind(op->mr, &ep_->fid, 0);
+      if (ret == 0) ret = fi_mr_enable(op->mr);
+    }
+    if (ret != 0) {
+      if (op->mr != nullptr) fi_close(&op->mr->fid);
+      return Status(Code::kIoError, "ofi: registering a " + std::to_string(length) +
+                                        "-byte buffer failed: " + error_text(ret));
+    }
+  }
+  Op* raw = op.get();
+  directs_.emplace(cookie, std::move(op));
+  Status status;
+  if (!post_direct(*raw, &status)) direct_retries_.push_back(raw);
+  if (!status) {
+    if (raw->mr != nullptr) fi_close(&raw->mr->fid);
+    directs_.erase(cookie);
+  }
+  return status;
+}
+
+bool OfiTransport::post_direct(Op& op, Status* status) {
+  const PeerState& state = peers_[static_cast<std::size_t>(op.peer)];
+  void* desc = op.mr != nullptr ? fi_mr_desc(op.mr) : nullptr;
+  const ssize_t ret =
+      op.send ? fi_tsend(ep_, op.data, op.length, desc, state.address, op.key, &op.context)
+              : fi_trecv(ep_, op.data, op.length, desc, state.address, op.key, 0, &op.context);
+  if (ret == -FI_EAGAIN) return false;
+  if (ret != 0) {
+    *status = Status(Code::kIoError, std::string("ofi: ") + (op.send ? "fi_tsend" : "fi_trecv") +
+                                         " to rank " + std::to_string(op.peer) +
+                                         " failed: " + error_text(static_cast<int>(ret)));
+  }
+  return true;
+}
+
+void OfiTransport::finish_direct(Op* op, Status status) {
+  auto it = directs_.find(op->cookie);
+  if (it == directs_.end() || it->second.get() != op) return;
+  const bool report = !op->orphaned;
+  const std::uint64_t cookie = op->cookie;
+  if (op->mr != nullptr) fi_close(&op->mr->fid);
+  directs_.erase(it);
+  if (report) handler_->on_direct(cookie, std::move(status));
+}
+
+void OfiTransport::cancel_direct(std::uint64_t cookie) {
+  auto it = directs_.find(cookie);
+  if (it == directs_.end()) return;
+  Op* op = it->second.get();
+  auto queued = std::find(direct_retries_.begin(), direct_retries_.end(), op);
+  if (queued != direct_retries_.end()) {  // never reached the provider
+    direct_retries_.erase(queued);
+    return finish_direct(op, Status(Code::kCanceled, "direct transfer canceled"));
+  }
+  fi_cancel(&ep_->fid, &op->context);  // its completion (canceled, or done) follows
+}
+
 void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
   static_assert(sizeof(Wire) == 16);
   const std::byte* data = buffer(index);
@@ -414,6 +508,19 @@ void OfiTransport::peer_failed(int peer, const std::string& why) {
   state.why = why;
   // Let the provider drop what it holds for the peer (sends stuck on it complete in error).
   if (state.connected) fi_av_remove(av_, &state.address, 1, 0);
+  // Its direct transfers end now for the caller: a provider may never complete a send to a dead
+  // peer (tcp;ofi_rxm keeps it queued). The Op stays until the provider lets go of it.
+  std::vector<std::uint64_t> cookies;
+  for (auto& [cookie, op] : directs_) {
+    if (op->peer == peer && !op->orphaned) cookies.push_back(cookie);
+  }
+  for (std::uint64_t cookie : cookies) {
+    Op* op = directs_[cookie].get();
+    fi_cancel(&ep_->fid, &op->context);
+    std::erase(direct_retries_, op);
+    op->orphaned = true;
+    handler_->on_direct(cookie, Status(Code::kPeerFailed, why));
+  }
 }
 
 void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed) {
@@ -488,6 +595,19 @@ int OfiTransport::progress() {
     again.swap(reposts_);
     for (std::uint32_t index : again) post_receive(index);
   }
+  if (!direct_retries_.empty()) {
+    std::vector<Op*> again;
+    again.swap(direct_retries_);
+    for (std::size_t i = 0; i < again.size(); ++i) {
+      Status status;
+      if (!post_direct(*again[i], &status)) {
+        direct_retries_.insert(direct_retries_.end(), again.begin() + static_cast<long>(i),
+                               again.end());
+        break;
+      }
+      if (!status) finish_direct(again[i], std::move(status));
+    }
+  }
   int delivered = 0;
   for (;;) {
     fi_cq_msg_entry entries[16];
@@ -498,6 +618,15 @@ int OfiTransport::progress() {
       if (fi_cq_readerr(cq_, &error, 0) < 0) break;
       auto* op = static_cast<Op*>(error.op_context);
       if (op == nullptr) continue;
+      if (op->direct) {
+        const bool canceled = error.err == FI_ECANCELED;
+        finish_direct(
+            op,
+            Status(canceled ? Code::kCanceled : Code::kIoError,
+                   std::string("ofi: direct ") + (op->send ? "send to" : "receive from") +
+                       " rank " + std::to_string(op->peer) + " failed: " + error_text(-error.err)));
+        continue;
+      }
       FERRY_LOG(kDebug, "ofi: completion error %d (%s) for a %s", error.err,
                 error_text(-error.err).c_str(), op->send ? "send" : "receive");
       if (op->send) {
@@ -519,6 +648,15 @@ int OfiTransport::progress() {
     }
     for (ssize_t i = 0; i < n; ++i) {
       auto* op = static_cast<Op*>(entries[i].op_context);
+      if (op->direct) {
+        finish_direct(op, op->send || entries[i].len == op->length
+                              ? Status::ok()
+                              : Status(Code::kProtocolError,
+                                       "ofi: direct receive from rank " + std::to_string(op->peer) +
+                                           " got " + std::to_string(entries[i].len) + " of " +
+                                           std::to_string(op->length) + " bytes"));
+        continue;
+      }
       if (op->send) {
         free_sends_.push_back(op->buffer);
         --peers_[static_cast<std::size_t>(op->peer)].outstanding;

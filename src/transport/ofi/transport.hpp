@@ -4,9 +4,11 @@
 // receives posted in advance; every message carries a small header naming its source rank. Peers
 // are addresses in an address vector (fi_getname published through the bootstrap). A send that
 // completes in error marks its peer failed, and a keepalive (FERRY_KEEPALIVE) sent to every peer
-// finds dead ones that nothing else is sent to. No zero-copy get yet: rendezvous data is
-// pipelined through active messages. Peers on the same node (same boot id and pid namespace, as
-// published) are also watched by pidfd.
+// finds dead ones that nothing else is sent to. No zero-copy get: rendezvous data is
+// pipelined through active messages, except where the engine asks for direct transfers: one
+// tagged send from the sender's buffer into a tagged receive posted on the receiver's buffer
+// (the provider's own rendezvous moves the data). Peers on the same node (same boot id and pid
+// namespace, as published) are also watched by pidfd.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -18,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "transport/transport.hpp"
@@ -52,6 +55,9 @@ class OfiTransport final : public Transport {
   // Used by endpoints.
   Status send(int peer, fi_addr_t address, std::uint8_t id, std::span<const std::byte> header,
               std::span<const std::byte> payload);
+  Status start_direct(bool send, int peer, void* buffer, std::size_t length, std::uint64_t key,
+                      std::uint64_t cookie);
+  void cancel_direct(std::uint64_t cookie);
 
  private:
   struct Op;
@@ -73,6 +79,9 @@ class OfiTransport final : public Transport {
   };
   void post_receive(std::uint32_t buffer);
   void handle_receive(std::uint32_t buffer, std::size_t length);
+  // Posts a direct transfer; false when the provider said -FI_EAGAIN (retried by progress).
+  bool post_direct(Op& op, Status* status);
+  void finish_direct(Op* op, Status status);
   void deliver(const Wire& wire, const std::byte* body);
   void peer_failed(int peer, const std::string& why);
   void keepalive();
@@ -99,6 +108,8 @@ class OfiTransport final : public Transport {
   std::unique_ptr<Op[]> ops_;
   std::vector<std::uint32_t> free_sends_;
   std::vector<std::uint32_t> reposts_;  // receives the provider had no room for
+  std::unordered_map<std::uint64_t, std::unique_ptr<Op>> directs_;  // by cookie, in flight
+  std::vector<Op*> direct_retries_;  // direct transfers the provider had no room for
   std::vector<PeerState> peers_;
   std::size_t malformed_ = 0;
   double keepalive_s_ = 0;
