@@ -6,7 +6,7 @@ set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
 
-packages=(cmake ninja-build g++ make pkg-config libgtest-dev python3 libfabric-dev)
+packages=(cmake ninja-build g++ make pkg-config libgtest-dev python3 libfabric-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -183,13 +183,17 @@ TEST(MultiProcess, ProbeThenReceiveAndCancel) {
 }
 
 TEST(MultiProcess, EveryPeerIsReachedThroughTheExpectedTransport) {
-  // One node: shm, unless FERRY_TRANSPORTS leaves it out (then ofi, e.g. over tcp loopback).
+  // Ranks of this node (a contiguous block): shm, unless FERRY_TRANSPORTS leaves it out; ranks
+  // of other nodes (tests/scripts/netns_test.sh): ofi.
   const char* transports = std::getenv("FERRY_TRANSPORTS");
   const bool shm =
       transports == nullptr || std::string(transports).find("shm") != std::string::npos;
+  const int first_local = me() - ctx().local_rank();
   for (int r = 0; r < nranks(); ++r) {
     std::string path = ctx().describe_peer(r);
-    EXPECT_NE(path.find(r == me() ? "self" : shm ? "shm (" : "ofi ("), std::string::npos) << path;
+    const bool local = r >= first_local && r < first_local + ctx().local_size();
+    const char* expected = r == me() ? "self" : shm && local ? "shm (" : "ofi (";
+    EXPECT_NE(path.find(expected), std::string::npos) << path;
     // The CTest variant that forces CMA must really be using it (the probe must have passed).
     const char* cma_from = std::getenv("FERRY_SHM_CMA_THRESHOLD");
     if (r != me() && cma_from != nullptr && std::string(cma_from) == "0") {
