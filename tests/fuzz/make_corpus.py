@@ -127,8 +127,27 @@ def address_blob():
     }
 
 
+# ---- ofi (src/transport/ofi/wire.hpp): a 16-byte message header + body; an address header ----
+def ofi_wire():
+    def message(rank, length, body_length, magic=0xfe71, seq=0):
+        return (bytes([3, 0]) + struct.pack('<H', magic) + i32(rank) + u32(length) + u32(seq) +
+                b'b' * body_length)
+    def address(node, name, magic=0x0f1ad0e5):
+        return u32(magic) + i32(4242) + node.ljust(64, b'\0')[:64] + name
+    node = b'0f4b8c1e-6f51-4bde-9d0c-3a1c2f1e9b77/4026531836'
+    return {
+        'message': message(2, 8, 8),
+        'message_long_claim': message(2, 100, 8),
+        'message_self': message(1, 0, 0),
+        'message_bad_magic': message(2, 4, 4, magic=0x1111),
+        'address': address(node, b'\x02\x00\x1f\x90\x7f\x00\x00\x01' + b'\0' * 8),
+        'address_unterminated': u32(0x0f1ad0e5) + i32(1) + b'x' * 64 + b'name',
+        'address_no_name': address(node, b''),
+    }
+
+
 def main():
-    corpora = {'store_frames': store_frames(), 'store_server': store_server(),
+    corpora = {'ofi_wire': ofi_wire(), 'store_frames': store_frames(), 'store_server': store_server(),
                'engine_am': engine_am(), 'shm_address': shm_address(), 'config_value': config_value(),
                'address_blob': address_blob()}
     for name, seeds in corpora.items():

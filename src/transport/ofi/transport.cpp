@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "transport/ofi/fabric.hpp"
+#include "transport/ofi/wire.hpp"
 #include "util/config.hpp"
 #include "util/log.hpp"
 
@@ -30,63 +31,7 @@ constexpr std::uint32_t kReceives = 64;         // posted in advance
 constexpr std::uint32_t kSends = 64;            // bounce buffers for sends larger than inject
 constexpr int kSendsPerPeer = 16;  // in flight to one peer: a dead one cannot hold them all
 constexpr std::uint8_t kKeepaliveId = 0xff;  // handled here, never delivered
-constexpr std::uint16_t kMagic = 0xfe71;
-
-// What a rank publishes: its pid and node identity, then its endpoint's name. Two ranks with the
-// same node identity (boot id and pid namespace) can watch each other's process.
-struct AddressHeader {
-  std::uint32_t magic;
-  std::int32_t pid;
-  std::array<char, 64> node;
-};
-constexpr std::uint32_t kAddressMagic = 0x0f1ad0e5;
-
-std::array<char, 64> node_identity() {
-  std::array<char, 64> node{};
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  struct stat ns {};
-  const auto pid_ns = ::stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
-  const std::string id = boot + "/" + std::to_string(pid_ns);
-  std::memcpy(node.data(), id.data(), std::min(id.size(), node.size() - 1));
-  return node;
-}
-
-// "tcp;ofi_rxm" is allowed by "tcp", "ofi_rxm" or nothing, refused by "^tcp".
-bool provider_allowed(const std::string& list, const char* name) {
-  std::vector<std::string> parts;
-  std::stringstream components(name != nullptr ? name : "");
-  for (std::string part; std::getline(components, part, ';');) parts.push_back(part);
-  bool any_include = false, included = false;
-  std::stringstream entries(list);
-  for (std::string entry; std::getline(entries, entry, ',');) {
-    if (entry.empty()) continue;
-    const bool exclude = entry[0] == '^';
-    const std::string word = exclude ? entry.substr(1) : entry;
-    const bool hit = std::find(parts.begin(), parts.end(), word) != parts.end();
-    if (exclude && hit) return false;
-    if (!exclude) {
-      any_include = true;
-      included = included || hit;
-    }
-  }
-  return !any_include || included;
-}
-
 }  // namespace
-
-// Before every message: who sent it, how long it is and its place in the sender's stream to us,
-// checked before anything else is read. Providers keep matching order (FI_ORDER_SAS) but not
-// completion order: under tcp;ofi_rxm a large message that goes by the provider's own rendezvous
-// completes after smaller ones sent behind it, so the receiver restores order by `seq`.
-struct OfiTransport::Wire {
-  std::uint8_t id;
-  std::uint8_t reserved;
-  std::uint16_t magic;
-  std::int32_t source;
-  std::uint32_t length;  // of what follows (the engine's header and payload)
-  std::uint32_t seq;
-};
 
 struct OfiTransport::Op {
   fi_context2 context;  // first: providers that ask for FI_CONTEXT(2) use it
@@ -195,9 +140,8 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   if ((ret = fi_getname(&ep_->fid, name.data(), &length)) != 0) fail("fi_getname", ret);
   node_ = node_identity();
   const AddressHeader header{kAddressMagic, static_cast<std::int32_t>(::getpid()), node_};
-  address_.resize(sizeof header + length);
-  std::memcpy(address_.data(), &header, sizeof header);
-  std::memcpy(address_.data() + sizeof header, name.data(), length);
+  name.resize(length);
+  address_ = encode_address(header, name);
   peers_.resize(static_cast<std::size_t>(size_));
   for (PeerState& state : peers_) state.last_heard = std::chrono::steady_clock::now();
 
@@ -293,9 +237,8 @@ std::unique_ptr<Endpoint> OfiTransport::connect(const PeerInfo& peer) {
     throw Error(Code::kInvalidArgument, "ofi: no rank " + std::to_string(peer.rank));
   }
   AddressHeader header{};
-  if (peer.address.size() > sizeof header) std::memcpy(&header, peer.address.data(), sizeof header);
-  if (peer.address.size() <= sizeof header || peer.address.size() > 1024 ||
-      header.magic != kAddressMagic || header.node.back() != 0) {
+  std::span<const std::byte> name;
+  if (!parse_address(peer.address, &header, &name)) {
     throw Error(Code::kProtocolError, "ofi: rank " + std::to_string(peer.rank) +
                                           " published a malformed address of " +
                                           std::to_string(peer.address.size()) + " bytes");
@@ -326,7 +269,7 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
     return Status(Code::kInvalidArgument, "ofi: active message of " + std::to_string(total) +
                                               " bytes exceeds " + std::to_string(kBufferSize));
   }
-  Wire wire{id, 0, kMagic, rank_, static_cast<std::uint32_t>(length), state.next_seq};
+  Wire wire{id, 0, kWireMagic, rank_, static_cast<std::uint32_t>(length), state.next_seq};
   auto fill = [&](std::byte* out) {
     std::memcpy(out, &wire, sizeof wire);
     if (!header.empty()) std::memcpy(out + sizeof wire, header.data(), header.size());
@@ -449,16 +392,9 @@ void OfiTransport::cancel_direct(std::uint64_t cookie) {
 }
 
 void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
-  static_assert(sizeof(Wire) == 16);
   const std::byte* data = buffer(index);
-  Wire wire;
-  if (length < sizeof wire) {
-    if (malformed_++ == 0) FERRY_LOG(kWarn, "ofi: dropped a %zu-byte message (no header)", length);
-    return;
-  }
-  std::memcpy(&wire, data, sizeof wire);
-  if (wire.magic != kMagic || wire.length != length - sizeof wire || wire.source < 0 ||
-      wire.source >= size_ || wire.source == rank_) {
+  Wire wire{};
+  if (!parse_message({data, length}, size_, rank_, &wire)) {
     if (malformed_++ == 0) {
       FERRY_LOG(kWarn, "ofi: dropped a malformed message (%zu bytes, claims rank %d, length %u)",
                 length, wire.source, wire.length);

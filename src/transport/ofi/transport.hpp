@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/ofi/wire.hpp"
 #include "transport/transport.hpp"
 #include "util/fd.hpp"
 
@@ -61,7 +62,6 @@ class OfiTransport final : public Transport {
 
  private:
   struct Op;
-  struct Wire;
   struct PeerState {
     fi_addr_t address = FI_ADDR_UNSPEC;
     bool connected = false;
