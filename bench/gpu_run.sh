@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests perf perf_staged compare check sanitizer ofi (default: info tests perf).
+# Steps: info probe tests perf perf_staged compare check sanitizer ofi ofi_perf kill (default: info tests
+# perf).
 # The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
 # source .devlibs/env.sh first.
 set -u
@@ -10,7 +11,7 @@ if [ "${1:-}" = pack ]; then
   build=${2:?build dir}
   rm -rf "$here/.devbin" && mkdir -p "$here/.devbin/bin" "$here/.devbin/lib"
   cp "$build"/tools/ferryrun "$build"/tools/ferry-perf "$build"/tools/ferry-info \
-     "$build"/tests/ferry_gpu_tests "$here/.devbin/bin/"
+     "$build"/tests/ferry_gpu_tests "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
   [ -x "$build/bench/nccl_perf" ] && cp "$build/bench/nccl_perf" "$here/.devbin/bin/"
   [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
   cp -P "$build"/libferry.so* "$here/.devbin/lib/"
@@ -84,6 +85,24 @@ for step in $steps; do
           --print-limit 20 "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda --check \
           --sizes 8,64k,5m --iterations 5 --window 2 2>&1 | tee "$out/memcheck_ipc$ipc.txt" \
           | grep -E "ERROR SUMMARY|error|^latency|^bandwidth"
+      done ;;
+    ofi_perf)
+      # Device data over ofi (copied through host memory) against host data, interleaved rounds.
+      for round in 1 2 3; do
+        for mem in host:host cuda:cuda; do
+          FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp "${run[@]}" "$bin/ferry-perf" latency \
+            bandwidth -m $mem --sizes 1m,64m --iterations 10 2>&1 | tee -a "$out/perf_ofi_rounds.txt" \
+            | grep -E "^#|^(latency|bandwidth)" | cut -c1-100
+        done
+      done ;;
+    kill)
+      # A sender of 256 MiB of device memory killed mid-transfer: staged (shm ring) and over ofi.
+      for env in "FERRY_CUDA_IPC=0" "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp"; do
+        echo "--- $env"
+        env $env FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 "$bin/ferryrun" \
+          --timeout 60 --keep-going -n 3 "$bin/ferry_fault_test" device 2>&1 \
+          | tee -a "$out/gpu_kill.log" | grep -E "rank|FAIL|SKIP"
+        echo "exit ${PIPESTATUS[0]}; /dev/shm: $(ls /dev/shm | grep -c '^ferry-') ferry files left"
       done ;;
     ofi)
       # Two processes as if on two nodes: libfabric over tcp, device data through host memory.

@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#if FERRY_HAVE_CUDA
+#include "cuda/driver.hpp"
+#endif
 
 namespace {
 
@@ -27,6 +30,44 @@ void expect(bool ok, const char* what) {
 int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   ferry::Context ctx = ferry::Context::init();
+#if FERRY_HAVE_CUDA
+  if (argc > 1 && std::string(argv[1]) == "device") {
+    // On a GPU machine: rank 2 sends 256 MiB of device memory to rank 0 and is killed in the
+    // middle (FERRY_TEST_CRASH_AT=mid-pipeline: after its first staged chunk, or with the
+    // receiver's direct receive posted over ofi). Rank 0's receive into device memory must fail
+    // with kPeerFailed, and its device buffer must be usable afterwards (no copy still writing).
+    std::string why;
+    const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
+    if (d == nullptr) {
+      std::printf("rank %d: SKIP device kill: %s\n", ctx.rank(), why.c_str());
+      return 0;
+    }
+    CUdevice device;
+    CUcontext context;
+    d->cuDeviceGet(&device, ctx.rank() % d->device_count);
+    d->cuDevicePrimaryCtxRetain(&context, device);
+    d->cuCtxSetCurrent(context);
+    const std::size_t bytes = std::size_t{256} << 20;
+    CUdeviceptr buffer = 0;
+    expect(d->cuMemAlloc(&buffer, bytes) == CUDA_SUCCESS, "cuMemAlloc");
+    d->cuMemsetD8(buffer, 0x11, bytes);
+    d->cuCtxSynchronize();
+    if (ctx.rank() == 2) ctx.send(reinterpret_cast<void*>(buffer), bytes, 0, 6);
+    if (ctx.rank() == 0) {
+      const auto start = Clock::now();
+      ferry::Status s = ctx.recv(reinterpret_cast<void*>(buffer), bytes, 2, 6);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      expect(s.code() == ferry::Code::kPeerFailed, "a device receive cut mid-transfer fails");
+      expect(d->cuMemsetD8(buffer, 0x22, bytes) == CUDA_SUCCESS &&
+                 d->cuCtxSynchronize() == CUDA_SUCCESS,
+             "the device buffer is usable afterwards");
+      std::printf("rank 0: device receive failed after %.1f ms: %s\n", ms, s.to_string().c_str());
+    }
+    d->cuMemFree(buffer);
+    std::printf("rank %d: device kill, %d failures\n", ctx.rank(), failures);
+    return failures == 0 ? 0 : 1;
+  }
+#endif
   if (argc > 1 && std::string(argv[1]) == "pipeline") {
     // Rank 2 dies after the first fragment of a 16 MiB pipelined message to rank 0
     // (FERRY_TEST_CRASH_AT=mid-pipeline, FERRY_SHM_CMA=0): rank 0's receive must fail.
