@@ -70,6 +70,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   test_get_delay_ = config_.get_seconds(util::Var::kTestGetDelay);
   test_stage_open_fail_ = config_.get_bool(util::Var::kTestStageOpenFail);
   stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
+  ofi_chunk_ = config_.get_size(util::Var::kOfiChunk);
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
   connect_peers();
@@ -213,7 +214,13 @@ void Engine::connect_peers() {
   for (auto& t : transports_) t->on_all_connected();
 }
 
-Engine::~Engine() { finalize(); }
+Engine::~Engine() {
+  finalize();
+  for (std::byte* bounce : bounce_pool_) {
+    cuda_->unregister_host(bounce);
+    std::free(bounce);
+  }
+}
 
 void Engine::finalize() {
   const auto deadline = util::deadline_after(config_.get_seconds(util::Var::kFinalizeTimeout));

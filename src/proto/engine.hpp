@@ -31,7 +31,7 @@ class Engine final : public transport::AmHandler {
  public:
   // Throws ferry::Error naming what failed (configuration, bootstrap, a transport).
   static std::unique_ptr<Engine> create(const Options& options);
-  ~Engine() override;  // finalize
+  ~Engine() override;  // finalize (and frees the pinned bounces)
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
@@ -148,6 +148,13 @@ class Engine final : public transport::AmHandler {
   void handle_rts(int source, std::span<const std::byte> data);
   void handle_cts(int source, std::span<const std::byte> data);
   void handle_cts_direct(int source, std::span<const std::byte> data);
+  // Device data with a peer that shares no memory (proto/chunked.cpp).
+  void start_chunked_receive(std::uint32_t index, int source, std::uint64_t sreq);
+  void handle_cts_chunked(int source, std::span<const std::byte> data);
+  Status post_chunk(std::uint32_t index);
+  void chunk_done(std::uint32_t index, Status status);
+  std::byte* take_bounce();
+  void return_bounce(RequestSlot* slot);
   // Validates a CTS (plain or direct) for one of our rendezvous sends; null (NACKed) if not.
   RequestSlot* cts_target(int source, const CtsHeader& header, std::uint32_t* index);
   void handle_frag(int source, std::span<const std::byte> data);
@@ -205,6 +212,8 @@ class Engine final : public transport::AmHandler {
   std::size_t stage_chunk_ = 0;
   std::size_t stage_slots_ = 0;
   std::vector<DeviceOp> device_ops_;
+  std::size_t ofi_chunk_ = 0;            // FERRY_OFI_CHUNK
+  std::vector<std::byte*> bounce_pool_;  // pinned, ofi_chunk_ bytes each, free for reuse
   // cuMem descriptors: our mailbox (null, mailbox_why_ says why), and those received but not yet
   // used, by (sender, memory block id), oldest first for a bound.
   std::unique_ptr<util::FdMailbox> mailbox_;

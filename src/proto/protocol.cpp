@@ -71,8 +71,9 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
       isend_device(index, destination, memory);
       return request;
     }
-    if (memory.device_only()) {
-      // No shared memory with the peer (ofi): the message goes as host data, from a copy.
+    if (memory.device_only() && (bytes <= peer.eager_limit || !peer.endpoint->has_direct())) {
+      // No shared memory with the peer (ofi), and small (or no direct transfers): the message
+      // goes as host data, from a copy.
       slot.host_copy.resize(bytes);
       Status status = cuda_->copy(slot.host_copy.data(), buffer, bytes);
       if (!status) {
@@ -81,6 +82,16 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
       }
       slot.send_buffer = slot.host_copy.data();
       buffer = slot.host_copy.data();
+    } else if (memory.device_only()) {
+      // Larger: announced as device data; the receiver asks for chunks (proto/chunked.cpp).
+      slot.device = memory.device;
+      slot.rendezvous = true;
+      Pending pending;
+      pending.request = index;
+      RtsHeader rts{tag, bytes, requests_.wire_id(index), kRtsFromDevice};
+      set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
+      send_or_queue(destination, std::move(pending));
+      return request;
     }
   }
   if (bytes <= peer.eager_limit && peer.pending.empty()) {
@@ -222,15 +233,7 @@ void Engine::peer_failed(int rank, const std::string& why) {
 
 void Engine::complete(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
-  if (slot.device_target != nullptr) {
-    // A device receive that came through host memory: its bytes go where the caller asked.
-    if (status || status.code() == Code::kTruncated) {
-      Status copied = cuda_->copy(slot.device_target, slot.host_copy.data(), slot.info.bytes);
-      if (!copied) status = std::move(copied);
-    }
-    slot.recv_buffer = slot.device_target;
-    slot.device_target = nullptr;
-  }
+  if (slot.bounce != nullptr) return_bounce(&slot);
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
   if (slot.kind == RequestKind::kSend) --outstanding_sends_;
@@ -328,6 +331,8 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_cts(source, data);
     case kAmCtsDirect:
       return handle_cts_direct(source, data);
+    case kAmCtsChunked:
+      return handle_cts_chunked(source, data);
     case kAmFrag:
       return handle_frag(source, data);
     case kAmFin:
@@ -413,12 +418,18 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   slot.info = {source, tag, length};
   slot.message_size = size;
   Peer& peer = peers_[static_cast<std::size_t>(source)];
-  if (slot.device >= 0 && !peer.shares_memory && length > 0) {
-    // No shared memory with the sender (ofi): receive into host memory, copied in at the end.
-    slot.host_copy.resize(length);
-    slot.device_target = slot.recv_buffer;
-    slot.recv_buffer = slot.host_copy.data();
-  } else if ((slot.device >= 0 || test_host_staging_) && length > 0) {
+  if (!peer.shares_memory && length > 0 && (slot.device >= 0 || address == kRtsFromDevice)) {
+    // Device memory on either side, no shared memory (ofi): in chunks through pinned bounces.
+    return start_chunked_receive(index, source, sreq);
+  }
+  if (address == kRtsFromDevice && length > 0) {
+    send_control(source, kAmFin, as_bytes(FinHeader{sreq, 1, 0}));  // the send fails too
+    return complete(index,
+                    Status(Code::kProtocolError,
+                           "rank " + std::to_string(source) +
+                               " announced device data over a transport that shares memory"));
+  }
+  if ((slot.device >= 0 || test_host_staging_) && length > 0) {
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
     return start_staged_receive(index, source, sreq, 0);
   }
@@ -536,6 +547,7 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
   if (slot == nullptr || !slot->direct || slot->device_ops == 0) return;
   --slot->device_ops;
   if (slot->state == RequestState::kDone) return;
+  if (slot->chunk > 0 && !slot->deferred) return chunk_done(index, std::move(status));
   if (slot->deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
     if (slot->device_ops == 0) {
       slot->deferred = false;

@@ -44,10 +44,11 @@ struct RequestSlot {
   std::size_t staged = 0;        // staged send: bytes put into the ring so far
   std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
   cuda::IpcKey key;              // device send: what the RTS carries
-  // Device buffers with a peer that shares no memory with us (ofi): the message travels from or
-  // into this host copy; a receive copies it to `device_target` when it completes.
+  // Device buffers with a peer that shares no memory with us (ofi): an eager message travels
+  // from this host copy; larger ones in chunks (proto/chunked.cpp) through a pinned bounce.
   std::vector<std::byte> host_copy;
-  std::byte* device_target = nullptr;
+  std::size_t chunk = 0;        // chunked transfer: bytes per direct transfer (0: not chunked)
+  std::byte* bounce = nullptr;  // chunked transfer of device memory: the pinned bounce in use
 };
 
 class RequestPool {
@@ -86,7 +87,8 @@ class RequestPool {
     slot.state = RequestState::kFree;
     slot.status = Status();
     std::vector<std::byte>().swap(slot.host_copy);
-    slot.device_target = nullptr;
+    slot.chunk = 0;
+    slot.bounce = nullptr;
     ++slot.generation;
     if (slot.generation == 0) slot.generation = 1;
     free_.push_back(index);

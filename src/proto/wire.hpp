@@ -17,12 +17,17 @@ enum AmId : std::uint8_t {
   kAmCancel = 6,  // CancelHeader: the sender gave up an announced message (FERRY_TIMEOUT)
   kAmNack = 7,    // NackHeader: the sender will not send the fragments a receive waits for
   // Device buffers (proto/device.cpp).
-  kAmRtsDev = 8,      // RtsDevHeader [+ cuda::IpcKey]: a device buffer is ready in the sender
-  kAmStageCts = 9,    // StageCtsHeader: the receiver wants the message through the staging ring
-  kAmStageFrag = 10,  // StageFragHeader: one chunk waits in the sender's staging ring
-  kAmStageAck = 11,   // StageAckHeader: the receiver has copied a ring slot out
-  kAmCtsDirect = 12,  // CtsHeader: a direct receive waits under key rreq; send it directly
+  kAmRtsDev = 8,       // RtsDevHeader [+ cuda::IpcKey]: a device buffer is ready in the sender
+  kAmStageCts = 9,     // StageCtsHeader: the receiver wants the message through the staging ring
+  kAmStageFrag = 10,   // StageFragHeader: one chunk waits in the sender's staging ring
+  kAmStageAck = 11,    // StageAckHeader: the receiver has copied a ring slot out
+  kAmCtsDirect = 12,   // CtsHeader: a direct receive waits under key rreq; send it directly
+  kAmCtsChunked = 13,  // ChunkCtsHeader: send it as direct transfers of `chunk` bytes, in order
 };
+
+// RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
+// (there is nothing to get from it; the receiver asks for chunks, kAmCtsChunked).
+constexpr std::uint64_t kRtsFromDevice = ~std::uint64_t{0};
 
 struct EagerHeader {
   std::uint64_t tag;
@@ -37,6 +42,12 @@ struct CtsHeader {
   std::uint64_t sreq;
   std::uint64_t rreq;
   std::uint64_t length;
+};
+struct ChunkCtsHeader {
+  std::uint64_t sreq;
+  std::uint64_t rreq;
+  std::uint64_t length;
+  std::uint64_t chunk;  // bytes per direct transfer (the last may be shorter)
 };
 struct FragHeader {
   std::uint64_t rreq;

@@ -24,6 +24,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "libfabric providers ofi may use: names to allow, ^names to refuse (e.g. tcp, ^sockets)")     \
   X(kKeepalive, "FERRY_KEEPALIVE", kSeconds, "1", 0, 3600, "",                                    \
     "interval of the keepalive ofi sends to every peer (a failed send marks it dead; 0: off)")    \
+  X(kOfiChunk, "FERRY_OFI_CHUNK", kSize, "4m", 65536, 1 << 30, "",                                \
+    "device data over ofi moves in direct transfers of this many bytes, through pinned bounces")  \
   X(kKeepaliveTimeout, "FERRY_KEEPALIVE_TIMEOUT", kSeconds, "0", 0, 86400, "",                    \
     "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "     \
     "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "   \
