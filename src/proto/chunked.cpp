@@ -14,9 +14,14 @@
 
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
+#include "util/faults.hpp"
 #include "util/log.hpp"
 
 namespace ferry::proto {
+
+namespace {
+constexpr std::size_t kMaxBounces = 16;  // pinned bounces per process; more transfers wait
+}  // namespace
 
 std::byte* Engine::take_bounce() {
   if (!bounce_pool_.empty()) {
@@ -24,8 +29,10 @@ std::byte* Engine::take_bounce() {
     bounce_pool_.pop_back();
     return bounce;
   }
+  if (bounces_made_ >= kMaxBounces) return nullptr;  // the caller waits for one
   auto* bounce = static_cast<std::byte*>(std::aligned_alloc(4096, ofi_chunk_));
   if (bounce == nullptr) return nullptr;
+  ++bounces_made_;
   if (!cuda_->register_host(bounce, ofi_chunk_)) {
     // Pageable is slower for the copy engine but still correct.
     FERRY_LOG(kDebug, "a chunk bounce could not be pinned; using it pageable");
@@ -34,13 +41,35 @@ std::byte* Engine::take_bounce() {
 }
 
 void Engine::return_bounce(RequestSlot* slot) {
-  constexpr std::size_t kKeep = 16;  // pinned bounces kept for reuse; more are freed
-  std::byte* bounce = std::exchange(slot->bounce, nullptr);
-  if (bounce_pool_.size() < kKeep) {
-    bounce_pool_.push_back(bounce);
-  } else {
-    cuda_->unregister_host(bounce);
-    std::free(bounce);
+  bounce_pool_.push_back(std::exchange(slot->bounce, nullptr));
+  // A transfer that waited for a bounce starts now (registering one costs a millisecond; a
+  // bounded set reused beats one per message).
+  while (!bounce_waiters_.empty() && !bounce_pool_.empty()) {
+    const std::uint64_t wire = bounce_waiters_.front();
+    bounce_waiters_.pop_front();
+    std::uint32_t index = 0;
+    RequestSlot* waiting = requests_.lookup(wire, &index);
+    if (waiting == nullptr || waiting->state != RequestState::kActive || waiting->chunk == 0 ||
+        waiting->bounce != nullptr || waiting->deferred) {
+      continue;  // ended (failed, timed out) while it waited
+    }
+    waiting->bounce = take_bounce();
+    start_chunks(index);
+  }
+}
+
+// The first chunk of a transfer that has its bounce (if it needs one): post it, and on the
+// receiving side ask the sender for the chunks.
+void Engine::start_chunks(std::uint32_t index) {
+  RequestSlot& slot = requests_[index];
+  const bool send = slot.kind == RequestKind::kSend;
+  const int peer_rank = send ? slot.peer : slot.info.source;
+  Status status = post_chunk(index);
+  if (!status) return chunk_done(index, std::move(status));
+  if (!send) {
+    send_control(peer_rank, kAmCtsChunked,
+                 as_bytes(ChunkCtsHeader{slot.stage_rreq, requests_.wire_id(index), slot.expected,
+                                         slot.chunk}));
   }
 }
 
@@ -54,20 +83,17 @@ void Engine::start_chunked_receive(std::uint32_t index, int source, std::uint64_
   slot.received = 0;
   slot.chunk = std::min(ofi_chunk_, slot.expected);
   slot.direct = true;
-  Status status = peer.endpoint->has_direct()
-                      ? Status::ok()
-                      : Status(Code::kUnsupported, peer.transport + " has no direct transfers");
-  if (status && slot.device >= 0 && (slot.bounce = take_bounce()) == nullptr) {
-    status = Status(Code::kNoResources, "no memory for a chunk bounce");
-  }
-  if (status) status = post_chunk(index);
-  if (!status) {
+  (void)rreq;
+  if (!peer.endpoint->has_direct()) {
     // The sender must not wait for a CTS: FIN with a code fails it.
     send_control(source, kAmFin, as_bytes(FinHeader{sreq, 1, 0}));
-    return complete(index, std::move(status));
+    return complete(index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
-  send_control(source, kAmCtsChunked,
-               as_bytes(ChunkCtsHeader{sreq, rreq, slot.expected, slot.chunk}));
+  if (slot.device >= 0 && (slot.bounce = take_bounce()) == nullptr) {
+    bounce_waiters_.push_back(requests_.wire_id(index));  // started by return_bounce
+    return;
+  }
+  start_chunks(index);
 }
 
 void Engine::handle_cts_chunked(int source, std::span<const std::byte> data) {
@@ -90,19 +116,19 @@ void Engine::handle_cts_chunked(int source, std::span<const std::byte> data) {
   slot->stage_rreq = header.rreq;
   slot->chunk = static_cast<std::size_t>(header.chunk);
   slot->direct = true;
-  if (status && slot->device >= 0) {
-    if (header.chunk > ofi_chunk_) {
-      status = Status(Code::kProtocolError, "rank " + std::to_string(source) +
-                                                " asked for chunks larger than FERRY_OFI_CHUNK");
-    } else if ((slot->bounce = take_bounce()) == nullptr) {
-      status = Status(Code::kNoResources, "no memory for a chunk bounce");
-    }
+  if (status && slot->device >= 0 && header.chunk > ofi_chunk_) {
+    status = Status(Code::kProtocolError, "rank " + std::to_string(source) +
+                                              " asked for chunks larger than FERRY_OFI_CHUNK");
   }
-  if (status) status = post_chunk(index);
   if (!status) {
     send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
-    complete(index, std::move(status));
+    return complete(index, std::move(status));
   }
+  if (slot->device >= 0 && (slot->bounce = take_bounce()) == nullptr) {
+    bounce_waiters_.push_back(requests_.wire_id(index));  // started by return_bounce
+    return;
+  }
+  start_chunks(index);
 }
 
 // Posts the next chunk of a chunked send or receive (sync copy out of device memory first).
@@ -152,6 +178,9 @@ void Engine::chunk_done(std::uint32_t index, Status status) {
     return complete(index, std::move(status));
   }
   done += bytes;
+  // FERRY_TEST_CRASH_AT=mid-pipeline: a sender dies after its first chunk.
+  if (send && crash_mid_pipeline_)
+    util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
   if (done < slot.expected) {
     status = post_chunk(index);
     if (status) return;

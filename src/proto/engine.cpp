@@ -71,6 +71,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   test_stage_open_fail_ = config_.get_bool(util::Var::kTestStageOpenFail);
   stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
   ofi_chunk_ = config_.get_size(util::Var::kOfiChunk);
+  test_ofi_chunked_ = config_.get_bool(util::Var::kTestOfiChunked);
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
   connect_peers();

@@ -152,6 +152,7 @@ class Engine final : public transport::AmHandler {
   void start_chunked_receive(std::uint32_t index, int source, std::uint64_t sreq);
   void handle_cts_chunked(int source, std::span<const std::byte> data);
   Status post_chunk(std::uint32_t index);
+  void start_chunks(std::uint32_t index);
   void chunk_done(std::uint32_t index, Status status);
   std::byte* take_bounce();
   void return_bounce(RequestSlot* slot);
@@ -213,7 +214,10 @@ class Engine final : public transport::AmHandler {
   std::size_t stage_slots_ = 0;
   std::vector<DeviceOp> device_ops_;
   std::size_t ofi_chunk_ = 0;            // FERRY_OFI_CHUNK
+  bool test_ofi_chunked_ = false;        // FERRY_TEST_OFI_CHUNKED
   std::vector<std::byte*> bounce_pool_;  // pinned, ofi_chunk_ bytes each, free for reuse
+  std::size_t bounces_made_ = 0;
+  std::deque<std::uint64_t> bounce_waiters_;  // chunked transfers (wire ids) waiting for a bounce
   // cuMem descriptors: our mailbox (null, mailbox_why_ says why), and those received but not yet
   // used, by (sender, memory block id), oldest first for a bound.
   std::unique_ptr<util::FdMailbox> mailbox_;

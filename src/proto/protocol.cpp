@@ -418,7 +418,8 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   slot.info = {source, tag, length};
   slot.message_size = size;
   Peer& peer = peers_[static_cast<std::size_t>(source)];
-  if (!peer.shares_memory && length > 0 && (slot.device >= 0 || address == kRtsFromDevice)) {
+  if (!peer.shares_memory && length > 0 &&
+      (slot.device >= 0 || address == kRtsFromDevice || test_ofi_chunked_)) {
     // Device memory on either side, no shared memory (ofi): in chunks through pinned bounces.
     return start_chunked_receive(index, source, sreq);
   }

@@ -76,6 +76,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test fault: a receiver cannot map its peer's staging ring (both sides must fail, not wait)") \
   X(kTestOfiRemote, "FERRY_TEST_OFI_REMOTE", kBool, "0", 0, 0, "",                                \
     "test: ofi treats every peer as on another node (no pidfd: keepalives must find deaths)")     \
+  X(kTestOfiChunked, "FERRY_TEST_OFI_CHUNKED", kBool, "0", 0, 0, "",                              \
+    "test: host rendezvous messages over ofi move in chunks, as device data does")                \
   X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                              \
     "test: a receiver waits this long between matching a rendezvous and its zero-copy get")       \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                           \

@@ -71,6 +71,10 @@ if [ "$with_ofi" = ofi ]; then
       "mid-pipeline kill, 0 failures" FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 \
       FERRY_TRANSPORTS=self,ofi $detect -- --keep-going -n 3 "$program" pipeline
   done
+  expect "a sender killed after its first chunk over ofi fails the receive" 137 2 \
+    "mid-pipeline kill, 0 failures" FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 \
+    FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_TEST_OFI_CHUNKED=1 FERRY_OFI_CHUNK=1m \
+    -- --keep-going -n 3 "$program" pipeline
 fi
 expect "a producer killed between claim and publish leaves no stuck FIFO" 137 2 \
   "dead producer, 0 failures" FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
