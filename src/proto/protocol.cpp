@@ -281,7 +281,8 @@ bool Engine::try_send(Peer& peer, Pending& pending) {
   if (status.code() == Code::kWouldBlock) return false;
   if (pending.request != UINT32_MAX && (!status || pending.complete_on_send)) {
     complete(pending.request, std::move(status));
-  } else if (!status) {
+  } else if (!status && status.code() != Code::kPeerFailed) {
+    // (To a dead peer it does not matter: its failure is handled as such.)
     FERRY_LOG(kError, "%s: control message %u lost: %s", peer.transport.c_str(), pending.am,
               status.to_string().c_str());
   }
