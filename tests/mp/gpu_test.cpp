@@ -269,7 +269,7 @@ TEST(Gpu, TenThousandFreedBuffersKeepGpuMemoryFlat) {
 }
 
 // FERRY_TRANSPORTS without shm: the ranks talk over ofi as if on two nodes, and device data is
-// copied through host memory.
+// moved through pinned host memory.
 bool shm_used() {
   const char* transports = std::getenv("FERRY_TRANSPORTS");
   return transports == nullptr || std::string(transports).find("shm") != std::string::npos;
@@ -374,7 +374,7 @@ TEST(Gpu, PeerPathIsReported) {
   const char* fail = std::getenv("FERRY_TEST_CUDA_IPC_FAIL");
   if (!shm_used()) {
     EXPECT_NE(path.find("ofi ("), std::string::npos) << path;
-    EXPECT_NE(path.find("device buffers: copied through host memory"), std::string::npos) << path;
+    EXPECT_NE(path.find("device buffers: through pinned host memory"), std::string::npos) << path;
   } else if (ipc != nullptr && std::string(ipc) == "0") {
     EXPECT_NE(path.find("host-staged (FERRY_CUDA_IPC=0)"), std::string::npos) << path;
   } else if (fail != nullptr && std::string(fail) == "1") {

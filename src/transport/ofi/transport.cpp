@@ -98,6 +98,20 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
                 "no libfabric provider allowed by FERRY_OFI_PROVIDER=" + allowed +
                     " (offered: " + (seen.empty() ? "none" : seen) + ")");
   }
+  // GPU memory and the NIC: does this provider register device memory (FI_HMEM)? ferry stages
+  // device data through pinned host memory either way for now; the answer is reported.
+  if (fi_info* probe = fi_->dupinfo(info_); probe != nullptr) {
+    probe->caps |= FI_HMEM;
+    probe->domain_attr->mr_mode |= FI_MR_HMEM;
+    fi_info* offered = nullptr;
+    const bool hmem = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, probe, &offered) == 0 &&
+                      offered != nullptr;
+    if (offered != nullptr) fi_->freeinfo(offered);
+    fi_->freeinfo(probe);
+    hmem_ = hmem ? "FI_HMEM offered, not used yet: device data staged through pinned host memory"
+                 : "no FI_HMEM in this libfabric provider: device data staged through pinned host "
+                   "memory";
+  }
   provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
               " (" + info_->fabric_attr->name + ")";
   inject_size_ = std::min(info_->tx_attr->inject_size, kBufferSize);
@@ -221,7 +235,7 @@ class OfiEndpoint final : public Endpoint {
   }
   void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
   [[nodiscard]] std::string describe() const override {
-    return "ofi (" + transport_->provider() + ")";
+    return "ofi (" + transport_->provider() + "; " + transport_->hmem() + ")";
   }
 
  private:
@@ -478,17 +492,19 @@ void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
     }
   }
   const auto now = std::chrono::steady_clock::now();
-  const auto refused_limit = std::chrono::duration<double>(3 * keepalive_s_);
+  // The first keepalive to a dead peer is refused within an interval of its death; two more
+  // intervals of refusals, and it is failed: at most 3 intervals from death to failure.
+  const auto refused_limit = std::chrono::duration<double>(2 * keepalive_s_);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     PeerState& state = peers_[i];
     if (keepalive_s_ > 0 && !state.failed &&
         state.refused_since != std::chrono::steady_clock::time_point{} &&
         now - state.refused_since > refused_limit) {
       char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%.3g s", 3 * keepalive_s_);
+      std::snprintf(seconds, sizeof seconds, "%.3g s", 2 * keepalive_s_);
       peer_failed(static_cast<int>(i),
                   "rank " + std::to_string(i) + " refused every send for " + seconds +
-                      " (3 keepalive intervals; the provider answers -FI_EAGAIN): unreachable");
+                      " (2 keepalive intervals; the provider answers -FI_EAGAIN): unreachable");
     }
     if (silence_s_ > 0 && state.connected && !state.failed && static_cast<int>(i) != rank_ &&
         now - state.last_heard > std::chrono::duration<double>(silence_s_)) {

@@ -52,6 +52,8 @@ class OfiTransport final : public Transport {
 
   // "tcp;ofi_rxm on lo (127.0.0.1/32)"
   [[nodiscard]] const std::string& provider() const { return provider_; }
+  // Whether the provider can register GPU memory, and what ferry does about it.
+  [[nodiscard]] const std::string& hmem() const { return hmem_; }
 
   // Used by endpoints.
   Status send(int peer, fi_addr_t address, std::uint8_t id, std::span<const std::byte> header,
@@ -94,6 +96,7 @@ class OfiTransport final : public Transport {
   AmHandler* handler_;
   Capabilities capabilities_;
   std::string provider_;
+  std::string hmem_ = "FI_HMEM not probed";
   std::vector<std::byte> address_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
