@@ -291,8 +291,9 @@ std::string Engine::describe_peer(int rank) const {
   if (cuda_) {
     out += "; device buffers: ";
     if (!peer.shares_memory) {
-      out += "through pinned host memory (no shared memory with this peer; small ones copied, "
-             "larger ones in chunks)";
+      out +=
+          "through pinned host memory (no shared memory with this peer; small ones copied, "
+          "larger ones in chunks)";
     } else if (!cuda_ipc_) {
       out += "host-staged (FERRY_CUDA_IPC=0)";
     } else if (rank == rank_) {
