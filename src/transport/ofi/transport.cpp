@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "transport/ofi/fabric.hpp"
+#include "transport/ofi/nic.hpp"
 #include "transport/ofi/wire.hpp"
 #include "util/config.hpp"
 #include "util/log.hpp"
@@ -84,13 +85,33 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   if (ret != 0) fail("fi_getinfo (reliable datagram endpoints with ordered messages)", ret);
   const std::string& allowed = config.get_string(util::Var::kOfiProvider);
   std::string seen;
+  // The first provider allowed, and among its offers (NICs, addresses) the first on this
+  // thread's NUMA node.
+  std::vector<fi_info*> candidates;
+  std::vector<int> nodes;
   for (fi_info* i = list; i != nullptr; i = i->next) {
     const char* name = i->fabric_attr->prov_name;
-    if (provider_allowed(allowed, name)) {
-      info_ = fi_->dupinfo(i);
-      break;
+    if (!provider_allowed(allowed, name)) {
+      if (seen.find(name) == std::string::npos) {
+        seen += std::string(seen.empty() ? "" : ", ") + name;
+      }
+      continue;
     }
-    if (seen.find(name) == std::string::npos) seen += std::string(seen.empty() ? "" : ", ") + name;
+    if (!candidates.empty() && std::string(name) != candidates.front()->fabric_attr->prov_name) {
+      continue;
+    }
+    std::optional<PciAddress> pci;
+    if (i->nic != nullptr && i->nic->bus_attr != nullptr &&
+        i->nic->bus_attr->bus_type == FI_BUS_PCI) {
+      const fi_pci_attr& a = i->nic->bus_attr->attr.pci;
+      pci = PciAddress{a.domain_id, a.bus_id, a.device_id, a.function_id};
+    }
+    candidates.push_back(i);
+    nodes.push_back(
+        nic_numa_node(i->domain_attr->name != nullptr ? i->domain_attr->name : "", pci));
+  }
+  if (!candidates.empty()) {
+    info_ = fi_->dupinfo(candidates[nearest_candidate(nodes, current_numa_node())]);
   }
   fi_->freeinfo(list);
   if (info_ == nullptr) {
