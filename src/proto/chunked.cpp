@@ -76,14 +76,12 @@ void Engine::start_chunks(std::uint32_t index) {
 void Engine::start_chunked_receive(std::uint32_t index, int source, std::uint64_t sreq) {
   RequestSlot& slot = requests_[index];
   Peer& peer = peers_[static_cast<std::size_t>(source)];
-  const std::uint64_t rreq = requests_.wire_id(index);
   slot.state = RequestState::kActive;
   slot.stage_rreq = sreq;  // the sender's request, for a FIN that fails it
   slot.expected = slot.info.bytes;
   slot.received = 0;
   slot.chunk = std::min(ofi_chunk_, slot.expected);
   slot.direct = true;
-  (void)rreq;
   if (!peer.endpoint->has_direct()) {
     // The sender must not wait for a CTS: FIN with a code fails it.
     send_control(source, kAmFin, as_bytes(FinHeader{sreq, 1, 0}));

@@ -64,6 +64,8 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     return request;
   }
   if (crash_on_send_) util::crash_point(config_, rank_, util::CrashPoint::kFirstSend);
+  // What a rendezvous announces: our buffer, for a receiver that can read it directly.
+  auto rts_address = reinterpret_cast<std::uint64_t>(buffer);
   if (cuda_ && bytes > 0) {
     // One driver query per send while CUDA is in use (bench/cuda_probe: 87-234 ns).
     const mem::MemoryInfo memory = cuda_->classify(buffer);
@@ -81,17 +83,11 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
         return request;
       }
       slot.send_buffer = slot.host_copy.data();
-      buffer = slot.host_copy.data();
+      rts_address = reinterpret_cast<std::uint64_t>(slot.send_buffer);
     } else if (memory.device_only()) {
       // Larger: announced as device data; the receiver asks for chunks (proto/chunked.cpp).
       slot.device = memory.device;
-      slot.rendezvous = true;
-      Pending pending;
-      pending.request = index;
-      RtsHeader rts{tag, bytes, requests_.wire_id(index), kRtsFromDevice};
-      set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
-      send_or_queue(destination, std::move(pending));
-      return request;
+      rts_address = kRtsFromDevice;
     }
   }
   if (bytes <= peer.eager_limit && peer.pending.empty()) {
@@ -114,7 +110,7 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     pending.complete_on_send = true;
   } else {
     slot.rendezvous = true;
-    RtsHeader rts{tag, bytes, requests_.wire_id(index), reinterpret_cast<std::uint64_t>(buffer)};
+    RtsHeader rts{tag, bytes, requests_.wire_id(index), rts_address};
     set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
   }
   send_or_queue(destination, std::move(pending));

@@ -7,7 +7,6 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,8 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "transport/ofi/fabric.hpp"
 #include "transport/ofi/nic.hpp"
@@ -136,6 +133,7 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
               " (" + info_->fabric_attr->name + ")";
   inject_size_ = std::min(info_->tx_attr->inject_size, kBufferSize);
+  inject_scratch_.resize(inject_size_);
 
   if ((ret = fi_->fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) fail("fi_fabric", ret);
   if ((ret = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) fail("fi_domain", ret);
@@ -314,9 +312,8 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
   ssize_t ret;
   if (state.outstanding >= kSendsPerPeer) return Status(Code::kWouldBlock);
   if (total <= inject_size_) {
-    alignas(16) std::byte small[kBufferSize];
-    fill(small);
-    ret = fi_inject(ep_, small, total, address);
+    fill(inject_scratch_.data());
+    ret = fi_inject(ep_, inject_scratch_.data(), total, address);
   } else {
     // No progress from here: a send may be made from inside a delivered message's handler.
     if (free_sends_.empty()) return Status(Code::kWouldBlock);
@@ -479,8 +476,13 @@ void OfiTransport::peer_failed(int peer, const std::string& why) {
   state.why = why;
   // Let the provider drop what it holds for the peer (sends stuck on it complete in error).
   if (state.connected) fi_av_remove(av_, &state.address, 1, 0);
-  // Its direct transfers end now for the caller: a provider may never complete a send to a dead
-  // peer (tcp;ofi_rxm keeps it queued). The Op stays until the provider lets go of it.
+  // Nothing is called back from here (this may run inside an engine's send): check_peers ends
+  // the peer's direct transfers when it reports the failure.
+}
+
+void OfiTransport::orphan_directs(int peer, const std::string& why) {
+  // A provider may never complete a send to a dead peer (tcp;ofi_rxm keeps it queued): its
+  // direct transfers end now for the caller. The Op stays until the provider lets go of it.
   std::vector<std::uint64_t> cookies;
   for (auto& [cookie, op] : directs_) {
     if (op->peer == peer && !op->orphaned) cookies.push_back(cookie);
@@ -540,6 +542,7 @@ void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
     if (state.failed && !state.reported) {
       state.reported = true;
       failed->emplace_back(static_cast<int>(i), state.why);
+      orphan_directs(static_cast<int>(i), state.why);
     }
   }
 }

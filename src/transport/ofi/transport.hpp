@@ -85,7 +85,9 @@ class OfiTransport final : public Transport {
   bool post_direct(Op& op, Status* status);
   void finish_direct(Op* op, Status status);
   void deliver(const Wire& wire, const std::byte* body);
+  // Records the failure (reported by check_peers); never calls back into the engine.
   void peer_failed(int peer, const std::string& why);
+  void orphan_directs(int peer, const std::string& why);
   void keepalive();
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
   [[nodiscard]] std::string error_text(int code) const;
@@ -107,7 +109,8 @@ class OfiTransport final : public Transport {
   fid_mr* mr_ = nullptr;
   void* desc_ = nullptr;  // the bounce buffers' registration, where the provider wants one
   std::size_t inject_size_ = 0;
-  std::byte* buffers_ = nullptr;  // receive buffers, then send buffers, kBufferSize each
+  std::vector<std::byte> inject_scratch_;  // a message built for fi_inject
+  std::byte* buffers_ = nullptr;           // receive buffers, then send buffers, kBufferSize each
   std::unique_ptr<Op[]> ops_;
   std::vector<std::uint32_t> free_sends_;
   std::vector<std::uint32_t> reposts_;  // receives the provider had no room for
