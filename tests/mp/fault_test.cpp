@@ -164,6 +164,19 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "late-death") {
+    // Rank 1 closes its connections (the store sees it leave) and is killed 0.5 s later; the
+    // others' barrier fails at once and they exit 1 before rank 1's death is reaped. ferryrun
+    // must still name rank 1's signal as the job's cause.
+    if (ctx.rank() == 1) {
+      ::close_range(3, ~0U, 0);
+      ::usleep(500000);
+      ::kill(::getpid(), SIGKILL);
+    }
+    ferry::Status s = ctx.barrier();
+    std::printf("rank %d: barrier without rank 1: %s\n", ctx.rank(), s.to_string().c_str());
+    return s.is_ok() ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "abort") {
     // Rank 1 ends the job while the others wait for a message that never comes.
     if (ctx.rank() == 1) ctx.abort(7, "fault_test asked for it");

@@ -6,13 +6,14 @@ set -u
 ferryrun=$1 program=$2
 passed=0 failed=0
 leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
-check() {  # name ranks point victim
+check() {  # name ranks point victim [test-program arguments]
   local name=$1 n=$2 point=$3 victim=$4
+  shift 4
   local before after start elapsed rc out
   before=$(leftovers)
   start=$(date +%s%N)
   out=$(FERRY_TEST_CRASH_AT=$point FERRY_TEST_CRASH_RANK=$victim \
-        timeout 120 "$ferryrun" -n "$n" "$program" 2>&1 >/dev/null)
+        timeout 120 "$ferryrun" -n "$n" "$program" "$@" 2>&1 >/dev/null)
   rc=$?
   elapsed=$(( ($(date +%s%N) - start) / 1000000 ))  # ms
   after=$(leftovers)
@@ -31,6 +32,8 @@ check "kill after creating the segment, before peers mapped it" 3 segment-create
 check "kill right after init" 3 initialized 0
 check "kill a sender at its first send" 3 first-send 1
 check "kill a random one of 8 ranks mid-job" 8 first-send $((RANDOM % 8))
-check "kill in finalize" 3 finalize 2
+# One short test before finalize: the whole suite takes 20 s under TSan, and the time limit is for
+# the ending, not for the tests.
+check "kill in finalize" 3 finalize 2 --gtest_filter='*ZeroByteMessagesCarryTheirTag'
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

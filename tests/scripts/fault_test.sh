@@ -84,6 +84,8 @@ expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
   FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw
 expect "FERRY_TIMEOUT bounds blocking send, recv and probe" 0 3 "timeouts, 0 failures" \
   FERRY_TIMEOUT=0.5 -- -n 3 "$program" timeout
+expect "a rank that left the store is named as the cause when its peers exit first" 137 1 \
+  "rank 1 (pid [0-9]*) was killed by signal 9" -- -n 3 "$program" late-death
 start=$(date +%s%N)
 out=$(timeout 60 "$ferryrun" -n 3 "$program" abort 2>&1)
 rc=$?

@@ -121,6 +121,10 @@ class Job {
   void read_signals();
   void reap();
   void on_exit(int rank, int status);
+  // A rank still running (not reaped) whose store connection has closed, other than `rank`, or -1.
+  [[nodiscard]] int departed_unreaped(int rank) const;
+  // Reports the failure held back by on_exit (see there), or logs it if another one came first.
+  void report_deferred();
   void on_abort(int rank, int pid, int code, const std::string& reason);
   void on_timeout();
   // Records the first failure's exit status and ends the job; later failures only log.
@@ -132,6 +136,14 @@ class Job {
   void stop_all();
 
   const JobOptions& options_;
+  // A rank's failing exit held back while a rank that left the store first is not reaped yet.
+  struct Deferred {
+    int rank = -1;
+    int code = 0;
+    std::string text;
+  };
+  std::optional<Deferred> deferred_;
+  std::optional<Clock::time_point> deferred_at_;
   std::string job_id_;
   ScratchDir dir_;
   std::unique_ptr<bootstrap::StoreServer> server_;
@@ -280,7 +292,7 @@ void Job::loop() {
   while (running_ > 0) {
     int wait_ms = -1;
     auto now = Clock::now();
-    for (const auto& at : {kill_at_, timeout_at_}) {
+    for (const auto& at : {kill_at_, timeout_at_, deferred_at_}) {
       if (!at) continue;
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
       ms = std::max<long long>(ms, 0);
@@ -300,6 +312,7 @@ void Job::loop() {
       timeout_at_.reset();
       on_timeout();
     }
+    if (deferred_at_ && now >= *deferred_at_) report_deferred();
     if (kill_at_ && now >= *kill_at_) {
       kill_at_.reset();
       info("ranks still running %d ms after they were signalled; sending SIGKILL", kKillGraceMs);
@@ -352,6 +365,30 @@ void Job::reap() {
   std::stable_partition(exited.begin(), exited.end(),
                         [](const auto& e) { return WIFSIGNALED(e.second); });
   for (const auto& [rank, status] : exited) on_exit(rank, status);
+  if (deferred_ && (failure_ || departed_unreaped(deferred_->rank) < 0)) report_deferred();
+}
+
+int Job::departed_unreaped(int rank) const {
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    if (static_cast<int>(r) != rank && ranks_[r].running && server_ != nullptr &&
+        server_->departed(static_cast<int>(r))) {
+      return static_cast<int>(r);
+    }
+  }
+  return -1;
+}
+
+void Job::report_deferred() {
+  deferred_at_.reset();
+  if (!deferred_) return;
+  Deferred deferred = std::move(*deferred_);
+  deferred_.reset();
+  if (fail(deferred.code)) {
+    std::fprintf(stderr, "ferryrun: %s; ending the job\n", deferred.text.c_str());
+    terminate(SIGTERM);
+  } else {
+    info("%s", deferred.text.c_str());
+  }
 }
 
 void Job::on_exit(int rank, int status) {
@@ -369,6 +406,17 @@ void Job::on_exit(int rank, int status) {
   } else {
     code = WEXITSTATUS(status);
     std::snprintf(text, sizeof(text), "rank %d (pid %d) exited with code %d", rank, pid, code);
+  }
+  // A rank killed by a signal closes its store connection before its SIGCHLD comes, and a peer
+  // that learns of it through the store may exit with an error before that SIGCHLD: the report
+  // must name the cause, so such an exit waits (at most kDeferMs) for the departed rank's end.
+  if (!options_.keep_going && !failure_ && !terminating_ && departed_unreaped(rank) >= 0) {
+    info("%s; waiting for rank %d, which left the store first", text, departed_unreaped(rank));
+    if (!deferred_) {
+      deferred_ = Deferred{rank, code, text};
+      deferred_at_ = Clock::now() + std::chrono::milliseconds(kDeferMs);
+    }
+    return;
   }
   if (options_.keep_going && !terminating_) {
     fail(code);

@@ -17,6 +17,8 @@ struct JobOptions {
 
 // Grace between SIGTERM and SIGKILL when ferryrun ends a job.
 inline constexpr int kKillGraceMs = 2000;
+// How long a rank's failing exit waits for a rank that left the store first to be reaped.
+inline constexpr int kDeferMs = 2000;
 // Exit statuses of ferryrun itself (the job's own status passes through otherwise).
 inline constexpr int kExitSetupFailed = 1;
 inline constexpr int kExitUsage = 2;
