@@ -101,6 +101,10 @@ class Context {
   [[nodiscard]] int size() const;
   [[nodiscard]] int local_rank() const;
   [[nodiscard]] int local_size() const;
+  // Ranks of the processes on this node (this one included), in local-rank order. The launcher
+  // says where it can (PMIx, ferryrun); otherwise ranks compare node identities (boot id,
+  // namespaces, /dev/shm), so containers and network namespaces count as separate nodes.
+  [[nodiscard]] std::vector<int> local_ranks() const;
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   // Receives the first message from `source` (or kAnySource) whose tag matches `tag` on the bits

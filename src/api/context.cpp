@@ -18,6 +18,7 @@ int Context::rank() const { return engine_->rank(); }
 int Context::size() const { return engine_->size(); }
 int Context::local_rank() const { return engine_->local_rank(); }
 int Context::local_size() const { return engine_->local_size(); }
+std::vector<int> Context::local_ranks() const { return engine_->local_ranks(); }
 
 Request Context::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
   return engine_->isend(buffer, bytes, destination, tag);

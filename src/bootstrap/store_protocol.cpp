@@ -82,6 +82,10 @@ std::string op_name(Op op) {
       return "ALLGATHER_DONE";
     case Op::kError:
       return "ERROR";
+    case Op::kWatch:
+      return "WATCH";
+    case Op::kAborted:
+      return "ABORTED";
   }
   return "op " + std::to_string(static_cast<int>(op));
 }
@@ -120,6 +124,22 @@ Bytes encode_allgather(std::span<const std::byte> blob) {
 
 Bytes encode_abort(int code, std::string_view reason) {
   util::Writer w = start(Op::kAbort);
+  w.put<std::int32_t>(code);
+  w.put_string(reason.substr(0, kMaxReasonBytes));
+  return finish(&w);
+}
+
+Bytes encode_watch(int rank, int size, int pid) {
+  util::Writer w = start(Op::kWatch);
+  w.put<std::int32_t>(rank);
+  w.put<std::int32_t>(size);
+  w.put<std::int32_t>(pid);
+  return finish(&w);
+}
+
+Bytes encode_aborted(int rank, int code, std::string_view reason) {
+  util::Writer w = start(Op::kAborted);
+  w.put<std::int32_t>(rank);
   w.put<std::int32_t>(code);
   w.put_string(reason.substr(0, kMaxReasonBytes));
   return finish(&w);
@@ -188,6 +208,12 @@ bool decode_allgather(std::span<const std::byte> payload, std::span<const std::b
 bool decode_abort(std::span<const std::byte> payload, Abort* out) {
   util::Reader r(payload);
   return r.get(&out->code) && r.get_string(&out->reason, kMaxReasonBytes) && r.remaining() == 0;
+}
+
+bool decode_aborted(std::span<const std::byte> payload, Aborted* out) {
+  util::Reader r(payload);
+  return r.get(&out->rank) && r.get(&out->code) && r.get_string(&out->reason, kMaxReasonBytes) &&
+         r.remaining() == 0;
 }
 
 bool decode_value(std::span<const std::byte> payload, KeyValue* out) {

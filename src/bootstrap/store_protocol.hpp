@@ -1,7 +1,8 @@
 // Wire format of ferryrun's store: length-prefixed frames on a UNIX stream socket, their encoders
 // and bounds-checked decoders, and helpers that send or receive whole frames under a deadline.
-// Frame = u32 length (of what follows) + u8 op + payload; both ends are on one host, so integers
-// travel in host byte order.
+// Frame = u32 length (of what follows) + u8 op + payload. Integers travel in host byte order:
+// ferryrun's store is on the ranks' host, and the TCP store's ranks are little-endian Linux hosts
+// (the only kind ferry builds for).
 #pragma once
 
 #include <chrono>
@@ -35,12 +36,14 @@ enum class Op : std::uint8_t {
   kBarrier = 4,    // empty; answered by kBarrierDone once every rank arrived
   kAllgather = 5,  // bytes blob; answered by kAllgatherDone (all blobs in rank order)
   kAbort = 6,      // i32 code, string reason; not answered
+  kWatch = 7,      // as kHello, on a second connection that only ever receives kAborted
   // Replies, store to client.
   kHelloOk = 16,        // empty
   kValue = 17,          // string key, bytes value
   kBarrierDone = 18,    // empty
   kAllgatherDone = 19,  // u32 count, count x bytes
   kError = 20,          // i32 ferry::Code, string message
+  kAborted = 21,        // i32 rank, i32 code, string reason: to watchers, when a rank aborted
 };
 
 // "HELLO", "PUT", ... for messages; "op <n>" for a value that is no op.
@@ -64,6 +67,8 @@ Bytes encode_value(std::string_view key, std::span<const std::byte> value);
 Bytes encode_barrier_done();
 Bytes encode_allgather_done(std::span<const Bytes> blobs);
 Bytes encode_error(Code code, std::string_view message);
+Bytes encode_watch(int rank, int size, int pid);
+Bytes encode_aborted(int rank, int code, std::string_view reason);
 
 // Payload length of the kAllgatherDone frame for `blobs`, to check it against kMaxFrameBytes
 // before building it.
@@ -84,6 +89,11 @@ struct Abort {
   std::int32_t code = 0;
   std::string reason;
 };
+struct Aborted {
+  std::int32_t rank = -1;
+  std::int32_t code = 0;
+  std::string reason;
+};
 struct ErrorReply {
   Code code = Code::kInternal;
   std::string message;
@@ -100,6 +110,7 @@ struct ErrorReply {
 [[nodiscard]] bool decode_allgather_done(std::span<const std::byte> payload, std::size_t expected,
                                          std::vector<Bytes>* blobs);
 [[nodiscard]] bool decode_error(std::span<const std::byte> payload, ErrorReply* out);
+[[nodiscard]] bool decode_aborted(std::span<const std::byte> payload, Aborted* out);
 
 // Accumulates bytes from a non-blocking stream socket and cuts them into frames.
 class FrameReader {

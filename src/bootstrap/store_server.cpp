@@ -2,11 +2,14 @@
 // requests from one epoll loop without ever blocking the launcher.
 #include "bootstrap/store_server.hpp"
 
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -17,41 +20,90 @@ namespace {
 
 constexpr std::uint64_t kListenerId = 0;
 
-[[noreturn]] void fail(const std::string& path, const char* call) {
-  throw Error(Code::kIoError, "ferryrun store at unix:" + path + ": " + call +
-                                  "() failed: " + std::strerror(errno));
+[[noreturn]] void fail(const std::string& where, const char* call) {
+  throw Error(Code::kIoError, where + ": " + call + "() failed: " + std::strerror(errno));
+}
+
+util::Fd listen_unix(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    throw Error(Code::kInvalidArgument,
+                "ferryrun store: socket path '" + path + "' is longer than the " +
+                    std::to_string(sizeof(address.sun_path) - 1) + " bytes a UNIX socket allows");
+  }
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  util::Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  const std::string where = "ferryrun store at unix:" + path;
+  if (!listener.valid()) fail(where, "socket");
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    fail(where, "bind");
+  }
+  if (::listen(listener.get(), SOMAXCONN) != 0) {
+    int error = errno;
+    ::unlink(path.c_str());
+    errno = error;
+    fail(where, "listen");
+  }
+  return listener;
 }
 
 }  // namespace
 
 StoreServer::StoreServer(std::string path, int size, AbortFn on_abort)
+    : StoreServer(listen_unix(path), "ferryrun store", path, size, std::move(on_abort)) {}
+
+std::unique_ptr<StoreServer> StoreServer::listen_tcp(const std::string& host, int port, int size,
+                                                     AbortFn on_abort) {
+  const std::string where = "TCP store at " + host + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+      rc != 0) {
+    throw Error(Code::kBootstrapError, where + ": cannot resolve the host: " + gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> list(found, ::freeaddrinfo);
+  std::string tried;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    util::Fd listener(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    int one = 1;
+    if (listener.valid() &&
+        ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+        ::bind(listener.get(), a->ai_addr, a->ai_addrlen) == 0 &&
+        ::listen(listener.get(), SOMAXCONN) == 0) {
+      return std::unique_ptr<StoreServer>(
+          new StoreServer(std::move(listener), "TCP store", "", size, std::move(on_abort)));
+    }
+    tried += std::string(tried.empty() ? "" : "; ") + std::strerror(errno);
+  }
+  throw Error(Code::kBootstrapError,
+              where + ": rank 0 cannot listen there (" + tried +
+                  "); FERRY_STORE must name an address of rank 0's host and a free port");
+}
+
+StoreServer::StoreServer(util::Fd listener, std::string label, std::string path, int size,
+                         AbortFn on_abort)
     : path_(std::move(path)),
+      label_(std::move(label)),
       size_(size),
       on_abort_(std::move(on_abort)),
-      rank_client_(static_cast<std::size_t>(size), 0),
-      departed_pid_(static_cast<std::size_t>(size), 0),
-      in_barrier_(static_cast<std::size_t>(size), false),
-      gathered_(static_cast<std::size_t>(size)),
-      in_allgather_(static_cast<std::size_t>(size), false) {
-  if (size < 1) throw Error(Code::kInvalidArgument, "ferryrun store: job size must be positive");
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (path_.size() >= sizeof(address.sun_path)) {
-    throw Error(Code::kInvalidArgument,
-                "ferryrun store: socket path '" + path_ + "' is longer than the " +
-                    std::to_string(sizeof(address.sun_path) - 1) + " bytes a UNIX socket allows");
-  }
-  std::memcpy(address.sun_path, path_.c_str(), path_.size() + 1);
-  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listener_.valid()) fail(path_, "socket");
-  if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    fail(path_, "bind");
-  }
-  if (::listen(listener_.get(), SOMAXCONN) != 0) {
-    int error = errno;
-    ::unlink(path_.c_str());
-    errno = error;
-    fail(path_, "listen");
+      listener_(std::move(listener)),
+      rank_client_(static_cast<std::size_t>(std::max(size, 0)), 0),
+      departed_pid_(static_cast<std::size_t>(std::max(size, 0)), 0),
+      in_barrier_(static_cast<std::size_t>(std::max(size, 0)), false),
+      gathered_(static_cast<std::size_t>(std::max(size, 0))),
+      in_allgather_(static_cast<std::size_t>(std::max(size, 0)), false) {
+  auto unlink = [&] {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  };
+  if (size < 1) {
+    unlink();
+    throw Error(Code::kInvalidArgument, label_ + ": job size must be positive");
   }
   epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   epoll_event event{};
@@ -59,15 +111,30 @@ StoreServer::StoreServer(std::string path, int size, AbortFn on_abort)
   event.data.u64 = kListenerId;
   if (!epoll_.valid() || ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &event) != 0) {
     int error = errno;
-    ::unlink(path_.c_str());
+    unlink();
     errno = error;
-    fail(path_, epoll_.valid() ? "epoll_ctl" : "epoll_create1");
+    fail(label_, epoll_.valid() ? "epoll_ctl" : "epoll_create1");
   }
+}
+
+int StoreServer::port() const {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return -1;
+  }
+  if (address.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  }
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  }
+  return -1;
 }
 
 StoreServer::~StoreServer() {
   clients_.clear();
-  ::unlink(path_.c_str());
+  if (!path_.empty()) ::unlink(path_.c_str());
 }
 
 int StoreServer::connected_ranks() const {
@@ -101,7 +168,7 @@ void StoreServer::accept_clients() {
     int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        FERRY_LOG(kWarn, "ferryrun store: accept4() failed: %s", std::strerror(errno));
+        FERRY_LOG(kWarn, "%s: accept4() failed: %s", label_.c_str(), std::strerror(errno));
       }
       return;
     }
@@ -112,7 +179,7 @@ void StoreServer::accept_clients() {
     event.events = EPOLLIN;
     event.data.u64 = client->id;
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &event) != 0) {
-      FERRY_LOG(kWarn, "ferryrun store: epoll_ctl() failed: %s", std::strerror(errno));
+      FERRY_LOG(kWarn, "%s: epoll_ctl() failed: %s", label_.c_str(), std::strerror(errno));
       continue;
     }
     clients_.emplace(client->id, std::move(client));
@@ -127,7 +194,7 @@ void StoreServer::on_readable(Client* client) {
     auto result = client->reader.read_some(client->fd.get());
     if (result == store::FrameReader::Read::kWouldBlock) break;
     if (result == store::FrameReader::Read::kError) {
-      FERRY_LOG(kWarn, "ferryrun store: recv() from %s failed: %s", describe(client).c_str(),
+      FERRY_LOG(kWarn, "%s: recv() from %s failed: %s", label_.c_str(), describe(client).c_str(),
                 std::strerror(errno));
       closed = true;
     }
@@ -150,14 +217,21 @@ void StoreServer::on_readable(Client* client) {
 void StoreServer::on_writable(Client* client) { flush(client); }
 
 void StoreServer::handle(Client* client, store::Frame* frame) {
-  if (client->rank < 0 && frame->op != store::Op::kHello) {
+  if (client->rank < 0 && frame->op != store::Op::kHello && frame->op != store::Op::kWatch) {
     reject(client, Code::kProtocolError,
-           "the first request must be HELLO, not " + store::op_name(frame->op));
+           "the first request must be HELLO or WATCH, not " + store::op_name(frame->op));
+    return;
+  }
+  if (client->watcher) {
+    reject(client, Code::kProtocolError,
+           store::op_name(frame->op) + " on a WATCH connection (it only receives ABORTED)");
     return;
   }
   switch (frame->op) {
     case store::Op::kHello:
       return handle_hello(client, *frame);
+    case store::Op::kWatch:
+      return handle_watch(client, *frame);
     case store::Op::kPut:
       return handle_put(client, *frame);
     case store::Op::kGet:
@@ -203,7 +277,7 @@ void StoreServer::handle_hello(Client* client, const store::Frame& frame) {
   client->rank = hello.rank;
   client->pid = hello.pid;
   rank_client_[rank] = client->id;
-  FERRY_LOG(kDebug, "ferryrun store: rank %d (pid %d) connected", hello.rank, hello.pid);
+  FERRY_LOG(kDebug, "%s: rank %d (pid %d) connected", label_.c_str(), hello.rank, hello.pid);
   send(client, std::make_shared<const store::Bytes>(store::encode_hello_ok()));
 }
 
@@ -305,10 +379,33 @@ void StoreServer::handle_abort(Client* client, const store::Frame& frame) {
     return reject(client, Code::kProtocolError, "malformed ABORT");
   }
   if (on_abort_) on_abort_(client->rank, client->pid, abort.code, abort.reason);
+  auto notice = std::make_shared<const store::Bytes>(
+      store::encode_aborted(client->rank, abort.code, abort.reason));
+  for (auto& [id, other] : clients_) {
+    if (other->watcher && !other->dead) send(other.get(), notice);
+  }
+}
+
+void StoreServer::handle_watch(Client* client, const store::Frame& frame) {
+  store::Hello hello;
+  if (!store::decode_hello(frame.payload, &hello)) {
+    return reject(client, Code::kProtocolError, "malformed WATCH");
+  }
+  if (hello.size != size_ || hello.rank < 0 || hello.rank >= size_) {
+    return reject(client, Code::kInvalidArgument,
+                  "WATCH from rank " + std::to_string(hello.rank) + " of " +
+                      std::to_string(hello.size) + ", but this store serves ranks 0.." +
+                      std::to_string(size_ - 1));
+  }
+  client->watcher = true;
+  client->rank = hello.rank;
+  client->pid = hello.pid;
+  send(client, std::make_shared<const store::Bytes>(store::encode_hello_ok()));
 }
 
 void StoreServer::reject(Client* client, Code code, const std::string& message) {
-  FERRY_LOG(kWarn, "ferryrun store: dropping %s: %s", describe(client).c_str(), message.c_str());
+  FERRY_LOG(kWarn, "%s: dropping %s: %s", label_.c_str(), describe(client).c_str(),
+            message.c_str());
   send(client, std::make_shared<const store::Bytes>(store::encode_error(code, message)));
   // Stop reading: nothing more from this client is trusted.
   client->closing = true;
@@ -376,11 +473,11 @@ void StoreServer::kill(Client* client) {
     it->second.erase(client->id);
     it = it->second.empty() ? waiting_.erase(it) : std::next(it);
   }
-  if (client->rank < 0) return;
+  if (client->rank < 0 || client->watcher) return;
   auto rank = static_cast<std::size_t>(client->rank);
   rank_client_[rank] = 0;
   departed_pid_[rank] = client->pid != 0 ? client->pid : -1;
-  FERRY_LOG(kDebug, "ferryrun store: %s closed its connection", describe(client).c_str());
+  FERRY_LOG(kDebug, "%s: %s closed its connection", label_.c_str(), describe(client).c_str());
   fail_rounds(client->rank);
 }
 

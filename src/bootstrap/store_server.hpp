@@ -1,6 +1,8 @@
-// ferryrun's key-value store: a single-threaded, non-blocking server on a UNIX stream socket that
-// answers the ranks' HELLO, PUT, GET, BARRIER, ALLGATHER and ABORT (store_protocol.hpp). It runs
-// inside ferryrun's event loop: poll fd() with the launcher's other fds, then call poll(0).
+// The ranks' key-value store: a single-threaded, non-blocking server that answers HELLO, PUT, GET,
+// BARRIER, ALLGATHER and ABORT (store_protocol.hpp), and tells WATCH connections when a rank
+// aborted. ferryrun serves it on a UNIX socket inside its event loop (poll fd() with the
+// launcher's other fds, then call poll(0)); the TCP store's rank 0 serves it on a TCP port from a
+// thread of its own (tcp_store.hpp).
 #pragma once
 
 #include <sys/epoll.h>
@@ -26,6 +28,10 @@ class StoreServer {
   // Listens on `path` (which must not exist yet) for a job of `size` ranks. Throws
   // ferry::Error(kIoError) naming the path and the failed call.
   StoreServer(std::string path, int size, AbortFn on_abort);
+  // The TCP store: listens on `host`:`port` (port 0: any free one, see port()). Throws
+  // ferry::Error(kBootstrapError) naming the address and why it cannot listen there.
+  static std::unique_ptr<StoreServer> listen_tcp(const std::string& host, int port, int size,
+                                                 AbortFn on_abort);
   // Closes every connection and removes the socket file.
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
@@ -39,6 +45,8 @@ class StoreServer {
   void poll(int timeout_ms);
 
   [[nodiscard]] const std::string& path() const { return path_; }
+  // The TCP port listened on, or -1 for a UNIX socket.
+  [[nodiscard]] int port() const;
   [[nodiscard]] int size() const { return size_; }
   // Ranks whose HELLO was accepted and whose connection is still open.
   [[nodiscard]] int connected_ranks() const;
@@ -61,9 +69,12 @@ class StoreServer {
     std::uint32_t registered = EPOLLIN;  // the epoll events asked for now
     bool closing = false;                // drop once `out` is flushed (after an error reply)
     bool dead = false;                   // dropped at the end of this poll()
-    int rank = -1;                       // set by an accepted HELLO
+    int rank = -1;                       // set by an accepted HELLO or WATCH
     int pid = 0;
+    bool watcher = false;  // a WATCH connection: receives ABORTED, sends nothing more
   };
+
+  StoreServer(util::Fd listener, std::string label, std::string path, int size, AbortFn on_abort);
 
   void accept_clients();
   void on_readable(Client* client);
@@ -75,6 +86,7 @@ class StoreServer {
   void handle_barrier(Client* client, const store::Frame& frame);
   void handle_allgather(Client* client, const store::Frame& frame);
   void handle_abort(Client* client, const store::Frame& frame);
+  void handle_watch(Client* client, const store::Frame& frame);
   // Replies with an error and drops the client once the reply has left.
   void reject(Client* client, Code code, const std::string& message);
   void send(Client* client, std::shared_ptr<const store::Bytes> frame);
@@ -91,7 +103,8 @@ class StoreServer {
   [[nodiscard]] std::string departed_message(int rank, const char* what, std::uint64_t round) const;
   [[nodiscard]] std::string describe(const Client* client) const;
 
-  std::string path_;
+  std::string path_;   // the UNIX socket to remove, or empty
+  std::string label_;  // "ferryrun store" or "TCP store", for messages
   int size_;
   AbortFn on_abort_;
   util::Fd listener_;

@@ -37,6 +37,7 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] int size() const { return size_; }
   [[nodiscard]] int local_rank() const { return bootstrap_->local_rank(); }
   [[nodiscard]] int local_size() const { return bootstrap_->local_size(); }
+  [[nodiscard]] std::vector<int> local_ranks() const { return bootstrap_->local_ranks(); }
   [[nodiscard]] const util::Config& config() const { return config_; }
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);

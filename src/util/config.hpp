@@ -89,7 +89,11 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                    \
     "processes of the job on this node (set by ferryrun)")                                        \
   X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                                 \
-    "address of ferryrun's key-value store (unix:PATH; set by ferryrun)")                         \
+    "the ranks' key-value store: unix:PATH (set by ferryrun), or HOST:PORT for the TCP store "    \
+    "that rank 0 serves (set it with FERRY_RANK and FERRY_SIZE in a custom launcher)")            \
+  X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",             \
+    "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "    \
+    "(FERRY_STORE set), else a single process")                                                   \
   X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                                \
     "job identity, part of shared-memory names (set by ferryrun)")                                \
   X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                     \

@@ -1,0 +1,28 @@
+#include "util/node.hpp"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+namespace ferry::util {
+namespace {
+
+std::string inode_of(const char* path) {
+  struct stat st {};
+  return ::stat(path, &st) == 0 ? std::to_string(st.st_ino) : "?";
+}
+
+}  // namespace
+
+std::string node_identity() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat shm {};
+  const std::string shm_device = ::stat("/dev/shm", &shm) == 0 ? std::to_string(shm.st_dev) : "?";
+  std::string id = (boot.empty() ? "?" : boot) + "/" + inode_of("/proc/self/ns/net") + "/" +
+                   inode_of("/proc/self/ns/ipc") + "/" + inode_of("/proc/self/ns/pid") + "/" +
+                   shm_device;
+  return id.substr(0, 127);
+}
+
+}  // namespace ferry::util
