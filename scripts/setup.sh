@@ -6,7 +6,9 @@ set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
 
-packages=(cmake ninja-build g++ make pkg-config libgtest-dev python3 libfabric-dev iproute2)
+# Launchers the tests start ferry under: Open MPI (PMIx), MPICH (hydra, PMI-1) and Slurm.
+packages=(cmake ninja-build g++ make pkg-config libgtest-dev python3 libfabric-dev iproute2
+  libpmix-dev openmpi-bin mpich slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -42,17 +42,22 @@ std::string key_what(const char* op, const std::string& key) {
 }  // namespace
 
 // Rank 0's side of the TCP store: the server, polled by a thread of its own until the bootstrap
-// ends and every other rank has left (or linger_s passed).
+// ends and every other rank has left (or linger_s passed). When a rank aborts, the others learn
+// it on their WATCH connections; rank 0 exits once those notices have left.
 class StoreHost {
  public:
-  StoreHost(const std::string& host, int port, int size, double linger_s)
-      : server_(StoreServer::listen_tcp(host, port, size,
-                                        [](int rank, int pid, int code, const std::string& why) {
-                                          FERRY_LOG(kError,
-                                                    "TCP store: rank %d (pid %d) aborted the job "
-                                                    "with code %d: %s",
-                                                    rank, pid, code, why.c_str());
-                                        })),
+  StoreHost(const std::string& host, int port, int size, int rank, double linger_s)
+      : server_(StoreServer::listen_tcp(
+            host, port, size,
+            [this](int from, int pid, int code, const std::string& why) {
+              if (aborted_) return;
+              aborted_ = true;
+              abort_code_ = code > 0 && code < 256 ? code : 1;
+              abort_text_ = "rank " + std::to_string(from) + " (pid " + std::to_string(pid) +
+                            ") aborted the job with code " + std::to_string(code) + ": " + why;
+              abort_at_ = store::Clock::now();
+            })),
+        rank_(rank),
         linger_(std::chrono::duration_cast<store::Clock::duration>(
             std::chrono::duration<double>(linger_s))),
         thread_([this] { run(); }) {}
@@ -68,6 +73,12 @@ class StoreHost {
     std::optional<store::Clock::time_point> until;
     for (;;) {
       server_->poll(20);
+      if (aborted_ && (!server_->output_pending() ||
+                       store::Clock::now() - abort_at_ > std::chrono::seconds(1))) {
+        std::fprintf(stderr, "ferry[%d]: %s; exiting\n", rank_, abort_text_.c_str());
+        std::fflush(stderr);
+        ::_exit(abort_code_);
+      }
       if (!stop_.load()) continue;
       if (!until) until = store::Clock::now() + linger_;
       if (server_->connected_ranks() == 0) return;
@@ -81,7 +92,13 @@ class StoreHost {
     }
   }
 
+  // Written and read by the server's thread only (the abort callback runs inside poll()).
+  bool aborted_ = false;
+  int abort_code_ = 1;
+  std::string abort_text_;
+  store::Clock::time_point abort_at_;
   std::unique_ptr<StoreServer> server_;
+  int rank_;
   store::Clock::duration linger_;
   std::atomic<bool> stop_{false};
   std::thread thread_;  // last: starts once the rest is built
@@ -99,20 +116,28 @@ StoreBootstrap::StoreBootstrap(StoreOptions options) : options_(std::move(option
          " do not describe a rank of a job (expected 0 <= rank < size)");
   }
   if (is_tcp() && o.rank == 0)
-    host_ = std::make_unique<StoreHost>(o.host, o.port, o.size, o.linger_s);
+    host_ = std::make_unique<StoreHost>(o.host, o.port, o.size, o.rank, o.linger_s);
   socket_ = connect_store(deadline());
   std::string what = "HELLO as rank " + std::to_string(o.rank);
   Status status = send(store::encode_hello(o.rank, o.size, static_cast<int>(::getpid())), what, {});
   store::Frame reply;
   if (status) status = await(store::Op::kHelloOk, "", what, {}, &reply);
   if (!status) throw Error(Code::kBootstrapError, status.message());
-  if (is_tcp()) start_watch();
-  find_locality();
+  try {
+    // Rank 0 learns of an abort in its server thread (StoreHost), not by watching itself.
+    if (is_tcp() && o.rank != 0) start_watch();
+    find_locality();
+  } catch (...) {
+    shutdown();  // the destructor does not run for a constructor that throws
+    throw;
+  }
   FERRY_LOG(kDebug, "%s: connected as rank %d of %d (%zu on this node)", name_.c_str(), o.rank,
             o.size, local_ranks_.size());
 }
 
-StoreBootstrap::~StoreBootstrap() {
+StoreBootstrap::~StoreBootstrap() { shutdown(); }
+
+void StoreBootstrap::shutdown() {
   if (watcher_.joinable()) {
     std::uint64_t one = 1;
     [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof(one));

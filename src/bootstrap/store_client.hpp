@@ -84,6 +84,8 @@ class StoreBootstrap final : public Bootstrap {
   // The WATCH connection's thread: exits the process when a rank aborted the job.
   void start_watch();
   void watch();
+  // Ends the watcher, closes the connections and (rank 0 of the TCP store) the server.
+  void shutdown();
 
   StoreOptions options_;
   std::string name_;

@@ -143,6 +143,13 @@ int StoreServer::connected_ranks() const {
   return count;
 }
 
+bool StoreServer::output_pending() const {
+  for (const auto& [id, client] : clients_) {
+    if (!client->dead && client->out_front < client->out.size()) return true;
+  }
+  return false;
+}
+
 void StoreServer::poll(int timeout_ms) {
   epoll_event events[64];
   int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);

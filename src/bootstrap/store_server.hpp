@@ -50,6 +50,8 @@ class StoreServer {
   [[nodiscard]] int size() const { return size_; }
   // Ranks whose HELLO was accepted and whose connection is still open.
   [[nodiscard]] int connected_ranks() const;
+  // Whether replies or notices still wait for room in some client's socket.
+  [[nodiscard]] bool output_pending() const;
   // Whether `rank` said HELLO and has since closed its connection (cleanly or not).
   [[nodiscard]] bool departed(int rank) const {
     return rank >= 0 && static_cast<std::size_t>(rank) < departed_pid_.size() &&

@@ -1,13 +1,16 @@
 // The shm transport (see transport.hpp): segment set-up, connect with a CMA probe, FIFO polling.
 #include "transport/shm/transport.hpp"
 
+#include <glob.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -19,10 +22,45 @@
 namespace ferry::transport::shm {
 namespace {
 
+// The pid namespace's inode: a pid in a segment name means something only within it.
+std::string pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? std::to_string(st.st_ino) : "0";
+}
+
+// "/ferry-<job>-<rank>-p<pid>n<pid namespace>": ferryrun sweeps a job's names by its id; any
+// rank sweeps names whose creator is dead (sweep_dead_segments).
 std::string segment_name(const std::string& job_id, int rank) {
   std::string clean;
   for (char c : job_id) clean += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '_';
-  return "/ferry-" + clean + "-" + std::to_string(rank);
+  return "/ferry-" + clean + "-" + std::to_string(rank) + "-p" + std::to_string(::getpid()) + "n" +
+         pid_namespace();
+}
+
+// A rank SIGKILLed during init, before its peers mapped its segment, leaves the name behind;
+// under ferryrun the launcher removes it, under other launchers the next ferry process of this
+// pid namespace does: names whose creator pid no longer exists. A live process that reused the
+// pid keeps the name (harmless: it is only swept later).
+void sweep_dead_segments() {
+  const std::string suffix = "n" + pid_namespace();
+  glob_t found{};
+  if (::glob("/dev/shm/ferry-*-p*n*", GLOB_NOSORT, nullptr, &found) != 0) return;
+  for (std::size_t i = 0; i < found.gl_pathc; ++i) {
+    const std::string path = found.gl_pathv[i];
+    if (path.size() <= suffix.size() ||
+        path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const auto p = path.rfind("-p");
+    if (p == std::string::npos) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(path.c_str() + p + 2, &end, 10);
+    if (end == nullptr || *end != 'n' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH && ::unlink(path.c_str()) == 0) {
+      FERRY_LOG(kInfo, "shm: removed %s, left by a process that no longer exists", path.c_str());
+    }
+  }
+  ::globfree(&found);
 }
 
 }  // namespace
@@ -41,6 +79,7 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
       static_cast<std::uint32_t>(config.get_int(util::Var::kShmFifoSize)),
       static_cast<std::uint32_t>(config.get_int(util::Var::kShmBounceCount)), bounce_size, &layout);
   if (!error.empty()) throw Error(Code::kInvalidArgument, "shm: " + error);
+  sweep_dead_segments();
   own_ = Segment::create(segment_name(job_id, rank), layout);
   util::crash_point(config, rank, util::CrashPoint::kSegmentCreated);
   crash_mid_claim_ =
