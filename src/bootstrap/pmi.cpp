@@ -249,6 +249,7 @@ class PmiBootstrap final : public Bootstrap {
                                             (errno != 0 ? std::strerror(errno) : "timed out") +
                                             " (did the launcher exit?)"));
     }
+    int naps = 0;
     for (;;) {
       auto newline = buffer_.find('\n');
       if (newline != std::string::npos) {
@@ -286,9 +287,11 @@ class PmiBootstrap final : public Bootstrap {
                        " s (FERRY_BOOTSTRAP_TIMEOUT); rank " + std::to_string(rank_) +
                        " was still waiting for the launcher or the other ranks"));
       }
+      // With progress to make: poll at once, then 1 ms naps, so ranks of an oversubscribed node
+      // leave the CPU to the launcher that answers them.
       if (idle) idle();
       pollfd pfd{fd_, POLLIN, 0};
-      ::poll(&pfd, 1, idle ? 0 : 10);
+      ::poll(&pfd, 1, idle ? std::min(naps++, 1) : 10);
     }
   }
 
@@ -298,8 +301,11 @@ class PmiBootstrap final : public Bootstrap {
   }
 
   // A value as "<chunks>" under `key` and hex chunks under "key:i", each within vallen_max.
+  // A value is "h<hex>" under `key` where that fits vallen_max (one get reads it); otherwise
+  // "c<chunks>.<bytes>" under `key` and hex chunks under "key:i", each within vallen_max.
   Status put_value(const std::string& key, std::span<const std::byte> value) {
     const std::string hex = pmi::to_hex(value);
+    if (hex.size() + 2 <= static_cast<std::size_t>(vallen_max_)) return put_raw(key, "h" + hex);
     const std::size_t chunk = static_cast<std::size_t>(vallen_max_ - 1) & ~std::size_t{1};
     const std::size_t chunks = std::max<std::size_t>(1, (hex.size() + chunk - 1) / chunk);
     Fields reply;
@@ -308,7 +314,7 @@ class PmiBootstrap final : public Bootstrap {
       Status status = put_raw(key + ":" + std::to_string(i), part.empty() ? "-" : part);
       if (!status) return status;
     }
-    return put_raw(key, std::to_string(chunks) + "." + std::to_string(value.size()));
+    return put_raw(key, "c" + std::to_string(chunks) + "." + std::to_string(value.size()));
   }
 
   Status put_raw(const std::string& key, const std::string& value) {
@@ -335,8 +341,16 @@ class PmiBootstrap final : public Bootstrap {
     std::string header;
     Status status = get_raw(key, &header, found, idle);
     if (!status || !*found) return status;
+    if (header.size() >= 1 && header[0] == 'h') {
+      if (!pmi::from_hex(header.substr(1), out)) {
+        return Status(Code::kProtocolError, name_ + ": key '" + key + "' holds malformed data");
+      }
+      return Status::ok();
+    }
     char* end = nullptr;
-    const unsigned long chunks = std::strtoul(header.c_str(), &end, 10);
+    const unsigned long chunks =
+        header.size() > 1 && header[0] == 'c' ? std::strtoul(header.c_str() + 1, &end, 10) : 0;
+    if (end == nullptr) end = header.data();
     const unsigned long bytes = *end == '.' ? std::strtoul(end + 1, &end, 10) : ~0ul;
     if (*end != '\0' || chunks == 0 || chunks > 1u << 20 || bytes > (1ul << 30)) {
       return Status(Code::kProtocolError,

@@ -353,6 +353,9 @@ class PmixBootstrap final : public Bootstrap {
     // The callback comes from libpmix's thread; meanwhile the caller's communication progresses.
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_ + 1));
+    // Waits sleep a little (growing to 1 ms): on an oversubscribed node, ranks spinning here
+    // would take the CPU from the launcher's server, which completes the fence.
+    auto nap = std::chrono::microseconds(20);
     while (!state->done.load(std::memory_order_acquire)) {
       if (Clock::now() >= deadline) {
         return Status(Code::kTimeout, name_ + ": " + what + " timed out after " +
@@ -361,11 +364,9 @@ class PmixBootstrap final : public Bootstrap {
                                           std::to_string(rank_) +
                                           " was still waiting for the other ranks");
       }
-      if (idle) {
-        idle();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
+      if (idle) idle();
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
     if (state->status != PMIX_SUCCESS) {
       const bool timed_out = state->status == PMIX_ERR_TIMEOUT;
