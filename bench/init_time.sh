@@ -25,8 +25,16 @@ seconds() {  # COMMAND... -> wall seconds; "fail" for a job that failed or ran p
   end=$(date +%s%N)
   echo "scale=3; ($end - $start) / 1000000000" | bc
 }
-median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-printf '%6s %10s %14s %14s %12s %16s\n' ranks ferryrun mpirun+ferry hydra+ferry \
+# Median of the runs that finished, and how many did not ("1.104" or "0.273 (2 failed)").
+median() {
+  local runs failed
+  runs=$(cat)
+  failed=$(echo "$runs" | grep -c fail || true)
+  echo "$runs" | grep -v fail | sort -n |
+    awk -v f="$failed" '{ v[NR] = $1 } END { if (NR == 0) { print "all failed"; exit }
+      printf "%.3f%s\n", v[int((NR + 1) / 2)], (f > 0 ? " (" f " failed)" : "") }'
+}
+printf '%6s %10s %14s %14s %18s %18s\n' ranks ferryrun mpirun+ferry hydra+ferry \
   "mpirun true" mpirun+MPI_Init
 for n in ${RANKS:-2 8 32 64}; do
   : >"$work/a"; : >"$work/b"; : >"$work/c"; : >"$work/d"; : >"$work/e"
@@ -37,6 +45,6 @@ for n in ${RANKS:-2 8 32 64}; do
     seconds "${ompi[@]}" -np "$n" true >>"$work/c"
     seconds "${ompi[@]}" -np "$n" "$work/mpi_init" >>"$work/d"
   done
-  printf '%6d %10s %14s %14s %12s %16s\n' "$n" "$(median <"$work/a")" "$(median <"$work/b")" \
+  printf '%6d %10s %14s %14s %18s %18s\n' "$n" "$(median <"$work/a")" "$(median <"$work/b")" \
     "$(median <"$work/e")" "$(median <"$work/c")" "$(median <"$work/d")"
 done

@@ -79,6 +79,13 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
 }
 
 void Engine::setup_transports() {
+  {
+    std::string local;
+    for (int r : bootstrap_->local_ranks()) local += (local.empty() ? "" : ",") + std::to_string(r);
+    transport_notes_.push_back("bootstrap: " + bootstrap_->name() + " (rank " +
+                               std::to_string(rank_) + " of " + std::to_string(size_) +
+                               "; ranks on this node: " + local + ")");
+  }
   if (config_.list_contains(util::Var::kTransports, "self")) {
     auto self = std::make_unique<transport::self::SelfTransport>(rank_, this);
     self_ = self.get();

@@ -44,6 +44,17 @@ perf() {
     bad "$name: ferry-perf (rc $rc)" "$out"
   fi
 }
+# names NAME PATTERN LAUNCH...: ferry-info on 2 ranks (rank 0 prints) names the bootstrap in use.
+names() {
+  local name=$1 pattern=$2 out
+  shift 2
+  out=$(timeout 60 "$@" "$info" 2>&1)
+  if [ "$(echo "$out" | grep -c "bootstrap: $pattern")" -eq 1 ]; then
+    ok "$name: ferry-info says '$(echo "$out" | grep -o "bootstrap: $pattern" | head -1)'"
+  else
+    bad "$name: ferry-info does not name the bootstrap ($pattern)" "$out"
+  fi
+}
 # aborts NAME WANT_RC LAUNCH...: rank 1 aborts with code 7 while the others wait on it; the job
 # must end within 20 s with WANT_RC.
 aborts() {
@@ -68,6 +79,7 @@ if [[ " $sections " == *" openmpi "* ]]; then
     export FERRY_LOG_LEVEL=${FERRY_LOG_LEVEL:-warn}
     suite "mpirun.openmpi (PMIx)" 4 "${ompi[@]}" -np 4
     perf "mpirun.openmpi (PMIx)" "${ompi[@]}" -np 2
+    names "mpirun.openmpi (PMIx)" "PMIx namespace .*ranks on this node: 0,1)" "${ompi[@]}" -np 2
     aborts "mpirun.openmpi (PMIx)" 7 "${ompi[@]}" -np 3
   else
     skip "mpirun.openmpi: not installed (apt-get install openmpi-bin)"
@@ -78,6 +90,7 @@ if [[ " $sections " == *" mpich "* ]]; then
   if command -v mpirun.mpich >/dev/null; then
     suite "mpirun.mpich (PMI-1)" 4 mpirun.mpich -np 4
     perf "mpirun.mpich (PMI-1)" mpirun.mpich -np 2
+    names "mpirun.mpich (PMI-1)" "PMI-1 kvs .*ranks on this node: 0,1)" mpirun.mpich -np 2
     aborts "mpirun.mpich (PMI-1)" 7 mpirun.mpich -np 3
   else
     skip "mpirun.mpich: not installed (apt-get install mpich)"
@@ -133,6 +146,12 @@ if [[ " $sections " == *" tcp "* ]]; then
   else
     bad "TCP store: dead rank's segment (left: '${left}', now: '$(leftovers)')" "$out $out2"
   fi
+  out=$(tcp_job 2 "$info")
+  if [ "$(echo "$out" | grep -c "bootstrap: TCP store 127.0.0.1:.*ranks on this node: 0,1)")" -eq 1 ]; then
+    ok "TCP store: ferry-info names it, with both ranks found on this node by node identity"
+  else
+    bad "TCP store: ferry-info" "$out"
+  fi
   start=$(now_ms)
   out=$(tcp_job 3 "$fault" abort)
   ms=$(($(now_ms) - start))
@@ -154,6 +173,8 @@ if [[ " $sections " == *" slurm "* ]]; then
       for mpi in pmix pmi2; do
         suite "srun --mpi=$mpi" 4 srun --mpi=$mpi -n 4 --overcommit
         perf "srun --mpi=$mpi" srun --mpi=$mpi -n 2 --overcommit
+        names "srun --mpi=$mpi" "$([ $mpi = pmix ] && echo PMIx || echo PMI-1)" \
+          srun --mpi=$mpi -n 2 --overcommit
       done
       slurm_stop
     else

@@ -40,6 +40,7 @@ else bad "ferry-perf alone (rc $rc)"; fi
 if "$ferryrun" -n 3 "$info" --peers >"$tmp/info" 2>&1 &&
    grep -q "FERRY_SHM_FIFO_SIZE = 1024 \[default\]" "$tmp/info" &&
    grep -q "shm: available (3 processes" "$tmp/info" &&
+   grep -q "bootstrap: ferryrun store unix:.* (rank 0 of 3; ranks on this node: 0,1,2)" "$tmp/info" &&
    [ "$(grep -c "shm (CMA probe ok): eager up to 32760 B, rendezvous by zero-copy get from" "$tmp/info")" -eq 6 ] &&
    [ "$(grep -c ": self" "$tmp/info")" -eq 3 ]; then
   ok "ferry-info --peers shows transports, variables and every rank's paths"
