@@ -146,8 +146,22 @@ def ofi_wire():
     }
 
 
+# ---- PMI-1 (src/bootstrap/pmi.hpp): reply lines from a launcher, hex values ----
+def pmi_wire():
+    return {
+        'init': b'cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n',
+        'maxes': b'cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024\n',
+        'get_inline': b'cmd=get_result rc=0 msg=success value=h0a1bff\n',
+        'get_header': b'cmd=get_result rc=0 msg=success value=c3.1500\n',
+        'get_missing': b'cmd=get_result rc=-1 msg=key_not_found\n',
+        'bad_hex': b'cmd=get_result rc=0 value=hzz0\n',
+        'two_lines': b'cmd=barrier_out\ncmd=put_result rc=0 msg=success\n',
+        'no_cmd': b'rc=0 cmd=x\n',
+    }
+
+
 def main():
-    corpora = {'ofi_wire': ofi_wire(), 'store_frames': store_frames(), 'store_server': store_server(),
+    corpora = {'pmi_wire': pmi_wire(), 'ofi_wire': ofi_wire(), 'store_frames': store_frames(), 'store_server': store_server(),
                'engine_am': engine_am(), 'shm_address': shm_address(), 'config_value': config_value(),
                'address_blob': address_blob()}
     for name, seeds in corpora.items():

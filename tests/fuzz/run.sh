@@ -23,13 +23,14 @@ declare -A needs=(
   [config_value]="src/util/config.cpp src/util/status.cpp"
   [address_blob]="src/proto/address_blob.cpp src/util/status.cpp"
   [ofi_wire]="src/transport/ofi/wire.cpp"
+  [pmi_wire]="src/bootstrap/pmi.cpp src/util/config.cpp src/util/status.cpp src/util/log.cpp src/util/node.cpp"
   # The engine without the CUDA module (cuda/none.cpp) and the libfabric transport: fuzzing needs
   # neither a driver nor a NIC.
   [engine_am]="$(find src -name '*.cpp' ! -path 'src/cuda/cuda.cpp' ! -path 'src/cuda/driver.cpp' \
                  ! -path 'src/transport/ofi/transport.cpp' ! -path 'src/transport/ofi/fabric.cpp' \
                  | sort | tr '\n' ' ')"
 )
-all_targets="store_frames store_server shm_address config_value address_blob ofi_wire engine_am"
+all_targets="store_frames store_server shm_address config_value address_blob ofi_wire pmi_wire engine_am"
 targets=${FUZZ_TARGETS:-$all_targets}
 
 # ---- the compiler ----
