@@ -36,7 +36,7 @@ suite() {
 perf() {
   local name=$1 out rc
   shift
-  out=$(timeout 120 "$@" "$perf" latency bandwidth --sizes 8,64k,1m --iterations 200 --check 2>&1)
+  out=$(timeout 120 "$@" "$perf" latency bandwidth --sizes 8,64k,1m --iterations 20 --warmup 2 --window 4 --check 2>&1)
   rc=$?
   if [ $rc -eq 0 ] && [ "$(echo "$out" | grep -cE '^ *(latency|bandwidth) +(8|65536|1048576) ')" -ge 6 ]; then
     ok "$name: ferry-perf latency and bandwidth, checked"
@@ -128,7 +128,7 @@ if [[ " $sections " == *" tcp "* ]]; then
   else
     bad "TCP store: the multi-process suite (rc $rc)" "$out"
   fi
-  out=$(tcp_job 2 "$perf" latency bandwidth --sizes 8,64k,1m --iterations 200 --check)
+  out=$(tcp_job 2 "$perf" latency bandwidth --sizes 8,64k,1m --iterations 20 --warmup 2 --window 4 --check)
   rc=$?
   if [ $rc -eq 0 ] && [ "$(echo "$out" | grep -cE '^ *(latency|bandwidth) +(8|65536|1048576) ')" -ge 6 ]; then
     ok "TCP store: ferry-perf latency and bandwidth, checked"
