@@ -78,6 +78,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Fields = std::vector<std::pair<std::string, std::string>>;
+// The longest request line PMI-1 launchers read (MPICH's PMIU_MAXLINE; Slurm's agent likewise).
+constexpr std::size_t kMaxLine = 1024;
 
 std::string field(const Fields& fields, const std::string& key) {
   for (const auto& [k, v] : fields) {
@@ -305,8 +307,13 @@ class PmiBootstrap final : public Bootstrap {
   // "c<chunks>.<bytes>" under `key` and hex chunks under "key:i", each within vallen_max.
   Status put_value(const std::string& key, std::span<const std::byte> value) {
     const std::string hex = pmi::to_hex(value);
-    if (hex.size() + 2 <= static_cast<std::size_t>(vallen_max_)) return put_raw(key, "h" + hex);
-    const std::size_t chunk = static_cast<std::size_t>(vallen_max_ - 1) & ~std::size_t{1};
+    if (1 + hex.size() <= value_room(key)) return put_raw(key, "h" + hex);
+    // Room for the longest chunk key ("key:<index>"), rounded down to whole bytes.
+    const std::size_t chunk = value_room(key + ":" + std::to_string(hex.size())) & ~std::size_t{1};
+    if (chunk < 16) {
+      return Status(Code::kBootstrapError, name_ + ": the kvs name and key '" + key +
+                                               "' leave no room for a value in a PMI line");
+    }
     const std::size_t chunks = std::max<std::size_t>(1, (hex.size() + chunk - 1) / chunk);
     Fields reply;
     for (std::size_t i = 0; i < chunks; ++i) {
@@ -315,6 +322,15 @@ class PmiBootstrap final : public Bootstrap {
       if (!status) return status;
     }
     return put_raw(key, "c" + std::to_string(chunks) + "." + std::to_string(value.size()));
+  }
+
+  // The longest value a put of `key` may carry: within the launcher's vallen_max, and the whole
+  // request line within kMaxLine (Slurm's and MPICH's PMI-1 read at most 1024 bytes per line).
+  [[nodiscard]] std::size_t value_room(const std::string& key) const {
+    const std::size_t line = std::strlen("cmd=put kvsname=") + kvs_.size() + std::strlen(" key=") +
+                             key.size() + std::strlen(" value=") + 1;  // + the newline
+    const std::size_t by_line = line < kMaxLine ? kMaxLine - line : 0;
+    return std::min(static_cast<std::size_t>(vallen_max_ - 1), by_line);
   }
 
   Status put_raw(const std::string& key, const std::string& value) {

@@ -177,10 +177,43 @@ class PmixBootstrap final : public Bootstrap {
 
   Status get(const std::string& key, Blob* value, const IdleFn& idle) override {
     std::lock_guard lock(mutex_);
-    // A key put by any rank: PMIx searches the namespace for PMIX_RANK_UNDEF.
-    pmix_proc_t any = me_;
-    any.rank = PMIX_RANK_UNDEF;
-    return get_bytes(any, "ferry.kv." + key, value, idle);
+    // A key put by any rank (visible after the fence that follows the put). Debian's libpmix
+    // does not search the namespace for PMIX_RANK_UNDEF (its dstore answers NOT-FOUND), so each
+    // rank's local data is looked at (PMIX_OPTIONAL: no request to the server) until one has it.
+    const std::string full = "ferry.kv." + key;
+    pmix_info_t optional = bool_info(PMIX_OPTIONAL, true);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    auto nap = std::chrono::microseconds(50);
+    for (;;) {
+      for (int r = 0; r < size_; ++r) {
+        pmix_proc_t peer = me_;
+        peer.rank = static_cast<pmix_rank_t>(r);
+        pmix_value_t* found = nullptr;
+        if (api_->PMIx_Get(&peer, full.c_str(), &optional, 1, &found) != PMIX_SUCCESS ||
+            found == nullptr) {
+          continue;
+        }
+        Status status = Status::ok();
+        if (found->type == PMIX_BYTE_OBJECT) {
+          const auto* begin = reinterpret_cast<const std::byte*>(found->data.bo.bytes);
+          value->assign(begin, begin + found->data.bo.size);
+        } else {
+          status = Status(Code::kProtocolError, name_ + ": key '" + key + "' is not bytes");
+        }
+        api_->PMIx_Value_destruct(found);
+        std::free(found);
+        return status;
+      }
+      if (Clock::now() >= deadline) {
+        return Status(Code::kTimeout, name_ + ": get of key '" + key + "' timed out after " +
+                                          std::to_string(static_cast<int>(timeout_s_)) +
+                                          " s (FERRY_BOOTSTRAP_TIMEOUT); no rank put that key");
+      }
+      if (idle) idle();
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(5000));
+    }
   }
 
   Status allgather(std::span<const std::byte> mine, std::vector<Blob>* all,

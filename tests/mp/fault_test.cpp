@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,25 @@ int main(int argc, char** argv) {
     ferry::Status s = ctx.barrier();
     std::printf("rank %d: barrier without rank 1: %s\n", ctx.rank(), s.to_string().c_str());
     return s.is_ok() ? 0 : 1;
+  }
+  if (argc > 1 && std::string(argv[1]) == "launcher-gone") {
+    // The launcher is SIGKILLed while the ranks sleep; their next barrier must fail (or time out
+    // under FERRY_BOOTSTRAP_TIMEOUT), not hang. Each rank writes its verdict to a file, since its
+    // stdout went with the launcher.
+    const char* out = std::getenv("FERRY_TEST_OUT");
+    ::sleep(2);
+    const auto start = Clock::now();
+    ferry::Status s = ctx.barrier();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (out != nullptr) {
+      std::string path = std::string(out) + "." + std::to_string(ctx.rank());
+      if (FILE* f = std::fopen(path.c_str(), "w")) {
+        std::fprintf(f, "rank %d: barrier after the launcher died: %s after %.0f ms\n", ctx.rank(),
+                     s.is_ok() ? "ok" : s.to_string().c_str(), ms);
+        std::fclose(f);
+      }
+    }
+    ::_exit(s.is_ok() ? 0 : 3);  // finalize would try the launcher again
   }
   if (argc > 1 && std::string(argv[1]) == "abort") {
     // Rank 1 ends the job while the others wait for a message that never comes.

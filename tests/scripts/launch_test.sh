@@ -5,11 +5,11 @@
 # Each launcher runs the multi-process suite and ferry-perf, and ends every rank when one aborts.
 # A launcher that is not installed is skipped with a visible reason; the test fails if a launcher
 # that is installed does not work.
-#   launch_test.sh MP_TESTS FERRY_PERF FAULT_TEST FERRY_INFO [section...]
+#   launch_test.sh MP_TESTS FERRY_PERF FAULT_TEST FERRY_INFO BOOTSTRAP_TEST [section...]
 #   sections: openmpi mpich tcp slurm errors (default: all)
 set -u
-mp=$1 perf=$2 fault=$3 info=$4
-shift 4
+mp=$1 perf=$2 fault=$3 info=$4 boot=$5
+shift 5
 sections=${*:-openmpi mpich tcp slurm errors}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 passed=0 failed=0 skipped=0
@@ -19,6 +19,8 @@ skip() { skipped=$((skipped + 1)); echo "SKIP $1"; }
 leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
 before=$(leftovers)
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
 # suite NAME N LAUNCH...: the multi-process suite on N ranks; every rank must pass.
 suite() {
@@ -30,6 +32,19 @@ suite() {
     ok "$name: the multi-process suite on $n ranks"
   else
     bad "$name: the multi-process suite on $n ranks (rc $rc)" "$out"
+  fi
+}
+# kv NAME N LAUNCH...: the bootstrap alone: put and get (5000-byte values too), barrier,
+# allgather of blobs of different sizes.
+kv() {
+  local name=$1 n=$2 out rc
+  shift 2
+  out=$(timeout 120 "$@" "$boot" 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ] && [ "$(echo "$out" | grep -c 'bootstrap ok')" -eq "$n" ]; then
+    ok "$name: put, get, barrier and allgather on $n ranks, values up to 5000 bytes"
+  else
+    bad "$name: the bootstrap alone (rc $rc)" "$out"
   fi
 }
 # perf NAME LAUNCH...: ferry-perf's latency and bandwidth on 2 ranks, data checked.
@@ -78,9 +93,28 @@ if [[ " $sections " == *" openmpi "* ]]; then
           -x FERRY_LOG_LEVEL)
     export FERRY_LOG_LEVEL=${FERRY_LOG_LEVEL:-warn}
     suite "mpirun.openmpi (PMIx)" 4 "${ompi[@]}" -np 4
+    kv "mpirun.openmpi (PMIx)" 3 "${ompi[@]}" -np 3
     perf "mpirun.openmpi (PMIx)" "${ompi[@]}" -np 2
     names "mpirun.openmpi (PMIx)" "PMIx namespace .*ranks on this node: 0,1)" "${ompi[@]}" -np 2
     aborts "mpirun.openmpi (PMIx)" 7 "${ompi[@]}" -np 3
+    # mpirun SIGKILLed while its 2 ranks sleep: their barrier fails or times out, never hangs.
+    rm -f "$work"/gone.*
+    FERRY_TEST_OUT=$work/gone FERRY_BOOTSTRAP_TIMEOUT=3 "${ompi[@]}" -x FERRY_TEST_OUT \
+      -x FERRY_BOOTSTRAP_TIMEOUT -np 2 "$fault" launcher-gone >/dev/null 2>&1 &
+    launcher=$!
+    sleep 1
+    kill -9 "$launcher"
+    for _ in $(seq 150); do
+      [ "$(cat "$work"/gone.* 2>/dev/null | wc -l)" -eq 2 ] && break
+      sleep 0.1
+    done
+    verdicts=$(cat "$work"/gone.* 2>/dev/null)
+    if [ "$(echo "$verdicts" | grep -c "barrier after the launcher died: .*\(failed\|timed out\)")" -eq 2 ]; then
+      ok "mpirun.openmpi (PMIx): launcher SIGKILLed: $(echo "$verdicts" | head -1 | cut -c1-150)"
+    else
+      bad "mpirun.openmpi (PMIx): ranks whose launcher died" "$verdicts"
+    fi
+    pkill -9 -f "$fault launcher-gone" 2>/dev/null
   else
     skip "mpirun.openmpi: not installed (apt-get install openmpi-bin)"
   fi
@@ -89,6 +123,7 @@ fi
 if [[ " $sections " == *" mpich "* ]]; then
   if command -v mpirun.mpich >/dev/null; then
     suite "mpirun.mpich (PMI-1)" 4 mpirun.mpich -np 4
+    kv "mpirun.mpich (PMI-1)" 3 mpirun.mpich -np 3
     perf "mpirun.mpich (PMI-1)" mpirun.mpich -np 2
     names "mpirun.mpich (PMI-1)" "PMI-1 kvs .*ranks on this node: 0,1)" mpirun.mpich -np 2
     aborts "mpirun.mpich (PMI-1)" 7 mpirun.mpich -np 3
@@ -117,8 +152,6 @@ tcp_job() {
   rm -f "$work"/rank*
   return $worst
 }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 if [[ " $sections " == *" tcp "* ]]; then
   out=$(tcp_job 3 "$mp")
@@ -127,6 +160,12 @@ if [[ " $sections " == *" tcp "* ]]; then
     ok "TCP store: the multi-process suite on 3 ranks"
   else
     bad "TCP store: the multi-process suite (rc $rc)" "$out"
+  fi
+  out=$(tcp_job 3 "$boot")
+  if [ "$(echo "$out" | grep -c 'bootstrap ok')" -eq 3 ]; then
+    ok "TCP store: put, get, barrier and allgather on 3 ranks, values up to 5000 bytes"
+  else
+    bad "TCP store: the bootstrap alone" "$out"
   fi
   out=$(tcp_job 2 "$perf" latency bandwidth --sizes 8,64k,1m --iterations 20 --warmup 2 --window 4 --check)
   rc=$?
@@ -145,6 +184,16 @@ if [[ " $sections " == *" tcp "* ]]; then
     ok "TCP store: a segment left by a rank killed in init is removed by the next job"
   else
     bad "TCP store: dead rank's segment (left: '${left}', now: '$(leftovers)')" "$out $out2"
+  fi
+  # Rank 0, which serves the store, is SIGKILLed after init: rank 1's next barrier fails at once.
+  rm -f "$work"/gone.*
+  FERRY_TEST_OUT=$work/gone FERRY_TEST_CRASH_AT=initialized FERRY_TEST_CRASH_RANK=0 \
+    tcp_job 2 "$fault" launcher-gone >/dev/null
+  verdict=$(cat "$work"/gone.1 2>/dev/null)
+  if echo "$verdict" | grep -q "closed the connection during barrier (rank 0, which serves it, ended or exited)"; then
+    ok "TCP store: rank 0 (the store) killed: $(echo "$verdict" | cut -c1-60)… (rank 0, which serves it, ended or exited)"
+  else
+    bad "TCP store: rank 0 killed" "$verdict"
   fi
   out=$(tcp_job 2 "$info")
   if [ "$(echo "$out" | grep -c "bootstrap: TCP store 127.0.0.1:.*ranks on this node: 0,1)")" -eq 1 ]; then
@@ -172,6 +221,7 @@ if [[ " $sections " == *" slurm "* ]]; then
     if slurm_start 2>"$work/slurm_err"; then
       for mpi in pmix pmi2; do
         suite "srun --mpi=$mpi" 4 srun --mpi=$mpi -n 4 --overcommit
+        kv "srun --mpi=$mpi" 3 srun --mpi=$mpi -n 3 --overcommit
         perf "srun --mpi=$mpi" srun --mpi=$mpi -n 2 --overcommit
         names "srun --mpi=$mpi" "$([ $mpi = pmix ] && echo PMIx || echo PMI-1)" \
           srun --mpi=$mpi -n 2 --overcommit

@@ -151,7 +151,9 @@ TEST(PmiWire, HexRoundTripsAndRejectsGarbage) {
 // A launcher speaking PMI-1 for a job of one rank, with a small vallen_max so values are split.
 class ScriptedPmi {
  public:
-  explicit ScriptedPmi(bool answer_barrier) : answer_barrier_(answer_barrier) {
+  // big_values: vallen_max 1024 as hydra and Slurm say, so only the 1024-byte line limit splits.
+  explicit ScriptedPmi(bool answer_barrier, bool big_values = false)
+      : answer_barrier_(answer_barrier), big_values_(big_values) {
     int fds[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::abort();
     client_.reset(fds[0]);
@@ -177,18 +179,19 @@ class ScriptedPmi {
         std::string line = buffer.substr(0, nl);
         buffer.erase(0, nl + 1);
         std::vector<std::pair<std::string, std::string>> f;
-        if (!pmi::parse_line(line, &f)) return;
+        if (line.size() + 1 > 1024 || !pmi::parse_line(line, &f)) return;  // a launcher's limit
         std::map<std::string, std::string> m(f.begin(), f.end());
         const std::string& cmd = m["cmd"];
         std::string reply;
         if (cmd == "init") {
           reply = "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0";
         } else if (cmd == "get_maxes") {
-          reply = "cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=64";
+          reply = std::string("cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=") +
+                  (big_values_ ? "1024" : "64");
         } else if (cmd == "get_my_kvsname") {
           reply = "cmd=my_kvsname kvsname=kvs_unit_0";
         } else if (cmd == "put") {
-          if (m["value"].size() >= 64) return;  // over vallen_max: the test fails on the hang-up
+          if (m["value"].size() >= (big_values_ ? 1024u : 64u)) return;  // over vallen_max
           kvs_[m["key"]] = m["value"];
           ++puts_;
           reply = "cmd=put_result rc=0 msg=success";
@@ -211,6 +214,7 @@ class ScriptedPmi {
   }
 
   bool answer_barrier_;
+  bool big_values_;
   util::Fd client_, server_;
   std::map<std::string, std::string> kvs_;
   std::atomic<int> puts_{0};
@@ -252,6 +256,21 @@ TEST(PmiClient, SplitsLargeValuesWithinTheLaunchersLimit) {
   ASSERT_TRUE(boot->allgather(blob_of(""), &all));  // an empty contribution survives
   ASSERT_EQ(all.size(), 1u);
   EXPECT_TRUE(all[0].empty());
+}
+
+TEST(PmiClient, KeepsEveryRequestLineWithin1024Bytes) {
+  // vallen_max is 1024, but the whole line must fit 1024 bytes too (Slurm refused longer ones).
+  ScriptedPmi launcher(true, true);
+  auto boot = pmi_client(launcher, "5");
+  for (std::size_t bytes : {400u, 500u, 511u, 512u, 5000u}) {
+    std::string value(bytes, 'v');
+    for (std::size_t i = 0; i < bytes; ++i) value[i] = static_cast<char>(i * 13 + bytes);
+    const std::string key = "value-of-" + std::to_string(bytes);
+    ASSERT_TRUE(boot->put(key, blob_of(value))) << bytes;  // a longer line ends the launcher
+    Blob back;
+    ASSERT_TRUE(boot->get(key, &back)) << bytes;
+    EXPECT_EQ(text_of(back), value) << bytes;
+  }
 }
 
 TEST(PmiClient, AMissingKeyAndASilentLauncherTimeOut) {

@@ -409,9 +409,11 @@ void Job::on_exit(int rank, int status) {
   }
   // A rank killed by a signal closes its store connection before its SIGCHLD comes, and a peer
   // that learns of it through the store may exit with an error before that SIGCHLD: the report
-  // must name the cause, so such an exit waits (at most kDeferMs) for the departed rank's end.
-  if (!options_.keep_going && !failure_ && !terminating_ && departed_unreaped(rank) >= 0) {
-    info("%s; waiting for rank %d, which left the store first", text, departed_unreaped(rank));
+  // must name the cause, so an error exit waits (at most kDeferMs) while a rank that left the
+  // store is not reaped, and so do later error exits. A death by signal is a cause: never held.
+  if (!WIFSIGNALED(status) && !options_.keep_going && !failure_ && !terminating_ &&
+      (deferred_ || departed_unreaped(rank) >= 0)) {
+    info("%s; waiting for the ranks that left the store to end", text);
     if (!deferred_) {
       deferred_ = Deferred{rank, code, text};
       deferred_at_ = Clock::now() + std::chrono::milliseconds(kDeferMs);
