@@ -3,6 +3,7 @@
 // PMIx, PMI-1 and a TCP store plug in behind the same interface later.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -28,10 +29,14 @@ class Bootstrap {
 
   [[nodiscard]] virtual int rank() const = 0;
   [[nodiscard]] virtual int size() const = 0;
-  [[nodiscard]] virtual int local_rank() const = 0;
-  [[nodiscard]] virtual int local_size() const = 0;
-  // Global ranks of the processes on this node, in local-rank order.
+  // Global ranks of the processes on this node, in local-rank order (this rank among them).
   [[nodiscard]] virtual std::vector<int> local_ranks() const = 0;
+  // This rank's index in local_ranks(), and their number.
+  [[nodiscard]] int local_rank() const {
+    const std::vector<int> local = local_ranks();
+    return static_cast<int>(std::find(local.begin(), local.end(), rank()) - local.begin());
+  }
+  [[nodiscard]] int local_size() const { return static_cast<int>(local_ranks().size()); }
   // A short name for messages: "ferryrun store unix:/tmp/...", "single process".
   [[nodiscard]] virtual std::string name() const = 0;
   // Identifies the job; part of shared-memory names so jobs never collide.

@@ -147,10 +147,6 @@ class PmiBootstrap final : public Bootstrap {
 
   [[nodiscard]] int rank() const override { return rank_; }
   [[nodiscard]] int size() const override { return size_; }
-  [[nodiscard]] int local_rank() const override {
-    return static_cast<int>(std::find(local_.begin(), local_.end(), rank_) - local_.begin());
-  }
-  [[nodiscard]] int local_size() const override { return static_cast<int>(local_.size()); }
   [[nodiscard]] std::vector<int> local_ranks() const override { return local_; }
   [[nodiscard]] std::string name() const override { return name_; }
   [[nodiscard]] std::string job_id() const override { return job_id_; }

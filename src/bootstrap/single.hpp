@@ -20,8 +20,6 @@ class SingleBootstrap final : public Bootstrap {
 
   [[nodiscard]] int rank() const override { return 0; }
   [[nodiscard]] int size() const override { return 1; }
-  [[nodiscard]] int local_rank() const override { return 0; }
-  [[nodiscard]] int local_size() const override { return 1; }
   [[nodiscard]] std::vector<int> local_ranks() const override { return {0}; }
   [[nodiscard]] std::string name() const override { return "single process"; }
   [[nodiscard]] std::string job_id() const override { return job_id_; }

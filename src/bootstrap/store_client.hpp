@@ -46,11 +46,6 @@ class StoreBootstrap final : public Bootstrap {
 
   [[nodiscard]] int rank() const override { return options_.rank; }
   [[nodiscard]] int size() const override { return options_.size; }
-  [[nodiscard]] int local_rank() const override {
-    return static_cast<int>(std::find(local_ranks_.begin(), local_ranks_.end(), options_.rank) -
-                            local_ranks_.begin());
-  }
-  [[nodiscard]] int local_size() const override { return static_cast<int>(local_ranks_.size()); }
   [[nodiscard]] std::vector<int> local_ranks() const override { return local_ranks_; }
   [[nodiscard]] std::string name() const override { return name_; }
   [[nodiscard]] std::string job_id() const override { return options_.job_id; }
