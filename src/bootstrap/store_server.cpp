@@ -334,11 +334,7 @@ void StoreServer::handle_barrier(Client* client, const store::Frame& frame) {
   ++barrier_arrived_;
   if (int gone = missing_departed(in_barrier_); gone >= 0) return fail_rounds(gone);
   if (barrier_arrived_ < size_) return;
-  auto reply = std::make_shared<const store::Bytes>(store::encode_barrier_done());
-  for (std::uint64_t id : rank_client_) {
-    auto it = clients_.find(id);
-    if (it != clients_.end()) send(it->second.get(), reply);
-  }
+  release_all(std::make_shared<const store::Bytes>(store::encode_barrier_done()));
   in_barrier_.assign(in_barrier_.size(), false);
   barrier_arrived_ = 0;
   ++barrier_round_;
@@ -370,14 +366,21 @@ void StoreServer::handle_allgather(Client* client, const store::Frame& frame) {
   } else {
     reply = std::make_shared<const store::Bytes>(store::encode_allgather_done(gathered_));
   }
-  for (std::uint64_t id : rank_client_) {
-    auto it = clients_.find(id);
-    if (it != clients_.end()) send(it->second.get(), reply);
-  }
+  release_all(std::move(reply));
   in_allgather_.assign(in_allgather_.size(), false);
   for (auto& b : gathered_) store::Bytes().swap(b);
   allgather_arrived_ = 0;
   ++allgather_round_;
+}
+
+void StoreServer::release_all(const std::shared_ptr<const store::Bytes>& reply) {
+  // Highest rank first: rank 0 may host this server (the TCP store), and once its own reply
+  // arrives it may go on, or die, before this thread writes the others'. Written in this order,
+  // every other rank's reply is in its socket before rank 0 can leave the round.
+  for (auto r = rank_client_.size(); r-- > 0;) {
+    auto it = clients_.find(rank_client_[r]);
+    if (it != clients_.end()) send(it->second.get(), reply);
+  }
 }
 
 void StoreServer::handle_abort(Client* client, const store::Frame& frame) {

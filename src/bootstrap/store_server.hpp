@@ -85,6 +85,7 @@ class StoreServer {
   void handle_hello(Client* client, const store::Frame& frame);
   void handle_put(Client* client, const store::Frame& frame);
   void handle_get(Client* client, const store::Frame& frame);
+  void release_all(const std::shared_ptr<const store::Bytes>& reply);
   void handle_barrier(Client* client, const store::Frame& frame);
   void handle_allgather(Client* client, const store::Frame& frame);
   void handle_abort(Client* client, const store::Frame& frame);
