@@ -1,5 +1,6 @@
 // ferry public API: a Context per process, tag-matched point-to-point messages with MPI-like
-// matching rules, requests, probe and barrier. Everything a user of ferry sees is in include/ferry.
+// matching rules, requests, probe and barrier, and collectives over Communicators. Everything a
+// user of ferry sees is in include/ferry.
 #pragma once
 
 #include <cstddef>
@@ -19,9 +20,36 @@ namespace ferry {
 using Tag = std::uint64_t;
 inline constexpr Tag kFullMask = ~Tag{0};
 inline constexpr int kAnySource = -1;
+// Tags with this bit set belong to collectives: sends and receives that name one fail with
+// kInvalidArgument, and no receive or probe of the application ever matches one.
+inline constexpr Tag kReservedTagBit = Tag{1} << 63;
+
+// Element types and reductions of the collectives.
+enum class DataType : std::uint8_t {
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kUint8,
+  kUint16,
+  kUint32,
+  kUint64,
+  kFloat16,   // IEEE binary16
+  kBfloat16,  // bfloat16 (the top half of a binary32)
+  kFloat32,
+  kFloat64,
+};
+// kMin and kMax propagate NaN; the bitwise operations take integer types only.
+enum class ReduceOp : std::uint8_t { kSum, kProd, kMin, kMax, kBitAnd, kBitOr, kBitXor };
+std::size_t size_of(DataType type) noexcept;
+const char* to_string(DataType type) noexcept;
+const char* to_string(ReduceOp op) noexcept;
 
 namespace proto {
 class Engine;
+}
+namespace coll {
+class Group;
 }
 
 // What a completed receive (or a probe) learned about the message.
@@ -68,6 +96,7 @@ class Request {
  private:
   friend class proto::Engine;
   friend class Context;
+  friend class coll::Group;
   // The handle keeps its slot alive (the engine frees it only once released), so the index alone
   // names the operation.
   Request(proto::Engine* engine, std::uint32_t index) noexcept : engine_(engine), index_(index) {}
@@ -82,6 +111,8 @@ struct Options {
   // over the environment. Validated like the environment.
   std::map<std::string, std::string> config;
 };
+
+class Communicator;
 
 // One per process. Not thread-safe yet: call it from one thread at a time.
 class Context {
@@ -126,6 +157,9 @@ class Context {
   // All ranks enter before any leaves; progresses communication while waiting.
   Status barrier();
 
+  // Every rank of the job, in rank order. Valid while this Context lives.
+  Communicator world();
+
   // Moves pending work forward; returns the number of events handled.
   int progress();
 
@@ -141,6 +175,83 @@ class Context {
  private:
   explicit Context(std::unique_ptr<proto::Engine> engine);
   std::unique_ptr<proto::Engine> engine_;
+  std::shared_ptr<coll::Group> world_;  // made on first use; goes before the engine
+};
+
+// A group of ranks that runs collectives together: Context::world(), or a part of one made by
+// split(). Every member calls the same collectives in the same order (as in MPI); each call has a
+// blocking form returning its Status and a non-blocking i-form returning a Request, which moves
+// forward in any progress of the Context (waits on other requests included).
+//
+// Counts are in elements of `type`. A receive buffer may be the send buffer (in place) where the
+// operation allows it: allreduce, reduce, and for allgather and gather a send buffer at this rank's
+// block of the receive buffer. Buffers must stay untouched until the operation completes.
+// Results are the same bits on every rank and from run to run for a given rank count, sizes and
+// algorithm (docs/ARCHITECTURE.md, "Collectives"). Host memory only for now: a CUDA device buffer
+// fails the call with kUnsupported.
+//
+// A failure (a dead member, a timeout under FERRY_TIMEOUT) fails the operation on the ranks that
+// see it; the communicator should not be used for further collectives after that.
+class Communicator {
+ public:
+  Communicator() = default;  // not valid: every call fails with kInvalidArgument
+  [[nodiscard]] bool valid() const noexcept { return group_ != nullptr; }
+  [[nodiscard]] int rank() const;
+  [[nodiscard]] int size() const;
+  // The job rank of member `rank`.
+  [[nodiscard]] int world_rank(int rank) const;
+
+  // Collective: members that pass the same color form a new communicator, ordered by key (ties by
+  // rank here). A member passing kUndefined gets an invalid Communicator. Throws ferry::Error.
+  static constexpr int kUndefined = -1;
+  Communicator split(int color, int key) const;
+
+  Status barrier();
+  Request ibarrier();
+  Status broadcast(void* buffer, std::size_t count, DataType type, int root);
+  Request ibroadcast(void* buffer, std::size_t count, DataType type, int root);
+  // `recv` matters at the root only.
+  Status reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                int root);
+  Request ireduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                  int root);
+  Status allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+  Request iallreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+  // recv holds size() blocks of `count` elements, member r's at block r.
+  Status allgather(const void* send, void* recv, std::size_t count, DataType type);
+  Request iallgather(const void* send, void* recv, std::size_t count, DataType type);
+  // Member r contributes counts[r] elements, placed at recv + displacements[r] (in elements).
+  Status allgatherv(const void* send, void* recv, std::span<const std::size_t> counts,
+                    std::span<const std::size_t> displacements, DataType type);
+  Request iallgatherv(const void* send, void* recv, std::span<const std::size_t> counts,
+                      std::span<const std::size_t> displacements, DataType type);
+  // send holds size() blocks of `count` elements; member r gets the reduction of block r.
+  Status reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op);
+  Request ireduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                          ReduceOp op);
+  // Block r of send goes to member r, and member r's block for us lands at block r of recv.
+  Status alltoall(const void* send, void* recv, std::size_t count, DataType type);
+  Request ialltoall(const void* send, void* recv, std::size_t count, DataType type);
+  Status alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                   std::span<const std::size_t> send_displacements, void* recv,
+                   std::span<const std::size_t> recv_counts,
+                   std::span<const std::size_t> recv_displacements, DataType type);
+  Request ialltoallv(const void* send, std::span<const std::size_t> send_counts,
+                     std::span<const std::size_t> send_displacements, void* recv,
+                     std::span<const std::size_t> recv_counts,
+                     std::span<const std::size_t> recv_displacements, DataType type);
+  // recv (size() blocks of count) matters at the root only.
+  Status gather(const void* send, void* recv, std::size_t count, DataType type, int root);
+  Request igather(const void* send, void* recv, std::size_t count, DataType type, int root);
+  // send (size() blocks of count) matters at the root only.
+  Status scatter(const void* send, void* recv, std::size_t count, DataType type, int root);
+  Request iscatter(const void* send, void* recv, std::size_t count, DataType type, int root);
+
+ private:
+  friend class Context;
+  explicit Communicator(std::shared_ptr<coll::Group> group) : group_(std::move(group)) {}
+  std::shared_ptr<coll::Group> group_;
 };
 
 }  // namespace ferry

@@ -1,5 +1,6 @@
 // ferry::Context and ferry::Request: the public face over the protocol engine.
 #include <chrono>
+#include <cstdio>
 #include <utility>
 
 #include "proto/engine.hpp"
@@ -20,12 +21,30 @@ int Context::local_rank() const { return engine_->local_rank(); }
 int Context::local_size() const { return engine_->local_size(); }
 std::vector<int> Context::local_ranks() const { return engine_->local_ranks(); }
 
+namespace {
+
+Status reserved(const char* call, Tag tag) {
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "%#llx", static_cast<unsigned long long>(tag));
+  return Status(Code::kInvalidArgument, std::string(call) + ": tag " + hex +
+                                            " has bit 63 set, which collectives reserve");
+}
+
+}  // namespace
+
 Request Context::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  if ((tag & kReservedTagBit) != 0) [[unlikely]] {
+    return engine_->failed(reserved("isend", tag));
+  }
   return engine_->isend(buffer, bytes, destination, tag);
 }
 
 Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
-  return engine_->irecv(buffer, capacity, source, tag, mask);
+  if ((tag & mask & kReservedTagBit) != 0) [[unlikely]] {
+    return engine_->failed(reserved("irecv", tag));
+  }
+  // The bit always takes part in matching, so no receive of ours meets a collective's message.
+  return engine_->irecv(buffer, capacity, source, tag & ~kReservedTagBit, mask | kReservedTagBit);
 }
 
 Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag tag) {
@@ -53,7 +72,7 @@ Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, Me
 }
 
 std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
-  return engine_->iprobe(source, tag, mask);
+  return engine_->iprobe(source, tag & ~kReservedTagBit, mask | kReservedTagBit);
 }
 
 MessageInfo Context::probe(int source, Tag tag, Tag mask) {
@@ -61,7 +80,7 @@ MessageInfo Context::probe(int source, Tag tag, Tag mask) {
   const auto deadline = util::deadline_after(timeout);
   int idle = 0;
   for (std::uint32_t polls = 0;; ++polls) {
-    if (auto info = engine_->iprobe(source, tag, mask)) return *info;
+    if (auto info = iprobe(source, tag, mask)) return *info;
     engine_->wait_step(&idle);
     if (timeout > 0 && (polls & 255) == 0 && util::Clock::now() >= deadline) {
       return MessageInfo{};  // source -1: nothing matched within FERRY_TIMEOUT

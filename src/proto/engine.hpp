@@ -14,6 +14,7 @@
 #include "cuda/stage_ring.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/matching.hpp"
+#include "proto/operation.hpp"
 #include "proto/request_pool.hpp"
 #include "transport/transport.hpp"
 #include "util/config.hpp"
@@ -42,6 +43,23 @@ class Engine final : public transport::AmHandler {
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
+  // A request that has already failed with `status` (bad arguments found above the engine).
+  Request failed(Status status);
+  // Runs `operation` behind a request; it moves forward in every progress call.
+  Request start(std::unique_ptr<Operation> operation);
+  // A blocking call gives up on an operation: it withdraws what it can and completes with `why`.
+  void abandon_operation(std::uint32_t index, Status why);
+  // Why `rank` can no longer be reached (it died), or empty.
+  [[nodiscard]] const std::string* peer_failure(int rank) const {
+    const Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    return peer.failed ? &peer.why : nullptr;
+  }
+  // True for memory that only a CUDA device can read.
+  [[nodiscard]] bool device_memory(const void* buffer) {
+    return cuda_ && cuda_->classify(buffer).device_only();
+  }
+  // The slot behind a request of this engine (for operations built on requests).
+  static std::uint32_t index_of(const Request& request) { return request.index_; }
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
   Status barrier();
   [[noreturn]] void abort(int code, const std::string& reason);
@@ -238,6 +256,11 @@ class Engine final : public transport::AmHandler {
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty
   RequestPool requests_;
   Matcher matcher_;
+  // Operations in flight, by request slot; after requests_ so that they (and the requests they
+  // hold) go first.
+  std::vector<std::pair<std::uint32_t, std::unique_ptr<Operation>>> operations_;
+  bool advancing_ = false;  // an operation's own calls must not advance operations again
+  int advance_operations();
   bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
   bool crash_mid_pipeline_ = false;    // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
   std::size_t outstanding_sends_ = 0;  // send requests not yet complete

@@ -176,6 +176,7 @@ int Engine::progress() {
   for (transport::Transport* t : polled_) events += t->progress();
   if (!pending_peers_.empty()) events += drain_pending();
   if (!device_ops_.empty()) events += poll_device_ops();
+  if (!operations_.empty() && !advancing_) events += advance_operations();
   // A dead peer is noticed within a few thousand calls (well under a millisecond while waiting):
   // one system call per check, amortised to nothing per message.
   constexpr std::uint32_t kCheckPeersEvery = 4096;
@@ -184,6 +185,58 @@ int Engine::progress() {
     check_peers();
   }
   return events;
+}
+
+Request Engine::failed(Status status) {
+  std::uint32_t index = requests_.allocate(RequestKind::kOperation);
+  complete(index, std::move(status));
+  return Request(this, index);
+}
+
+Request Engine::start(std::unique_ptr<Operation> operation) {
+  std::uint32_t index = requests_.allocate(RequestKind::kOperation);
+  Request request(this, index);
+  Status status;
+  advancing_ = true;
+  const bool finished = operation->advance(&status);
+  advancing_ = false;
+  if (finished) {
+    complete(index, std::move(status));
+  } else {
+    operations_.emplace_back(index, std::move(operation));
+  }
+  return request;
+}
+
+int Engine::advance_operations() {
+  advancing_ = true;
+  int events = 0;
+  for (std::size_t i = 0; i < operations_.size();) {
+    Status status;
+    if (operations_[i].second->advance(&status)) {
+      const std::uint32_t index = operations_[i].first;
+      operations_[i] = std::move(operations_.back());
+      operations_.pop_back();
+      complete(index, std::move(status));
+      ++events;
+    } else {
+      ++i;
+    }
+  }
+  advancing_ = false;
+  return events;
+}
+
+void Engine::abandon_operation(std::uint32_t index, Status why) {
+  auto it = std::find_if(operations_.begin(), operations_.end(),
+                         [index](const auto& op) { return op.first == index; });
+  if (it == operations_.end()) return;  // finished meanwhile
+  std::unique_ptr<Operation> operation = std::move(it->second);
+  operations_.erase(it);
+  advancing_ = true;
+  operation->abandon();
+  advancing_ = false;
+  complete(index, std::move(why));
 }
 
 void Engine::check_peers() {

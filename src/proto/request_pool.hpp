@@ -11,7 +11,7 @@
 
 namespace ferry::proto {
 
-enum class RequestKind : std::uint8_t { kSend, kRecv };
+enum class RequestKind : std::uint8_t { kSend, kRecv, kOperation };
 enum class RequestState : std::uint8_t {
   kFree,
   kPosted,  // recv: waiting in the posted queue

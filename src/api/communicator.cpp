@@ -1,0 +1,116 @@
+// ferry::Communicator: the public face of the collectives (src/coll).
+#include <vector>
+
+#include "coll/group.hpp"
+#include "proto/engine.hpp"
+
+namespace ferry {
+namespace {
+
+Status invalid() { return Status(Code::kInvalidArgument, "collective on an invalid Communicator"); }
+
+}  // namespace
+
+Communicator Context::world() {
+  if (!world_) world_ = coll::Group::world(engine_.get());
+  return Communicator(world_);
+}
+
+int Communicator::rank() const { return group_ ? group_->rank() : -1; }
+int Communicator::size() const { return group_ ? group_->size() : 0; }
+int Communicator::world_rank(int rank) const {
+  return group_ && rank >= 0 && rank < group_->size() ? group_->member(rank) : -1;
+}
+
+Communicator Communicator::split(int color, int key) const {
+  if (!group_) throw Error(invalid());
+  if (color < 0 && color != kUndefined) {
+    throw Error(Code::kInvalidArgument, "split: color " + std::to_string(color) +
+                                            " is neither kUndefined nor >= 0");
+  }
+  return Communicator(group_->split(color, key));
+}
+
+// The i-forms check the handle; the blocking forms wait (and withdraw under FERRY_TIMEOUT).
+#define FERRY_COLLECTIVE(name, params, args)           \
+  Request Communicator::i##name params {               \
+    if (!group_) return Request();                     \
+    return group_->name args;                          \
+  }                                                    \
+  Status Communicator::name params {                   \
+    if (!group_) return invalid();                     \
+    return group_->wait(group_->name args);            \
+  }
+
+FERRY_COLLECTIVE(barrier, (), ())
+FERRY_COLLECTIVE(broadcast, (void* buffer, std::size_t count, DataType type, int root),
+                 (buffer, count, type, root))
+FERRY_COLLECTIVE(reduce,
+                 (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                  int root),
+                 (send, recv, count, type, op, root))
+FERRY_COLLECTIVE(allreduce,
+                 (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
+                 (send, recv, count, type, op))
+FERRY_COLLECTIVE(allgather, (const void* send, void* recv, std::size_t count, DataType type),
+                 (send, recv, count, type))
+FERRY_COLLECTIVE(allgatherv,
+                 (const void* send, void* recv, std::span<const std::size_t> counts,
+                  std::span<const std::size_t> displacements, DataType type),
+                 (send, recv, counts, displacements, type))
+FERRY_COLLECTIVE(reduce_scatter,
+                 (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
+                 (send, recv, count, type, op))
+FERRY_COLLECTIVE(gather,
+                 (const void* send, void* recv, std::size_t count, DataType type, int root),
+                 (send, recv, count, type, root))
+FERRY_COLLECTIVE(scatter,
+                 (const void* send, void* recv, std::size_t count, DataType type, int root),
+                 (send, recv, count, type, root))
+#undef FERRY_COLLECTIVE
+
+Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                 std::span<const std::size_t> send_displacements, void* recv,
+                                 std::span<const std::size_t> recv_counts,
+                                 std::span<const std::size_t> recv_displacements, DataType type) {
+  if (!group_) return Request();
+  return group_->alltoallv(send, send_counts, send_displacements, recv, recv_counts,
+                           recv_displacements, type, "alltoallv");
+}
+
+Status Communicator::alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                               std::span<const std::size_t> send_displacements, void* recv,
+                               std::span<const std::size_t> recv_counts,
+                               std::span<const std::size_t> recv_displacements, DataType type) {
+  if (!group_) return invalid();
+  return group_->wait(group_->alltoallv(send, send_counts, send_displacements, recv, recv_counts,
+                                        recv_displacements, type, "alltoallv"));
+}
+
+namespace {
+
+// alltoall as alltoallv: every block is `count` elements, block m at m * count.
+struct EvenBlocks {
+  EvenBlocks(int n, std::size_t count)
+      : counts(static_cast<std::size_t>(n), count), displacements(static_cast<std::size_t>(n)) {
+    for (std::size_t m = 0; m < displacements.size(); ++m) displacements[m] = m * count;
+  }
+  std::vector<std::size_t> counts, displacements;
+};
+
+}  // namespace
+
+Request Communicator::ialltoall(const void* send, void* recv, std::size_t count, DataType type) {
+  if (!group_) return Request();
+  const EvenBlocks b(group_->size(), count);
+  // The schedule keeps the pointers it needs, not the spans.
+  return group_->alltoallv(send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
+                           "alltoall");
+}
+
+Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
+  if (!group_) return invalid();
+  return group_->wait(ialltoall(send, recv, count, type));
+}
+
+}  // namespace ferry

@@ -1,0 +1,565 @@
+// The collectives, run by every rank under ferryrun (1 to 8 ranks; CTest also forces each
+// algorithm). Every result is compared with a reference computed here element by element from
+// inputs that every rank can generate. Value checks are EXPECTs so that a wrong value on one rank
+// never leaves the others waiting in the next collective.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "coll/reduce.hpp"  // the 16-bit float conversions (tested on their own in the unit tests)
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+Context* g_ctx = nullptr;
+Communicator& world() {
+  static Communicator w = g_ctx->world();
+  return w;
+}
+int me() { return world().rank(); }
+int nranks() { return world().size(); }
+
+constexpr DataType kTypes[] = {DataType::kInt8,    DataType::kInt16,    DataType::kInt32,
+                               DataType::kInt64,   DataType::kUint8,    DataType::kUint16,
+                               DataType::kUint32,  DataType::kUint64,   DataType::kFloat16,
+                               DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum,    ReduceOp::kProd,  ReduceOp::kMin,   ReduceOp::kMax,
+                             ReduceOp::kBitAnd, ReduceOp::kBitOr, ReduceOp::kBitXor};
+constexpr std::size_t kCounts[] = {0, 1, 7, 1031, 20011};
+
+bool is_float(DataType t) { return t >= DataType::kFloat16; }
+bool is_signed(DataType t) { return t <= DataType::kInt64; }
+bool valid(DataType t, ReduceOp op) { return !is_float(t) || op <= ReduceOp::kMax; }
+
+// Element i of `rank`'s input for (type, op): small integers, so that every float type holds
+// every partial result exactly and the reference needs no tolerance.
+std::int64_t input(ReduceOp op, int rank, std::size_t i, int seed) {
+  const auto r = static_cast<std::int64_t>(rank);
+  const auto x = static_cast<std::int64_t>(i);
+  switch (op) {
+    case ReduceOp::kSum:
+      return (r * 7 + x * 3 + seed) % 9 - 4;
+    case ReduceOp::kProd: {
+      static constexpr std::int64_t kFactors[] = {1, -1, 2, 1, -2, 1, 1, -1};
+      return kFactors[(r * 3 + x + seed) % 8];
+    }
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+      return (r * 37 + x * 11 + seed * 5) % 201 - 100;
+    default:
+      return static_cast<std::int64_t>((static_cast<std::uint64_t>(r + 1) * 0x9e3779b97f4a7c15ull) ^
+                                       (static_cast<std::uint64_t>(x) * 0x85ebca6bull) ^
+                                       static_cast<std::uint64_t>(seed));
+  }
+}
+
+// Stores v (an integer value) as element i of a buffer of `type`.
+void store(DataType type, std::byte* buffer, std::size_t i, std::int64_t v) {
+  const std::size_t size = size_of(type);
+  std::byte* at = buffer + i * size;
+  switch (type) {
+    case DataType::kFloat16: {
+      const std::uint16_t h = coll::float_to_half(static_cast<float>(v));
+      std::memcpy(at, &h, 2);
+      return;
+    }
+    case DataType::kBfloat16: {
+      const std::uint16_t h = coll::float_to_bf16(static_cast<float>(v));
+      std::memcpy(at, &h, 2);
+      return;
+    }
+    case DataType::kFloat32: {
+      const auto f = static_cast<float>(v);
+      std::memcpy(at, &f, 4);
+      return;
+    }
+    case DataType::kFloat64: {
+      const auto d = static_cast<double>(v);
+      std::memcpy(at, &d, 8);
+      return;
+    }
+    default:
+      std::memcpy(at, &v, size);  // little endian: the low bytes, i.e. the value modulo 2^bits
+  }
+}
+
+// The value an integer type holds after store(), widened back (sign- or zero-extended).
+std::int64_t narrow(DataType type, std::int64_t v) {
+  const std::size_t bits = size_of(type) * 8;
+  if (bits == 64) return v;
+  const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
+  std::uint64_t u = static_cast<std::uint64_t>(v) & mask;
+  if (is_signed(type) && (u >> (bits - 1)) != 0) u |= ~mask;
+  return static_cast<std::int64_t>(u);
+}
+
+std::vector<std::byte> make_input(DataType type, ReduceOp op, int rank, std::size_t count,
+                                  int seed) {
+  std::vector<std::byte> v(count * size_of(type));
+  for (std::size_t i = 0; i < count; ++i) store(type, v.data(), i, input(op, rank, i, seed));
+  return v;
+}
+
+// The reduction over ranks 0..n-1 of element i, folded in rank order in wide arithmetic.
+std::int64_t reference(DataType type, ReduceOp op, int n, std::size_t i, int seed) {
+  if (is_float(type)) {
+    double acc = static_cast<double>(input(op, 0, i, seed));
+    for (int r = 1; r < n; ++r) {
+      const auto v = static_cast<double>(input(op, r, i, seed));
+      acc = op == ReduceOp::kSum ? acc + v
+            : op == ReduceOp::kProd ? acc * v
+            : op == ReduceOp::kMin  ? std::min(acc, v)
+                                    : std::max(acc, v);
+    }
+    return static_cast<std::int64_t>(acc);
+  }
+  std::int64_t acc = narrow(type, input(op, 0, i, seed));
+  for (int r = 1; r < n; ++r) {
+    const std::int64_t v = narrow(type, input(op, r, i, seed));
+    const auto ua = static_cast<std::uint64_t>(acc);
+    const auto uv = static_cast<std::uint64_t>(v);
+    switch (op) {
+      case ReduceOp::kSum: acc = narrow(type, static_cast<std::int64_t>(ua + uv)); break;
+      case ReduceOp::kProd: acc = narrow(type, static_cast<std::int64_t>(ua * uv)); break;
+      case ReduceOp::kMin:
+        acc = is_signed(type) || size_of(type) < 8 ? std::min(acc, v)
+                                                   : static_cast<std::int64_t>(std::min(ua, uv));
+        break;
+      case ReduceOp::kMax:
+        acc = is_signed(type) || size_of(type) < 8 ? std::max(acc, v)
+                                                   : static_cast<std::int64_t>(std::max(ua, uv));
+        break;
+      case ReduceOp::kBitAnd: acc = static_cast<std::int64_t>(ua & uv); break;
+      case ReduceOp::kBitOr: acc = static_cast<std::int64_t>(ua | uv); break;
+      case ReduceOp::kBitXor: acc = static_cast<std::int64_t>(ua ^ uv); break;
+    }
+  }
+  return acc;
+}
+
+// The reference for elements [first, first + count) in the bytes of `type`.
+std::vector<std::byte> expected(DataType type, ReduceOp op, std::size_t first, std::size_t count,
+                                int seed) {
+  std::vector<std::byte> v(count * size_of(type));
+  for (std::size_t i = 0; i < count; ++i) {
+    store(type, v.data(), i, reference(type, op, nranks(), first + i, seed));
+  }
+  return v;
+}
+
+std::string name(DataType type, ReduceOp op, std::size_t count) {
+  return std::string(to_string(type)) + " " + to_string(op) + " x" + std::to_string(count);
+}
+
+// Index of the first differing element, or -1.
+long mismatch(const std::vector<std::byte>& got, const std::vector<std::byte>& want,
+              std::size_t element) {
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (got[i] != want[i]) return static_cast<long>(i / element);
+  }
+  return -1;
+}
+
+TEST(Collectives, AllreduceEveryTypeOpAndSize) {
+  int seed = 0;
+  for (DataType type : kTypes) {
+    for (ReduceOp op : kOps) {
+      if (!valid(type, op)) continue;
+      for (std::size_t count : kCounts) {
+        ++seed;
+        const std::vector<std::byte> in = make_input(type, op, me(), count, seed);
+        std::vector<std::byte> out(in.size() + 1, std::byte{0x5a});
+        ASSERT_TRUE(world().allreduce(in.data(), out.data(), count, type, op).is_ok())
+            << name(type, op, count);
+        EXPECT_EQ(mismatch(out, expected(type, op, 0, count, seed), size_of(type)), -1)
+            << name(type, op, count);
+        EXPECT_EQ(out.back(), std::byte{0x5a}) << "wrote past the end: " << name(type, op, count);
+        // In place.
+        std::vector<std::byte> inout = in;
+        ASSERT_TRUE(world().allreduce(inout.data(), inout.data(), count, type, op).is_ok());
+        EXPECT_EQ(mismatch(inout, expected(type, op, 0, count, seed), size_of(type)), -1)
+            << "in place: " << name(type, op, count);
+      }
+    }
+  }
+}
+
+TEST(Collectives, ReduceToEveryRoot) {
+  int seed = 1000;
+  for (DataType type : kTypes) {
+    for (ReduceOp op : kOps) {
+      if (!valid(type, op)) continue;
+      for (std::size_t count : kCounts) {
+        ++seed;
+        const int root = seed % nranks();
+        const std::vector<std::byte> in = make_input(type, op, me(), count, seed);
+        std::vector<std::byte> out(in.size(), std::byte{0x5a});
+        ASSERT_TRUE(world().reduce(in.data(), out.data(), count, type, op, root).is_ok());
+        if (me() == root) {
+          EXPECT_EQ(mismatch(out, expected(type, op, 0, count, seed), size_of(type)), -1)
+              << name(type, op, count) << " root " << root;
+        } else {
+          EXPECT_EQ(out, std::vector<std::byte>(in.size(), std::byte{0x5a}))
+              << "a non-root's receive buffer was written";
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, ReduceScatterGivesEachMemberItsBlock) {
+  int seed = 2000;
+  for (DataType type : kTypes) {
+    for (ReduceOp op : kOps) {
+      if (!valid(type, op)) continue;
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{2503}}) {
+        ++seed;
+        const auto n = static_cast<std::size_t>(nranks());
+        const std::vector<std::byte> in = make_input(type, op, me(), count * n, seed);
+        std::vector<std::byte> out(count * size_of(type));
+        ASSERT_TRUE(world().reduce_scatter(in.data(), out.data(), count, type, op).is_ok());
+        EXPECT_EQ(mismatch(out, expected(type, op, count * static_cast<std::size_t>(me()), count,
+                                         seed),
+                           size_of(type)),
+                  -1)
+            << name(type, op, count);
+      }
+    }
+  }
+}
+
+std::vector<std::byte> pattern(std::size_t bytes, int source, int seed) {
+  std::vector<std::byte> v(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    v[i] = static_cast<std::byte>((i * 7 + static_cast<std::size_t>(source) * 31 +
+                                   static_cast<std::size_t>(seed) * 13 + (i >> 8)) &
+                                  0xff);
+  }
+  return v;
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  int seed = 0;
+  for (std::size_t count : {0ul, 1ul, 7ul, 1031ul, 300007ul}) {
+    for (int root = 0; root < nranks(); ++root) {
+      for (DataType type : {DataType::kUint8, DataType::kFloat64}) {
+        ++seed;
+        const std::size_t bytes = count * size_of(type);
+        std::vector<std::byte> data =
+            me() == root ? pattern(bytes, root, seed) : std::vector<std::byte>(bytes);
+        ASSERT_TRUE(world().broadcast(data.data(), count, type, root).is_ok());
+        EXPECT_EQ(data, pattern(bytes, root, seed)) << count << " x " << to_string(type)
+                                                    << " from root " << root;
+      }
+    }
+  }
+}
+
+TEST(Collectives, AllgatherAndGatherAndScatterPlaceEveryBlock) {
+  const auto n = static_cast<std::size_t>(nranks());
+  int seed = 0;
+  for (std::size_t count : {0ul, 1ul, 7ul, 1031ul, 40009ul}) {
+    for (DataType type : {DataType::kUint8, DataType::kInt32, DataType::kFloat16}) {
+      ++seed;
+      const std::size_t bytes = count * size_of(type);
+      std::vector<std::byte> all(bytes * n);
+      for (std::size_t r = 0; r < n; ++r) {
+        const auto block = pattern(bytes, static_cast<int>(r), seed);
+        std::copy(block.begin(), block.end(), all.begin() + static_cast<long>(r * bytes));
+      }
+      const std::vector<std::byte> mine = pattern(bytes, me(), seed);
+      std::vector<std::byte> got(bytes * n);
+      ASSERT_TRUE(world().allgather(mine.data(), got.data(), count, type).is_ok());
+      EXPECT_EQ(got, all) << "allgather " << count << " x " << to_string(type);
+      // In place: our block already sits in the receive buffer.
+      std::vector<std::byte> inplace(bytes * n);
+      std::copy(mine.begin(), mine.end(), inplace.begin() + static_cast<long>(me() * bytes));
+      ASSERT_TRUE(world()
+                      .allgather(inplace.data() + me() * bytes, inplace.data(), count, type)
+                      .is_ok());
+      EXPECT_EQ(inplace, all) << "allgather in place " << count;
+
+      const int root = seed % nranks();
+      std::vector<std::byte> gathered(me() == root ? bytes * n : 0);
+      ASSERT_TRUE(world().gather(mine.data(), gathered.data(), count, type, root).is_ok());
+      if (me() == root) {
+        EXPECT_EQ(gathered, all) << "gather " << count << " to " << root;
+      }
+
+      std::vector<std::byte> piece(bytes);
+      ASSERT_TRUE(world()
+                      .scatter(me() == root ? all.data() : nullptr, piece.data(), count, type,
+                               root)
+                      .is_ok());
+      EXPECT_EQ(piece, mine) << "scatter " << count << " from " << root;
+    }
+  }
+}
+
+TEST(Collectives, UnevenAllgathervAndAlltoallv) {
+  const auto n = static_cast<std::size_t>(nranks());
+  for (int seed = 0; seed < 3; ++seed) {
+    // Member r contributes (r * 5 + seed * 3) % 11 elements (some none), packed with a gap.
+    std::vector<std::size_t> counts(n), displacements(n);
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      counts[r] = (r * 5 + static_cast<std::size_t>(seed) * 3) % 11;
+      displacements[r] = at;
+      at += counts[r] + 2;
+    }
+    const auto element = size_of(DataType::kInt32);
+    std::vector<std::byte> want(at * element, std::byte{0});
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto block = pattern(counts[r] * element, static_cast<int>(r), seed);
+      std::copy(block.begin(), block.end(),
+                want.begin() + static_cast<long>(displacements[r] * element));
+    }
+    const auto mine = pattern(counts[static_cast<std::size_t>(me())] * element, me(), seed);
+    std::vector<std::byte> got(at * element, std::byte{0});
+    ASSERT_TRUE(world()
+                    .allgatherv(mine.data(), got.data(), counts, displacements, DataType::kInt32)
+                    .is_ok());
+    EXPECT_EQ(got, want) << "allgatherv, seed " << seed;
+
+    // alltoallv: member s sends (s + d + seed) % 4 bytes-patterned elements to member d.
+    auto amount = [&](std::size_t s, std::size_t d) { return (s + 2 * d + seed) % 5; };
+    const auto self = static_cast<std::size_t>(me());
+    std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+    std::size_t out_at = 0, in_at = 0;
+    for (std::size_t d = 0; d < n; ++d) {
+      sc[d] = amount(self, d);
+      sd[d] = out_at;
+      out_at += sc[d];
+      rc[d] = amount(d, self);
+      rd[d] = in_at;
+      in_at += rc[d] + 1;
+    }
+    std::vector<std::byte> out(out_at * element);
+    for (std::size_t d = 0; d < n; ++d) {
+      const auto block = pattern(sc[d] * element, me() * 100 + static_cast<int>(d), seed);
+      std::copy(block.begin(), block.end(), out.begin() + static_cast<long>(sd[d] * element));
+    }
+    std::vector<std::byte> in(in_at * element, std::byte{0});
+    ASSERT_TRUE(world().alltoallv(out.data(), sc, sd, in.data(), rc, rd, DataType::kInt32).is_ok());
+    for (std::size_t s = 0; s < n; ++s) {
+      const auto block = pattern(rc[s] * element, static_cast<int>(s) * 100 + me(), seed);
+      EXPECT_TRUE(std::equal(block.begin(), block.end(),
+                             in.begin() + static_cast<long>(rd[s] * element)))
+          << "alltoallv block from " << s << ", seed " << seed;
+    }
+  }
+}
+
+TEST(Collectives, AlltoallSendsBlockRToMemberR) {
+  const auto n = static_cast<std::size_t>(nranks());
+  for (std::size_t count : {0ul, 1ul, 513ul, 20000ul}) {
+    std::vector<std::byte> out(count * n * 8), in(count * n * 8);
+    for (std::size_t d = 0; d < n; ++d) {
+      const auto block = pattern(count * 8, me() * 100 + static_cast<int>(d), 1);
+      std::copy(block.begin(), block.end(), out.begin() + static_cast<long>(d * count * 8));
+    }
+    ASSERT_TRUE(world().alltoall(out.data(), in.data(), count, DataType::kFloat64).is_ok());
+    for (std::size_t s = 0; s < n; ++s) {
+      const auto block = pattern(count * 8, static_cast<int>(s) * 100 + me(), 1);
+      EXPECT_TRUE(
+          std::equal(block.begin(), block.end(), in.begin() + static_cast<long>(s * count * 8)))
+          << "alltoall block from " << s << ", count " << count;
+    }
+  }
+}
+
+TEST(Collectives, BarrierWaitsForTheLastMember) {
+  using Clock = std::chrono::steady_clock;
+  for (int late = 0; late < nranks(); late += std::max(1, nranks() - 1)) {
+    if (me() == late) ::usleep(200000);
+    const auto start = Clock::now();
+    ASSERT_TRUE(world().barrier().is_ok());
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (me() != late) {
+      EXPECT_GT(ms, 150) << "left the barrier before rank " << late << " came";
+    }
+  }
+}
+
+TEST(Collectives, SplitOrdersByKeyAndKeepsCommunicatorsApart) {
+  // Two colors (even and odd ranks), ordered by descending rank; rank 0 (if alone in its color it
+  // would still get a communicator) sits out with kUndefined when there are 3 or more ranks.
+  const bool out = nranks() >= 3 && me() == 0;
+  Communicator sub = world().split(out ? Communicator::kUndefined : me() % 2, -me());
+  if (out) {
+    EXPECT_FALSE(sub.valid());
+    EXPECT_EQ(sub.allreduce(nullptr, nullptr, 0, DataType::kInt32, ReduceOp::kSum).code(),
+              Code::kInvalidArgument);
+  } else {
+    std::vector<int> members;
+    for (int r = nranks() - 1; r >= 0; --r) {
+      if (r % 2 == me() % 2 && !(nranks() >= 3 && r == 0)) members.push_back(r);
+    }
+    EXPECT_EQ(sub.size(), static_cast<int>(members.size()));
+    for (int m = 0; m < sub.size() && m < static_cast<int>(members.size()); ++m) {
+      EXPECT_EQ(sub.world_rank(m), members[static_cast<std::size_t>(m)]);
+    }
+    EXPECT_EQ(sub.world_rank(sub.rank()), me());
+  }
+  // A collective on the sub-communicator and one on the world in flight together.
+  std::int64_t mine = me() + 1, in_sub = 0, in_world = 0;
+  Request a;
+  if (sub.valid()) a = sub.iallreduce(&mine, &in_sub, 1, DataType::kInt64, ReduceOp::kSum);
+  Request b = world().iallreduce(&mine, &in_world, 1, DataType::kInt64, ReduceOp::kSum);
+  ASSERT_TRUE(b.wait().is_ok());
+  if (sub.valid()) {
+    ASSERT_TRUE(a.wait().is_ok());
+    std::int64_t want = 0;
+    for (int m = 0; m < sub.size(); ++m) want += sub.world_rank(m) + 1;
+    EXPECT_EQ(in_sub, want);
+    // A split of the split.
+    Communicator pairs = sub.split(sub.rank() / 2, sub.rank());
+    std::int64_t got = 0;
+    ASSERT_TRUE(pairs.allreduce(&mine, &got, 1, DataType::kInt64, ReduceOp::kMax).is_ok());
+    std::int64_t most = 0;
+    for (int m = 0; m < pairs.size(); ++m) most = std::max<std::int64_t>(most, pairs.world_rank(m) + 1);
+    EXPECT_EQ(got, most);
+  }
+  EXPECT_EQ(in_world, static_cast<std::int64_t>(nranks()) * (nranks() + 1) / 2);
+}
+
+TEST(Collectives, NonBlockingCollectivesCompleteInAnyOrder) {
+  constexpr int kOps = 6;
+  std::vector<std::vector<float>> in(kOps), out(kOps);
+  std::vector<Request> requests;
+  for (int k = 0; k < kOps; ++k) {
+    const std::size_t count = k % 2 == 0 ? 3 : 50000;  // latency and bandwidth algorithms
+    in[k].assign(count, static_cast<float>(me() + k));
+    out[k].assign(count, -1);
+    requests.push_back(
+        world().iallreduce(in[k].data(), out[k].data(), count, DataType::kFloat32, ReduceOp::kSum));
+  }
+  std::vector<std::uint8_t> data(1000);
+  if (me() == 0) std::iota(data.begin(), data.end(), 0);
+  requests.push_back(world().ibroadcast(data.data(), data.size(), DataType::kUint8, 0));
+  for (int k = static_cast<int>(requests.size()) - 1; k >= 0; --k) {
+    ASSERT_TRUE(requests[static_cast<std::size_t>(k)].wait().is_ok()) << k;
+  }
+  const float n = static_cast<float>(nranks());
+  for (int k = 0; k < kOps; ++k) {
+    const float want = n * (n - 1) / 2 + n * static_cast<float>(k);
+    EXPECT_EQ(std::count(out[k].begin(), out[k].end(), want), static_cast<long>(out[k].size()))
+        << "operation " << k;
+  }
+  for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], static_cast<std::uint8_t>(i));
+}
+
+TEST(Collectives, ApplicationReceivesNeverTakeCollectiveMessages) {
+  // A receive from anyone with any tag stays posted across collectives.
+  char sink[64];
+  Request any = g_ctx->irecv(sink, sizeof(sink), kAnySource, 0, 0);
+  std::int32_t one = 1, sum = 0;
+  ASSERT_TRUE(world().allreduce(&one, &sum, 1, DataType::kInt32, ReduceOp::kSum).is_ok());
+  EXPECT_EQ(sum, nranks());
+  ASSERT_TRUE(world().barrier().is_ok());
+  EXPECT_FALSE(any.test());
+  EXPECT_TRUE(any.cancel());
+  EXPECT_FALSE(g_ctx->iprobe(kAnySource, 0, 0).has_value());
+  // Tags with the reserved bit are refused.
+  Status s = g_ctx->send(&one, 4, me(), kReservedTagBit | 5);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("reserve"), std::string::npos) << s.message();
+  EXPECT_EQ(g_ctx->recv(&one, 4, me(), kReservedTagBit).code(), Code::kInvalidArgument);
+}
+
+TEST(Collectives, BadArgumentsFailOnEveryMemberWithAReason) {
+  float x = 1, y = 0;
+  Status s = world().allreduce(&x, &y, 1, DataType::kFloat32, ReduceOp::kBitXor);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("float32"), std::string::npos) << s.message();
+  s = world().broadcast(&x, 1, DataType::kFloat32, nranks());
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("root"), std::string::npos) << s.message();
+  s = world().allreduce(nullptr, &y, 4, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("null"), std::string::npos) << s.message();
+  s = world().allreduce(&x, &y, 1, static_cast<DataType>(99), ReduceOp::kSum);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  std::vector<std::size_t> short_counts(static_cast<std::size_t>(nranks()) + 1, 1);
+  s = world().allgatherv(&x, &y, short_counts, short_counts, DataType::kFloat32);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_THROW(world().split(-5, 0), Error);
+  // The communicator still works after refused calls.
+  ASSERT_TRUE(world().allreduce(&x, &y, 1, DataType::kFloat32, ReduceOp::kSum).is_ok());
+  EXPECT_EQ(y, static_cast<float>(nranks()));
+}
+
+TEST(Collectives, MismatchedCountsAreAnErrorNotAHang) {
+  if (nranks() != 2) GTEST_SKIP() << "needs exactly 2 ranks (pairs detect it on both sides)";
+  std::vector<std::int32_t> in(16, 1), out(16);
+  const std::size_t count = me() == 0 ? 8 : 16;
+  Status s = world().allreduce(in.data(), out.data(), count, DataType::kInt32, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("same counts"), std::string::npos) << s.message();
+}
+
+TEST(Collectives, FloatResultsAreTheSameBitsEverywhereAndEveryTime) {
+  // Inputs that do not add up exactly: the order of the additions shows in the low bits.
+  const std::size_t count = 100003;
+  std::vector<float> in(count);
+  std::uint64_t state = 0x2545f4914f6cdd1dull + static_cast<std::uint64_t>(me());
+  for (float& v : in) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<double>(state >> 11) * 0x1p-53 * 2 - 1) * 1000.0f;
+  }
+  for (std::size_t size_class : {std::size_t{97}, count}) {  // recursive doubling, then ring
+    std::vector<float> first(size_class), again(size_class);
+    ASSERT_TRUE(world()
+                    .allreduce(in.data(), first.data(), size_class, DataType::kFloat32,
+                               ReduceOp::kSum)
+                    .is_ok());
+    ASSERT_TRUE(world()
+                    .allreduce(in.data(), again.data(), size_class, DataType::kFloat32,
+                               ReduceOp::kSum)
+                    .is_ok());
+    EXPECT_EQ(std::memcmp(first.data(), again.data(), size_class * 4), 0) << "run to run";
+    // Every member's bits, compared with rank 0's.
+    std::vector<float> zero = first;
+    ASSERT_TRUE(world().broadcast(zero.data(), size_class, DataType::kFloat32, 0).is_ok());
+    EXPECT_EQ(std::memcmp(first.data(), zero.data(), size_class * 4), 0) << "member to member";
+    // And close to the exact sum: n roundings of values below n * 1000.
+    std::vector<double> exact(size_class);
+    std::vector<double> wide(in.begin(), in.begin() + static_cast<long>(size_class));
+    ASSERT_TRUE(world()
+                    .allreduce(wide.data(), exact.data(), size_class, DataType::kFloat64,
+                               ReduceOp::kSum)
+                    .is_ok());
+    std::size_t far = 0;
+    for (std::size_t i = 0; i < size_class; ++i) {
+      far += std::fabs(first[i] - exact[i]) > nranks() * 1000.0 * nranks() * 0x1p-23 ? 1 : 0;
+    }
+    EXPECT_EQ(far, 0u) << "elements farther from the exact sum than n roundings allow";
+  }
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  try {
+    ferry::Context context = ferry::Context::init();
+    ferry::g_ctx = &context;
+    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
+    int failed = RUN_ALL_TESTS();
+    ferry::g_ctx = nullptr;
+    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
+    return failed;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "coll_test: %s\n", e.what());
+    return 1;
+  }
+}
