@@ -25,21 +25,21 @@ int Communicator::world_rank(int rank) const {
 Communicator Communicator::split(int color, int key) const {
   if (!group_) throw Error(invalid());
   if (color < 0 && color != kUndefined) {
-    throw Error(Code::kInvalidArgument, "split: color " + std::to_string(color) +
-                                            " is neither kUndefined nor >= 0");
+    throw Error(Code::kInvalidArgument,
+                "split: color " + std::to_string(color) + " is neither kUndefined nor >= 0");
   }
   return Communicator(group_->split(color, key));
 }
 
 // The i-forms check the handle; the blocking forms wait (and withdraw under FERRY_TIMEOUT).
-#define FERRY_COLLECTIVE(name, params, args)           \
-  Request Communicator::i##name params {               \
-    if (!group_) return Request();                     \
-    return group_->name args;                          \
-  }                                                    \
-  Status Communicator::name params {                   \
-    if (!group_) return invalid();                     \
-    return group_->wait(group_->name args);            \
+#define FERRY_COLLECTIVE(name, params, args) \
+  Request Communicator::i##name params {     \
+    if (!group_) return Request();           \
+    return group_->name args;                \
+  }                                          \
+  Status Communicator::name params {         \
+    if (!group_) return invalid();           \
+    return group_->wait(group_->name args);  \
   }
 
 FERRY_COLLECTIVE(barrier, (), ())
@@ -61,8 +61,7 @@ FERRY_COLLECTIVE(allgatherv,
 FERRY_COLLECTIVE(reduce_scatter,
                  (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
                  (send, recv, count, type, op))
-FERRY_COLLECTIVE(gather,
-                 (const void* send, void* recv, std::size_t count, DataType type, int root),
+FERRY_COLLECTIVE(gather, (const void* send, void* recv, std::size_t count, DataType type, int root),
                  (send, recv, count, type, root))
 FERRY_COLLECTIVE(scatter,
                  (const void* send, void* recv, std::size_t count, DataType type, int root),

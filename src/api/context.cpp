@@ -26,8 +26,8 @@ namespace {
 Status reserved(const char* call, Tag tag) {
   char hex[32];
   std::snprintf(hex, sizeof(hex), "%#llx", static_cast<unsigned long long>(tag));
-  return Status(Code::kInvalidArgument, std::string(call) + ": tag " + hex +
-                                            " has bit 63 set, which collectives reserve");
+  return Status(Code::kInvalidArgument,
+                std::string(call) + ": tag " + hex + " has bit 63 set, which collectives reserve");
 }
 
 }  // namespace

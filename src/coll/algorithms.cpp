@@ -1,6 +1,7 @@
 // The collective algorithms: each builds the schedule of one collective for this member.
 //   small (latency):  dissemination barrier, binomial broadcast and reduce, recursive doubling
-//                     allreduce (any member count: the extra members fold in first), Bruck allgather
+//                     allreduce (any member count: the extra members fold in first), Bruck
+//                     allgather
 //   large (bandwidth): ring reduce-scatter + ring allgather, pipelined chain broadcast,
 //                     ring reduce-scatter + gather for reduce
 // Every member reduces in an order fixed by the member count, the sizes and the algorithm, so the
@@ -159,9 +160,8 @@ Request Group::reduce(const void* send, void* recv, std::size_t count, DataType 
     const Blocks blocks(count, n, element);
     std::byte* alternate[2] = {s->scratch(blocks.bytes(0)), s->scratch(blocks.bytes(0))};
     std::byte* last = rank_ == root ? result + blocks.offset(rank_) : s->scratch(blocks.bytes(0));
-    ring_reduce_scatter(*s, rank_, n, blocks, in, n - 1, [&](int t, int) {
-      return t == n - 2 ? last : alternate[t % 2];
-    });
+    ring_reduce_scatter(*s, rank_, n, blocks, in, n - 1,
+                        [&](int t, int) { return t == n - 2 ? last : alternate[t % 2]; });
     for (int m = 0; m < n; ++m) {
       if (rank_ == root && m != root) s->recv(m, result + blocks.offset(m), blocks.bytes(m));
     }
@@ -280,8 +280,8 @@ Request Group::reduce_scatter(const void* send, void* recv, std::size_t count, D
   if (Status c = check_reduction(type, op); !c.is_ok()) {
     return engine_->failed(Status(c.code(), "reduce_scatter: " + c.message()));
   }
-  if (Request bad = check("reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n),
-                          type);
+  if (Request bad =
+          check("reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n), type);
       bad.valid()) {
     return bad;
   }
@@ -295,9 +295,8 @@ Request Group::reduce_scatter(const void* send, void* recv, std::size_t count, D
   } else {
     const Blocks blocks(count * static_cast<std::size_t>(n), n, size_of(type));
     std::byte* alternate[2] = {s->scratch(bytes), s->scratch(bytes)};
-    ring_reduce_scatter(*s, rank_, n, blocks, in, n - 1, [&](int t, int) {
-      return t == n - 2 ? result : alternate[t % 2];
-    });
+    ring_reduce_scatter(*s, rank_, n, blocks, in, n - 1,
+                        [&](int t, int) { return t == n - 2 ? result : alternate[t % 2]; });
   }
   return start(std::move(s));
 }
@@ -309,14 +308,13 @@ Request Group::allgather(const void* send, void* recv, std::size_t count, DataTy
   const std::size_t bytes = count * size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
-  const bool ring = allgather_ == 2 ||
-                    (allgather_ == 0 && bytes * static_cast<std::size_t>(n) >= small_);
+  const bool ring =
+      allgather_ == 2 || (allgather_ == 0 && bytes * static_cast<std::size_t>(n) >= small_);
   if (bytes == 0) {
     // nothing moves
   } else if (ring || n == 1) {
     ring_allgather(
-        *s, rank_, n, in, 0,
-        [&](int b) { return result + static_cast<std::size_t>(b) * bytes; },
+        *s, rank_, n, in, 0, [&](int b) { return result + static_cast<std::size_t>(b) * bytes; },
         [&](int) { return bytes; });
   } else {
     // Bruck: after round k a member holds the blocks of the next 2^(k+1) members (from itself),
@@ -344,10 +342,10 @@ Request Group::allgatherv(const void* send, void* recv, std::span<const std::siz
   const int n = size();
   auto s = begin("allgatherv", counts.size() == std::size_t(n) ? counts[rank_] : 0, type);
   if (counts.size() != std::size_t(n) || displacements.size() != std::size_t(n)) {
-    return engine_->failed(Status(
-        Code::kInvalidArgument, "allgatherv: " + std::to_string(counts.size()) + " counts and " +
-                                    std::to_string(displacements.size()) +
-                                    " displacements for " + std::to_string(n) + " members"));
+    return engine_->failed(
+        Status(Code::kInvalidArgument, "allgatherv: " + std::to_string(counts.size()) +
+                                           " counts and " + std::to_string(displacements.size()) +
+                                           " displacements for " + std::to_string(n) + " members"));
   }
   std::size_t total = 0;
   for (std::size_t c : counts) total += c;
@@ -376,9 +374,9 @@ Request Group::alltoallv(const void* send, std::span<const std::size_t> send_cou
   const auto un = static_cast<std::size_t>(n);
   if (send_counts.size() != un || send_displacements.size() != un || recv_counts.size() != un ||
       recv_displacements.size() != un) {
-    return engine_->failed(
-        Status(Code::kInvalidArgument, std::string(name) + ": counts and displacements need " +
-                                           std::to_string(n) + " entries each"));
+    return engine_->failed(Status(Code::kInvalidArgument, std::string(name) +
+                                                              ": counts and displacements need " +
+                                                              std::to_string(n) + " entries each"));
   }
   std::size_t sent = 0;
   std::size_t received = 0;
@@ -392,10 +390,10 @@ Request Group::alltoallv(const void* send, std::span<const std::size_t> send_cou
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
   if (send_counts[rank_] != recv_counts[rank_]) {
-    return engine_->failed(Status(Code::kInvalidArgument,
-                                  std::string(name) + ": this member sends itself " +
-                                      std::to_string(send_counts[rank_]) + " elements but expects " +
-                                      std::to_string(recv_counts[rank_])));
+    return engine_->failed(Status(
+        Code::kInvalidArgument, std::string(name) + ": this member sends itself " +
+                                    std::to_string(send_counts[rank_]) + " elements but expects " +
+                                    std::to_string(recv_counts[rank_])));
   }
   // All at once, each member starting with its right-hand neighbour so that not everyone sends
   // to member 0 first.

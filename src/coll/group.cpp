@@ -18,11 +18,7 @@ struct Group::Ids {
 
 Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uint32_t id,
              std::shared_ptr<Ids> ids)
-    : engine_(engine),
-      members_(std::move(members)),
-      rank_(rank),
-      id_(id),
-      ids_(std::move(ids)) {
+    : engine_(engine), members_(std::move(members)), rank_(rank), id_(id), ids_(std::move(ids)) {
   const util::Config& config = engine_->config();
   small_ = config.get_size(util::Var::kCollSmall);
   allreduce_ = static_cast<int>(config.get_int(util::Var::kCollAllreduce));
@@ -64,8 +60,8 @@ Request Group::check(const char* name, std::initializer_list<const void*> buffer
     return bad(Code::kInvalidArgument, std::to_string(elements) + " elements is too many");
   }
   if (root < 0 || root >= size()) {
-    return bad(Code::kInvalidArgument, "root " + std::to_string(root) + " is not in [0, " +
-                                           std::to_string(size()) + ")");
+    return bad(Code::kInvalidArgument,
+               "root " + std::to_string(root) + " is not in [0, " + std::to_string(size()) + ")");
   }
   if (elements == 0) return {};
   for (const void* buffer : buffers) {

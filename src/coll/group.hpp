@@ -73,8 +73,8 @@ class Group : public std::enable_shared_from_this<Group> {
                                   ReduceOp op = ReduceOp::kSum, bool reduces = false);
   Request start(std::unique_ptr<Schedule> schedule);
   // The failed request for bad arguments, or an invalid Request when they are fine.
-  Request check(const char* name, std::initializer_list<const void*> buffers,
-                std::size_t elements, DataType type, int root = 0);
+  Request check(const char* name, std::initializer_list<const void*> buffers, std::size_t elements,
+                DataType type, int root = 0);
 
   proto::Engine* engine_;
   std::vector<int> members_;

@@ -35,51 +35,53 @@ void reduce_to(void* out, const void* a, const void* b, std::size_t count, DataT
 // IEEE binary16 <-> binary32 in portable bit manipulation, so no F16C or _Float16 is needed.
 // Widening is exact (subnormals, signed zeros and infinities included) and quiets a signaling NaN
 // as F16C's vcvtph2ps does. Narrowing rounds to nearest even: values from 65520 up become
-// infinity, and a NaN stays a quiet NaN with its sign and the top of its payload.
-// Written without branches so that loops over them vectorize.
+// infinity, and a NaN stays a quiet NaN with its sign and the top of its payload. Both let the FPU
+// do the scaling and rounding (a multiply by a power of two rounds exactly once) and have no
+// branches, so loops over them vectorize; they assume round-to-nearest, and are right with FTZ/DAZ
+// set too.
 
 // condition ? if_true : if_false as a bitwise blend. GCC turns a plain ?: whose operand is needed
 // on one side only into a branch (it sinks the computation there), and then leaves a loop over it
 // scalar, since executing a floating-point operation the source made conditional could raise
 // exception flags that the source would not have. A blend needs both operands, so no branch.
-constexpr std::uint32_t select_bits(bool condition, std::uint32_t if_true,
-                                    std::uint32_t if_false) noexcept {
+inline std::uint32_t select_bits(bool condition, std::uint32_t if_true,
+                                 std::uint32_t if_false) noexcept {
   return if_false ^ ((if_true ^ if_false) & (0u - static_cast<std::uint32_t>(condition)));
 }
 
-constexpr float half_to_float(std::uint16_t h) noexcept {
+inline float half_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = (std::uint32_t{h} & 0x8000u) << 16;
   const std::uint32_t body = (std::uint32_t{h} & 0x7fffu) << 13;  // exponent and mantissa
-  const std::uint32_t exponent = body & 0x0f800000u;
-  const std::uint32_t normal = body + (112u << 23);  // rebias 15 -> 127
-  const std::uint32_t quiet = (body & 0x007fffffu) != 0 ? 0x00400000u : 0u;
-  const std::uint32_t special = body | 0x70000000u | quiet;  // infinity or NaN
-  // A subnormal's value is mantissa * 2^-24, a normal float; int -> float is exact below 2^24.
-  const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(
-      static_cast<float>(static_cast<std::int32_t>(body >> 13)) * 0x1p-24f);
-  std::uint32_t bits = exponent == 0x0f800000u ? special : normal;
-  bits = select_bits(exponent == 0, subnormal, bits);
-  return std::bit_cast<float>(bits | sign);
+  // Normal, infinity, NaN: rebias the exponent by 224 (all ones then stays all ones) and scale by
+  // 2^-112, which brings the bias from 15 + 224 to 127 and quiets a signaling NaN.
+  const float normal = std::bit_cast<float>(body + (224u << 23)) * 0x1p-112f;
+  // Subnormal: the mantissa under the exponent of 0.5 is 0.5 + mantissa * 2^-24; subtracting 0.5
+  // leaves the value, exactly.
+  const float subnormal = std::bit_cast<float>((body >> 13) | 0x3f000000u) - 0.5f;
+  return std::bit_cast<float>(sign | select_bits(body < 0x00800000u,
+                                                 std::bit_cast<std::uint32_t>(subnormal),
+                                                 std::bit_cast<std::uint32_t>(normal)));
 }
 
-constexpr std::uint16_t float_to_half(float value) noexcept {
+inline std::uint16_t float_to_half(float value) noexcept {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  const std::uint32_t sign = (bits >> 16) & 0x8000u;
-  // Compared as int32 (the sign is cleared) because SSE2 has signed vector compares only.
-  const std::int32_t magnitude = static_cast<std::int32_t>(bits & 0x7fffffffu);
-  const std::uint32_t m = static_cast<std::uint32_t>(magnitude);
-  // Normal: rebias 127 -> 15 and round the 13 dropped bits to nearest even; a carry out of the
-  // mantissa moves into the exponent, and out of the largest exponent into infinity.
-  const std::uint32_t normal = (m - (112u << 23) + 0xfffu + ((m >> 13) & 1u)) >> 13;
-  // Below 2^-14 the result is subnormal: adding 0.5 (whose ulp is 2^-24, the smallest binary16
-  // subnormal) makes the FPU round the value to a multiple of 2^-24, left in the low mantissa bits.
-  // Rounding up to 2^-14 gives 0x400, the smallest normal, as it should.
-  const std::uint32_t subnormal =
-      std::bit_cast<std::uint32_t>(std::bit_cast<float>(m) + 0.5f) - 0x3f000000u;
-  const std::uint32_t special = magnitude > 0x7f800000 ? 0x7e00u | ((m >> 13) & 0x3ffu) : 0x7c00u;
-  std::uint32_t half = select_bits(magnitude < 0x38800000, subnormal, normal);  // below 2^-14
-  half = select_bits(magnitude >= 0x47800000, special, half);  // 2^16 and up, infinity, NaN
-  return static_cast<std::uint16_t>(half | sign);
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  // 4 |value|, except that everything from 2^16 up overflows to infinity in the first product.
+  const float scaled = std::bit_cast<float>(magnitude) * 0x1p112f * 0x1p-110f;
+  // Adding 2^(e + 15), e the exponent of value (at least -14, that of the smallest binary16
+  // normal), leaves 4 |value| rounded to nearest even at binary16 precision in the low 11 bits
+  // (12 with a rounding carry) of the sum's mantissa, and e + 14 in the low 5 bits of the sum's
+  // exponent: the two fields add up to the binary16 encoding, carry and subnormals included.
+  // Compared as int32 (the sign is clear) because SSE2 has only signed vector compares.
+  const std::int32_t exponent_bits = static_cast<std::int32_t>(magnitude & 0x7f800000u);
+  const std::uint32_t exponent =
+      static_cast<std::uint32_t>(exponent_bits < (113 << 23) ? (113 << 23) : exponent_bits);
+  const float sum = std::bit_cast<float>(exponent + (15u << 23)) + scaled;
+  const std::uint32_t sum_bits = std::bit_cast<std::uint32_t>(sum);
+  const std::uint32_t finite = ((sum_bits >> 13) & 0x7c00u) + (sum_bits & 0x0fffu);
+  const std::uint32_t nan = 0x7e00u | ((magnitude >> 13) & 0x03ffu);
+  const bool is_nan = static_cast<std::int32_t>(magnitude) > 0x7f800000;
+  return static_cast<std::uint16_t>(((bits >> 16) & 0x8000u) | select_bits(is_nan, nan, finite));
 }
 
 // bfloat16 is the top half of a binary32: widening is exact (a signaling NaN stays one).

@@ -32,7 +32,8 @@ void Schedule::send(int member, const void* data, std::size_t bytes) {
 }
 
 void Schedule::recv(int member, void* data, std::size_t bytes) {
-  actions_.push_back({Action::kRecv, member, nullptr, nullptr, static_cast<std::byte*>(data), bytes});
+  actions_.push_back(
+      {Action::kRecv, member, nullptr, nullptr, static_cast<std::byte*>(data), bytes});
 }
 
 void Schedule::reduce(void* out, const void* a, const void* b, std::size_t count) {
@@ -43,9 +44,8 @@ void Schedule::reduce(void* out, const void* a, const void* b, std::size_t count
 
 void Schedule::copy(void* to, const void* from, std::size_t bytes) {
   if (bytes == 0 || to == from) return;
-  actions_.push_back(
-      {Action::kCopy, -1, static_cast<const std::byte*>(from), nullptr, static_cast<std::byte*>(to),
-       bytes});
+  actions_.push_back({Action::kCopy, -1, static_cast<const std::byte*>(from), nullptr,
+                      static_cast<std::byte*>(to), bytes});
 }
 
 void Schedule::next_round() {
@@ -78,9 +78,9 @@ void Schedule::post_round() {
 
 std::string Schedule::peer_name(int member) const {
   const int rank = group_->member(member);
-  return member == rank ? "rank " + std::to_string(rank)
-                        : "member " + std::to_string(member) + " (rank " + std::to_string(rank) +
-                              ")";
+  return member == rank
+             ? "rank " + std::to_string(rank)
+             : "member " + std::to_string(member) + " (rank " + std::to_string(rank) + ")";
 }
 
 Status Schedule::check_round() {

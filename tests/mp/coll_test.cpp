@@ -27,9 +27,9 @@ Communicator& world() {
 int me() { return world().rank(); }
 int nranks() { return world().size(); }
 
-constexpr DataType kTypes[] = {DataType::kInt8,    DataType::kInt16,    DataType::kInt32,
-                               DataType::kInt64,   DataType::kUint8,    DataType::kUint16,
-                               DataType::kUint32,  DataType::kUint64,   DataType::kFloat16,
+constexpr DataType kTypes[] = {DataType::kInt8,     DataType::kInt16,   DataType::kInt32,
+                               DataType::kInt64,    DataType::kUint8,   DataType::kUint16,
+                               DataType::kUint32,   DataType::kUint64,  DataType::kFloat16,
                                DataType::kBfloat16, DataType::kFloat32, DataType::kFloat64};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum,    ReduceOp::kProd,  ReduceOp::kMin,   ReduceOp::kMax,
                              ReduceOp::kBitAnd, ReduceOp::kBitOr, ReduceOp::kBitXor};
@@ -114,7 +114,7 @@ std::int64_t reference(DataType type, ReduceOp op, int n, std::size_t i, int see
     double acc = static_cast<double>(input(op, 0, i, seed));
     for (int r = 1; r < n; ++r) {
       const auto v = static_cast<double>(input(op, r, i, seed));
-      acc = op == ReduceOp::kSum ? acc + v
+      acc = op == ReduceOp::kSum    ? acc + v
             : op == ReduceOp::kProd ? acc * v
             : op == ReduceOp::kMin  ? std::min(acc, v)
                                     : std::max(acc, v);
@@ -127,8 +127,12 @@ std::int64_t reference(DataType type, ReduceOp op, int n, std::size_t i, int see
     const auto ua = static_cast<std::uint64_t>(acc);
     const auto uv = static_cast<std::uint64_t>(v);
     switch (op) {
-      case ReduceOp::kSum: acc = narrow(type, static_cast<std::int64_t>(ua + uv)); break;
-      case ReduceOp::kProd: acc = narrow(type, static_cast<std::int64_t>(ua * uv)); break;
+      case ReduceOp::kSum:
+        acc = narrow(type, static_cast<std::int64_t>(ua + uv));
+        break;
+      case ReduceOp::kProd:
+        acc = narrow(type, static_cast<std::int64_t>(ua * uv));
+        break;
       case ReduceOp::kMin:
         acc = is_signed(type) || size_of(type) < 8 ? std::min(acc, v)
                                                    : static_cast<std::int64_t>(std::min(ua, uv));
@@ -137,9 +141,15 @@ std::int64_t reference(DataType type, ReduceOp op, int n, std::size_t i, int see
         acc = is_signed(type) || size_of(type) < 8 ? std::max(acc, v)
                                                    : static_cast<std::int64_t>(std::max(ua, uv));
         break;
-      case ReduceOp::kBitAnd: acc = static_cast<std::int64_t>(ua & uv); break;
-      case ReduceOp::kBitOr: acc = static_cast<std::int64_t>(ua | uv); break;
-      case ReduceOp::kBitXor: acc = static_cast<std::int64_t>(ua ^ uv); break;
+      case ReduceOp::kBitAnd:
+        acc = static_cast<std::int64_t>(ua & uv);
+        break;
+      case ReduceOp::kBitOr:
+        acc = static_cast<std::int64_t>(ua | uv);
+        break;
+      case ReduceOp::kBitXor:
+        acc = static_cast<std::int64_t>(ua ^ uv);
+        break;
     }
   }
   return acc;
@@ -220,16 +230,17 @@ TEST(Collectives, ReduceScatterGivesEachMemberItsBlock) {
   for (DataType type : kTypes) {
     for (ReduceOp op : kOps) {
       if (!valid(type, op)) continue;
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{2503}}) {
+      for (std::size_t count :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{2503}}) {
         ++seed;
         const auto n = static_cast<std::size_t>(nranks());
         const std::vector<std::byte> in = make_input(type, op, me(), count * n, seed);
         std::vector<std::byte> out(count * size_of(type));
         ASSERT_TRUE(world().reduce_scatter(in.data(), out.data(), count, type, op).is_ok());
-        EXPECT_EQ(mismatch(out, expected(type, op, count * static_cast<std::size_t>(me()), count,
-                                         seed),
-                           size_of(type)),
-                  -1)
+        EXPECT_EQ(
+            mismatch(out, expected(type, op, count * static_cast<std::size_t>(me()), count, seed),
+                     size_of(type)),
+            -1)
             << name(type, op, count);
       }
     }
@@ -256,8 +267,8 @@ TEST(Collectives, BroadcastFromEveryRoot) {
         std::vector<std::byte> data =
             me() == root ? pattern(bytes, root, seed) : std::vector<std::byte>(bytes);
         ASSERT_TRUE(world().broadcast(data.data(), count, type, root).is_ok());
-        EXPECT_EQ(data, pattern(bytes, root, seed)) << count << " x " << to_string(type)
-                                                    << " from root " << root;
+        EXPECT_EQ(data, pattern(bytes, root, seed))
+            << count << " x " << to_string(type) << " from root " << root;
       }
     }
   }
@@ -282,9 +293,8 @@ TEST(Collectives, AllgatherAndGatherAndScatterPlaceEveryBlock) {
       // In place: our block already sits in the receive buffer.
       std::vector<std::byte> inplace(bytes * n);
       std::copy(mine.begin(), mine.end(), inplace.begin() + static_cast<long>(me() * bytes));
-      ASSERT_TRUE(world()
-                      .allgather(inplace.data() + me() * bytes, inplace.data(), count, type)
-                      .is_ok());
+      ASSERT_TRUE(
+          world().allgather(inplace.data() + me() * bytes, inplace.data(), count, type).is_ok());
       EXPECT_EQ(inplace, all) << "allgather in place " << count;
 
       const int root = seed % nranks();
@@ -296,8 +306,7 @@ TEST(Collectives, AllgatherAndGatherAndScatterPlaceEveryBlock) {
 
       std::vector<std::byte> piece(bytes);
       ASSERT_TRUE(world()
-                      .scatter(me() == root ? all.data() : nullptr, piece.data(), count, type,
-                               root)
+                      .scatter(me() == root ? all.data() : nullptr, piece.data(), count, type, root)
                       .is_ok());
       EXPECT_EQ(piece, mine) << "scatter " << count << " from " << root;
     }
@@ -351,8 +360,8 @@ TEST(Collectives, UnevenAllgathervAndAlltoallv) {
     ASSERT_TRUE(world().alltoallv(out.data(), sc, sd, in.data(), rc, rd, DataType::kInt32).is_ok());
     for (std::size_t s = 0; s < n; ++s) {
       const auto block = pattern(rc[s] * element, static_cast<int>(s) * 100 + me(), seed);
-      EXPECT_TRUE(std::equal(block.begin(), block.end(),
-                             in.begin() + static_cast<long>(rd[s] * element)))
+      EXPECT_TRUE(
+          std::equal(block.begin(), block.end(), in.begin() + static_cast<long>(rd[s] * element)))
           << "alltoallv block from " << s << ", seed " << seed;
     }
   }
@@ -425,7 +434,8 @@ TEST(Collectives, SplitOrdersByKeyAndKeepsCommunicatorsApart) {
     std::int64_t got = 0;
     ASSERT_TRUE(pairs.allreduce(&mine, &got, 1, DataType::kInt64, ReduceOp::kMax).is_ok());
     std::int64_t most = 0;
-    for (int m = 0; m < pairs.size(); ++m) most = std::max<std::int64_t>(most, pairs.world_rank(m) + 1);
+    for (int m = 0; m < pairs.size(); ++m)
+      most = std::max<std::int64_t>(most, pairs.world_rank(m) + 1);
     EXPECT_EQ(got, most);
   }
   EXPECT_EQ(in_world, static_cast<std::int64_t>(nranks()) * (nranks() + 1) / 2);
@@ -517,14 +527,14 @@ TEST(Collectives, FloatResultsAreTheSameBitsEverywhereAndEveryTime) {
   }
   for (std::size_t size_class : {std::size_t{97}, count}) {  // recursive doubling, then ring
     std::vector<float> first(size_class), again(size_class);
-    ASSERT_TRUE(world()
-                    .allreduce(in.data(), first.data(), size_class, DataType::kFloat32,
-                               ReduceOp::kSum)
-                    .is_ok());
-    ASSERT_TRUE(world()
-                    .allreduce(in.data(), again.data(), size_class, DataType::kFloat32,
-                               ReduceOp::kSum)
-                    .is_ok());
+    ASSERT_TRUE(
+        world()
+            .allreduce(in.data(), first.data(), size_class, DataType::kFloat32, ReduceOp::kSum)
+            .is_ok());
+    ASSERT_TRUE(
+        world()
+            .allreduce(in.data(), again.data(), size_class, DataType::kFloat32, ReduceOp::kSum)
+            .is_ok());
     EXPECT_EQ(std::memcmp(first.data(), again.data(), size_class * 4), 0) << "run to run";
     // Every member's bits, compared with rank 0's.
     std::vector<float> zero = first;
@@ -533,10 +543,10 @@ TEST(Collectives, FloatResultsAreTheSameBitsEverywhereAndEveryTime) {
     // And close to the exact sum: n roundings of values below n * 1000.
     std::vector<double> exact(size_class);
     std::vector<double> wide(in.begin(), in.begin() + static_cast<long>(size_class));
-    ASSERT_TRUE(world()
-                    .allreduce(wide.data(), exact.data(), size_class, DataType::kFloat64,
-                               ReduceOp::kSum)
-                    .is_ok());
+    ASSERT_TRUE(
+        world()
+            .allreduce(wide.data(), exact.data(), size_class, DataType::kFloat64, ReduceOp::kSum)
+            .is_ok());
     std::size_t far = 0;
     for (std::size_t i = 0; i < size_class; ++i) {
       far += std::fabs(first[i] - exact[i]) > nranks() * 1000.0 * nranks() * 0x1p-23 ? 1 : 0;

@@ -1,6 +1,8 @@
 // ferry-perf: OSU-style point-to-point benchmarks between ranks 0 and 1: latency (ping-pong, half
-// round trip), bandwidth (a window of non-blocking sends, then an ack) and bibw (both directions).
-// Run under ferryrun: `ferryrun -n 2 ferry-perf [latency|bandwidth|bibw] [options]`.
+// round trip), bandwidth (a window of non-blocking sends, then an ack) and bibw (both directions);
+// and collectives over every rank (allreduce, broadcast, allgather, reduce_scatter): the mean time
+// of one call, the slowest rank's, and NCCL's bus bandwidth.
+// Run under ferryrun: `ferryrun -n 2 ferry-perf [latency|bandwidth|bibw|allreduce|...] [options]`.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -42,6 +44,9 @@ struct Record {
   if (error != nullptr) std::fprintf(stderr, "ferry-perf: %s\n", error);
   std::fprintf(error ? stderr : stdout,
                "usage: ferryrun -n 2 ferry-perf [latency|bandwidth|bibw]... [options]\n"
+               "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter]...\n"
+               "  (collectives: SIZE is the bytes of the result; allreduce and reduce_scatter\n"
+               "  add float32, broadcast comes from rank 0; host memory only)\n"
                "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
                "  --iterations N     timed iterations per size (default: by size)\n"
                "  --warmup N         untimed iterations first (default: a tenth)\n"
@@ -82,6 +87,11 @@ long parse_count(const char* flag, const char* text, long min) {
   return v;
 }
 
+bool is_collective(const std::string& test) {
+  return test == "allreduce" || test == "broadcast" || test == "allgather" ||
+         test == "reduce_scatter";
+}
+
 Args parse(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
@@ -90,7 +100,7 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage((a + " needs a value").c_str());
       return argv[++i];
     };
-    if (a == "latency" || a == "bandwidth" || a == "bibw") {
+    if (a == "latency" || a == "bandwidth" || a == "bibw" || is_collective(a)) {
       args.tests.push_back(a);
     } else if (a == "--sizes") {
       std::string list = value();
@@ -285,7 +295,9 @@ struct Bench {
   long iterations_for(const std::string& test, std::size_t size) const {
     if (args.iterations > 0) return args.iterations;
     const double bytes = static_cast<double>(std::max<std::size_t>(size, 64));
-    if (test == "latency") return std::clamp(static_cast<long>(1e9 / bytes), 20L, 20000L);
+    if (test == "latency" || is_collective(test)) {
+      return std::clamp(static_cast<long>(1e9 / bytes), 20L, 20000L);
+    }
     return std::clamp(static_cast<long>(1e9 / (bytes * args.window)), 2L, 2000L);
   }
 
@@ -372,18 +384,91 @@ struct Bench {
   }
 };
 
+// One collective over every rank, timed like OSU and NCCL's tests: a barrier, then `iters` calls
+// back to back; the time of one call is the slowest rank's mean. Bus bandwidth is NCCL's: the
+// bytes each rank must move per unit time, comparable across rank counts.
+Record collective(ferry::Communicator& world, const Args& args, const std::string& test,
+                  std::size_t size, long iters, long warmup) {
+  const auto n = static_cast<std::size_t>(world.size());
+  const std::size_t floats = size / 4;
+  std::vector<float> in, out;
+  std::vector<std::byte> bytes;
+  if (test == "allreduce") {
+    in.assign(floats, static_cast<float>(world.rank() + 1));
+    out.assign(floats, 0);
+  } else if (test == "reduce_scatter") {
+    in.assign(floats, static_cast<float>(world.rank() + 1));
+    out.assign(floats / n, 0);
+  } else if (test == "allgather") {
+    bytes.assign(size, std::byte{0});
+    for (std::size_t i = 0; i < size / n; ++i) {
+      bytes[static_cast<std::size_t>(world.rank()) * (size / n) + i] = pattern(i, world.rank(), 1);
+    }
+  } else {
+    bytes.assign(size, std::byte{0});
+    if (world.rank() == 0) fill(bytes.data(), size, 1);
+  }
+  auto once = [&] {
+    if (test == "allreduce") {
+      return world.allreduce(in.data(), out.data(), floats, ferry::DataType::kFloat32,
+                             ferry::ReduceOp::kSum);
+    }
+    if (test == "reduce_scatter") {
+      return world.reduce_scatter(in.data(), out.data(), floats / n, ferry::DataType::kFloat32,
+                                  ferry::ReduceOp::kSum);
+    }
+    if (test == "allgather") {
+      std::byte* mine = bytes.data() + static_cast<std::size_t>(world.rank()) * (size / n);
+      return world.allgather(mine, bytes.data(), size / n, ferry::DataType::kUint8);
+    }
+    return world.broadcast(bytes.data(), size, ferry::DataType::kUint8, 0);
+  };
+  for (long i = 0; i < warmup; ++i) require(once(), test.c_str());
+  require(world.barrier(), "barrier");
+  const Clock::time_point start = Clock::now();
+  for (long i = 0; i < iters; ++i) require(once(), test.c_str());
+  const double mine =
+      std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(iters);
+  double slowest = 0;
+  require(world.allreduce(&mine, &slowest, 1, ferry::DataType::kFloat64, ferry::ReduceOp::kMax),
+          "allreduce of the times");
+  if (args.check) {
+    const float sum = static_cast<float>(n * (n + 1) / 2);
+    bool ok = true;
+    if (test == "allreduce" || test == "reduce_scatter") {
+      ok = std::all_of(out.begin(), out.end(), [&](float v) { return v == sum; });
+    } else if (test == "allgather") {
+      for (std::size_t r = 0; r < n && ok; ++r) {
+        for (std::size_t i = 0; i < size / n; ++i) {
+          ok = ok && bytes[r * (size / n) + i] == pattern(i, static_cast<long>(r), 1);
+        }
+      }
+    } else {
+      verify(bytes.data(), size, 1, "broadcast");
+    }
+    if (!ok) {
+      std::fprintf(stderr, "ferry-perf: %s: data check failed on rank %d\n", test.c_str(),
+                   world.rank());
+      std::exit(1);
+    }
+  }
+  const double nd = static_cast<double>(n);
+  const double factor = test == "allreduce"   ? 2 * (nd - 1) / nd
+                        : test == "broadcast" ? 1
+                                              : (nd - 1) / nd;
+  return {test, size, iters, slowest * 1e6, static_cast<double>(size) / slowest / 1e9 * factor};
+}
+
 void print(const Args& args, const std::vector<Record>& records, const ferry::Context& ctx) {
   if (args.format == Args::kJson) {
     std::printf("[");
     for (std::size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
-      std::printf("%s\n  {\"test\": \"%s\", \"size\": %zu, \"iterations\": %ld, ", i ? "," : "",
+      std::printf("%s\n  {\"test\": \"%s\", \"size\": %zu, \"iterations\": %ld", i ? "," : "",
                   r.test.c_str(), r.size, r.iterations);
-      if (r.latency_us >= 0) {
-        std::printf("\"latency_us\": %.4f}", r.latency_us);
-      } else {
-        std::printf("\"bandwidth_GBps\": %.4f}", r.bandwidth_GBps);
-      }
+      if (r.latency_us >= 0) std::printf(", \"latency_us\": %.4f", r.latency_us);
+      if (r.bandwidth_GBps >= 0) std::printf(", \"bandwidth_GBps\": %.4f", r.bandwidth_GBps);
+      std::printf("}");
     }
     std::printf("\n]\n");
     return;
@@ -392,24 +477,32 @@ void print(const Args& args, const std::vector<Record>& records, const ferry::Co
     std::printf("test,size,iterations,latency_us,bandwidth_GBps\n");
     for (const Record& r : records) {
       std::printf("%s,%zu,%ld,", r.test.c_str(), r.size, r.iterations);
-      if (r.latency_us >= 0)
-        std::printf("%.4f,\n", r.latency_us);
-      else
-        std::printf(",%.4f\n", r.bandwidth_GBps);
+      if (r.latency_us >= 0) std::printf("%.4f", r.latency_us);
+      std::printf(",");
+      if (r.bandwidth_GBps >= 0) std::printf("%.4f", r.bandwidth_GBps);
+      std::printf("\n");
     }
     return;
   }
-  std::printf("# ferry-perf %s: ranks 0 and 1 of %d; memory %s:%s; rank 1 via %s%s\n",
-              FERRY_VERSION_STRING, ctx.size(), args.mem[0].c_str(), args.mem[1].c_str(),
-              ctx.describe_peer(1).c_str(), args.check ? "; data checked" : "");
+  std::printf(
+      "# ferry-perf %s: ranks 0 and 1 of %d (collectives: all); memory %s:%s; rank 1 via "
+      "%s%s\n",
+      FERRY_VERSION_STRING, ctx.size(), args.mem[0].c_str(), args.mem[1].c_str(),
+      ctx.size() > 1 ? ctx.describe_peer(1).c_str() : "-", args.check ? "; data checked" : "");
   std::printf("%-10s %12s %11s %12s %15s\n", "test", "size", "iterations", "latency_us",
               "bandwidth_GBps");
   for (const Record& r : records) {
     std::printf("%-10s %12zu %11ld ", r.test.c_str(), r.size, r.iterations);
-    if (r.latency_us >= 0)
-      std::printf("%12.3f %15s\n", r.latency_us, "-");
-    else
-      std::printf("%12s %15.3f\n", "-", r.bandwidth_GBps);
+    if (r.latency_us >= 0) {
+      std::printf("%12.3f ", r.latency_us);
+    } else {
+      std::printf("%12s ", "-");
+    }
+    if (r.bandwidth_GBps >= 0) {
+      std::printf("%15.3f\n", r.bandwidth_GBps);
+    } else {
+      std::printf("%15s\n", "-");
+    }
   }
 }
 
@@ -419,26 +512,35 @@ int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   try {
     ferry::Context ctx = ferry::Context::init();
-    if (ctx.size() < 2) {
+    const bool point_to_point = !std::all_of(args.tests.begin(), args.tests.end(), is_collective);
+    if (ctx.size() < 2 && point_to_point) {
       std::fprintf(stderr, "ferry-perf: needs 2 ranks (run it as `ferryrun -n 2 ferry-perf`)\n");
       return 2;
     }
+    if (is_collective(args.tests[0]) && (args.mem[0] != "host" || args.mem[1] != "host")) {
+      std::fprintf(stderr, "ferry-perf: collectives take host memory only for now\n");
+      return 2;
+    }
     std::vector<Record> records;
-    if (ctx.rank() <= 1) {
-      Space space(args.mem[ctx.rank()], ctx.local_rank());
-      Bench bench{ctx, args, 1 - ctx.rank(), space};
-      for (const std::string& test : args.tests) {
-        for (std::size_t size : args.sizes) {
-          long iters = bench.iterations_for(test, size);
-          long warmup = args.warmup >= 0 ? args.warmup : std::max(1L, iters / 10);
-          Record r{test, size, iters, -1, -1};
-          if (test == "latency") {
-            r.latency_us = bench.latency(size, iters, warmup);
-          } else {
-            r.bandwidth_GBps = bench.bandwidth(size, iters, warmup, test == "bibw");
-          }
-          records.push_back(r);
+    ferry::Communicator world = ctx.world();
+    Space space(args.mem[std::min(ctx.rank(), 1)], ctx.local_rank());
+    Bench bench{ctx, args, 1 - ctx.rank(), space};
+    for (const std::string& test : args.tests) {
+      for (std::size_t size : args.sizes) {
+        long iters = bench.iterations_for(test, size);
+        long warmup = args.warmup >= 0 ? args.warmup : std::max(1L, iters / 10);
+        if (is_collective(test)) {
+          records.push_back(collective(world, args, test, size, iters, warmup));
+          continue;
         }
+        if (ctx.rank() > 1) continue;  // point to point: ranks 0 and 1 only
+        Record r{test, size, iters, -1, -1};
+        if (test == "latency") {
+          r.latency_us = bench.latency(size, iters, warmup);
+        } else {
+          r.bandwidth_GBps = bench.bandwidth(size, iters, warmup, test == "bibw");
+        }
+        records.push_back(r);
       }
     }
     if (ctx.rank() == 0) print(args, records, ctx);
