@@ -31,60 +31,51 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(group_->split(color, key));
 }
 
-// The i-forms check the handle; the blocking forms wait (and withdraw under FERRY_TIMEOUT).
-#define FERRY_COLLECTIVE(name, params, args) \
-  Request Communicator::i##name params {     \
-    if (!group_) return Request();           \
-    return group_->name args;                \
-  }                                          \
-  Status Communicator::name params {         \
-    if (!group_) return invalid();           \
-    return group_->wait(group_->name args);  \
+// The i-forms run a schedule that the engine advances; the blocking forms run it now.
+#define FERRY_COLLECTIVE(name, params, args)                    \
+  Request Communicator::i##name params {                        \
+    if (!group_) return Request();                              \
+    coll::Group& g = *group_;                                   \
+    return g.start([&](coll::Plan& p) { return g.name args; }); \
+  }                                                             \
+  Status Communicator::name params {                            \
+    if (!group_) return invalid();                              \
+    coll::Group& g = *group_;                                   \
+    return g.run([&](coll::Plan& p) { return g.name args; });   \
   }
 
-FERRY_COLLECTIVE(barrier, (), ())
+FERRY_COLLECTIVE(barrier, (), (p))
 FERRY_COLLECTIVE(broadcast, (void* buffer, std::size_t count, DataType type, int root),
-                 (buffer, count, type, root))
+                 (p, buffer, count, type, root))
 FERRY_COLLECTIVE(reduce,
                  (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                   int root),
-                 (send, recv, count, type, op, root))
+                 (p, send, recv, count, type, op, root))
 FERRY_COLLECTIVE(allreduce,
                  (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
-                 (send, recv, count, type, op))
+                 (p, send, recv, count, type, op))
 FERRY_COLLECTIVE(allgather, (const void* send, void* recv, std::size_t count, DataType type),
-                 (send, recv, count, type))
+                 (p, send, recv, count, type))
 FERRY_COLLECTIVE(allgatherv,
                  (const void* send, void* recv, std::span<const std::size_t> counts,
                   std::span<const std::size_t> displacements, DataType type),
-                 (send, recv, counts, displacements, type))
+                 (p, send, recv, counts, displacements, type))
 FERRY_COLLECTIVE(reduce_scatter,
                  (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
-                 (send, recv, count, type, op))
+                 (p, send, recv, count, type, op))
 FERRY_COLLECTIVE(gather, (const void* send, void* recv, std::size_t count, DataType type, int root),
-                 (send, recv, count, type, root))
+                 (p, send, recv, count, type, root))
 FERRY_COLLECTIVE(scatter,
                  (const void* send, void* recv, std::size_t count, DataType type, int root),
-                 (send, recv, count, type, root))
+                 (p, send, recv, count, type, root))
+FERRY_COLLECTIVE(alltoallv,
+                 (const void* send, std::span<const std::size_t> send_counts,
+                  std::span<const std::size_t> send_displacements, void* recv,
+                  std::span<const std::size_t> recv_counts,
+                  std::span<const std::size_t> recv_displacements, DataType type),
+                 (p, send, send_counts, send_displacements, recv, recv_counts, recv_displacements,
+                  type, "alltoallv"))
 #undef FERRY_COLLECTIVE
-
-Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_counts,
-                                 std::span<const std::size_t> send_displacements, void* recv,
-                                 std::span<const std::size_t> recv_counts,
-                                 std::span<const std::size_t> recv_displacements, DataType type) {
-  if (!group_) return Request();
-  return group_->alltoallv(send, send_counts, send_displacements, recv, recv_counts,
-                           recv_displacements, type, "alltoallv");
-}
-
-Status Communicator::alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                               std::span<const std::size_t> send_displacements, void* recv,
-                               std::span<const std::size_t> recv_counts,
-                               std::span<const std::size_t> recv_displacements, DataType type) {
-  if (!group_) return invalid();
-  return group_->wait(group_->alltoallv(send, send_counts, send_displacements, recv, recv_counts,
-                                        recv_displacements, type, "alltoallv"));
-}
 
 namespace {
 
@@ -99,17 +90,25 @@ struct EvenBlocks {
 
 }  // namespace
 
+// The schedule keeps the pointers it needs, not the spans, so the blocks may go when it is built.
 Request Communicator::ialltoall(const void* send, void* recv, std::size_t count, DataType type) {
   if (!group_) return Request();
-  const EvenBlocks b(group_->size(), count);
-  // The schedule keeps the pointers it needs, not the spans.
-  return group_->alltoallv(send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
-                           "alltoall");
+  coll::Group& g = *group_;
+  const EvenBlocks b(g.size(), count);
+  return g.start([&](coll::Plan& p) {
+    return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
+                       "alltoall");
+  });
 }
 
 Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
   if (!group_) return invalid();
-  return group_->wait(ialltoall(send, recv, count, type));
+  coll::Group& g = *group_;
+  const EvenBlocks b(g.size(), count);
+  return g.run([&](coll::Plan& p) {
+    return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
+                       "alltoall");
+  });
 }
 
 }  // namespace ferry

@@ -39,7 +39,7 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 // Ring reduce-scatter over n - 1 rounds: member r ends with block (r + shift + 1) mod n reduced
 // over all members, written by the last round to out(n - 2, block). out(t, block) is where round
 // t writes its partial result; round t + 1 sends it on.
-void ring_reduce_scatter(Schedule& s, int rank, int n, const Blocks& blocks, const std::byte* in,
+void ring_reduce_scatter(Plan& s, int rank, int n, const Blocks& blocks, const std::byte* in,
                          int shift, const std::function<std::byte*(int, int)>& out) {
   std::byte* tmp = s.scratch(blocks.bytes(0));
   const int next = mod(rank + 1, n);
@@ -57,7 +57,7 @@ void ring_reduce_scatter(Schedule& s, int rank, int n, const Blocks& blocks, con
 
 // Ring allgather over n - 1 rounds: member r starts with block (r + shift) mod n at own (which
 // is copied to where(block) unless it is there), and ends with every block at where(b).
-void ring_allgather(Schedule& s, int rank, int n, const std::byte* own, int shift,
+void ring_allgather(Plan& s, int rank, int n, const std::byte* own, int shift,
                     const std::function<std::byte*(int)>& where,
                     const std::function<std::size_t(int)>& bytes) {
   const int next = mod(rank + 1, n);
@@ -76,20 +76,20 @@ void ring_allgather(Schedule& s, int rank, int n, const std::byte* own, int shif
 
 }  // namespace
 
-Request Group::barrier() {
-  auto s = begin("barrier", 0, DataType::kUint8);
+Status Group::barrier(Plan& p) {
+  p.describe({"barrier", 0, DataType::kUint8});
   const int n = size();
   for (int k = 1; k < n; k <<= 1) {
-    s->send(mod(rank_ + k, n), nullptr, 0);
-    s->recv(mod(rank_ - k, n), nullptr, 0);
-    s->next_round();
+    p.send(mod(rank_ + k, n), nullptr, 0);
+    p.recv(mod(rank_ - k, n), nullptr, 0);
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::broadcast(void* buffer, std::size_t count, DataType type, int root) {
-  auto s = begin("broadcast", count, type);
-  if (Request bad = check("broadcast", {buffer}, count, type, root); bad.valid()) return bad;
+Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type, int root) {
+  p.describe({"broadcast", count, type});
+  if (Status bad = check("broadcast", {buffer}, count, type, root); !bad.is_ok()) return bad;
   const int n = size();
   const std::size_t bytes = count * size_of(type);
   auto* data = static_cast<std::byte*>(buffer);
@@ -108,41 +108,41 @@ Request Group::broadcast(void* buffer, std::size_t count, DataType type, int roo
       const long out = t - vr;
       if (vr > 0 && in >= 0 && in < pieces) {
         const auto at = static_cast<std::size_t>(in) * piece;
-        s->recv(real(vr - 1), data + at, std::min(piece, bytes - at));
+        p.recv(real(vr - 1), data + at, std::min(piece, bytes - at));
       }
       if (vr + 1 < n && out >= 0 && out < pieces) {
         const auto at = static_cast<std::size_t>(out) * piece;
-        s->send(real(vr + 1), data + at, std::min(piece, bytes - at));
+        p.send(real(vr + 1), data + at, std::min(piece, bytes - at));
       }
-      s->next_round();
+      p.next_round();
     }
   } else {
     // Binomial tree: receive from the parent, then send to the children, farthest first.
     int mask = 1;
     while (mask < n) {
       if ((vr & mask) != 0) {
-        s->recv(real(vr - mask), data, bytes);
-        s->next_round();
+        p.recv(real(vr - mask), data, bytes);
+        p.next_round();
         break;
       }
       mask <<= 1;
     }
     for (mask >>= 1; mask > 0; mask >>= 1) {
-      if (vr + mask < n) s->send(real(vr + mask), data, bytes);
+      if (vr + mask < n) p.send(real(vr + mask), data, bytes);
     }
-    s->next_round();
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                      int root) {
-  auto s = begin("reduce", count, type, op, true);
+Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                     ReduceOp op, int root) {
+  p.describe({"reduce", count, type, op, true});
   if (Status c = check_reduction(type, op); !c.is_ok()) {
-    return engine_->failed(Status(c.code(), "reduce: " + c.message()));
+    return Status(c.code(), "reduce: " + c.message());
   }
-  if (Request bad = check("reduce", {send, rank_ == root ? recv : send}, count, type, root);
-      bad.valid()) {
+  if (Status bad = check("reduce", {send, rank_ == root ? recv : send}, count, type, root);
+      !bad.is_ok()) {
     return bad;
   }
   const int n = size();
@@ -154,19 +154,19 @@ Request Group::reduce(const void* send, void* recv, std::size_t count, DataType 
   if (bytes == 0) {
     // nothing to reduce
   } else if (n == 1) {
-    s->copy(result, in, bytes);
+    p.copy(result, in, bytes);
   } else if (ring) {
     // Member r ends the reduce-scatter with block r (shift n - 1), then sends it to the root.
     const Blocks blocks(count, n, element);
-    std::byte* alternate[2] = {s->scratch(blocks.bytes(0)), s->scratch(blocks.bytes(0))};
-    std::byte* last = rank_ == root ? result + blocks.offset(rank_) : s->scratch(blocks.bytes(0));
-    ring_reduce_scatter(*s, rank_, n, blocks, in, n - 1,
+    std::byte* alternate[2] = {p.scratch(blocks.bytes(0)), p.scratch(blocks.bytes(0))};
+    std::byte* last = rank_ == root ? result + blocks.offset(rank_) : p.scratch(blocks.bytes(0));
+    ring_reduce_scatter(p, rank_, n, blocks, in, n - 1,
                         [&](int t, int) { return t == n - 2 ? last : alternate[t % 2]; });
     for (int m = 0; m < n; ++m) {
-      if (rank_ == root && m != root) s->recv(m, result + blocks.offset(m), blocks.bytes(m));
+      if (rank_ == root && m != root) p.recv(m, result + blocks.offset(m), blocks.bytes(m));
     }
-    if (rank_ != root) s->send(root, last, blocks.bytes(rank_));
-    s->next_round();
+    if (rank_ != root) p.send(root, last, blocks.bytes(rank_));
+    p.next_round();
   } else {
     // Binomial tree: the children's partial results (whole subtrees of higher relative rank)
     // are folded in from the nearest, so the order is that of the relative ranks.
@@ -181,31 +181,31 @@ Request Group::reduce(const void* send, void* recv, std::size_t count, DataType 
       if (vr + mask < n) children.push_back(mod(vr + mask + root, n));
     }
     if (children.empty()) {
-      s->send(parent, in, bytes);  // a leaf (n > 1, so not the root)
+      p.send(parent, in, bytes);  // a leaf (n > 1, so not the root)
     } else {
-      std::byte* acc = rank_ == root ? result : s->scratch(bytes);
+      std::byte* acc = rank_ == root ? result : p.scratch(bytes);
       std::vector<std::byte*> parts;
       for (int child : children) {
-        parts.push_back(s->scratch(bytes));
-        s->recv(child, parts.back(), bytes);
+        parts.push_back(p.scratch(bytes));
+        p.recv(child, parts.back(), bytes);
       }
-      s->reduce(acc, in, parts[0], count);
-      for (std::size_t i = 1; i < parts.size(); ++i) s->reduce(acc, acc, parts[i], count);
-      s->next_round();
-      if (parent >= 0) s->send(parent, acc, bytes);
+      p.reduce(acc, in, parts[0], count);
+      for (std::size_t i = 1; i < parts.size(); ++i) p.reduce(acc, acc, parts[i], count);
+      p.next_round();
+      if (parent >= 0) p.send(parent, acc, bytes);
     }
-    s->next_round();
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::allreduce(const void* send, void* recv, std::size_t count, DataType type,
-                         ReduceOp op) {
-  auto s = begin("allreduce", count, type, op, true);
+Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op) {
+  p.describe({"allreduce", count, type, op, true});
   if (Status c = check_reduction(type, op); !c.is_ok()) {
-    return engine_->failed(Status(c.code(), "allreduce: " + c.message()));
+    return Status(c.code(), "allreduce: " + c.message());
   }
-  if (Request bad = check("allreduce", {send, recv}, count, type); bad.valid()) return bad;
+  if (Status bad = check("allreduce", {send, recv}, count, type); !bad.is_ok()) return bad;
   const int n = size();
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
@@ -216,34 +216,34 @@ Request Group::allreduce(const void* send, void* recv, std::size_t count, DataTy
   if (bytes == 0) {
     // nothing to reduce
   } else if (n == 1) {
-    s->copy(result, in, bytes);
+    p.copy(result, in, bytes);
   } else if (ring) {
     // Reduce-scatter leaves block r + 1 complete at member r (in the result buffer), and the
     // allgather passes the complete blocks around.
     const Blocks blocks(count, n, element);
-    ring_reduce_scatter(*s, rank_, n, blocks, in, 0,
+    ring_reduce_scatter(p, rank_, n, blocks, in, 0,
                         [&](int, int block) { return result + blocks.offset(block); });
     ring_allgather(
-        *s, rank_, n, result + blocks.offset(mod(rank_ + 1, n)), 1,
+        p, rank_, n, result + blocks.offset(mod(rank_ + 1, n)), 1,
         [&](int b) { return result + blocks.offset(b); }, [&](int b) { return blocks.bytes(b); });
   } else {
-    // Recursive doubling over the largest power of two p <= n: the first 2 (n - p) members pair
-    // up, the even one hands its data to the odd one and gets the result back at the end.
-    int p = 1;
-    while (p * 2 <= n) p *= 2;
-    const int extra = n - p;
-    std::byte* tmp = s->scratch(bytes);
+    // Recursive doubling over the largest power of two pow2 <= n: the first 2 (n - pow2) members
+    // pair up, the even one hands its data to the odd one and gets the result back at the end.
+    int pow2 = 1;
+    while (pow2 * 2 <= n) pow2 *= 2;
+    const int extra = n - pow2;
+    std::byte* tmp = p.scratch(bytes);
     const std::byte* current = in;  // where this member's partial result is
     int vrank;                      // rank among the p, or -1 for a member that handed over
     if (rank_ < 2 * extra) {
       if (rank_ % 2 == 0) {
-        s->send(rank_ + 1, in, bytes);
-        s->next_round();
+        p.send(rank_ + 1, in, bytes);
+        p.next_round();
         vrank = -1;
       } else {
-        s->recv(rank_ - 1, tmp, bytes);
-        s->reduce(result, tmp, in, count);  // the lower member's data first
-        s->next_round();
+        p.recv(rank_ - 1, tmp, bytes);
+        p.reduce(result, tmp, in, count);  // the lower member's data first
+        p.next_round();
         current = result;
         vrank = rank_ / 2;
       }
@@ -251,38 +251,37 @@ Request Group::allreduce(const void* send, void* recv, std::size_t count, DataTy
       vrank = rank_ - extra;
     }
     if (vrank >= 0) {
-      for (int mask = 1; mask < p; mask <<= 1) {
+      for (int mask = 1; mask < pow2; mask <<= 1) {
         const int vpartner = vrank ^ mask;
         const int partner = vpartner < extra ? vpartner * 2 + 1 : vpartner + extra;
-        s->send(partner, current, bytes);
-        s->recv(partner, tmp, bytes);
+        p.send(partner, current, bytes);
+        p.recv(partner, tmp, bytes);
         if (vpartner < vrank) {
-          s->reduce(result, tmp, current, count);
+          p.reduce(result, tmp, current, count);
         } else {
-          s->reduce(result, current, tmp, count);
+          p.reduce(result, current, tmp, count);
         }
-        s->next_round();
+        p.next_round();
         current = result;
       }
-      if (rank_ < 2 * extra) s->send(rank_ - 1, result, bytes);
+      if (rank_ < 2 * extra) p.send(rank_ - 1, result, bytes);
     } else {
-      s->recv(rank_ + 1, result, bytes);
+      p.recv(rank_ + 1, result, bytes);
     }
-    s->next_round();
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                              ReduceOp op) {
+Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t count,
+                             DataType type, ReduceOp op) {
   const int n = size();
-  auto s = begin("reduce_scatter", count, type, op, true);
+  p.describe({"reduce_scatter", count, type, op, true});
   if (Status c = check_reduction(type, op); !c.is_ok()) {
-    return engine_->failed(Status(c.code(), "reduce_scatter: " + c.message()));
+    return Status(c.code(), "reduce_scatter: " + c.message());
   }
-  if (Request bad =
-          check("reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n), type);
-      bad.valid()) {
+  if (Status bad = check("reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n), type);
+      !bad.is_ok()) {
     return bad;
   }
   const std::size_t bytes = count * size_of(type);
@@ -291,20 +290,20 @@ Request Group::reduce_scatter(const void* send, void* recv, std::size_t count, D
   if (bytes == 0) {
     // nothing to reduce
   } else if (n == 1) {
-    s->copy(result, in, bytes);
+    p.copy(result, in, bytes);
   } else {
     const Blocks blocks(count * static_cast<std::size_t>(n), n, size_of(type));
-    std::byte* alternate[2] = {s->scratch(bytes), s->scratch(bytes)};
-    ring_reduce_scatter(*s, rank_, n, blocks, in, n - 1,
+    std::byte* alternate[2] = {p.scratch(bytes), p.scratch(bytes)};
+    ring_reduce_scatter(p, rank_, n, blocks, in, n - 1,
                         [&](int t, int) { return t == n - 2 ? result : alternate[t % 2]; });
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::allgather(const void* send, void* recv, std::size_t count, DataType type) {
+Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count, DataType type) {
   const int n = size();
-  auto s = begin("allgather", count, type);
-  if (Request bad = check("allgather", {send, recv}, count, type); bad.valid()) return bad;
+  p.describe({"allgather", count, type});
+  if (Status bad = check("allgather", {send, recv}, count, type); !bad.is_ok()) return bad;
   const std::size_t bytes = count * size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
@@ -314,69 +313,68 @@ Request Group::allgather(const void* send, void* recv, std::size_t count, DataTy
     // nothing moves
   } else if (ring || n == 1) {
     ring_allgather(
-        *s, rank_, n, in, 0, [&](int b) { return result + static_cast<std::size_t>(b) * bytes; },
+        p, rank_, n, in, 0, [&](int b) { return result + static_cast<std::size_t>(b) * bytes; },
         [&](int) { return bytes; });
   } else {
     // Bruck: after round k a member holds the blocks of the next 2^(k+1) members (from itself),
     // in a scratch buffer that is rotated into place at the end.
-    std::byte* gathered = s->scratch(bytes * static_cast<std::size_t>(n));
-    s->copy(gathered, in, bytes);
-    s->next_round();
+    std::byte* gathered = p.scratch(bytes * static_cast<std::size_t>(n));
+    p.copy(gathered, in, bytes);
+    p.next_round();
     for (int k = 1; k < n; k <<= 1) {
       const auto blocks = static_cast<std::size_t>(std::min(k, n - k));
-      s->send(mod(rank_ - k, n), gathered, blocks * bytes);
-      s->recv(mod(rank_ + k, n), gathered + static_cast<std::size_t>(k) * bytes, blocks * bytes);
-      s->next_round();
+      p.send(mod(rank_ - k, n), gathered, blocks * bytes);
+      p.recv(mod(rank_ + k, n), gathered + static_cast<std::size_t>(k) * bytes, blocks * bytes);
+      p.next_round();
     }
     for (int i = 0; i < n; ++i) {
-      s->copy(result + static_cast<std::size_t>(mod(rank_ + i, n)) * bytes,
-              gathered + static_cast<std::size_t>(i) * bytes, bytes);
+      p.copy(result + static_cast<std::size_t>(mod(rank_ + i, n)) * bytes,
+             gathered + static_cast<std::size_t>(i) * bytes, bytes);
     }
-    s->next_round();
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::allgatherv(const void* send, void* recv, std::span<const std::size_t> counts,
-                          std::span<const std::size_t> displacements, DataType type) {
+Status Group::allgatherv(Plan& p, const void* send, void* recv, std::span<const std::size_t> counts,
+                         std::span<const std::size_t> displacements, DataType type) {
   const int n = size();
-  auto s = begin("allgatherv", counts.size() == std::size_t(n) ? counts[rank_] : 0, type);
+  p.describe({"allgatherv", counts.size() == std::size_t(n) ? counts[rank_] : 0, type});
   if (counts.size() != std::size_t(n) || displacements.size() != std::size_t(n)) {
-    return engine_->failed(
+    return (
         Status(Code::kInvalidArgument, "allgatherv: " + std::to_string(counts.size()) +
                                            " counts and " + std::to_string(displacements.size()) +
                                            " displacements for " + std::to_string(n) + " members"));
   }
   std::size_t total = 0;
   for (std::size_t c : counts) total += c;
-  if (Request bad = check("allgatherv", {total > 0 ? recv : nullptr}, total, type); bad.valid()) {
+  if (Status bad = check("allgatherv", {total > 0 ? recv : nullptr}, total, type); !bad.is_ok()) {
     return bad;
   }
-  if (Request bad = check("allgatherv", {send}, counts[rank_], type); bad.valid()) return bad;
+  if (Status bad = check("allgatherv", {send}, counts[rank_], type); !bad.is_ok()) return bad;
   const std::size_t element = size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
   if (total > 0) {
     ring_allgather(
-        *s, rank_, n, in, 0, [&](int b) { return result + displacements[b] * element; },
+        p, rank_, n, in, 0, [&](int b) { return result + displacements[b] * element; },
         [&](int b) { return counts[b] * element; });
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                         std::span<const std::size_t> send_displacements, void* recv,
-                         std::span<const std::size_t> recv_counts,
-                         std::span<const std::size_t> recv_displacements, DataType type,
-                         const char* name) {
+Status Group::alltoallv(Plan& p, const void* send, std::span<const std::size_t> send_counts,
+                        std::span<const std::size_t> send_displacements, void* recv,
+                        std::span<const std::size_t> recv_counts,
+                        std::span<const std::size_t> recv_displacements, DataType type,
+                        const char* name) {
   const int n = size();
-  auto s = begin(name, send_counts.size() == std::size_t(n) ? send_counts[0] : 0, type);
+  p.describe({name, send_counts.size() == std::size_t(n) ? send_counts[0] : 0, type});
   const auto un = static_cast<std::size_t>(n);
   if (send_counts.size() != un || send_displacements.size() != un || recv_counts.size() != un ||
       recv_displacements.size() != un) {
-    return engine_->failed(Status(Code::kInvalidArgument, std::string(name) +
-                                                              ": counts and displacements need " +
-                                                              std::to_string(n) + " entries each"));
+    return (Status(Code::kInvalidArgument, std::string(name) + ": counts and displacements need " +
+                                               std::to_string(n) + " entries each"));
   }
   std::size_t sent = 0;
   std::size_t received = 0;
@@ -384,36 +382,37 @@ Request Group::alltoallv(const void* send, std::span<const std::size_t> send_cou
     sent += send_counts[m];
     received += recv_counts[m];
   }
-  if (Request bad = check(name, {send}, sent, type); bad.valid()) return bad;
-  if (Request bad = check(name, {recv}, received, type); bad.valid()) return bad;
+  if (Status bad = check(name, {send}, sent, type); !bad.is_ok()) return bad;
+  if (Status bad = check(name, {recv}, received, type); !bad.is_ok()) return bad;
   const std::size_t element = size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
   if (send_counts[rank_] != recv_counts[rank_]) {
-    return engine_->failed(Status(
-        Code::kInvalidArgument, std::string(name) + ": this member sends itself " +
-                                    std::to_string(send_counts[rank_]) + " elements but expects " +
-                                    std::to_string(recv_counts[rank_])));
+    return (Status(Code::kInvalidArgument, std::string(name) + ": this member sends itself " +
+                                               std::to_string(send_counts[rank_]) +
+                                               " elements but expects " +
+                                               std::to_string(recv_counts[rank_])));
   }
   // All at once, each member starting with its right-hand neighbour so that not everyone sends
   // to member 0 first.
   for (int i = 1; i < n; ++i) {
     const int from = mod(rank_ - i, n);
     const int to = mod(rank_ + i, n);
-    s->recv(from, result + recv_displacements[from] * element, recv_counts[from] * element);
-    s->send(to, in + send_displacements[to] * element, send_counts[to] * element);
+    p.recv(from, result + recv_displacements[from] * element, recv_counts[from] * element);
+    p.send(to, in + send_displacements[to] * element, send_counts[to] * element);
   }
-  s->copy(result + recv_displacements[rank_] * element, in + send_displacements[rank_] * element,
-          recv_counts[rank_] * element);
-  s->next_round();
-  return start(std::move(s));
+  p.copy(result + recv_displacements[rank_] * element, in + send_displacements[rank_] * element,
+         recv_counts[rank_] * element);
+  p.next_round();
+  return Status();
 }
 
-Request Group::gather(const void* send, void* recv, std::size_t count, DataType type, int root) {
+Status Group::gather(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                     int root) {
   const int n = size();
-  auto s = begin("gather", count, type);
-  if (Request bad = check("gather", {send, rank_ == root ? recv : send}, count, type, root);
-      bad.valid()) {
+  p.describe({"gather", count, type});
+  if (Status bad = check("gather", {send, rank_ == root ? recv : send}, count, type, root);
+      !bad.is_ok()) {
     return bad;
   }
   const std::size_t bytes = count * size_of(type);
@@ -421,22 +420,23 @@ Request Group::gather(const void* send, void* recv, std::size_t count, DataType 
   if (bytes > 0) {
     if (rank_ == root) {
       for (int m = 0; m < n; ++m) {
-        if (m != root) s->recv(m, result + static_cast<std::size_t>(m) * bytes, bytes);
+        if (m != root) p.recv(m, result + static_cast<std::size_t>(m) * bytes, bytes);
       }
-      s->copy(result + static_cast<std::size_t>(root) * bytes, send, bytes);
+      p.copy(result + static_cast<std::size_t>(root) * bytes, send, bytes);
     } else {
-      s->send(root, send, bytes);
+      p.send(root, send, bytes);
     }
-    s->next_round();
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
-Request Group::scatter(const void* send, void* recv, std::size_t count, DataType type, int root) {
+Status Group::scatter(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                      int root) {
   const int n = size();
-  auto s = begin("scatter", count, type);
-  if (Request bad = check("scatter", {recv, rank_ == root ? send : recv}, count, type, root);
-      bad.valid()) {
+  p.describe({"scatter", count, type});
+  if (Status bad = check("scatter", {recv, rank_ == root ? send : recv}, count, type, root);
+      !bad.is_ok()) {
     return bad;
   }
   const std::size_t bytes = count * size_of(type);
@@ -444,15 +444,15 @@ Request Group::scatter(const void* send, void* recv, std::size_t count, DataType
   if (bytes > 0) {
     if (rank_ == root) {
       for (int m = 0; m < n; ++m) {
-        if (m != root) s->send(m, in + static_cast<std::size_t>(m) * bytes, bytes);
+        if (m != root) p.send(m, in + static_cast<std::size_t>(m) * bytes, bytes);
       }
-      s->copy(recv, in + static_cast<std::size_t>(root) * bytes, bytes);
+      p.copy(recv, in + static_cast<std::size_t>(root) * bytes, bytes);
     } else {
-      s->recv(root, recv, bytes);
+      p.recv(root, recv, bytes);
     }
-    s->next_round();
+    p.next_round();
   }
-  return start(std::move(s));
+  return Status();
 }
 
 }  // namespace ferry::coll

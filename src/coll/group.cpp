@@ -35,21 +35,23 @@ std::shared_ptr<Group> Group::world(proto::Engine* engine) {
       new Group(engine, std::move(members), engine->rank(), 0, std::make_shared<Ids>()));
 }
 
-std::unique_ptr<Schedule> Group::begin(const char* name, std::size_t count, DataType type,
-                                       ReduceOp op, bool reduces) {
-  const Tag tag = tag_of(id_, sequence_++);
-  return std::make_unique<Schedule>(shared_from_this(), tag, name, count, type, op, reduces);
-}
-
-Request Group::start(std::unique_ptr<Schedule> schedule) {
-  schedule->next_round();  // closes the last round, if the algorithm left it open
+Request Group::start_schedule(std::unique_ptr<Schedule> schedule) {
   return engine_->start(std::move(schedule));
 }
 
-Request Group::check(const char* name, std::initializer_list<const void*> buffers,
-                     std::size_t elements, DataType type, int root) {
+Request Group::failed(Status status) { return engine_->failed(std::move(status)); }
+
+double Group::timeout() const { return engine_->timeout(); }
+
+std::unique_ptr<Reusable> Group::take_reusable() {
+  if (reusable_) return std::move(reusable_);
+  return std::make_unique<Reusable>();
+}
+
+Status Group::check(const char* name, std::initializer_list<const void*> buffers,
+                    std::size_t elements, DataType type, int root) {
   auto bad = [&](Code code, const std::string& why) {
-    return engine_->failed(Status(code, std::string(name) + ": " + why));
+    return Status(code, std::string(name) + ": " + why);
   };
   const std::size_t element = size_of(type);
   if (element == 0) {
@@ -63,7 +65,7 @@ Request Group::check(const char* name, std::initializer_list<const void*> buffer
     return bad(Code::kInvalidArgument,
                "root " + std::to_string(root) + " is not in [0, " + std::to_string(size()) + ")");
   }
-  if (elements == 0) return {};
+  if (elements == 0) return Status();
   for (const void* buffer : buffers) {
     if (buffer == nullptr) {
       return bad(Code::kInvalidArgument,
@@ -75,18 +77,7 @@ Request Group::check(const char* name, std::initializer_list<const void*> buffer
                  "(copy it to host memory, or use point-to-point, which moves device buffers)");
     }
   }
-  return {};
-}
-
-Status Group::wait(Request request) {
-  Status status = request.wait();
-  if (status.code() == Code::kTimeout && !request.test()) {
-    // The caller gets its buffers back: nothing may touch them after this returns.
-    engine_->abandon_operation(proto::Engine::index_of(request), status);
-    status = Status(Code::kTimeout, "collective not complete after FERRY_TIMEOUT (" +
-                                        std::to_string(engine_->timeout()) + " s); withdrawn");
-  }
-  return status;
+  return Status();
 }
 
 std::shared_ptr<Group> Group::split(int color, int key) {
@@ -94,7 +85,8 @@ std::shared_ptr<Group> Group::split(int color, int key) {
   // next free id of its members, which none of them uses yet.
   std::vector<std::int64_t> mine = {color, key, ids_->next};
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(size()));
-  Status status = wait(allgather(mine.data(), all.data(), 3, DataType::kInt64));
+  Status status =
+      run([&](Plan& p) { return allgather(p, mine.data(), all.data(), 3, DataType::kInt64); });
   if (!status.is_ok()) {
     throw Error(status.code(), "split: exchanging colors and keys: " + status.message());
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "coll/schedule.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry::proto {
@@ -17,8 +18,6 @@ class Engine;
 }
 
 namespace ferry::coll {
-
-class Schedule;
 
 inline constexpr int kUndefinedColor = -1;  // Communicator::kUndefined
 
@@ -43,38 +42,59 @@ class Group : public std::enable_shared_from_this<Group> {
   // Null for kUndefinedColor. Throws ferry::Error.
   std::shared_ptr<Group> split(int color, int key);
 
-  Request barrier();
-  Request broadcast(void* buffer, std::size_t count, DataType type, int root);
-  Request reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                 int root);
-  Request allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
-  Request allgather(const void* send, void* recv, std::size_t count, DataType type);
-  Request allgatherv(const void* send, void* recv, std::span<const std::size_t> counts,
-                     std::span<const std::size_t> displacements, DataType type);
-  Request reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                         ReduceOp op);
-  Request alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                    std::span<const std::size_t> send_displacements, void* recv,
-                    std::span<const std::size_t> recv_counts,
-                    std::span<const std::size_t> recv_displacements, DataType type,
-                    const char* name);
-  Request gather(const void* send, void* recv, std::size_t count, DataType type, int root);
-  Request scatter(const void* send, void* recv, std::size_t count, DataType type, int root);
+  // Runs a collective that `build(Plan&)` describes (one of the algorithms below, which return
+  // what is wrong with their arguments): start() behind a Request, advanced by the engine; run()
+  // now, waiting (and withdrawing it under FERRY_TIMEOUT).
+  template <class Build>
+  Request start(Build&& build) {
+    auto schedule = std::make_unique<Schedule>(shared_from_this(), next_tag());
+    if (Status bad = build(*schedule); !bad.is_ok()) return failed(std::move(bad));
+    schedule->next_round();  // closes the last round, if the algorithm left it open
+    return start_schedule(std::move(schedule));
+  }
+  template <class Build>
+  Status run(Build&& build) {
+    Immediate now(shared_from_this(), next_tag(), timeout());
+    if (Status bad = build(now); !bad.is_ok()) return bad;
+    return now.finish();
+  }
 
-  // Waits for a collective started by a blocking call; under FERRY_TIMEOUT it withdraws it.
-  Status wait(Request request);
+  // The algorithms (algorithms.cpp): they describe the collective for this member.
+  Status barrier(Plan& p);
+  Status broadcast(Plan& p, void* buffer, std::size_t count, DataType type, int root);
+  Status reduce(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                ReduceOp op, int root);
+  Status allreduce(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                   ReduceOp op);
+  Status allgather(Plan& p, const void* send, void* recv, std::size_t count, DataType type);
+  Status allgatherv(Plan& p, const void* send, void* recv, std::span<const std::size_t> counts,
+                    std::span<const std::size_t> displacements, DataType type);
+  Status reduce_scatter(Plan& p, const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op);
+  Status alltoallv(Plan& p, const void* send, std::span<const std::size_t> send_counts,
+                   std::span<const std::size_t> send_displacements, void* recv,
+                   std::span<const std::size_t> recv_counts,
+                   std::span<const std::size_t> recv_displacements, DataType type,
+                   const char* name);
+  Status gather(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
+  Status scatter(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
+
+  // Storage an Immediate reuses from one collective to the next.
+  std::unique_ptr<Reusable> take_reusable();
+  void give_back(std::unique_ptr<Reusable> reusable) { reusable_ = std::move(reusable); }
 
  private:
   struct Ids;  // the communicator ids this process has used
   Group(proto::Engine* engine, std::vector<int> members, int rank, std::uint32_t id,
         std::shared_ptr<Ids> ids);
-  // A new schedule for the next collective (every member numbers them alike).
-  std::unique_ptr<Schedule> begin(const char* name, std::size_t count, DataType type,
-                                  ReduceOp op = ReduceOp::kSum, bool reduces = false);
-  Request start(std::unique_ptr<Schedule> schedule);
-  // The failed request for bad arguments, or an invalid Request when they are fine.
-  Request check(const char* name, std::initializer_list<const void*> buffers, std::size_t elements,
-                DataType type, int root = 0);
+  // The tag of the next collective (every member numbers them alike).
+  Tag next_tag() { return tag_of(id_, sequence_++); }
+  [[nodiscard]] double timeout() const;
+  Request failed(Status status);
+  Request start_schedule(std::unique_ptr<Schedule> schedule);
+  // What is wrong with the arguments, or ok.
+  Status check(const char* name, std::initializer_list<const void*> buffers, std::size_t elements,
+               DataType type, int root = 0);
 
   proto::Engine* engine_;
   std::vector<int> members_;
@@ -82,6 +102,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::uint32_t id_;
   std::uint32_t sequence_ = 0;
   std::shared_ptr<Ids> ids_;
+  std::unique_ptr<Reusable> reusable_;
   std::size_t small_;  // FERRY_COLL_SMALL
   int allreduce_, broadcast_, reduce_, allgather_;
   std::size_t chunk_;

@@ -1,4 +1,5 @@
-// Running a collective's schedule (see schedule.hpp).
+// Running a collective: recorded and advanced by the engine (Schedule), or run as described
+// (Immediate). See schedule.hpp.
 #include "coll/schedule.hpp"
 
 #include <cstring>
@@ -7,24 +8,114 @@
 #include "coll/group.hpp"
 #include "coll/reduce.hpp"
 #include "proto/engine.hpp"
+#include "util/clock.hpp"
 
 namespace ferry::coll {
 
-Schedule::Schedule(std::shared_ptr<Group> group, Tag tag, const char* name, std::size_t count,
-                   DataType type, ReduceOp op, bool reduces)
-    : group_(std::move(group)),
-      tag_(tag),
-      name_(name),
-      count_(count),
-      type_(type),
-      op_(op),
-      reduces_(reduces) {}
+// ---- Execution: what both share ----
 
-std::string Schedule::what() const {
-  return std::string(name_) + " of " + std::to_string(count_) + " " + to_string(type_) +
-         (reduces_ ? std::string(" (") + to_string(op_) + ")" : std::string()) + " over " +
-         std::to_string(group_->size()) + " members";
+Execution::Execution(std::shared_ptr<Group> group, Tag tag) : group_(std::move(group)), tag_(tag) {}
+
+std::string Execution::what() const {
+  return std::string(what_.name) + " of " + std::to_string(what_.count) + " " +
+         to_string(what_.type) +
+         (what_.reduces ? std::string(" (") + to_string(what_.op) + ")" : std::string()) +
+         " over " + std::to_string(group_->size()) + " members";
 }
+
+std::string Execution::peer_name(int member) const {
+  const int rank = group_->member(member);
+  return member == rank
+             ? "rank " + std::to_string(rank)
+             : "member " + std::to_string(member) + " (rank " + std::to_string(rank) + ")";
+}
+
+void Execution::post(const Action& a) {
+  // One tag per collective: each pair of members exchanges its messages in the same order on
+  // both sides, and messages of one sender that match arrive in order.
+  proto::Engine* engine = group_->engine();
+  const int peer = group_->member(a.member);
+  if (a.kind == Action::kRecv) {
+    in_flight_.push_back({engine->irecv(a.to, a.size, peer, tag_, kFullMask), a});
+  } else {
+    in_flight_.push_back({engine->isend(a.from, a.size, peer, tag_), a});
+  }
+}
+
+void Execution::run_local(const Action& a) const {
+  if (a.kind == Action::kReduce) {
+    reduce_to(a.to, a.a, a.from, a.size, what_.type, what_.op);
+  } else {
+    std::memmove(a.to, a.from, a.size);
+  }
+}
+
+Execution::State Execution::poll(Status* failure) {
+  proto::Engine* engine = group_->engine();
+  bool running = false;
+  for (const InFlight& f : in_flight_) {
+    const std::uint32_t index = proto::Engine::index_of(f.request);
+    if (!engine->done(index)) {
+      running = true;
+      continue;
+    }
+    const Status& s = engine->status(index);
+    const bool short_message =
+        f.action.kind == Action::kRecv && s.is_ok() && engine->info(index).bytes != f.action.size;
+    if (s.is_ok() && !short_message) continue;
+    const std::string where =
+        what() + ": " + (f.action.kind == Action::kSend ? "send to " : "receive from ") +
+        peer_name(f.action.member) + " in round " + std::to_string(round_) + ": ";
+    if (short_message || s.code() == Code::kTruncated) {
+      *failure =
+          Status(Code::kInvalidArgument,
+                 where +
+                     (short_message ? std::to_string(engine->info(index).bytes) + " bytes came, " +
+                                          std::to_string(f.action.size) + " were expected"
+                                    : std::string("the peer sent more than ") +
+                                          std::to_string(f.action.size) + " bytes") +
+                     " (do the members pass the same counts, types and root?)");
+    } else {
+      *failure = Status(s.code(), where + s.message());
+    }
+    withdraw();
+    return State::kFailed;
+  }
+  if (!running) return State::kDone;
+  // A member that died fails the collective everywhere, also on members that wait for a live
+  // one (which gave up when it saw the death), so nobody waits forever.
+  if ((++polls_ & 1023) == 0) {
+    for (int m = 0; m < group_->size(); ++m) {
+      if (const std::string* why = engine->peer_failure(group_->member(m))) {
+        *failure =
+            Status(Code::kPeerFailed, what() + " failed: " + peer_name(m) + " is gone: " + *why);
+        withdraw();
+        return State::kFailed;
+      }
+    }
+  }
+  return State::kRunning;
+}
+
+void Execution::withdraw() {
+  proto::Engine* engine = group_->engine();
+  for (InFlight& f : in_flight_) {
+    const std::uint32_t index = proto::Engine::index_of(f.request);
+    if (engine->done(index)) continue;
+    if (f.action.kind == Action::kRecv) {
+      engine->cancel(index);
+    } else {
+      engine->abandon_send(index);
+    }
+  }
+  int idle = 0;
+  for (InFlight& f : in_flight_) {
+    while (!engine->done(proto::Engine::index_of(f.request))) engine->wait_step(&idle);
+  }
+  in_flight_.clear();
+}
+
+// ---- Schedule: recorded, advanced by the engine ----
 
 void Schedule::send(int member, const void* data, std::size_t bytes) {
   actions_.push_back(
@@ -58,123 +149,28 @@ std::byte* Schedule::scratch(std::size_t bytes) {
   return scratch_.back().get();
 }
 
-void Schedule::post_round() {
-  proto::Engine* engine = group_->engine();
-  // One tag per collective: each pair of members exchanges its messages in the same order on
-  // both sides, and messages of one sender that match arrive in order.
-  const Tag tag = tag_;
-  const std::size_t begin = round_ == 0 ? 0 : round_ends_[round_ - 1];
-  for (std::size_t i = begin; i < round_ends_[round_]; ++i) {
-    const Action& a = actions_[i];
-    const int peer = group_->member(a.member);
-    if (a.kind == Action::kRecv) {
-      in_flight_.push_back({engine->irecv(a.to, a.size, peer, tag, kFullMask), i});
-    } else if (a.kind == Action::kSend) {
-      in_flight_.push_back({engine->isend(a.from, a.size, peer, tag), i});
-    }
-  }
-  posted_ = true;
-}
-
-std::string Schedule::peer_name(int member) const {
-  const int rank = group_->member(member);
-  return member == rank
-             ? "rank " + std::to_string(rank)
-             : "member " + std::to_string(member) + " (rank " + std::to_string(rank) + ")";
-}
-
-Status Schedule::check_round() {
-  proto::Engine* engine = group_->engine();
-  for (const InFlight& f : in_flight_) {
-    const std::uint32_t index = proto::Engine::index_of(f.request);
-    if (!engine->done(index)) continue;
-    const Action& a = actions_[f.action];
-    Status s = engine->status(index);
-    const char* dir = a.kind == Action::kSend ? "send to " : "receive from ";
-    if (!s.is_ok()) {
-      const Code code = s.code() == Code::kTruncated ? Code::kInvalidArgument : s.code();
-      withdraw();
-      return Status(code, what() + ": " + dir + peer_name(a.member) + " in round " +
-                              std::to_string(round_) + ": " +
-                              (s.code() == Code::kTruncated
-                                   ? "the peer sent more than expected (do the members pass the "
-                                     "same counts, types and root?)"
-                                   : s.message()));
-    }
-    if (a.kind == Action::kRecv && engine->info(index).bytes != a.size) {
-      withdraw();
-      return Status(Code::kInvalidArgument,
-                    what() + ": " + dir + peer_name(a.member) + " in round " +
-                        std::to_string(round_) + ": " + std::to_string(engine->info(index).bytes) +
-                        " bytes came, " + std::to_string(a.size) +
-                        " were expected (do the members pass the same counts, types and root?)");
-    }
-  }
-  return Status();
-}
-
-void Schedule::withdraw() {
-  // Receives not yet matched are canceled and unsent data withdrawn, so that nothing touches the
-  // caller's buffers after the operation completes; matched transfers finish (or fail) first.
-  proto::Engine* engine = group_->engine();
-  for (InFlight& f : in_flight_) {
-    const std::uint32_t index = proto::Engine::index_of(f.request);
-    if (engine->done(index)) continue;
-    if (actions_[f.action].kind == Action::kRecv) {
-      engine->cancel(index);
-    } else {
-      engine->abandon_send(index);
-    }
-  }
-  int idle = 0;
-  for (InFlight& f : in_flight_) {
-    while (!engine->done(proto::Engine::index_of(f.request))) engine->wait_step(&idle);
-  }
-  in_flight_.clear();
-}
-
 bool Schedule::advance(Status* status) {
-  proto::Engine* engine = group_->engine();
   while (round_ < round_ends_.size()) {
-    if (!posted_) post_round();
-    bool all_done = true;
-    bool any_failed = false;
-    for (const InFlight& f : in_flight_) {
-      const std::uint32_t index = proto::Engine::index_of(f.request);
-      if (!engine->done(index)) {
-        all_done = false;
-      } else if (!engine->status(index).is_ok()) {
-        any_failed = true;
+    const std::size_t begin = round_ == 0 ? 0 : round_ends_[round_ - 1];
+    if (!posted_) {
+      for (std::size_t i = begin; i < round_ends_[round_]; ++i) {
+        const Action& a = actions_[i];
+        if (a.kind == Action::kSend || a.kind == Action::kRecv) post(a);
       }
+      posted_ = true;
     }
-    if (!all_done && !any_failed) {
-      // A member that died fails the collective everywhere, also on members that wait for a
-      // live one (which gave up when it saw the death), so nobody waits forever.
-      if ((++polls_ & 1023) == 0) {
-        for (int m = 0; m < group_->size(); ++m) {
-          if (const std::string* why = engine->peer_failure(group_->member(m))) {
-            withdraw();
-            *status = Status(Code::kPeerFailed,
-                             what() + " failed: " + peer_name(m) + " is gone: " + *why);
-            return true;
-          }
-        }
-      }
-      return false;
-    }
-    if (Status s = check_round(); !s.is_ok()) {
-      *status = std::move(s);
-      return true;
+    switch (poll(status)) {
+      case State::kRunning:
+        return false;
+      case State::kFailed:
+        return true;
+      case State::kDone:
+        break;
     }
     in_flight_.clear();
-    const std::size_t begin = round_ == 0 ? 0 : round_ends_[round_ - 1];
     for (std::size_t i = begin; i < round_ends_[round_]; ++i) {
       const Action& a = actions_[i];
-      if (a.kind == Action::kReduce) {
-        reduce_to(a.to, a.a, a.from, a.size, type_, op_);
-      } else if (a.kind == Action::kCopy) {
-        std::memmove(a.to, a.from, a.size);
-      }
+      if (a.kind == Action::kReduce || a.kind == Action::kCopy) run_local(a);
     }
     ++round_;
     posted_ = false;
@@ -184,5 +180,91 @@ bool Schedule::advance(Status* status) {
 }
 
 void Schedule::abandon() { withdraw(); }
+
+// ---- Immediate: run as described, waiting at the end of each round ----
+
+Immediate::Immediate(std::shared_ptr<Group> group, Tag tag, double timeout)
+    : Execution(std::move(group), tag), timeout_(timeout) {
+  if (timeout_ > 0) deadline_ = util::deadline_after(timeout_);
+  reusable_ = group_->take_reusable();
+  std::swap(in_flight_, reusable_->in_flight);
+}
+
+Immediate::~Immediate() {
+  if (!in_flight_.empty()) withdraw();  // finish() was not called (an early return)
+  std::swap(in_flight_, reusable_->in_flight);
+  reusable_->locals.clear();
+  group_->give_back(std::move(reusable_));
+}
+
+void Immediate::send(int member, const void* data, std::size_t bytes) {
+  if (status_.is_ok()) {
+    post({Action::kSend, member, static_cast<const std::byte*>(data), nullptr, nullptr, bytes});
+  }
+}
+
+void Immediate::recv(int member, void* data, std::size_t bytes) {
+  if (status_.is_ok()) {
+    post({Action::kRecv, member, nullptr, nullptr, static_cast<std::byte*>(data), bytes});
+  }
+}
+
+void Immediate::reduce(void* out, const void* a, const void* b, std::size_t count) {
+  if (count > 0) {
+    reusable_->locals.push_back({Action::kReduce, -1, static_cast<const std::byte*>(b),
+                                 static_cast<const std::byte*>(a), static_cast<std::byte*>(out),
+                                 count});
+  }
+}
+
+void Immediate::copy(void* to, const void* from, std::size_t bytes) {
+  if (bytes > 0 && to != from) {
+    reusable_->locals.push_back({Action::kCopy, -1, static_cast<const std::byte*>(from), nullptr,
+                                 static_cast<std::byte*>(to), bytes});
+  }
+}
+
+void Immediate::next_round() {
+  if (!status_.is_ok()) return;
+  if (!in_flight_.empty()) {
+    proto::Engine* engine = group_->engine();
+    int idle = 0;
+    for (std::uint32_t waits = 0;; ++waits) {
+      const State state = poll(&status_);
+      if (state == State::kFailed) return;
+      if (state == State::kDone) break;
+      engine->wait_step(&idle);
+      if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
+        withdraw();
+        status_ = Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
+                                             std::to_string(timeout_) + " s, in round " +
+                                             std::to_string(round_) + "); withdrawn");
+        return;
+      }
+    }
+    in_flight_.clear();
+  }
+  for (const Action& a : reusable_->locals) run_local(a);
+  reusable_->locals.clear();
+  ++round_;
+}
+
+std::byte* Immediate::scratch(std::size_t bytes) {
+  auto& buffers = reusable_->scratch;
+  if (scratch_used_ == buffers.size()) buffers.emplace_back();
+  std::vector<std::byte>& b = buffers[scratch_used_++];
+  if (b.size() < bytes) b.resize(bytes);
+  return b.data();
+}
+
+Status Immediate::finish() {
+  next_round();
+  // Large buffers are not kept between collectives.
+  constexpr std::size_t kKeep = 1 << 20;
+  for (auto& b : reusable_->scratch) {
+    if (b.capacity() > kKeep) std::vector<std::byte>().swap(b);
+  }
+  return status_;
+}
 
 }  // namespace ferry::coll

@@ -1,7 +1,11 @@
-// A collective as a schedule: rounds of sends and receives to other members, each followed by
-// local reductions and copies. The engine advances it in every progress call (libNBC's model).
+// How a collective runs: an algorithm describes it to a Plan as rounds of sends and receives to
+// other members, each followed by local reductions and copies. A Schedule records the rounds and
+// the engine advances it in every progress call (the non-blocking forms; libNBC's model); an
+// Immediate runs each round as it is described and waits for it (the blocking forms, with no
+// allocation once warm).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,29 +19,40 @@ namespace ferry::coll {
 
 class Group;
 
-class Schedule final : public proto::Operation {
+// Describes a collective in errors: "allreduce of 1024 float32 (sum) over 4 members".
+struct Description {
+  const char* name = "collective";
+  std::size_t count = 0;
+  DataType type = DataType::kUint8;
+  ReduceOp op = ReduceOp::kSum;
+  bool reduces = false;
+};
+
+// What an algorithm builds with. Peers are members of the group (not job ranks). The transfers of
+// a round run together; its local actions run in order once they all completed.
+class Plan {
  public:
-  // `name`, `count`, `type` and `op` describe the collective in errors ("allreduce of 1024
-  // float32 (sum)"); `op` is ignored where `reduces` is false.
-  Schedule(std::shared_ptr<Group> group, Tag tag, const char* name, std::size_t count,
-           DataType type, ReduceOp op, bool reduces);
+  virtual ~Plan() = default;
+  // What this collective is (first, before any transfer).
+  void describe(const Description& what) { what_ = what; }
+  virtual void send(int member, const void* data, std::size_t bytes) = 0;
+  virtual void recv(int member, void* data, std::size_t bytes) = 0;
+  // out = a op b over `count` elements (out may be a or b).
+  virtual void reduce(void* out, const void* a, const void* b, std::size_t count) = 0;
+  virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
+  virtual void next_round() = 0;
+  // Memory that lasts until the collective completes.
+  virtual std::byte* scratch(std::size_t bytes) = 0;
 
-  // Building: actions go into the current round; next_round() closes it. Peers are members of
-  // the group (not job ranks). Within a round the transfers run together; the local actions run,
-  // in order, once all of them completed.
-  void send(int member, const void* data, std::size_t bytes);
-  void recv(int member, void* data, std::size_t bytes);
-  // out = a op b, `count` elements (out may be a or b).
-  void reduce(void* out, const void* a, const void* b, std::size_t count);
-  void copy(void* to, const void* from, std::size_t bytes);
-  void next_round();
-  // Scratch memory that lives as long as the schedule.
-  std::byte* scratch(std::size_t bytes);
+ protected:
+  Description what_;
+};
 
-  bool advance(Status* status) override;
-  void abandon() override;
+// What Schedule and Immediate share: posting transfers, watching them, and withdrawing them.
+class Execution : public Plan {
+ public:
+  Execution(std::shared_ptr<Group> group, Tag tag);
 
- private:
   struct Action {
     enum Kind : std::uint8_t { kSend, kRecv, kReduce, kCopy } kind;
     int member = -1;
@@ -48,29 +63,77 @@ class Schedule final : public proto::Operation {
   };
   struct InFlight {
     Request request;
-    std::size_t action;
+    Action action;
   };
-  void post_round();
-  // The first transfer of the round that failed, or ok; withdraws the others on failure.
-  Status check_round();
+
+ protected:
+  enum class State { kRunning, kDone, kFailed };
+
+  void post(const Action& action);
+  void run_local(const Action& action) const;
+  // Whether the round's transfers are done; on a failure (theirs, or a member's death) the rest
+  // are withdrawn and *failure says what happened.
+  State poll(Status* failure);
+  // Cancels unmatched receives, withdraws unsent data and waits for matched transfers, so that
+  // nothing touches the caller's buffers afterwards.
   void withdraw();
-  [[nodiscard]] std::string peer_name(int member) const;
   [[nodiscard]] std::string what() const;
+  [[nodiscard]] std::string peer_name(int member) const;
 
   std::shared_ptr<Group> group_;
   Tag tag_;
-  const char* name_;
-  std::size_t count_;
-  DataType type_;
-  ReduceOp op_;
-  bool reduces_;
+  std::size_t round_ = 0;
+  std::vector<InFlight> in_flight_;
+  std::uint32_t polls_ = 0;
+};
+
+class Schedule final : public Execution, public proto::Operation {
+ public:
+  using Execution::Execution;
+  void send(int member, const void* data, std::size_t bytes) override;
+  void recv(int member, void* data, std::size_t bytes) override;
+  void reduce(void* out, const void* a, const void* b, std::size_t count) override;
+  void copy(void* to, const void* from, std::size_t bytes) override;
+  void next_round() override;
+  std::byte* scratch(std::size_t bytes) override;
+
+  bool advance(Status* status) override;
+  void abandon() override;
+
+ private:
   std::vector<Action> actions_;
   std::vector<std::size_t> round_ends_;  // actions_[round_ends_[r-1], round_ends_[r]) is round r
-  std::size_t round_ = 0;
   bool posted_ = false;
-  std::vector<InFlight> in_flight_;
   std::vector<std::unique_ptr<std::byte[]>> scratch_;
-  std::uint32_t polls_ = 0;
+};
+
+// The vectors and scratch buffers an Immediate uses, kept by its Group between collectives.
+struct Reusable {
+  std::vector<Execution::InFlight> in_flight;
+  std::vector<Execution::Action> locals;
+  std::vector<std::vector<std::byte>> scratch;
+};
+
+class Immediate final : public Execution {
+ public:
+  // `timeout`: FERRY_TIMEOUT in seconds (0: none), for the whole collective.
+  Immediate(std::shared_ptr<Group> group, Tag tag, double timeout);
+  ~Immediate() override;
+  void send(int member, const void* data, std::size_t bytes) override;
+  void recv(int member, void* data, std::size_t bytes) override;
+  void reduce(void* out, const void* a, const void* b, std::size_t count) override;
+  void copy(void* to, const void* from, std::size_t bytes) override;
+  void next_round() override;
+  std::byte* scratch(std::size_t bytes) override;
+  // Runs what is left and returns the outcome.
+  Status finish();
+
+ private:
+  double timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  Status status_;
+  std::unique_ptr<Reusable> reusable_;  // locals of the current round, scratch buffers
+  std::size_t scratch_used_ = 0;
 };
 
 }  // namespace ferry::coll

@@ -41,6 +41,14 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   spin_count_ = static_cast<int>(config_.get_int(util::Var::kSpinCount));
+  if (spin_count_ < 0) {
+    cpu_set_t cpus;
+    const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                           ? CPU_COUNT(&cpus)
+                           : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    oversubscribed_ = static_cast<int>(bootstrap_->local_ranks().size()) > usable;
+    spin_count_ = oversubscribed_ ? 0 : 2000;
+  }
   timeout_ = config_.get_seconds(util::Var::kTimeout);
   crash_on_send_ =
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
@@ -85,6 +93,9 @@ void Engine::setup_transports() {
     transport_notes_.push_back("bootstrap: " + bootstrap_->name() + " (rank " +
                                std::to_string(rank_) + " of " + std::to_string(size_) +
                                "; ranks on this node: " + local + ")");
+    transport_notes_.push_back(
+        "waiting: " + std::to_string(spin_count_) + " empty polls, then yield the CPU" +
+        (oversubscribed_ ? " (more ranks on this node than CPUs this process may use)" : ""));
   }
   if (config_.list_contains(util::Var::kTransports, "self")) {
     auto self = std::make_unique<transport::self::SelfTransport>(rank_, this);

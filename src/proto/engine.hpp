@@ -246,6 +246,7 @@ class Engine final : public transport::AmHandler {
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;
   int spin_count_ = 0;
+  bool oversubscribed_ = false;  // more ranks on this node than CPUs: waits yield at once
   double timeout_ = 0;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   transport::self::SelfTransport* self_ = nullptr;  // polled only when it has work

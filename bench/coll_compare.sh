@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Collectives side by side, interleaved: ferry-perf's allreduce and broadcast against Open MPI's
+# MPI_Allreduce / MPI_Bcast (ob1 + vader, through bench/mpi_coll.c, which times the same loop:
+# warmup, barrier, ITERATIONS back to back, slowest rank's time per operation, NCCL's bus
+# bandwidth). For N = 2 and 4 ranks, each round runs ferry and then Open MPI back to back at each
+# test and size, since the vCPUs of these VMs move between placements every few seconds; the
+# report gives, per N, the median of each and of the per-round ratios, which are taken so that
+# > 1 always means ferry is better (Open MPI/ferry for latency, ferry/Open MPI for bandwidth).
+# N = 4 on this 2-vCPU VM is oversubscribed for both (ferry's wait loop yields the CPU after a
+# number of empty polls; Open MPI runs with --oversubscribe --bind-to none).
+#   bench/coll_compare.sh [ROUNDS]     (default 5; installs openmpi-bin, libopenmpi-dev)
+set -euo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FERRY_BUILD_DIR:-$top/build}
+rounds=${1:-5}
+
+need=()
+for p in openmpi-bin libopenmpi-dev python3; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+"$top/scripts/setup.sh" ferryrun ferry-perf >/dev/null
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+mpicc -O2 -o "$work/mpi_coll" "$top/bench/mpi_coll.c"
+
+# Each case: key, test, size, iterations, metric (latency in us or bus bandwidth in GB/s).
+cases=(
+  "ar8 allreduce 8 20000 latency"
+  "ar64k allreduce 65536 2000 latency"
+  "ar16m allreduce 16777216 50 busbw"
+  "bc8 broadcast 8 20000 latency"
+  "bc64k broadcast 65536 2000 latency"
+  "bc16m broadcast 16777216 50 busbw"
+)
+
+ferry() {  # ranks test size iterations latency|busbw
+  # Output is parsed after the run: a python3 starting beside the benchmark takes a vCPU from it.
+  local out
+  out=$("$build/tools/ferryrun" -n "$1" "$build/tools/ferry-perf" "$2" --sizes "$3" \
+    --iterations "$4" --csv)
+  echo "$out" | awk -F, -v m="$5" 'NR == 2 { print (m == "latency" ? $4 : $5) }'
+}
+ompi() {  # ranks test size iterations latency|busbw
+  mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to none -np "$1" --mca pml ob1 \
+    --mca btl vader,self "$work/mpi_coll" "$2" "$3" "$4" 2>/dev/null |
+    tail -1 | awk -v m="$5" '{ print (m == "latency" ? $1 : $2) }'
+}
+
+results="$work/results.tsv"
+for n in 2 4; do
+  for round in $(seq "$rounds"); do
+    echo "$n ranks, round $round/$rounds" >&2
+    for c in "${cases[@]}"; do
+      read -r key test size iters metric <<<"$c"
+      f=$(ferry "$n" "$test" "$size" "$iters" "$metric")
+      o=$(ompi "$n" "$test" "$size" "$iters" "$metric")
+      if [ -z "$f" ] || [ -z "$o" ]; then
+        echo "coll_compare: no result for $test $size at $n ranks (ferry '$f', Open MPI '$o')" >&2
+        exit 1
+      fi
+      printf '%s\t%s\t%s\t%s\n' "$n" "$key" "$f" "$o" >>"$results"
+    done
+  done
+done
+
+python3 - "$results" "$rounds" <<'PY'
+import statistics, sys
+rows = [line.split("\t") for line in open(sys.argv[1]).read().split("\n") if line]
+names = {"ar8": "allreduce 8 B latency (us)", "ar64k": "allreduce 64 KiB latency (us)",
+         "ar16m": "allreduce 16 MiB bus bandwidth (GB/s)",
+         "bc8": "broadcast 8 B latency (us)", "bc64k": "broadcast 64 KiB latency (us)",
+         "bc16m": "broadcast 16 MiB bus bandwidth (GB/s)"}
+for n in sorted({r[0] for r in rows}, key=int):
+    print(f"{n} ranks. Ratio > 1 means ferry is better (Open MPI/ferry for latency, "
+          "ferry/Open MPI for bandwidth).")
+    print()
+    print(f"| metric ({n} ranks, {sys.argv[2]} interleaved rounds, medians) | ferry | Open MPI "
+          "| per-round ratio |")
+    print("|---|---|---|---|")
+    for key, name in names.items():
+        data = [(float(f), float(o)) for k_n, k, f, o in rows if k_n == n and k == key]
+        f = statistics.median(d[0] for d in data)
+        o = statistics.median(d[1] for d in data)
+        if key.endswith("16m"):
+            r = statistics.median(d[0] / d[1] for d in data)
+        else:
+            r = statistics.median(d[1] / d[0] for d in data)
+        print(f"| {name} | {f:.3f} | {o:.3f} | {r:.2f} |")
+    print()
+print("Per round (ranks, ferry, Open MPI):")
+for n, k, f, o in rows:
+    print(f"    {n} {k:6s} {float(f):10.3f} {float(o):10.3f}")
+PY

@@ -1,0 +1,80 @@
+/* The reference side of bench/coll_compare.sh: the same collective loops as ferry-perf's
+ * allreduce and broadcast modes, written against MPI, so both are measured the same way in one run.
+ *   mpirun -np N mpi_coll allreduce|broadcast SIZE ITERATIONS   -> prints "LATENCY_US BUSBW_GBPS"
+ * allreduce: MPI_Allreduce of SIZE/4 floats (MPI_SUM), separate send and receive buffers;
+ * broadcast: MPI_Bcast of SIZE bytes from rank 0. Warmup max(1, ITERATIONS/10), a barrier, then
+ * ITERATIONS timed; the time per operation is the maximum over the ranks. Bus bandwidth as NCCL
+ * defines it (1 GB = 1e9 bytes): allreduce SIZE/t * 2(N-1)/N, broadcast SIZE/t. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, nranks;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  const int allreduce = argc >= 4 && strcmp(argv[1], "allreduce") == 0;
+  const int broadcast = argc >= 4 && strcmp(argv[1], "broadcast") == 0;
+  const long size = argc >= 4 ? atol(argv[2]) : 0;
+  const long iters = argc >= 4 ? atol(argv[3]) : 0;
+  if ((!allreduce && !broadcast) || size <= 0 || size > 0x7fffffffL || iters <= 0 ||
+      (allreduce && size % 4 != 0)) {
+    if (rank == 0)
+      fprintf(stderr, "usage: mpi_coll allreduce|broadcast SIZE ITERATIONS"
+                      " (SIZE > 0, a multiple of 4 for allreduce)\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const long warmup = iters / 10 > 0 ? iters / 10 : 1;
+  const int count = (int)(size / 4);
+  char* out = calloc(size, 1);
+  char* in = calloc(size, 1);
+  if (out == NULL || in == NULL) {
+    fprintf(stderr, "mpi_coll: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  /* Small integers, so that N times them is exact in float. */
+  if (allreduce) {
+    for (int i = 0; i < count; ++i) ((float*)out)[i] = (float)(i % 13 + 1);
+  } else {
+    for (long i = 0; i < size; ++i) out[i] = rank == 0 ? (char)(i % 251) : 0;
+  }
+
+  double start = 0;
+  for (long i = -warmup; i < iters; ++i) {
+    if (i == 0) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      start = MPI_Wtime();
+    }
+    if (allreduce) {
+      MPI_Allreduce(out, in, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else {
+      MPI_Bcast(out, (int)size, MPI_BYTE, 0, MPI_COMM_WORLD);
+    }
+  }
+  const double per_op = (MPI_Wtime() - start) / (double)iters;
+
+  int bad = 0;
+  if (allreduce) {
+    for (int i = 0; i < count && !bad; ++i) bad = ((float*)in)[i] != (float)nranks * (i % 13 + 1);
+  } else {
+    for (long i = 0; i < size && !bad; ++i) bad = out[i] != (char)(i % 251);
+  }
+  if (bad) {
+    fprintf(stderr, "mpi_coll: rank %d: wrong %s result\n", rank, argv[1]);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+  double max_per_op = 0;
+  MPI_Reduce(&per_op, &max_per_op, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    double busbw = (double)size / max_per_op / 1e9;
+    if (allreduce) busbw *= 2.0 * (nranks - 1) / nranks;
+    printf("%.4f %.4f\n", max_per_op * 1e6, busbw);
+  }
+  free(out);
+  free(in);
+  MPI_Finalize();
+  return 0;
+}
