@@ -26,6 +26,7 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   reduce_ = static_cast<int>(config.get_int(util::Var::kCollReduce));
   allgather_ = static_cast<int>(config.get_int(util::Var::kCollAllgather));
   chunk_ = config.get_size(util::Var::kCollChunk);
+  timeout_ = engine_->timeout();
 }
 
 std::shared_ptr<Group> Group::world(proto::Engine* engine) {
@@ -40,13 +41,6 @@ Request Group::start_schedule(std::unique_ptr<Schedule> schedule) {
 }
 
 Request Group::failed(Status status) { return engine_->failed(std::move(status)); }
-
-double Group::timeout() const { return engine_->timeout(); }
-
-std::unique_ptr<Reusable> Group::take_reusable() {
-  if (reusable_) return std::move(reusable_);
-  return std::make_unique<Reusable>();
-}
 
 Status Group::check(const char* name, std::initializer_list<const void*> buffers,
                     std::size_t elements, DataType type, int root) {

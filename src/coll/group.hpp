@@ -54,7 +54,7 @@ class Group : public std::enable_shared_from_this<Group> {
   }
   template <class Build>
   Status run(Build&& build) {
-    Immediate now(shared_from_this(), next_tag(), timeout());
+    Immediate now(this, next_tag(), timeout_);
     if (Status bad = build(now); !bad.is_ok()) return bad;
     return now.finish();
   }
@@ -80,7 +80,9 @@ class Group : public std::enable_shared_from_this<Group> {
   Status scatter(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
 
   // Storage an Immediate reuses from one collective to the next.
-  std::unique_ptr<Reusable> take_reusable();
+  std::unique_ptr<Reusable> take_reusable() {
+    return reusable_ ? std::move(reusable_) : std::make_unique<Reusable>();
+  }
   void give_back(std::unique_ptr<Reusable> reusable) { reusable_ = std::move(reusable); }
 
  private:
@@ -89,7 +91,6 @@ class Group : public std::enable_shared_from_this<Group> {
         std::shared_ptr<Ids> ids);
   // The tag of the next collective (every member numbers them alike).
   Tag next_tag() { return tag_of(id_, sequence_++); }
-  [[nodiscard]] double timeout() const;
   Request failed(Status status);
   Request start_schedule(std::unique_ptr<Schedule> schedule);
   // What is wrong with the arguments, or ok.
@@ -106,6 +107,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::size_t small_;  // FERRY_COLL_SMALL
   int allreduce_, broadcast_, reduce_, allgather_;
   std::size_t chunk_;
+  double timeout_;  // FERRY_TIMEOUT
 };
 
 }  // namespace ferry::coll

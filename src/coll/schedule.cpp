@@ -14,8 +14,6 @@ namespace ferry::coll {
 
 // ---- Execution: what both share ----
 
-Execution::Execution(std::shared_ptr<Group> group, Tag tag) : group_(std::move(group)), tag_(tag) {}
-
 std::string Execution::what() const {
   return std::string(what_.name) + " of " + std::to_string(what_.count) + " " +
          to_string(what_.type) +
@@ -183,8 +181,8 @@ void Schedule::abandon() { withdraw(); }
 
 // ---- Immediate: run as described, waiting at the end of each round ----
 
-Immediate::Immediate(std::shared_ptr<Group> group, Tag tag, double timeout)
-    : Execution(std::move(group), tag), timeout_(timeout) {
+Immediate::Immediate(Group* group, Tag tag, double timeout)
+    : Execution(group, tag), timeout_(timeout) {
   if (timeout_ > 0) deadline_ = util::deadline_after(timeout_);
   reusable_ = group_->take_reusable();
   std::swap(in_flight_, reusable_->in_flight);
@@ -261,7 +259,8 @@ Status Immediate::finish() {
   next_round();
   // Large buffers are not kept between collectives.
   constexpr std::size_t kKeep = 1 << 20;
-  for (auto& b : reusable_->scratch) {
+  for (std::size_t i = 0; i < scratch_used_; ++i) {
+    auto& b = reusable_->scratch[i];
     if (b.capacity() > kKeep) std::vector<std::byte>().swap(b);
   }
   return status_;

@@ -51,7 +51,7 @@ class Plan {
 // What Schedule and Immediate share: posting transfers, watching them, and withdrawing them.
 class Execution : public Plan {
  public:
-  Execution(std::shared_ptr<Group> group, Tag tag);
+  Execution(Group* group, Tag tag) : group_(group), tag_(tag) {}
 
   struct Action {
     enum Kind : std::uint8_t { kSend, kRecv, kReduce, kCopy } kind;
@@ -80,7 +80,7 @@ class Execution : public Plan {
   [[nodiscard]] std::string what() const;
   [[nodiscard]] std::string peer_name(int member) const;
 
-  std::shared_ptr<Group> group_;
+  Group* group_;  // kept alive by the caller (Immediate) or by the Schedule
   Tag tag_;
   std::size_t round_ = 0;
   std::vector<InFlight> in_flight_;
@@ -89,7 +89,8 @@ class Execution : public Plan {
 
 class Schedule final : public Execution, public proto::Operation {
  public:
-  using Execution::Execution;
+  Schedule(std::shared_ptr<Group> group, Tag tag)
+      : Execution(group.get(), tag), keep_(std::move(group)) {}
   void send(int member, const void* data, std::size_t bytes) override;
   void recv(int member, void* data, std::size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, std::size_t count) override;
@@ -101,6 +102,7 @@ class Schedule final : public Execution, public proto::Operation {
   void abandon() override;
 
  private:
+  std::shared_ptr<Group> keep_;  // a non-blocking collective may outlive its Communicator
   std::vector<Action> actions_;
   std::vector<std::size_t> round_ends_;  // actions_[round_ends_[r-1], round_ends_[r]) is round r
   bool posted_ = false;
@@ -117,7 +119,7 @@ struct Reusable {
 class Immediate final : public Execution {
  public:
   // `timeout`: FERRY_TIMEOUT in seconds (0: none), for the whole collective.
-  Immediate(std::shared_ptr<Group> group, Tag tag, double timeout);
+  Immediate(Group* group, Tag tag, double timeout);
   ~Immediate() override;
   void send(int member, const void* data, std::size_t bytes) override;
   void recv(int member, void* data, std::size_t bytes) override;
