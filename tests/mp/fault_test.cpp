@@ -178,6 +178,30 @@ int main(int argc, char** argv) {
     std::printf("rank %d: barrier without rank 1: %s\n", ctx.rank(), s.to_string().c_str());
     return s.is_ok() ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "coll-death") {
+    // The last rank dies while the others are in collectives with it (a ring allreduce, a
+    // barrier): every survivor's collective fails with kPeerFailed, also on members whose own
+    // neighbours are alive, and none waits for ever.
+    ferry::Communicator world = ctx.world();
+    const int victim = ctx.size() - 1;
+    if (ctx.rank() == victim) {
+      ::usleep(200000);
+      ::kill(::getpid(), SIGKILL);
+    }
+    std::vector<float> in(1 << 20, 1.0f), out(in.size());
+    const auto start = Clock::now();
+    ferry::Status big = world.allreduce(in.data(), out.data(), in.size(), ferry::DataType::kFloat32,
+                                        ferry::ReduceOp::kSum);
+    ferry::Status barrier = world.barrier();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    expect(big.code() == ferry::Code::kPeerFailed, "the allreduce fails with kPeerFailed");
+    expect(barrier.code() == ferry::Code::kPeerFailed, "the barrier fails with kPeerFailed");
+    expect(ms < 20000, "within 20 s");
+    std::printf("rank %d: collectives without rank %d after %.0f ms: %s / %s, %d failures\n",
+                ctx.rank(), victim, ms, big.to_string().c_str(), barrier.to_string().c_str(),
+                failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "launcher-gone") {
     // The launcher is SIGKILLed while the ranks sleep; their next barrier must fail (or time out
     // under FERRY_BOOTSTRAP_TIMEOUT), not hang. Each rank writes its verdict to a file, since its

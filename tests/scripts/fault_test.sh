@@ -84,6 +84,8 @@ expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
   FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw
 expect "FERRY_TIMEOUT bounds blocking send, recv and probe" 0 3 "timeouts, 0 failures" \
   FERRY_TIMEOUT=0.5 -- -n 3 "$program" timeout
+expect "a member killed mid-collective fails the collectives of every survivor" 137 3 \
+  "collectives without rank 3 .* 0 failures" FERRY_COLL_SMALL=0 -- --keep-going -n 4 "$program" coll-death
 expect "a rank that left the store is named as the cause when its peers exit first" 137 1 \
   "rank 1 (pid [0-9]*) was killed by signal 9" -- -n 3 "$program" late-death
 start=$(date +%s%N)
