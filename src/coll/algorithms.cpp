@@ -95,7 +95,9 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
   auto* data = static_cast<std::byte*>(buffer);
   const int vr = mod(rank_ - root, n);  // rank relative to the root
   auto real = [&](int v) { return mod(v + root, n); };
-  const bool chain = broadcast_ == 2 || (broadcast_ == 0 && bytes >= small_ && n > 2);
+  // A chain of one piece is n - 1 hops where the tree takes log2 n: the chain needs pieces.
+  const bool chain =
+      broadcast_ == 2 || (broadcast_ == 0 && bytes >= small_ && bytes >= 2 * chunk_ && n > 2);
   if (n == 1 || bytes == 0) {
     // nothing moves
   } else if (chain) {

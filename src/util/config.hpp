@@ -105,7 +105,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kCollAllgather, "FERRY_COLL_ALLGATHER", kEnum, "auto", 0, 0, "auto|bruck|ring",               \
     "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                            \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                             \
-    "a chain broadcast forwards pieces of this many bytes")                                       \
+    "a chain broadcast forwards pieces of this many bytes (auto: from two pieces up)")            \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",             \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "    \
     "(FERRY_STORE set), else a single process")                                                   \
