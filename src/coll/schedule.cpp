@@ -177,8 +177,6 @@ bool Schedule::advance(Status* status) {
   return true;
 }
 
-void Schedule::abandon() { withdraw(); }
-
 // ---- Immediate: run as described, waiting at the end of each round ----
 
 Immediate::Immediate(Group* group, Tag tag, double timeout)

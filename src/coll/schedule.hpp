@@ -99,7 +99,6 @@ class Schedule final : public Execution, public proto::Operation {
   std::byte* scratch(std::size_t bytes) override;
 
   bool advance(Status* status) override;
-  void abandon() override;
 
  private:
   std::shared_ptr<Group> keep_;  // a non-blocking collective may outlive its Communicator

@@ -47,8 +47,6 @@ class Engine final : public transport::AmHandler {
   Request failed(Status status);
   // Runs `operation` behind a request; it moves forward in every progress call.
   Request start(std::unique_ptr<Operation> operation);
-  // A blocking call gives up on an operation: it withdraws what it can and completes with `why`.
-  void abandon_operation(std::uint32_t index, Status why);
   // Why `rank` can no longer be reached (it died), or empty.
   [[nodiscard]] const std::string* peer_failure(int rank) const {
     const Peer& peer = peers_[static_cast<std::size_t>(rank)];

@@ -7,7 +7,12 @@ std::optional<std::uint32_t> Matcher::match_posted(int source, Tag tag) {
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     if (tag_matches(it->source, it->tag, it->mask, source, tag)) {
       std::uint32_t request = it->request;
-      posted_.erase(it);
+      // Mostly the oldest: pop_front is far cheaper than deque::erase.
+      if (it == posted_.begin()) {
+        posted_.pop_front();
+      } else {
+        posted_.erase(it);
+      }
       return request;
     }
   }
@@ -28,7 +33,11 @@ std::optional<Unexpected> Matcher::take_unexpected(int source, Tag tag, Tag mask
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     if (tag_matches(source, tag, mask, it->source, it->tag)) {
       Unexpected message = std::move(*it);
-      unexpected_.erase(it);
+      if (it == unexpected_.begin()) {
+        unexpected_.pop_front();
+      } else {
+        unexpected_.erase(it);
+      }
       return message;
     }
   }

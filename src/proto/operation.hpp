@@ -11,10 +11,9 @@ class Operation {
   virtual ~Operation() = default;
   // Moves forward without driving the engine's progress (the engine calls it from there); true
   // once finished, with the outcome in *status.
+  // Under FERRY_TIMEOUT a wait on its request returns kTimeout and the operation goes on (wait
+  // again), like a point-to-point request's.
   virtual bool advance(Status* status) = 0;
-  // The caller gives up (a blocking call's FERRY_TIMEOUT): withdraw what can be withdrawn and
-  // wait for what cannot, so that no buffer of the operation is touched after this returns.
-  virtual void abandon() = 0;
 };
 
 }  // namespace ferry::proto

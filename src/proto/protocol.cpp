@@ -227,18 +227,6 @@ int Engine::advance_operations() {
   return events;
 }
 
-void Engine::abandon_operation(std::uint32_t index, Status why) {
-  auto it = std::find_if(operations_.begin(), operations_.end(),
-                         [index](const auto& op) { return op.first == index; });
-  if (it == operations_.end()) return;  // finished meanwhile
-  std::unique_ptr<Operation> operation = std::move(it->second);
-  operations_.erase(it);
-  advancing_ = true;
-  operation->abandon();
-  advancing_ = false;
-  complete(index, std::move(why));
-}
-
 void Engine::check_peers() {
   std::vector<std::pair<int, std::string>> failed;
   for (auto& t : transports_) t->check_peers(&failed);
