@@ -190,8 +190,11 @@ class Context {
 // algorithm (docs/ARCHITECTURE.md, "Collectives"). Host memory only for now: a CUDA device buffer
 // fails the call with kUnsupported.
 //
-// A failure (a dead member, a timeout under FERRY_TIMEOUT) fails the operation on the ranks that
-// see it; the communicator should not be used for further collectives after that.
+// A dead member fails the collective (kPeerFailed) on every member that waits, and members that
+// pass different counts get kInvalidArgument, not a hang. Under FERRY_TIMEOUT a blocking form
+// returns kTimeout with its transfers withdrawn (its buffers are free again); a wait on an i-form's
+// Request returns kTimeout and leaves the collective running, as for point-to-point requests.
+// After a failure the communicator should not be used for further collectives.
 class Communicator {
  public:
   Communicator() = default;  // not valid: every call fails with kInvalidArgument
