@@ -22,8 +22,9 @@ int main(int argc, char** argv) {
   if ((!allreduce && !broadcast) || size <= 0 || size > 0x7fffffffL || iters <= 0 ||
       (allreduce && size % 4 != 0)) {
     if (rank == 0)
-      fprintf(stderr, "usage: mpi_coll allreduce|broadcast SIZE ITERATIONS"
-                      " (SIZE > 0, a multiple of 4 for allreduce)\n");
+      fprintf(stderr,
+              "usage: mpi_coll allreduce|broadcast SIZE ITERATIONS"
+              " (SIZE > 0, a multiple of 4 for allreduce)\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const long warmup = iters / 10 > 0 ? iters / 10 : 1;

@@ -93,7 +93,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                                 \
     "the ranks' key-value store: unix:PATH (set by ferryrun), or HOST:PORT for the TCP store "    \
     "that rank 0 serves (set it with FERRY_RANK and FERRY_SIZE in a custom launcher)")            \
-  X(kCollSmall, "FERRY_COLL_SMALL", kSize, "64k", 0, 1LL << 40, "",                              \
+  X(kCollSmall, "FERRY_COLL_SMALL", kSize, "64k", 0, 1LL << 40, "",                               \
     "collectives on fewer bytes than this use the latency algorithms (recursive doubling, "       \
     "Bruck, binomial trees); from it up the bandwidth ones (rings, a pipelined chain)")           \
   X(kCollAllreduce, "FERRY_COLL_ALLREDUCE", kEnum, "auto", 0, 0, "auto|recursive-doubling|ring",  \
@@ -101,7 +101,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kCollBroadcast, "FERRY_COLL_BROADCAST", kEnum, "auto", 0, 0, "auto|binomial|chain",           \
     "broadcast algorithm (auto: by FERRY_COLL_SMALL)")                                            \
   X(kCollReduce, "FERRY_COLL_REDUCE", kEnum, "auto", 0, 0, "auto|binomial|ring",                  \
-    "reduce algorithm (ring: reduce-scatter, then the blocks to the root)")                      \
+    "reduce algorithm (ring: reduce-scatter, then the blocks to the root)")                       \
   X(kCollAllgather, "FERRY_COLL_ALLGATHER", kEnum, "auto", 0, 0, "auto|bruck|ring",               \
     "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                            \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                             \
