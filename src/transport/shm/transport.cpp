@@ -1,6 +1,7 @@
 // The shm transport (see transport.hpp): segment set-up, connect with a CMA probe, FIFO polling.
 #include "transport/shm/transport.hpp"
 
+#include <fcntl.h>
 #include <glob.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -10,6 +11,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -17,6 +19,7 @@
 #include "transport/shm/endpoint.hpp"
 #include "util/config.hpp"
 #include "util/faults.hpp"
+#include "util/fd.hpp"
 #include "util/log.hpp"
 
 namespace ferry::transport::shm {
@@ -35,6 +38,23 @@ std::string segment_name(const std::string& job_id, int rank) {
   for (char c : job_id) clean += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '_';
   return "/ferry-" + clean + "-" + std::to_string(rank) + "-p" + std::to_string(::getpid()) + "n" +
          pid_namespace();
+}
+
+// No such process, or a zombie that nobody reaped (a launcher that exits right after killing its
+// ranks leaves them to a pid 1 that may never reap them).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  char path[32];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  util::Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  char text[512];
+  const ssize_t n = ::read(fd.get(), text, sizeof(text) - 1);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
+  const char* close = std::strrchr(text, ')');
+  return close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
 
 // A rank SIGKILLed during init, before its peers mapped its segment, leaves the name behind;
@@ -56,7 +76,7 @@ void sweep_dead_segments() {
     char* end = nullptr;
     const long pid = std::strtol(path.c_str() + p + 2, &end, 10);
     if (end == nullptr || *end != 'n' || pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH && ::unlink(path.c_str()) == 0) {
+    if (process_gone(static_cast<pid_t>(pid)) && ::unlink(path.c_str()) == 0) {
       FERRY_LOG(kInfo, "shm: removed %s, left by a process that no longer exists", path.c_str());
     }
   }
