@@ -249,10 +249,6 @@ Status check_reduction(DataType type, ReduceOp op) {
   return Status::ok();
 }
 
-void reduce_into(void* inout, const void* in, std::size_t count, DataType type, ReduceOp op) {
-  reduce_to(inout, inout, in, count, type, op);
-}
-
 void reduce_to(void* out, const void* a, const void* b, std::size_t count, DataType type,
                ReduceOp op) {
   switch (type) {

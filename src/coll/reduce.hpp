@@ -15,9 +15,6 @@ namespace ferry::coll {
 // bitwise ops take integer types only.
 Status check_reduction(DataType type, ReduceOp op);
 
-// inout[i] = inout[i] op in[i] for i < count.
-void reduce_into(void* inout, const void* in, std::size_t count, DataType type, ReduceOp op);
-
 // out[i] = a[i] op b[i] for i < count. out may be a or b (the same pointer); partial overlap is
 // not allowed. Buffers are aligned to the element size.
 //
