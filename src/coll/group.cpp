@@ -84,7 +84,7 @@ std::shared_ptr<Group> Group::split(int color, int key) {
   if (!status.is_ok()) {
     throw Error(status.code(), "split: exchanging colors and keys: " + status.message());
   }
-  if (color == kUndefinedColor) return nullptr;
+  if (color == Communicator::kUndefined) return nullptr;
   std::vector<std::tuple<std::int64_t, int>> order;  // (key, member) for members of our color
   std::int64_t id = 0;
   for (int m = 0; m < size(); ++m) {

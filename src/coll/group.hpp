@@ -19,10 +19,8 @@ class Engine;
 
 namespace ferry::coll {
 
-inline constexpr int kUndefinedColor = -1;  // Communicator::kUndefined
-
 // The tag of a collective message: the reserved bit, the communicator id (23 bits), the
-// collective's sequence number (24 bits) and the round (16 bits).
+// collective's sequence number (24 bits); the low 16 bits stay zero.
 inline constexpr int kIdBits = 23;
 inline constexpr Tag tag_of(std::uint32_t id, std::uint32_t sequence) {
   return kReservedTagBit | (Tag{id & ((1u << kIdBits) - 1)} << 40) |
@@ -39,7 +37,7 @@ class Group : public std::enable_shared_from_this<Group> {
   [[nodiscard]] int size() const { return static_cast<int>(members_.size()); }
   [[nodiscard]] int member(int rank) const { return members_[static_cast<std::size_t>(rank)]; }
 
-  // Null for kUndefinedColor. Throws ferry::Error.
+  // Null for Communicator::kUndefined. Throws ferry::Error.
   std::shared_ptr<Group> split(int color, int key);
 
   // Runs a collective that `build(Plan&)` describes (one of the algorithms below, which return
