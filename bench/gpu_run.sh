@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests perf perf_staged compare check sanitizer ofi ofi_perf kill (default: info tests
-# perf).
+# Steps: info probe tests coll perf perf_staged compare coll_compare check sanitizer ofi ofi_perf kill
+# (default: info tests perf).
 # The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
 # source .devlibs/env.sh first.
 set -u
@@ -11,7 +11,8 @@ if [ "${1:-}" = pack ]; then
   build=${2:?build dir}
   rm -rf "$here/.devbin" && mkdir -p "$here/.devbin/bin" "$here/.devbin/lib"
   cp "$build"/tools/ferryrun "$build"/tools/ferry-perf "$build"/tools/ferry-info \
-     "$build"/tests/ferry_gpu_tests "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
+     "$build"/tests/ferry_gpu_tests "$build"/tests/ferry_gpu_coll_tests \
+     "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
   [ -x "$build/bench/nccl_perf" ] && cp "$build/bench/nccl_perf" "$here/.devbin/bin/"
   [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
   cp -P "$build"/libferry.so* "$here/.devbin/lib/"
@@ -42,6 +43,30 @@ for step in $steps; do
         env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_tests" 2>&1 | tee "$out/gpu_$mode.log" \
           | grep -E "^\[  |rank .*(grew|->)|Failure|error|SKIP" | head -40
         echo "exit ${PIPESTATUS[0]}"
+      done ;;
+    coll)
+      # Collectives on device buffers against host buffers: 2 ranks, 3 ranks (two share a GPU
+      # where there are two), the bandwidth algorithms forced, and IPC refused (so no one-shot).
+      for case in "2" "3" "2 FERRY_COLL_SMALL=0 FERRY_COLL_CHUNK=64k" "2 FERRY_TEST_CUDA_IPC_FAIL=1"; do
+        set -- $case
+        n=$1; shift
+        echo "--- gpu.coll -n $n $*"
+        env "$@" "$bin/ferryrun" --timeout 500 -n "$n" "$bin/ferry_gpu_coll_tests" 2>&1 \
+          | tee -a "$out/gpu_coll.log" | grep -E "^\[  |rank .*grew|Failure|error|SKIP" | head -30
+        echo "exit ${PIPESTATUS[0]}"
+      done ;;
+    coll_compare)
+      # Interleaved rounds: ferry-perf allreduce -m cuda, then NCCL's allreduce, same sizes.
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-8,64k,1m,8m,64m,512m}
+      ngpu=$(nvidia-smi -L | wc -l)
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
+        echo "--- round $round"
+        "$bin/ferryrun" --timeout 500 -n "$ngpu" "$bin/ferry-perf" allreduce -m cuda --check \
+          --sizes "$sizes" 2>&1 | tee -a "$out/coll_compare_ferry.txt"
+        LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/ferryrun" --timeout 500 -n "$ngpu" \
+          "$bin/nccl_perf" --allreduce --sizes "$sizes" 2>&1 | grep -v "^NCCL INFO" \
+          | tee -a "$out/coll_compare_nccl.txt"
       done ;;
     perf)
       for mem in cuda:cuda host:cuda cuda:host; do

@@ -4,6 +4,10 @@
 //   ferryrun -n 2 nccl_perf [--sizes 8,64k,4m] [--iterations N]
 // latency: ping-pong (send then recv on one stream, synchronised each round), half round trip.
 // bandwidth: a window of 64 sends in one group, the receiver's 64 receives, then a 1-byte ack.
+// With --allreduce (any number of ranks): ncclAllReduce of float32 sums, out of place, timed two
+// ways: each call waited for (cudaStreamSynchronize, as a blocking ferry allreduce returns), and
+// back to back with one wait at the end (as NCCL's all_reduce_perf times it). Bus bandwidth is
+// NCCL's: size / time * 2 (n - 1) / n.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -46,9 +50,12 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes;
   long fixed_iterations = 0;
   const int window = 64;
+  bool allreduce = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--sizes" && i + 1 < argc) {
+    if (a == "--allreduce") {
+      allreduce = true;
+    } else if (a == "--sizes" && i + 1 < argc) {
       std::string list = argv[++i];
       for (std::size_t p = 0; p <= list.size();) {
         std::size_t c = std::min(list.find(',', p), list.size());
@@ -61,7 +68,7 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty()) sizes = {8, 65536, 1 << 20, 4 << 20, 64 << 20};
   ferry::Context ctx = ferry::Context::init();
-  if (ctx.size() != 2) {
+  if (ctx.size() != 2 && !allreduce) {
     std::fprintf(stderr, "nccl_perf: run with ferryrun -n 2\n");
     return 2;
   }
@@ -70,15 +77,64 @@ int main(int argc, char** argv) {
   cuda_check(cudaSetDevice(ctx.local_rank() % devices), "cudaSetDevice");
   ncclUniqueId id;
   if (ctx.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  if (ctx.rank() == 0) {
-    if (!ctx.send(&id, sizeof id, 1, 1)) return 1;
-  } else if (!ctx.recv(&id, sizeof id, 0, 1)) {
-    return 1;
-  }
+  if (!ctx.world().broadcast(&id, sizeof id, ferry::DataType::kUint8, 0)) return 1;
   ncclComm_t comm;
-  nccl_check(ncclCommInitRank(&comm, 2, id, ctx.rank()), "ncclCommInitRank");
+  nccl_check(ncclCommInitRank(&comm, ctx.size(), id, ctx.rank()), "ncclCommInitRank");
   cudaStream_t stream;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  using Clock = std::chrono::steady_clock;
+  if (allreduce) {
+    int version = 0;
+    ncclGetVersion(&version);
+    const double n = ctx.size();
+    if (ctx.rank() == 0) {
+      std::printf("# nccl_perf --allreduce: NCCL %d, %d ranks on %d GPU(s), float32 sum\n", version,
+                  ctx.size(), devices);
+      std::printf("%-10s %12s %11s %12s %12s %12s %12s\n", "test", "size", "iterations", "sync_us",
+                  "busbw_GBps", "pipelined_us", "busbw_GBps");
+    }
+    for (std::size_t size : sizes) {
+      const std::size_t count = std::max<std::size_t>(size / 4, 1);
+      const double bytes = static_cast<double>(std::max<std::size_t>(size, 64));
+      long iters = fixed_iterations > 0 ? fixed_iterations
+                                        : std::clamp(static_cast<long>(1e9 / bytes), 20L, 2000L);
+      void *in = nullptr, *out = nullptr;
+      cuda_check(cudaMalloc(&in, count * 4), "cudaMalloc");
+      cuda_check(cudaMalloc(&out, count * 4), "cudaMalloc");
+      double us[2] = {0, 0};
+      for (int pipelined = 0; pipelined < 2; ++pipelined) {
+        for (long i = 0; i < 5; ++i) {
+          nccl_check(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, stream), "warm");
+        }
+        cuda_check(cudaStreamSynchronize(stream), "sync");
+        if (!ctx.world().barrier()) return 1;
+        const Clock::time_point start = Clock::now();
+        for (long i = 0; i < iters; ++i) {
+          nccl_check(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, stream),
+                     "allreduce");
+          if (pipelined == 0) cuda_check(cudaStreamSynchronize(stream), "sync");
+        }
+        cuda_check(cudaStreamSynchronize(stream), "sync");
+        double mine = std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
+                      static_cast<double>(iters);
+        if (!ctx.world().allreduce(&mine, &us[pipelined], 1, ferry::DataType::kFloat64,
+                                   ferry::ReduceOp::kMax)) {
+          return 1;
+        }
+      }
+      if (ctx.rank() == 0) {
+        const double factor = 2 * (n - 1) / n * static_cast<double>(count * 4) / 1e3;
+        std::printf("%-10s %12zu %11ld %12.3f %12.3f %12.3f %12.3f\n", "allreduce", count * 4,
+                    iters, us[0], factor / us[0], us[1], factor / us[1]);
+        std::fflush(stdout);
+      }
+      cudaFree(in);
+      cudaFree(out);
+    }
+    ncclCommDestroy(comm);
+    (void)ctx.barrier();
+    return 0;
+  }
   const int peer = 1 - ctx.rank();
   int version = 0;
   ncclGetVersion(&version);
@@ -87,7 +143,6 @@ int main(int argc, char** argv) {
     std::printf("%-10s %12s %11s %12s %15s\n", "test", "size", "iterations", "latency_us",
                 "bandwidth_GBps");
   }
-  using Clock = std::chrono::steady_clock;
   for (const char* test : {"latency", "bandwidth"}) {
     for (std::size_t size : sizes) {
       const bool lat = std::string(test) == "latency";

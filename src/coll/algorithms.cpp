@@ -89,7 +89,7 @@ Status Group::barrier(Plan& p) {
 
 Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type, int root) {
   p.describe({"broadcast", count, type});
-  if (Status bad = check("broadcast", {buffer}, count, type, root); !bad.is_ok()) return bad;
+  if (Status bad = check(p, "broadcast", {buffer}, count, type, root); !bad.is_ok()) return bad;
   const int n = size();
   const std::size_t bytes = count * size_of(type);
   auto* data = static_cast<std::byte*>(buffer);
@@ -143,7 +143,7 @@ Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, D
   if (Status c = check_reduction(type, op); !c.is_ok()) {
     return Status(c.code(), "reduce: " + c.message());
   }
-  if (Status bad = check("reduce", {send, rank_ == root ? recv : send}, count, type, root);
+  if (Status bad = check(p, "reduce", {send, rank_ == root ? recv : send}, count, type, root);
       !bad.is_ok()) {
     return bad;
   }
@@ -207,7 +207,7 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
   if (Status c = check_reduction(type, op); !c.is_ok()) {
     return Status(c.code(), "allreduce: " + c.message());
   }
-  if (Status bad = check("allreduce", {send, recv}, count, type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, "allreduce", {send, recv}, count, type); !bad.is_ok()) return bad;
   const int n = size();
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
@@ -219,6 +219,11 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
+  } else if (p.device() != Plan::kHost && allreduce_ == 0 &&
+             oneshot_ready(p.device(), count, type)) {
+    // Device buffers of members that share a node: one kernel per GPU, no messages, reducing in
+    // the order of the algorithm it stands in for (so the bits are the host path's).
+    p.oneshot(result, in, count, next_oneshot(), ring);
   } else if (ring) {
     // Reduce-scatter leaves block r + 1 complete at member r (in the result buffer), and the
     // allgather passes the complete blocks around.
@@ -282,7 +287,8 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
   if (Status c = check_reduction(type, op); !c.is_ok()) {
     return Status(c.code(), "reduce_scatter: " + c.message());
   }
-  if (Status bad = check("reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n), type);
+  if (Status bad =
+          check(p, "reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n), type);
       !bad.is_ok()) {
     return bad;
   }
@@ -305,7 +311,7 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
 Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count, DataType type) {
   const int n = size();
   p.describe({"allgather", count, type});
-  if (Status bad = check("allgather", {send, recv}, count, type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, "allgather", {send, recv}, count, type); !bad.is_ok()) return bad;
   const std::size_t bytes = count * size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
@@ -350,10 +356,11 @@ Status Group::allgatherv(Plan& p, const void* send, void* recv, std::span<const 
   }
   std::size_t total = 0;
   for (std::size_t c : counts) total += c;
-  if (Status bad = check("allgatherv", {total > 0 ? recv : nullptr}, total, type); !bad.is_ok()) {
+  if (Status bad = check(p, "allgatherv", {total > 0 ? recv : nullptr}, total, type);
+      !bad.is_ok()) {
     return bad;
   }
-  if (Status bad = check("allgatherv", {send}, counts[rank_], type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, "allgatherv", {send}, counts[rank_], type); !bad.is_ok()) return bad;
   const std::size_t element = size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
@@ -384,8 +391,8 @@ Status Group::alltoallv(Plan& p, const void* send, std::span<const std::size_t> 
     sent += send_counts[m];
     received += recv_counts[m];
   }
-  if (Status bad = check(name, {send}, sent, type); !bad.is_ok()) return bad;
-  if (Status bad = check(name, {recv}, received, type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, name, {send}, sent, type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, name, {recv}, received, type); !bad.is_ok()) return bad;
   const std::size_t element = size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
@@ -413,7 +420,7 @@ Status Group::gather(Plan& p, const void* send, void* recv, std::size_t count, D
                      int root) {
   const int n = size();
   p.describe({"gather", count, type});
-  if (Status bad = check("gather", {send, rank_ == root ? recv : send}, count, type, root);
+  if (Status bad = check(p, "gather", {send, rank_ == root ? recv : send}, count, type, root);
       !bad.is_ok()) {
     return bad;
   }
@@ -437,7 +444,7 @@ Status Group::scatter(Plan& p, const void* send, void* recv, std::size_t count, 
                       int root) {
   const int n = size();
   p.describe({"scatter", count, type});
-  if (Status bad = check("scatter", {recv, rank_ == root ? send : recv}, count, type, root);
+  if (Status bad = check(p, "scatter", {recv, rank_ == root ? send : recv}, count, type, root);
       !bad.is_ok()) {
     return bad;
   }

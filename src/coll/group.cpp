@@ -8,7 +8,9 @@
 
 #include "coll/reduce.hpp"
 #include "coll/schedule.hpp"
+#include "cuda/cuda.hpp"
 #include "proto/engine.hpp"
+#include "util/log.hpp"
 
 namespace ferry::coll {
 
@@ -27,6 +29,157 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   allgather_ = static_cast<int>(config.get_int(util::Var::kCollAllgather));
   chunk_ = config.get_size(util::Var::kCollChunk);
   timeout_ = engine_->timeout();
+  oneshot_bytes_ =
+      config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
+}
+
+Group::~Group() { release_oneshot(); }
+
+// ---- The one-shot device allreduce ----
+
+bool Group::oneshot_ready(int device, std::size_t count, DataType type) {
+  const int n = size();
+  if (oneshot_bytes_ == 0 || n < 2 || n > cuda::Cuda::kOneShotMembers ||
+      count * size_of(type) > oneshot_bytes_) {
+    return false;
+  }
+  if (!oneshot_) {
+    // Every member must share this node (and so the GPUs' IPC): the same answer everywhere.
+    const std::vector<int> local = engine_->local_ranks();
+    for (int m : members_) {
+      if (std::find(local.begin(), local.end(), m) == local.end()) return false;
+    }
+    oneshot_ = std::make_unique<OneShot>();
+    if (Status s = prepare_oneshot(device); !s.is_ok()) {
+      FERRY_LOG(kWarn,
+                "collectives: the one-shot device allreduce is off for this communicator: %s",
+                s.message().c_str());
+      release_oneshot();
+      oneshot_->usable = false;
+    }
+  }
+  return oneshot_->usable && oneshot_->device == device;
+}
+
+// Each member makes its exchange area, they swap IPC keys and map each other's, then agree that
+// every member succeeded (else nobody uses the path). Every step runs on every member, so their
+// collectives stay in step whatever fails.
+Status Group::prepare_oneshot(int device) {
+  cuda::Cuda* gpu = engine_->cuda();
+  OneShot& o = *oneshot_;
+  o.device = device;
+  const int n = size();
+  const std::size_t area_bytes = cuda::Cuda::oneshot_area_bytes(n, oneshot_bytes_);
+  struct Offer {
+    cuda::IpcKey key;
+    std::int64_t ok;
+  } mine{};
+  Status status = gpu->allocate(device, area_bytes, &o.area);
+  if (status.is_ok()) status = gpu->zero(device, o.area, area_bytes);
+  void* words = nullptr;
+  if (status.is_ok()) status = gpu->map_host(device, 64, &words, &o.words_device);
+  o.words = static_cast<unsigned*>(words);
+  if (status.is_ok()) {
+    const mem::MemoryInfo info = gpu->classify(o.area);
+    util::Fd none;
+    status = info.ipc == mem::IpcKind::kLegacy
+                 ? gpu->export_ipc(o.area, info, &o.key, &none)
+                 : Status(Code::kUnsupported, "its exchange area has no CUDA IPC handle");
+  }
+  mine.key = o.key;
+  mine.ok = status.is_ok() ? 1 : 0;
+  std::vector<Offer> offers(static_cast<std::size_t>(n));
+  Status exchanged = run(
+      [&](Plan& p) { return allgather(p, &mine, offers.data(), sizeof(Offer), DataType::kUint8); });
+  if (!exchanged.is_ok()) return exchanged;
+  for (int m = 0; m < n && status.is_ok(); ++m) {
+    const Offer& offer = offers[static_cast<std::size_t>(m)];
+    if (m == rank_) {
+      o.areas[static_cast<std::size_t>(m)] = o.area;
+      continue;
+    }
+    if (offer.ok == 0) {
+      status = Status(Code::kUnsupported, peer_label(m) + " could not make its exchange area");
+      break;
+    }
+    void* mapped = nullptr;
+    status = gpu->import_ipc(member(m), offer.key, device, nullptr, &mapped);
+    if (!status.is_ok()) {
+      status = Status(status.code(), "mapping " + peer_label(m) + "'s area: " + status.message());
+      break;
+    }
+    o.mapped.emplace_back(member(m), offer.key);
+    o.areas[static_cast<std::size_t>(m)] = mapped;
+  }
+  // Agree: the path is used only if every member mapped every area.
+  std::int64_t ok = status.is_ok() ? 1 : 0;
+  std::int64_t all_ok = 0;
+  Status agreed =
+      run([&](Plan& p) { return allreduce(p, &ok, &all_ok, 1, DataType::kInt64, ReduceOp::kMin); });
+  if (!agreed.is_ok()) return agreed;
+  if (!status.is_ok()) return status;
+  if (all_ok == 0) return Status(Code::kUnsupported, "another member could not map every area");
+  o.usable = true;
+  FERRY_LOG(kInfo, "collectives: one-shot device allreduce ready on cuda:%d (%d members, %zu B)",
+            device, n, oneshot_bytes_);
+  return Status();
+}
+
+std::string Group::peer_label(int m) const {
+  return "member " + std::to_string(m) + " (rank " + std::to_string(member(m)) + ")";
+}
+
+void Group::release_oneshot() {
+  if (!oneshot_) return;
+  OneShot& o = *oneshot_;
+  cuda::Cuda* gpu = engine_->cuda();
+  for (const auto& [rank, key] : o.mapped) gpu->unpin(rank, o.device, key);
+  o.mapped.clear();
+  if (o.area != nullptr) gpu->release(o.device, o.area);
+  o.area = nullptr;
+  if (o.words != nullptr) gpu->unmap_host(o.device, o.words);
+  o.words = nullptr;
+  o.usable = false;
+}
+
+Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp op, int lane,
+                             cuda::Ticket* ticket) {
+  OneShot& o = *oneshot_;
+  cuda::Cuda::OneShot call;
+  call.out = a.to;
+  call.in = a.from;
+  call.count = a.size;
+  call.type = type;
+  call.op = op;
+  call.members = size();
+  call.me = rank_;
+  call.ring = a.member == 1;  // Group::allreduce's choice of order
+  call.sequence = a.sequence;
+  call.slot_bytes = oneshot_bytes_;
+  call.areas = o.areas;
+  call.words = o.words_device;
+  return engine_->cuda()->allreduce_oneshot_async(o.device, lane, call, ticket);
+}
+
+Status Group::oneshot_outcome() {
+  if (!oneshot_ || oneshot_->words == nullptr) return Status();
+  if (__atomic_load_n(&oneshot_->words[0], __ATOMIC_ACQUIRE) != 0) {
+    // Stopped (maybe before this kernel ran): its result is not complete.
+    return Status(Code::kPeerFailed,
+                  "the one-shot allreduce was stopped after an earlier collective of this "
+                  "communicator failed (a member died or timed out)");
+  }
+  if (__atomic_load_n(&oneshot_->words[1], __ATOMIC_ACQUIRE) == 0) return Status();
+  __atomic_store_n(&oneshot_->words[1], 0u, __ATOMIC_RELEASE);
+  return Status(Code::kInvalidArgument,
+                "the members' one-shot allreduces differ in count, type or op (do the members "
+                "pass the same counts, types and op?)");
+}
+
+void Group::stop_oneshot() {
+  if (!oneshot_ || oneshot_->words == nullptr) return;
+  __atomic_store_n(&oneshot_->words[0], 1u, __ATOMIC_RELEASE);
+  oneshot_->usable = false;
 }
 
 std::shared_ptr<Group> Group::world(proto::Engine* engine) {
@@ -40,9 +193,13 @@ Request Group::start_schedule(std::unique_ptr<Schedule> schedule) {
   return engine_->start(std::move(schedule));
 }
 
+std::string Group::where(int device) {
+  return device == Plan::kHost ? std::string("host memory") : "on cuda:" + std::to_string(device);
+}
+
 Request Group::failed(Status status) { return engine_->failed(std::move(status)); }
 
-Status Group::check(const char* name, std::initializer_list<const void*> buffers,
+Status Group::check(Plan& p, const char* name, std::initializer_list<const void*> buffers,
                     std::size_t elements, DataType type, int root) {
   auto bad = [&](Code code, const std::string& why) {
     return Status(code, std::string(name) + ": " + why);
@@ -65,11 +222,20 @@ Status Group::check(const char* name, std::initializer_list<const void*> buffers
       return bad(Code::kInvalidArgument,
                  "a null buffer with " + std::to_string(elements) + " elements");
     }
-    if (engine_->device_memory(buffer)) {
+    cuda::Cuda* gpu = engine_->cuda();
+    const mem::MemoryInfo memory = gpu != nullptr ? gpu->classify(buffer) : mem::MemoryInfo{};
+    const int device = memory.device_only() ? std::max(memory.device, 0) : Plan::kHost;
+    if (p.placed() && device != p.device()) {
       return bad(Code::kUnsupported,
-                 "collectives take host buffers only for now; this one is CUDA device memory "
-                 "(copy it to host memory, or use point-to-point, which moves device buffers)");
+                 "its buffers are " + where(p.device()) + " and " + where(device) +
+                     "; one collective's buffers must all be host memory or all be on one GPU");
     }
+    if (!p.placed() && device != Plan::kHost) {
+      if (std::string missing = gpu->kernels_missing(device); !missing.empty()) {
+        return bad(Code::kUnsupported, "device buffers need ferry's device kernels: " + missing);
+      }
+    }
+    p.place(device);
   }
   return Status();
 }

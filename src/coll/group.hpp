@@ -3,6 +3,7 @@
 // schedule.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "coll/schedule.hpp"
+#include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry::proto {
@@ -77,6 +79,19 @@ class Group : public std::enable_shared_from_this<Group> {
   Status gather(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
   Status scatter(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
 
+  // The one-shot device allreduce (cuda.hpp, kernels.cu): whether it can run `count` elements of
+  // `type` on `device` for this group, setting it up on first use (a collective: every member
+  // makes the same call at the same point, so the answer is the same everywhere).
+  bool oneshot_ready(int device, std::size_t count, DataType type);
+  std::uint64_t next_oneshot() { return ++oneshot_->sequence; }
+  Status launch_oneshot(const Execution::Action& action, DataType type, ReduceOp op, int lane,
+                        cuda::Ticket* ticket);
+  // After a one-shot kernel finished: a mismatch it saw between the members' calls, or ok.
+  Status oneshot_outcome();
+  // Tells a one-shot kernel to stop waiting for its peers, and stops using the path.
+  void stop_oneshot();
+  ~Group();
+
   // Storage an Immediate reuses from one collective to the next.
   std::unique_ptr<Reusable> take_reusable() {
     return reusable_ ? std::move(reusable_) : std::make_unique<Reusable>();
@@ -91,9 +106,12 @@ class Group : public std::enable_shared_from_this<Group> {
   Tag next_tag() { return tag_of(id_, sequence_++); }
   Request failed(Status status);
   Request start_schedule(std::unique_ptr<Schedule> schedule);
-  // What is wrong with the arguments, or ok.
-  Status check(const char* name, std::initializer_list<const void*> buffers, std::size_t elements,
-               DataType type, int root = 0);
+  // What is wrong with the arguments, or ok. Places the plan where its buffers are (host memory
+  // or one GPU), which every call of one collective must agree on.
+  Status check(Plan& p, const char* name, std::initializer_list<const void*> buffers,
+               std::size_t elements, DataType type, int root = 0);
+  // "host memory", "on cuda:1"
+  static std::string where(int device);
 
   proto::Engine* engine_;
   std::vector<int> members_;
@@ -105,7 +123,23 @@ class Group : public std::enable_shared_from_this<Group> {
   std::size_t small_;  // FERRY_COLL_SMALL
   int allreduce_, broadcast_, reduce_, allgather_;
   std::size_t chunk_;
-  double timeout_;  // FERRY_TIMEOUT
+  double timeout_;             // FERRY_TIMEOUT
+  std::size_t oneshot_bytes_;  // FERRY_COLL_DEVICE_ONESHOT
+  struct OneShot {
+    bool usable = false;
+    int device = -1;
+    void* area = nullptr;                                    // ours, device memory
+    cuda::IpcKey key;                                        // of our area
+    std::array<void*, cuda::Cuda::kOneShotMembers> areas{};  // every member's, mapped here
+    std::vector<std::pair<int, cuda::IpcKey>> mapped;        // (job rank, key) to unpin
+    unsigned* words = nullptr;                               // host side of the stop words
+    void* words_device = nullptr;
+    std::uint64_t sequence = 0;
+  };
+  std::unique_ptr<OneShot> oneshot_;  // set up by the first oneshot_ready() on a device
+  Status prepare_oneshot(int device);
+  [[nodiscard]] std::string peer_label(int m) const;
+  void release_oneshot();
 };
 
 }  // namespace ferry::coll

@@ -40,12 +40,83 @@ void Execution::post(const Action& a) {
   }
 }
 
-void Execution::run_local(const Action& a) const {
-  if (a.kind == Action::kReduce) {
-    reduce_to(a.to, a.a, a.from, a.size, what_.type, what_.op);
-  } else {
-    std::memmove(a.to, a.from, a.size);
+Status Execution::run_local(const Action& a) {
+  if (device_ == kHost) {
+    if (a.kind == Action::kReduce) {
+      reduce_to(a.to, a.a, a.from, a.size, what_.type, what_.op);
+    } else {
+      std::memmove(a.to, a.from, a.size);
+    }
+    return Status();
   }
+  // One lane (stream) for all of them, so each starts after the one before.
+  cuda::Cuda* gpu = group_->engine()->cuda();
+  Status s;
+  if (a.kind == Action::kReduce) {
+    s = gpu->reduce_async(device_, kLane, a.to, a.a, a.from, a.size, what_.type, what_.op,
+                          &gpu_work_);
+  } else if (a.kind == Action::kOneShot) {
+    s = group_->launch_oneshot(a, what_.type, what_.op, kLane, &gpu_work_);
+    oneshot_queued_ = s.is_ok();
+  } else {
+    s = gpu->copy_async(device_, kLane, a.to, a.from, a.size, &gpu_work_);
+  }
+  if (!s.is_ok())
+    return Status(s.code(), what() + ": in round " + std::to_string(round_) + ": " + s.message());
+  gpu_busy_ = true;
+  return s;
+}
+
+bool Execution::gpu_idle() {
+  if (gpu_busy_ && group_->engine()->cuda()->done(gpu_work_)) gpu_busy_ = false;
+  return !gpu_busy_;
+}
+
+bool Execution::gpu_member_died(Status* failure) {
+  if ((++polls_ & 1023) != 0) return false;
+  proto::Engine* engine = group_->engine();
+  for (int m = 0; m < group_->size(); ++m) {
+    if (const std::string* why = engine->peer_failure(group_->member(m))) {
+      *failure =
+          Status(Code::kPeerFailed, what() + " failed: " + peer_name(m) + " is gone: " + *why);
+      return true;
+    }
+  }
+  return false;
+}
+
+Status Execution::gpu_outcome() {
+  if (!oneshot_queued_) return Status();
+  oneshot_queued_ = false;
+  Status s = group_->oneshot_outcome();
+  return s.is_ok() ? s : Status(s.code(), what() + ": " + s.message());
+}
+
+void Execution::stop_gpu() {
+  group_->stop_oneshot();
+  while (!gpu_idle()) {
+  }
+}
+
+std::byte* Execution::device_scratch(std::size_t bytes, Status* failure) {
+  void* memory = nullptr;
+  const Status s = group_->engine()->cuda()->allocate(device_, bytes, &memory);
+  if (!s.is_ok()) {
+    *failure = Status(s.code(), what() + ": scratch memory: " + s.message());
+    return nullptr;
+  }
+  device_scratch_.push_back(memory);
+  return static_cast<std::byte*>(memory);
+}
+
+void Execution::release_device_scratch() {
+  if (device_scratch_.empty()) return;
+  // Nothing may still use them: a failed round's queued GPU work finishes first.
+  cuda::Cuda* gpu = group_->engine()->cuda();
+  while (!gpu_idle()) {
+  }
+  for (void* memory : device_scratch_) gpu->release(device_, memory);
+  device_scratch_.clear();
 }
 
 Execution::State Execution::poll(Status* failure) {
@@ -137,23 +208,54 @@ void Schedule::copy(void* to, const void* from, std::size_t bytes) {
                       static_cast<std::byte*>(to), bytes});
 }
 
+void Schedule::oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
+                       bool ring) {
+  actions_.push_back({Action::kOneShot, ring ? 1 : 0, static_cast<const std::byte*>(in), nullptr,
+                      static_cast<std::byte*>(out), count, sequence});
+}
+
 void Schedule::next_round() {
   const std::size_t begin = round_ends_.empty() ? 0 : round_ends_.back();
   if (actions_.size() > begin) round_ends_.push_back(actions_.size());
 }
 
+Schedule::~Schedule() { release_device_scratch(); }
+
 std::byte* Schedule::scratch(std::size_t bytes) {
+  if (device_ != kHost) {
+    std::byte* memory = device_scratch(bytes, &scratch_failure_);
+    return memory;
+  }
   scratch_.push_back(std::make_unique_for_overwrite<std::byte[]>(bytes > 0 ? bytes : 1));
   return scratch_.back().get();
 }
 
 bool Schedule::advance(Status* status) {
+  if (!scratch_failure_.is_ok()) {
+    *status = scratch_failure_;
+    return true;
+  }
   while (round_ < round_ends_.size()) {
     const std::size_t begin = round_ == 0 ? 0 : round_ends_[round_ - 1];
+    if (locals_queued_) {
+      if (!gpu_idle()) {
+        if (!gpu_member_died(status)) return false;
+        stop_gpu();
+        return true;
+      }
+      if (Status wrong = gpu_outcome(); !wrong.is_ok()) {
+        *status = std::move(wrong);
+        return true;
+      }
+      locals_queued_ = false;
+      ++round_;
+      posted_ = false;
+      continue;
+    }
     if (!posted_) {
       for (std::size_t i = begin; i < round_ends_[round_]; ++i) {
         const Action& a = actions_[i];
-        if (a.kind == Action::kSend || a.kind == Action::kRecv) post(a);
+        if (!a.local()) post(a);
       }
       posted_ = true;
     }
@@ -168,7 +270,19 @@ bool Schedule::advance(Status* status) {
     in_flight_.clear();
     for (std::size_t i = begin; i < round_ends_[round_]; ++i) {
       const Action& a = actions_[i];
-      if (a.kind == Action::kReduce || a.kind == Action::kCopy) run_local(a);
+      if (!a.local()) continue;
+      if (Status failed = run_local(a); !failed.is_ok()) {
+        *status = std::move(failed);
+        return true;
+      }
+    }
+    if (!gpu_idle()) {
+      locals_queued_ = true;
+      return false;
+    }
+    if (Status wrong = gpu_outcome(); !wrong.is_ok()) {
+      *status = std::move(wrong);
+      return true;
     }
     ++round_;
     posted_ = false;
@@ -188,6 +302,7 @@ Immediate::Immediate(Group* group, Tag tag, double timeout)
 
 Immediate::~Immediate() {
   if (!in_flight_.empty()) withdraw();  // finish() was not called (an early return)
+  release_device_scratch();
   std::swap(in_flight_, reusable_->in_flight);
   reusable_->locals.clear();
   group_->give_back(std::move(reusable_));
@@ -220,6 +335,12 @@ void Immediate::copy(void* to, const void* from, std::size_t bytes) {
   }
 }
 
+void Immediate::oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
+                        bool ring) {
+  reusable_->locals.push_back({Action::kOneShot, ring ? 1 : 0, static_cast<const std::byte*>(in),
+                               nullptr, static_cast<std::byte*>(out), count, sequence});
+}
+
 void Immediate::next_round() {
   if (!status_.is_ok()) return;
   if (!in_flight_.empty()) {
@@ -240,12 +361,34 @@ void Immediate::next_round() {
     }
     in_flight_.clear();
   }
-  for (const Action& a : reusable_->locals) run_local(a);
+  for (const Action& a : reusable_->locals) {
+    if (status_ = run_local(a); !status_.is_ok()) break;
+  }
   reusable_->locals.clear();
+  if (!gpu_idle()) {
+    proto::Engine* engine = group_->engine();
+    int idle = 0;
+    for (std::uint32_t waits = 0; !gpu_idle(); ++waits) {
+      if (gpu_member_died(&status_)) {
+        stop_gpu();
+        return;
+      }
+      if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
+        stop_gpu();
+        status_ = Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
+                                             std::to_string(timeout_) + " s, in round " +
+                                             std::to_string(round_) + ", on the GPU); stopped");
+        return;
+      }
+      engine->wait_step(&idle);
+    }
+  }
+  if (status_.is_ok()) status_ = gpu_outcome();
   ++round_;
 }
 
 std::byte* Immediate::scratch(std::size_t bytes) {
+  if (device_ != kHost) return status_.is_ok() ? device_scratch(bytes, &status_) : nullptr;
   auto& buffers = reusable_->scratch;
   if (scratch_used_ == buffers.size()) buffers.emplace_back();
   std::vector<std::byte>& b = buffers[scratch_used_++];
@@ -255,6 +398,7 @@ std::byte* Immediate::scratch(std::size_t bytes) {
 
 Status Immediate::finish() {
   next_round();
+  release_device_scratch();
   // Large buffers are not kept between collectives.
   constexpr std::size_t kKeep = 1 << 20;
   for (std::size_t i = 0; i < scratch_used_; ++i) {

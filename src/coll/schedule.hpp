@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/operation.hpp"
 
@@ -35,17 +36,32 @@ class Plan {
   virtual ~Plan() = default;
   // What this collective is (first, before any transfer).
   void describe(const Description& what) { what_ = what; }
+  // Where its buffers are: host memory, or a CUDA device, whose kernels then do the reductions
+  // and copies and whose memory holds the scratch buffers. Group::check places the plan.
+  static constexpr int kHost = -1;
+  void place(int device) {
+    device_ = device;
+    placed_ = true;
+  }
+  [[nodiscard]] bool placed() const { return placed_; }
+  [[nodiscard]] int device() const { return device_; }
   virtual void send(int member, const void* data, std::size_t bytes) = 0;
   virtual void recv(int member, void* data, std::size_t bytes) = 0;
   // out = a op b over `count` elements (out may be a or b).
   virtual void reduce(void* out, const void* a, const void* b, std::size_t count) = 0;
   virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
+  // The whole allreduce as one kernel on every member's GPU (Group::oneshot_ready()): a local
+  // action that waits for the peers' kernels.
+  virtual void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
+                       bool ring) = 0;
   virtual void next_round() = 0;
   // Memory that lasts until the collective completes.
   virtual std::byte* scratch(std::size_t bytes) = 0;
 
  protected:
   Description what_;
+  int device_ = kHost;
+  bool placed_ = false;
 };
 
 // What Schedule and Immediate share: posting transfers, watching them, and withdrawing them.
@@ -54,12 +70,16 @@ class Execution : public Plan {
   Execution(Group* group, Tag tag) : group_(group), tag_(tag) {}
 
   struct Action {
-    enum Kind : std::uint8_t { kSend, kRecv, kReduce, kCopy } kind;
-    int member = -1;
-    const std::byte* from = nullptr;  // send: data; reduce: operand b; copy: source
+    enum Kind : std::uint8_t { kSend, kRecv, kReduce, kCopy, kOneShot } kind;
+    int member = -1;                  // send, recv; oneshot: 1 for the ring's order
+    const std::byte* from = nullptr;  // send: data; reduce: operand b; copy, oneshot: source
     const std::byte* a = nullptr;     // reduce: operand a
-    std::byte* to = nullptr;          // recv: destination; reduce, copy: result
-    std::size_t size = 0;             // bytes (reduce: elements)
+    std::byte* to = nullptr;          // recv: destination; reduce, copy, oneshot: result
+    std::size_t size = 0;             // bytes (reduce, oneshot: elements)
+    std::uint64_t sequence = 0;       // oneshot: the call's number in the group
+    [[nodiscard]] bool local() const {
+      return kind == kReduce || kind == kCopy || kind == kOneShot;
+    }
   };
   struct InFlight {
     Request request;
@@ -70,7 +90,19 @@ class Execution : public Plan {
   enum class State { kRunning, kDone, kFailed };
 
   void post(const Action& action);
-  void run_local(const Action& action) const;
+  // Host: done on return. Device: queued on the GPU; gpu_idle() says when it finished.
+  Status run_local(const Action& action);
+  [[nodiscard]] bool gpu_idle();
+  // Waiting for the GPU: a member that died fails the collective (checked every 1024 calls), and
+  // a one-shot kernel waiting for it is told to stop (then waited for).
+  [[nodiscard]] bool gpu_member_died(Status* failure);
+  // Once the GPU is idle: what a one-shot kernel found wrong, or ok.
+  Status gpu_outcome();
+  void stop_gpu();
+  // Device memory until the collective ends (released to the CUDA module's cache), or null
+  // with *failure set.
+  std::byte* device_scratch(std::size_t bytes, Status* failure);
+  void release_device_scratch();
   // Whether the round's transfers are done; on a failure (theirs, or a member's death) the rest
   // are withdrawn and *failure says what happened.
   State poll(Status* failure);
@@ -85,6 +117,11 @@ class Execution : public Plan {
   std::size_t round_ = 0;
   std::vector<InFlight> in_flight_;
   std::uint32_t polls_ = 0;
+  static constexpr int kLane = 0;  // the CUDA module's stream for a device's collective work
+  cuda::Ticket gpu_work_;          // the last reduction or copy queued on the GPU
+  bool gpu_busy_ = false;
+  bool oneshot_queued_ = false;  // a one-shot kernel is part of gpu_work_
+  std::vector<void*> device_scratch_;
 };
 
 class Schedule final : public Execution, public proto::Operation {
@@ -95,9 +132,12 @@ class Schedule final : public Execution, public proto::Operation {
   void recv(int member, void* data, std::size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, std::size_t count) override;
   void copy(void* to, const void* from, std::size_t bytes) override;
+  void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
+               bool ring) override;
   void next_round() override;
   std::byte* scratch(std::size_t bytes) override;
 
+  ~Schedule() override;
   bool advance(Status* status) override;
 
  private:
@@ -105,6 +145,8 @@ class Schedule final : public Execution, public proto::Operation {
   std::vector<Action> actions_;
   std::vector<std::size_t> round_ends_;  // actions_[round_ends_[r-1], round_ends_[r]) is round r
   bool posted_ = false;
+  bool locals_queued_ = false;  // the round's local actions run on the GPU
+  Status scratch_failure_;
   std::vector<std::unique_ptr<std::byte[]>> scratch_;
 };
 
@@ -124,6 +166,8 @@ class Immediate final : public Execution {
   void recv(int member, void* data, std::size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, std::size_t count) override;
   void copy(void* to, const void* from, std::size_t bytes) override;
+  void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
+               bool ring) override;
   void next_round() override;
   std::byte* scratch(std::size_t bytes) override;
   // Runs what is left and returns the outcome.

@@ -15,6 +15,11 @@
 #include "cuda/driver.hpp"
 #include "util/log.hpp"
 
+#ifdef FERRY_HAVE_KERNELS
+// kernels.cu as a fatbin, embedded by the build (cmake/embed.cmake).
+extern const unsigned char ferry_kernels_fatbin[];
+#endif
+
 namespace ferry::cuda {
 namespace {
 
@@ -60,6 +65,7 @@ class CudaImpl final : public Cuda {
       : d_(d),
         cache_entries_(static_cast<std::size_t>(config.get_int(util::Var::kCudaIpcCacheEntries))),
         cache_bytes_(config.get_size(util::Var::kCudaIpcCacheSize)),
+        scratch_cache_(config.get_size(util::Var::kCudaScratchCache)),
         inject_ipc_failure_(config.get_bool(util::Var::kTestCudaIpcFail)) {
     devices_.resize(static_cast<std::size_t>(d_->device_count));
     for (int i = 0; i < d_->device_count; ++i) {
@@ -89,6 +95,11 @@ class CudaImpl final : public Cuda {
           d_->cuStreamDestroy(lane.stream);
         }
         if (dev.flags != nullptr) d_->cuMemFreeHost(dev.flags);
+        if (dev.counters != 0) d_->cuMemFree(dev.counters);
+        if (dev.sync_stream != nullptr) d_->cuStreamDestroy(dev.sync_stream);
+        if (dev.module != nullptr) d_->cuModuleUnload(dev.module);
+        for (auto& [size, memory] : dev.spare) d_->cuMemFree(reinterpret_cast<CUdeviceptr>(memory));
+        for (auto& [memory, size] : dev.sizes) d_->cuMemFree(reinterpret_cast<CUdeviceptr>(memory));
       }
       d_->cuDevicePrimaryCtxRelease(dev.handle);
     }
@@ -261,6 +272,22 @@ class CudaImpl final : public Cuda {
       std::memcpy(&handle, key.handle.data(), sizeof handle);
       CUresult result =
           d_->cuIpcOpenMemHandle(&pointer, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      if (result == CUDA_ERROR_ALREADY_MAPPED) {
+        // The driver packs allocations together, and a handle opens all of what it shares with
+        // them: this one shares memory with one of the peer's allocations mapped here already.
+        // Close those not in use and try again; if one in use holds it, this transfer is staged
+        // (a passing conflict, not a refusal of the peer).
+        for (auto it = index_.lower_bound(Key{peer, local, 0, mem::IpcKind::kNone, 0});
+             it != index_.end() && it->first.peer == peer;) {
+          it = it->first.device == local && it->second->pins == 0 ? drop(it) : std::next(it);
+        }
+        result = d_->cuIpcOpenMemHandle(&pointer, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (result == CUDA_ERROR_ALREADY_MAPPED) {
+          return Status(Code::kWouldBlock,
+                        "cuIpcOpenMemHandle: the allocation shares memory with one of the peer's "
+                        "allocations mapped here and in use (CUDA_ERROR_ALREADY_MAPPED)");
+        }
+      }
       if (result != CUDA_SUCCESS) return driver_error("cuIpcOpenMemHandle", result);
       CUdeviceptr range_base = 0;
       std::size_t range_size = 0;
@@ -301,6 +328,14 @@ class CudaImpl final : public Cuda {
     CUresult result = d_->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
                                         reinterpret_cast<CUdeviceptr>(src), bytes, lane.stream);
     if (result != CUDA_SUCCESS) return driver_error("cuMemcpyAsync", result);
+    return mark(device_ordinal, lane_number, ticket);
+  }
+
+  // The ticket of what was queued on a lane so far.
+  Status mark(int device_ordinal, std::size_t lane_number, Ticket* ticket) {
+    Device& dev = devices_[static_cast<std::size_t>(device_ordinal)];
+    Lane& lane = dev.lanes[lane_number];
+    CUresult result = CUDA_SUCCESS;
     const std::uint32_t sequence = ++lane.issued;
     if (dev.flags != nullptr) {
       // Completion is a store of the sequence number to host memory, polled without a driver
@@ -340,14 +375,205 @@ class CudaImpl final : public Cuda {
     return static_cast<std::int32_t>(lane.completed - ticket.sequence) >= 0;
   }
 
+  std::string kernels_missing(int device_ordinal) override {
+#ifdef FERRY_HAVE_KERNELS
+    Device& dev = device(device_ordinal);
+    if (dev.reduce != nullptr || !dev.kernels_error.empty()) return dev.kernels_error;
+    ScopedContext scope(d_, dev.context);
+    CUresult result = d_->cuModuleLoadData(&dev.module, ferry_kernels_fatbin);
+    if (result != CUDA_SUCCESS) {
+      dev.module = nullptr;
+      dev.kernels_error = "loading ferry's device kernels (sm_90 code and PTX) on cuda:" +
+                          std::to_string(device_ordinal) + ": " +
+                          driver_error("cuModuleLoadData", result).message();
+    } else if ((result = d_->cuModuleGetFunction(&dev.reduce, dev.module, "ferry_reduce")) !=
+                   CUDA_SUCCESS ||
+               (result = d_->cuModuleGetFunction(&dev.oneshot, dev.module,
+                                                 "ferry_allreduce_oneshot")) != CUDA_SUCCESS) {
+      dev.reduce = nullptr;
+      dev.oneshot = nullptr;
+      dev.kernels_error = driver_error("cuModuleGetFunction", result).message();
+    } else {
+      d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                               dev.handle);
+    }
+    return dev.kernels_error;
+#else
+    (void)device_ordinal;
+    return "ferry was built without nvcc, so it has no device kernels (rebuild with the CUDA "
+           "toolkit's nvcc on the PATH or under CUDA_HOME)";
+#endif
+  }
+
+  Status allocate(int device_ordinal, std::size_t bytes, void** pointer) override {
+    Device& dev = device(device_ordinal);
+    // Whole 2 MiB pages: the driver packs smaller allocations together, and an IPC handle of one
+    // opens its neighbours too (a peer mapping a scratch buffer could not then map an
+    // application buffer that shares its page).
+    bytes = (std::max<std::size_t>(bytes, 1) + (2 << 20) - 1) & ~((std::size_t{2} << 20) - 1);
+    // The smallest kept buffer that fits, unless it is more than twice the size.
+    if (auto it = dev.spare.lower_bound(bytes); it != dev.spare.end() && it->first / 2 <= bytes) {
+      *pointer = it->second;
+      dev.spare_bytes -= it->first;
+      dev.sizes[it->second] = it->first;
+      dev.spare.erase(it);
+      return Status::ok();
+    }
+    ScopedContext scope(d_, dev.context);
+    CUdeviceptr memory = 0;
+    CUresult result = d_->cuMemAlloc(&memory, bytes);
+    if (result != CUDA_SUCCESS) {
+      return driver_error("cuMemAlloc of " + std::to_string(bytes) +
+                              " bytes on cuda:" + std::to_string(device_ordinal),
+                          result);
+    }
+    *pointer = reinterpret_cast<void*>(memory);
+    dev.sizes[*pointer] = bytes;
+    return Status::ok();
+  }
+
+  // Kept for the next allocate() up to FERRY_CUDA_SCRATCH_CACHE bytes, largest freed first: a
+  // reused buffer keeps its buffer id, so the peers' mappings of it stay in their caches.
+  void release(int device_ordinal, void* pointer) override {
+    if (pointer == nullptr) return;
+    Device& dev = device(device_ordinal);
+    auto known = dev.sizes.find(pointer);
+    if (known == dev.sizes.end()) return;
+    dev.spare.emplace(known->second, pointer);
+    dev.spare_bytes += known->second;
+    dev.sizes.erase(known);
+    if (dev.spare_bytes <= scratch_cache_) return;
+    ScopedContext scope(d_, dev.context);
+    while (dev.spare_bytes > scratch_cache_) {
+      auto largest = std::prev(dev.spare.end());
+      d_->cuMemFree(reinterpret_cast<CUdeviceptr>(largest->second));
+      dev.spare_bytes -= largest->first;
+      dev.spare.erase(largest);
+    }
+  }
+
+  Status reduce_async(int device_ordinal, int lane_index, void* out, const void* a, const void* b,
+                      std::size_t count, DataType type, ReduceOp op, Ticket* ticket) override {
+    static_assert(
+        static_cast<int>(DataType::kFloat64) == 11 && static_cast<int>(ReduceOp::kBitXor) == 6,
+        "kernels.cu numbers the types and ops as ferry.hpp does");
+    Device& dev = device(device_ordinal);
+    if (dev.reduce == nullptr) {
+      return Status(Code::kUnsupported, kernels_missing(device_ordinal));
+    }
+    const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
+    Lane& lane = dev.lanes[lane_number];
+    ScopedContext scope(d_, dev.context);
+    // One thread per 16 bytes, at most 4 blocks per multiprocessor (the loop strides over more).
+    constexpr unsigned kThreads = 512;
+    const std::size_t work = (count * size_of(type) + 15) / 16;
+    const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 4;
+    const auto blocks =
+        static_cast<unsigned>(std::clamp<std::size_t>((work + kThreads - 1) / kThreads, 1, most));
+    unsigned long long elements = count;
+    int type_number = static_cast<int>(type);
+    int op_number = static_cast<int>(op);
+    void* params[] = {&out, &a, &b, &elements, &type_number, &op_number};
+    CUresult result = d_->cuLaunchKernel(dev.reduce, blocks, 1, 1, kThreads, 1, 1, 0, lane.stream,
+                                         params, nullptr);
+    if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_reduce)", result);
+    return mark(device_ordinal, lane_number, ticket);
+  }
+
+  Status allreduce_oneshot_async(int device_ordinal, int lane_index, const OneShot& call,
+                                 Ticket* ticket) override {
+    Device& dev = device(device_ordinal);
+    if (dev.oneshot == nullptr) {
+      return Status(Code::kUnsupported, kernels_missing(device_ordinal));
+    }
+    const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
+    Lane& lane = dev.lanes[lane_number];
+    ScopedContext scope(d_, dev.context);
+    // Always the same grid (block b waits for block b of each peer).
+    const auto blocks = static_cast<unsigned>(kOneShotBlocks);
+    void* out = call.out;
+    const void* in = call.in;
+    unsigned long long count = call.count;
+    int type = static_cast<int>(call.type);
+    int op = static_cast<int>(call.op);
+    int members = call.members;
+    int me = call.me;
+    int ring = call.ring ? 1 : 0;
+    unsigned long long sequence = call.sequence;
+    unsigned long long slot_bytes = call.slot_bytes;
+    std::array<void*, kOneShotMembers> areas = call.areas;
+    void* words = call.words;
+    // The kernel reports its own completion where it can (one GPU command and one driver call
+    // fewer than a stream write after it).
+    void* blocks_done = nullptr;
+    void* lane_flag = nullptr;
+    unsigned done = 0;
+    if (dev.flags_device != nullptr && dev.counters != 0) {
+      blocks_done = reinterpret_cast<unsigned*>(dev.counters) + 16 * lane_number;
+      lane_flag = static_cast<std::uint32_t*>(dev.flags_device) + 16 * lane_number;
+      done = lane.issued + 1;
+    }
+    void* params[] = {&out,         &in,    &count,       &type,      &op,
+                      &members,     &me,    &ring,        &sequence,  &slot_bytes,
+                      areas.data(), &words, &blocks_done, &lane_flag, &done};
+    CUresult result =
+        d_->cuLaunchKernel(dev.oneshot, blocks, 1, 1, 512, 1, 1, 0, lane.stream, params, nullptr);
+    if (result != CUDA_SUCCESS) {
+      return driver_error("cuLaunchKernel(ferry_allreduce_oneshot)", result);
+    }
+    if (lane_flag == nullptr) return mark(device_ordinal, lane_number, ticket);
+    ticket->stream = static_cast<std::uint32_t>(device_ordinal * kLanesPerDevice) +
+                     static_cast<std::uint32_t>(lane_number);
+    ticket->sequence = ++lane.issued;
+    return Status::ok();
+  }
+
+  Status map_host(int device_ordinal, std::size_t bytes, void** host, void** device_view) override {
+    Device& dev = device(device_ordinal);
+    ScopedContext scope(d_, dev.context);
+    CUresult result =
+        d_->cuMemHostAlloc(host, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+    if (result != CUDA_SUCCESS) return driver_error("cuMemHostAlloc", result);
+    std::memset(*host, 0, bytes);
+    CUdeviceptr view = 0;
+    result = d_->cuMemHostGetDevicePointer(&view, *host, 0);
+    if (result != CUDA_SUCCESS) {
+      d_->cuMemFreeHost(*host);
+      *host = nullptr;
+      return driver_error("cuMemHostGetDevicePointer", result);
+    }
+    *device_view = reinterpret_cast<void*>(view);
+    return Status::ok();
+  }
+
+  void unmap_host(int device_ordinal, void* host) override {
+    if (host == nullptr) return;
+    Device& dev = device(device_ordinal);
+    ScopedContext scope(d_, dev.context);
+    d_->cuMemFreeHost(host);
+  }
+
+  Status zero(int device_ordinal, void* pointer, std::size_t bytes) override {
+    Device& dev = device(device_ordinal);
+    ScopedContext scope(d_, dev.context);
+    CUresult result = d_->cuMemsetD8(reinterpret_cast<CUdeviceptr>(pointer), 0, bytes);
+    if (result == CUDA_SUCCESS) result = d_->cuCtxSynchronize();
+    return result == CUDA_SUCCESS ? Status::ok() : driver_error("cuMemsetD8", result);
+  }
+
   Status copy(void* dst, const void* src, std::size_t bytes) override {
     mem::MemoryInfo info = classify(dst);
     if (info.device < 0) info = classify(src);
     Device& dev = device(info.device < 0 ? 0 : info.device);
     ScopedContext scope(d_, dev.context);
-    CUresult result =
-        d_->cuMemcpy(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes);
-    return result == CUDA_SUCCESS ? Status::ok() : driver_error("cuMemcpy", result);
+    // Not cuMemcpy: from pageable host memory it returns before the data reaches the device, and
+    // work on other streams (the application's, or a collective's kernels) could then read the
+    // old contents. A stream of its own, waited for, also waits for nothing else.
+    CUresult result = d_->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
+                                        reinterpret_cast<CUdeviceptr>(src), bytes, dev.sync_stream);
+    if (result != CUDA_SUCCESS) return driver_error("cuMemcpyAsync", result);
+    result = d_->cuStreamSynchronize(dev.sync_stream);
+    return result == CUDA_SUCCESS ? Status::ok() : driver_error("cuStreamSynchronize", result);
   }
 
   Status register_host(void* pointer, std::size_t bytes) override {
@@ -395,6 +621,17 @@ class CudaImpl final : public Cuda {
     std::string name;
     std::uint32_t* flags = nullptr;  // host-mapped, one cache line per lane
     std::array<Lane, kLanesPerDevice> lanes;
+    CUstream sync_stream = nullptr;  // copy()'s
+    void* flags_device = nullptr;    // flags as kernels see them
+    CUdeviceptr counters = 0;        // a kernel's finished blocks, one per lane (zeroed)
+    CUmodule module = nullptr;       // kernels.cu, loaded by kernels_missing()
+    CUfunction reduce = nullptr;
+    CUfunction oneshot = nullptr;
+    std::string kernels_error;  // why the module could not be loaded
+    int multiprocessors = 0;
+    std::unordered_map<void*, std::size_t> sizes;  // allocate()'d, in use
+    std::multimap<std::size_t, void*> spare;       // released, kept by size
+    std::size_t spare_bytes = 0;
   };
   // Buffer ids (cudaMalloc) and memory block ids (cuMem) are separate counters: the kind is part
   // of the key, or one allocation could be taken for another at a reused address.
@@ -438,7 +675,15 @@ class CudaImpl final : public Cuda {
                            CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS) {
       dev.flags = static_cast<std::uint32_t*>(flags);
       std::memset(flags, 0, 64 * kLanesPerDevice);
+      CUdeviceptr view = 0;
+      if (d_->cuMemHostGetDevicePointer(&view, flags, 0) == CUDA_SUCCESS &&
+          d_->cuMemAlloc(&dev.counters, 64 * kLanesPerDevice) == CUDA_SUCCESS) {
+        d_->cuMemsetD8(dev.counters, 0, 64 * kLanesPerDevice);
+        d_->cuCtxSynchronize();
+        dev.flags_device = reinterpret_cast<void*>(view);
+      }
     }
+    d_->cuStreamCreate(&dev.sync_stream, CU_STREAM_NON_BLOCKING);
     for (int i = 0; i < kLanesPerDevice; ++i) {
       Lane& lane = dev.lanes[static_cast<std::size_t>(i)];
       d_->cuStreamCreate(&lane.stream, CU_STREAM_NON_BLOCKING);
@@ -542,6 +787,7 @@ class CudaImpl final : public Cuda {
   const Driver* d_;
   std::size_t cache_entries_;
   std::size_t cache_bytes_;
+  std::size_t scratch_cache_;
   bool inject_ipc_failure_;
   std::vector<Device> devices_;
   std::unordered_map<std::uint64_t, CUipcMemHandle> exported_;  // by buffer id

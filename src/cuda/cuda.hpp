@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/ferry.hpp"
 #include "ferry/status.hpp"
 #include "mem/memory.hpp"
 #include "util/config.hpp"
@@ -78,6 +79,52 @@ class Cuda {
   [[nodiscard]] virtual bool done(const Ticket& ticket) = 0;
   // Synchronous copy (small eager messages into device memory, tools, tests).
   virtual Status copy(void* dst, const void* src, std::size_t bytes) = 0;
+
+  // ---- Collectives on device buffers ----
+  // Empty when `device` can run the reduction kernels (kernels.cu, loaded on first use), else why
+  // not (built without nvcc, or the driver refused the module).
+  virtual std::string kernels_missing(int device) = 0;
+  // Device memory on `device` (the collectives' scratch buffers); release() frees it.
+  virtual Status allocate(int device, std::size_t bytes, void** pointer) = 0;
+  virtual void release(int device, void* pointer) = 0;
+  // out = a op b over `count` elements, on `device`'s stream for `lane` after the work queued
+  // there before (copy_async on the same lane included). out may be a or b. The caller checked
+  // (type, op) with coll::check_reduction and that kernels_missing(device) is empty.
+  virtual Status reduce_async(int device, int lane, void* out, const void* a, const void* b,
+                              std::size_t count, DataType type, ReduceOp op, Ticket* ticket) = 0;
+
+  // The one-shot allreduce among the GPUs of one node (kernels.cu, ferry_allreduce_oneshot):
+  // each member's exchange area holds 2 generations x `members` slots of `slot_bytes`, then
+  // 2 generations x `members` x kOneShotBlocks flags of 16 bytes, zeroed before first use.
+  static constexpr int kOneShotMembers = 8;
+  static constexpr int kOneShotBlocks = 32;
+  static std::size_t oneshot_area_bytes(int members, std::size_t slot_bytes) {
+    return 2 * static_cast<std::size_t>(members) * slot_bytes +
+           2 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;
+  }
+  struct OneShot {
+    void* out = nullptr;
+    const void* in = nullptr;
+    std::size_t count = 0;  // at most slot_bytes of data
+    DataType type = DataType::kUint8;
+    ReduceOp op = ReduceOp::kSum;
+    int members = 0;
+    int me = 0;
+    bool ring = false;           // reduce in the ring's order (else recursive doubling's)
+    std::uint64_t sequence = 0;  // 1, 2, ...: the same on every member for the same call
+    std::size_t slot_bytes = 0;
+    std::array<void*, kOneShotMembers> areas{};  // every member's area as mapped here
+    // Device view of two host words: [0] nonzero ends the waiting; the kernel sets [1] when a
+    // member's call differs in count, type or op.
+    void* words = nullptr;
+  };
+  virtual Status allreduce_oneshot_async(int device, int lane, const OneShot& call,
+                                         Ticket* ticket) = 0;
+  // Host memory that kernels on `device` read (device_view), for stop words.
+  virtual Status map_host(int device, std::size_t bytes, void** host, void** device_view) = 0;
+  virtual void unmap_host(int device, void* host) = 0;
+  // Sets device memory to zero and waits for it.
+  virtual Status zero(int device, void* pointer, std::size_t bytes) = 0;
 
   // Pins host memory for DMA (staging rings); unregister before unmapping.
   virtual Status register_host(void* pointer, std::size_t bytes) = 0;

@@ -120,13 +120,19 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
       refusal = "the peer sent an IPC key that does not cover its message";
     }
     if (refusal.empty()) refusal = cuda_->ipc_refusal(key->uuid, slot.device);
+    bool passing = false;  // this transfer only: IPC stays on for the peer
     if (refusal.empty()) {
       Status status = start_ipc_get(index, source, sreq, *key);
       if (status || slot.device_ops > 0) return;  // copying (or failing once pieces are done)
       refusal = status.message();
+      passing = status.code() == Code::kWouldBlock;
     }
-    refuse_ipc(source, key->kind, refusal);
-    flags |= kStageIpcRefused;
+    if (passing) {
+      FERRY_LOG(kDebug, "receive from rank %d staged: %s", source, refusal.c_str());
+    } else {
+      refuse_ipc(source, key->kind, refusal);
+      flags |= kStageIpcRefused;
+    }
   } else if (key != nullptr && key->kind == mem::IpcKind::kPosixFd) {
     take_descriptor(source, key->buffer_id);  // not needed: a host receive buffer
   }

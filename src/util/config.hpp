@@ -67,6 +67,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                          \
     "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "         \
     "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                           \
+  X(kCudaScratchCache, "FERRY_CUDA_SCRATCH_CACHE", kSize, "1g", 0, 1LL << 50, "",                 \
+    "bytes of freed collective scratch buffers kept per GPU for the next collective (their "      \
+    "peers' IPC mappings stay valid)")                                                            \
   X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                    \
     "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                  \
   X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                              \
@@ -106,6 +109,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                            \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                             \
     "a chain broadcast forwards pieces of this many bytes (auto: from two pieces up)")            \
+  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "1m", 0, 1 << 30, "",                 \
+    "device allreduces up to this size, where every member is on this node and the automatic "    \
+    "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "      \
+    "member through CUDA IPC (0: never)")                                                         \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",             \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "    \
     "(FERRY_STORE set), else a single process")                                                   \

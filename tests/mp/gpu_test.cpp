@@ -196,6 +196,43 @@ TEST(Gpu, EveryMemoryPairAndSizeFromOneByteTo1GiB) {
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
+TEST(Gpu, CompletedDeviceReceivesAreVisibleToEveryStream) {
+  // A completed receive into device memory is there for work on any stream, not only for the
+  // legacy default stream that cuMemcpy uses: small host -> device messages are copied in
+  // synchronously, and a cuMemcpy from pageable memory returns before its DMA is done.
+  const std::size_t sizes[] = {1, 8, 1000, 32000};
+  std::uint64_t seq = 9000;
+  if (me() == 0) {
+    for (int round = 0; round < 100; ++round) {
+      for (std::size_t bytes : sizes) {
+        const std::vector<std::uint8_t> data = pattern(bytes, seq);
+        ASSERT_TRUE(ctx().send(data.data(), bytes, 1, seq++).is_ok());
+      }
+    }
+  } else {
+    CUstream stream = nullptr;
+    check(g_cuda->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    void* pinned = nullptr;
+    check(g_cuda->cuMemHostAlloc(&pinned, 32000, 0), "cuMemHostAlloc");
+    Buffer in(Mem::kDevice, 32000);
+    for (int round = 0; round < 100; ++round) {
+      for (std::size_t bytes : sizes) {
+        ASSERT_TRUE(ctx().recv(in.data(), bytes, 0, seq).is_ok());
+        check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(pinned),
+                                    reinterpret_cast<CUdeviceptr>(in.data()), bytes, stream),
+              "cuMemcpyAsync");
+        check(g_cuda->cuStreamSynchronize(stream), "cuStreamSynchronize");
+        const std::vector<std::uint8_t> want = pattern(bytes, seq++);
+        ASSERT_EQ(std::memcmp(pinned, want.data(), bytes), 0)
+            << bytes << " bytes, round " << round << ": a non-blocking stream saw old data";
+      }
+    }
+    g_cuda->cuMemFreeHost(pinned);
+    g_cuda->cuStreamDestroy(stream);
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
 TEST(Gpu, UnexpectedDeviceMessagesMatchInOrder) {
   // Rank 0's sends arrive before rank 1 posts anything: RTS_DEV waits in the unexpected queue.
   const std::size_t sizes[] = {8, 65536, 8 << 20};

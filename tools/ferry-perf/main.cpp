@@ -42,20 +42,22 @@ struct Record {
 
 [[noreturn]] void usage(const char* error) {
   if (error != nullptr) std::fprintf(stderr, "ferry-perf: %s\n", error);
-  std::fprintf(error ? stderr : stdout,
-               "usage: ferryrun -n 2 ferry-perf [latency|bandwidth|bibw]... [options]\n"
-               "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter]...\n"
-               "  (collectives: SIZE is the bytes of the result; allreduce and reduce_scatter\n"
-               "  add float32, broadcast comes from rank 0; host memory only)\n"
-               "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
-               "  --iterations N     timed iterations per size (default: by size)\n"
-               "  --warmup N         untimed iterations first (default: a tenth)\n"
-               "  --window W         sends in flight in bandwidth tests (default 64)\n"
-               "  --check            verify every byte received\n"
-               "  -m, --mem A[:B]    buffers in host or cuda memory on rank 0 (A) and rank 1\n"
-               "                     (B, default A); cuda uses GPU local_rank %% device count\n"
-               "  --json | --csv     machine-readable output (default: a table)\n"
-               "With no test named it runs latency and bandwidth.\n");
+  std::fprintf(
+      error ? stderr : stdout,
+      "usage: ferryrun -n 2 ferry-perf [latency|bandwidth|bibw]... [options]\n"
+      "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter]...\n"
+      "  (collectives: SIZE is the bytes of the result; allreduce and reduce_scatter\n"
+      "  add float32, broadcast comes from rank 0; host memory only)\n"
+      "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
+      "  --iterations N     timed iterations per size (default: by size)\n"
+      "  --warmup N         untimed iterations first (default: a tenth)\n"
+      "  --window W         sends in flight in bandwidth tests (default 64)\n"
+      "  --check            verify every byte received\n"
+      "  -m, --mem A[:B]    buffers in host or cuda memory on rank 0 (A) and rank 1\n"
+      "                     (B, default A; in collectives every rank after 0 uses B); cuda uses\n"
+      "                     GPU local_rank %% device count\n"
+      "  --json | --csv     machine-readable output (default: a table)\n"
+      "With no test named it runs latency and bandwidth.\n");
   std::exit(error ? 2 : 0);
 }
 
@@ -387,33 +389,36 @@ struct Bench {
 // One collective over every rank, timed like OSU and NCCL's tests: a barrier, then `iters` calls
 // back to back; the time of one call is the slowest rank's mean. Bus bandwidth is NCCL's: the
 // bytes each rank must move per unit time, comparable across rank counts.
-Record collective(ferry::Communicator& world, const Args& args, const std::string& test,
-                  std::size_t size, long iters, long warmup) {
+Record collective(ferry::Communicator& world, const Args& args, Space& space,
+                  const std::string& test, std::size_t size, long iters, long warmup) {
   const auto n = static_cast<std::size_t>(world.size());
   const std::size_t floats = size / 4;
-  std::vector<float> in, out;
-  std::vector<std::byte> bytes;
-  if (test == "allreduce") {
-    in.assign(floats, static_cast<float>(world.rank() + 1));
-    out.assign(floats, 0);
-  } else if (test == "reduce_scatter") {
-    in.assign(floats, static_cast<float>(world.rank() + 1));
-    out.assign(floats / n, 0);
+  // The buffers are in the space of --mem (host or this rank's GPU); data goes in and out
+  // through their host shadows.
+  Buffer in(space, size);
+  Buffer out(space, size);
+  if (test == "allreduce" || test == "reduce_scatter") {
+    std::fill_n(reinterpret_cast<float*>(in.shadow()), floats,
+                static_cast<float>(world.rank() + 1));
   } else if (test == "allgather") {
-    bytes.assign(size, std::byte{0});
+    std::fill_n(out.shadow(), size, std::byte{0});
     for (std::size_t i = 0; i < size / n; ++i) {
-      bytes[static_cast<std::size_t>(world.rank()) * (size / n) + i] = pattern(i, world.rank(), 1);
+      out.shadow()[static_cast<std::size_t>(world.rank()) * (size / n) + i] =
+          pattern(i, world.rank(), 1);
     }
+    out.push(0, size);
   } else {
-    bytes.assign(size, std::byte{0});
-    if (world.rank() == 0) fill(bytes.data(), size, 1);
+    std::fill_n(out.shadow(), size, std::byte{0});
+    if (world.rank() == 0) fill(out.shadow(), size, 1);
+    out.push(0, size);
   }
+  in.push(0, size);
   // The test is picked once: the timed loop holds the call alone.
   const int kind = test == "allreduce"        ? 0
                    : test == "reduce_scatter" ? 1
                    : test == "allgather"      ? 2
                                               : 3;
-  std::byte* my_block = bytes.data() + static_cast<std::size_t>(world.rank()) * (size / n);
+  std::byte* my_block = out.data() + static_cast<std::size_t>(world.rank()) * (size / n);
   auto once = [&] {
     switch (kind) {
       case 0:
@@ -423,9 +428,9 @@ Record collective(ferry::Communicator& world, const Args& args, const std::strin
         return world.reduce_scatter(in.data(), out.data(), floats / n, ferry::DataType::kFloat32,
                                     ferry::ReduceOp::kSum);
       case 2:
-        return world.allgather(my_block, bytes.data(), size / n, ferry::DataType::kUint8);
+        return world.allgather(my_block, out.data(), size / n, ferry::DataType::kUint8);
       default:
-        return world.broadcast(bytes.data(), size, ferry::DataType::kUint8, 0);
+        return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0);
     }
   };
   for (long i = 0; i < warmup; ++i) require(once(), test.c_str());
@@ -438,18 +443,25 @@ Record collective(ferry::Communicator& world, const Args& args, const std::strin
   require(world.allreduce(&mine, &slowest, 1, ferry::DataType::kFloat64, ferry::ReduceOp::kMax),
           "allreduce of the times");
   if (args.check) {
+    out.pull(0, size);
+    const std::byte* got = out.shadow();
     const float sum = static_cast<float>(n * (n + 1) / 2);
     bool ok = true;
     if (test == "allreduce" || test == "reduce_scatter") {
-      ok = std::all_of(out.begin(), out.end(), [&](float v) { return v == sum; });
+      const std::size_t results = test == "allreduce" ? floats : floats / n;
+      for (std::size_t i = 0; i < results && ok; ++i) {
+        float v;
+        std::memcpy(&v, got + i * 4, 4);
+        ok = v == sum;
+      }
     } else if (test == "allgather") {
       for (std::size_t r = 0; r < n && ok; ++r) {
         for (std::size_t i = 0; i < size / n; ++i) {
-          ok = ok && bytes[r * (size / n) + i] == pattern(i, static_cast<long>(r), 1);
+          ok = ok && got[r * (size / n) + i] == pattern(i, static_cast<long>(r), 1);
         }
       }
     } else {
-      verify(bytes.data(), size, 1, "broadcast");
+      verify(got, size, 1, "broadcast");
     }
     if (!ok) {
       std::fprintf(stderr, "ferry-perf: %s: data check failed on rank %d\n", test.c_str(),
@@ -522,10 +534,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ferry-perf: needs 2 ranks (run it as `ferryrun -n 2 ferry-perf`)\n");
       return 2;
     }
-    if (is_collective(args.tests[0]) && (args.mem[0] != "host" || args.mem[1] != "host")) {
-      std::fprintf(stderr, "ferry-perf: collectives take host memory only for now\n");
-      return 2;
-    }
     std::vector<Record> records;
     ferry::Communicator world = ctx.world();
     Space space(args.mem[std::min(ctx.rank(), 1)], ctx.local_rank());
@@ -535,7 +543,7 @@ int main(int argc, char** argv) {
         long iters = bench.iterations_for(test, size);
         long warmup = args.warmup >= 0 ? args.warmup : std::max(1L, iters / 10);
         if (is_collective(test)) {
-          records.push_back(collective(world, args, test, size, iters, warmup));
+          records.push_back(collective(world, args, space, test, size, iters, warmup));
           continue;
         }
         if (ctx.rank() > 1) continue;  // point to point: ranks 0 and 1 only

@@ -1,0 +1,500 @@
+// Device code of ferry's CUDA module: the element-wise reductions of the collectives on device
+// buffers. nvcc compiles it into a fatbin (sm_90 code and PTX) that libferry embeds and loads
+// through the driver (cuModuleLoadData), so the library needs no CUDA runtime.
+//
+// The arithmetic is the host kernels' (src/coll/reduce.cpp), element by element: integers wrap,
+// float min/max are IEEE 754-2019 minimum/maximum (-0 below +0, a NaN operand gives NaN), and
+// float16/bfloat16 combine in float and round to nearest even. So a collective gives the same bits
+// on device buffers as on host buffers, NaN payloads aside (the GPU makes a canonical NaN).
+// Built without fast-math flags: denormals are kept and nothing is contracted into an FMA.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+// The values of ferry::DataType and ferry::ReduceOp (include/ferry/ferry.hpp); cuda.cpp checks
+// that they agree.
+enum Type : int {
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kUint8,
+  kUint16,
+  kUint32,
+  kUint64,
+  kFloat16,
+  kBfloat16,
+  kFloat32,
+  kFloat64
+};
+enum Op : int { kSum, kProd, kMin, kMax, kBitAnd, kBitOr, kBitXor };
+
+template <class T>
+struct Wide {
+  using type = T;
+};
+// As on the host: sum and prod in an unsigned type at least as wide as unsigned int.
+template <>
+struct Wide<std::int8_t> {
+  using type = unsigned;
+};
+template <>
+struct Wide<std::uint8_t> {
+  using type = unsigned;
+};
+template <>
+struct Wide<std::int16_t> {
+  using type = unsigned;
+};
+template <>
+struct Wide<std::uint16_t> {
+  using type = unsigned;
+};
+template <>
+struct Wide<std::int32_t> {
+  using type = unsigned;
+};
+template <>
+struct Wide<std::int64_t> {
+  using type = unsigned long long;
+};
+
+template <class T, int kOp>
+__device__ __forceinline__ T combine_integer(T a, T b) {
+  using W = typename Wide<T>::type;
+  const W x = static_cast<W>(a);
+  const W y = static_cast<W>(b);
+  if constexpr (kOp == kSum) return static_cast<T>(x + y);
+  if constexpr (kOp == kProd) return static_cast<T>(x * y);
+  if constexpr (kOp == kMin) return a < b ? a : b;
+  if constexpr (kOp == kMax) return a < b ? b : a;
+  if constexpr (kOp == kBitAnd) return static_cast<T>(x & y);
+  if constexpr (kOp == kBitOr) return static_cast<T>(x | y);
+  if constexpr (kOp == kBitXor) return static_cast<T>(x ^ y);
+  return a;
+}
+
+__device__ __forceinline__ float bits_to(std::uint32_t b, float) { return __uint_as_float(b); }
+__device__ __forceinline__ double bits_to(std::uint64_t b, double) {
+  return __longlong_as_double(static_cast<long long>(b));
+}
+__device__ __forceinline__ std::uint32_t to_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ std::uint64_t to_bits(double v) {
+  return static_cast<std::uint64_t>(__double_as_longlong(v));
+}
+
+template <class T, int kOp>
+__device__ __forceinline__ T combine_float(T a, T b) {
+  if constexpr (kOp == kSum) return a + b;
+  if constexpr (kOp == kProd) return a * b;
+  if constexpr (kOp == kMin || kOp == kMax) {
+    if (a != a || b != b) return a + b;  // a quiet NaN
+    if (a == b) {
+      // Only the zeros differ: -0 orders below +0.
+      return kOp == kMin ? bits_to(to_bits(a) | to_bits(b), T()) : bits_to(to_bits(a) & to_bits(b), T());
+    }
+    return (a < b) == (kOp == kMin) ? a : b;
+  }
+  return a;
+}
+
+// float16 and bfloat16 travel as their bits.
+__device__ __forceinline__ float half_to_float(std::uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ std::uint16_t float_to_half(float f) {
+  std::uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float bf16_to_float(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
+}
+__device__ __forceinline__ std::uint16_t float_to_bf16(float f) {
+  std::uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
+}
+
+struct Half {};
+struct Bf16 {};
+
+template <class T>
+struct Element {
+  using Storage = T;
+  template <int kOp>
+  __device__ __forceinline__ static T combine(T a, T b) {
+    if constexpr (std::is_floating_point<T>::value) {
+      return combine_float<T, kOp>(a, b);
+    } else {
+      return combine_integer<T, kOp>(a, b);
+    }
+  }
+};
+template <>
+struct Element<Half> {
+  using Storage = std::uint16_t;
+  template <int kOp>
+  __device__ __forceinline__ static std::uint16_t combine(std::uint16_t a, std::uint16_t b) {
+    return float_to_half(combine_float<float, kOp>(half_to_float(a), half_to_float(b)));
+  }
+};
+template <>
+struct Element<Bf16> {
+  using Storage = std::uint16_t;
+  template <int kOp>
+  __device__ __forceinline__ static std::uint16_t combine(std::uint16_t a, std::uint16_t b) {
+    return float_to_bf16(combine_float<float, kOp>(bf16_to_float(a), bf16_to_float(b)));
+  }
+};
+
+// out[i] = a[i] op b[i]. Each thread reads its elements before writing them, so out may be a or b.
+// Where the three buffers are 16-byte aligned the body goes in 16-byte loads and stores.
+template <class E, int kOp>
+__device__ void reduce_elements(void* out_buffer, const void* a_buffer, const void* b_buffer,
+                                std::size_t count) {
+  using T = typename E::Storage;
+  constexpr std::size_t kVector = 16 / sizeof(T);
+  auto* out = static_cast<T*>(out_buffer);
+  const auto* a = static_cast<const T*>(a_buffer);
+  const auto* b = static_cast<const T*>(b_buffer);
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const bool aligned = ((reinterpret_cast<std::uintptr_t>(out) |
+                         reinterpret_cast<std::uintptr_t>(a) |
+                         reinterpret_cast<std::uintptr_t>(b)) &
+                        15) == 0;
+  const std::size_t vectors = aligned ? count / kVector : 0;
+  for (std::size_t v = first; v < vectors; v += stride) {
+    union Lanes {
+      uint4 whole;
+      T item[kVector];
+    } x, y, z;
+    x.whole = reinterpret_cast<const uint4*>(a)[v];
+    y.whole = reinterpret_cast<const uint4*>(b)[v];
+#pragma unroll
+    for (std::size_t j = 0; j < kVector; ++j) {
+      z.item[j] = E::template combine<kOp>(x.item[j], y.item[j]);
+    }
+    reinterpret_cast<uint4*>(out)[v] = z.whole;
+  }
+  for (std::size_t i = vectors * kVector + first; i < count; i += stride) {
+    out[i] = E::template combine<kOp>(a[i], b[i]);
+  }
+}
+
+template <class E>
+__device__ void reduce_op(void* out, const void* a, const void* b, std::size_t count, int op,
+                          bool bitwise) {
+  switch (op) {
+    case kSum:
+      return reduce_elements<E, kSum>(out, a, b, count);
+    case kProd:
+      return reduce_elements<E, kProd>(out, a, b, count);
+    case kMin:
+      return reduce_elements<E, kMin>(out, a, b, count);
+    case kMax:
+      return reduce_elements<E, kMax>(out, a, b, count);
+    default:
+      break;
+  }
+  if (!bitwise) return;
+  switch (op) {
+    case kBitAnd:
+      return reduce_elements<E, kBitAnd>(out, a, b, count);
+    case kBitOr:
+      return reduce_elements<E, kBitOr>(out, a, b, count);
+    case kBitXor:
+      return reduce_elements<E, kBitXor>(out, a, b, count);
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+// out = a op b over `count` elements of `type`. The caller checked (type, op).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_reduce(void* out, const void* a, const void* b, unsigned long long count, int type,
+                 int op) {
+  switch (type) {
+    case kInt8:
+      return reduce_op<Element<std::int8_t>>(out, a, b, count, op, true);
+    case kInt16:
+      return reduce_op<Element<std::int16_t>>(out, a, b, count, op, true);
+    case kInt32:
+      return reduce_op<Element<std::int32_t>>(out, a, b, count, op, true);
+    case kInt64:
+      return reduce_op<Element<std::int64_t>>(out, a, b, count, op, true);
+    case kUint8:
+      return reduce_op<Element<std::uint8_t>>(out, a, b, count, op, true);
+    case kUint16:
+      return reduce_op<Element<std::uint16_t>>(out, a, b, count, op, true);
+    case kUint32:
+      return reduce_op<Element<std::uint32_t>>(out, a, b, count, op, true);
+    case kUint64:
+      return reduce_op<Element<std::uint64_t>>(out, a, b, count, op, true);
+    case kFloat16:
+      return reduce_op<Element<Half>>(out, a, b, count, op, false);
+    case kBfloat16:
+      return reduce_op<Element<Bf16>>(out, a, b, count, op, false);
+    case kFloat32:
+      return reduce_op<Element<float>>(out, a, b, count, op, false);
+    case kFloat64:
+      return reduce_op<Element<double>>(out, a, b, count, op, false);
+    default:
+      break;
+  }
+}
+
+// ---- One-shot allreduce among the GPUs of one node ----
+//
+// Every member owns an exchange area that every other member has mapped (CUDA IPC): two
+// generations (by the parity of the call's sequence number) of one slot per member, then one
+// flag per (generation, member, block). Block b of each member pushes its slice of the input into slot `me`
+// of every peer's area, fences, and raises its flag there to the sequence number; then it waits
+// for the flags of block b of every peer in its own area, and reduces the slice from its own
+// input and the slots, all local memory. A member can run at most one call ahead of another (it
+// needs the other's data to finish), so two generations keep a slot from being overwritten while
+// it is read. The reduction order is recursive doubling's (include/ferry/ferry.hpp: the host
+// algorithm for these sizes), so results are bitwise those of the host path.
+namespace {
+
+constexpr int kMaxMembers = 8;
+constexpr int kMaxBlocks = 32;
+
+struct Areas {
+  unsigned char* area[kMaxMembers];  // each member's exchange area as mapped here
+};
+
+__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// The order of the host algorithm the call stands in for: recursive doubling (a tree), or the
+// ring's reduce-scatter, where block b of n (count / n elements, the first count % n blocks one
+// more) is reduced along the chain of members b, b + 1, ... (mod n), the partial result first.
+template <class E, int kOp>
+__device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::size_t count,
+                               std::size_t first, std::size_t last, int members, int me,
+                               bool ring, const Areas& areas, std::size_t slot_offset,
+                               std::size_t slot_bytes) {
+  using T = typename E::Storage;
+  auto* out = static_cast<T*>(out_buffer);
+  const auto* in = static_cast<const T*>(in_buffer);
+  int pow2 = 1;
+  while (pow2 * 2 <= members) pow2 *= 2;
+  const int extra = members - pow2;
+  const std::size_t base = count / static_cast<std::size_t>(members);
+  const std::size_t longer = count % static_cast<std::size_t>(members);
+  for (std::size_t i = first + threadIdx.x; i < last; i += blockDim.x) {
+    T x[kMaxMembers];
+#pragma unroll
+    for (int j = 0; j < kMaxMembers; ++j) {
+      if (j < members) {
+        x[j] = j == me ? in[i]
+                       : reinterpret_cast<const T*>(areas.area[me] + slot_offset +
+                                                    static_cast<std::size_t>(j) * slot_bytes)[i];
+      }
+    }
+    if (ring) {
+      const std::size_t head = longer * (base + 1);
+      const int b = static_cast<int>(i < head ? i / (base + 1) : longer + (i - head) / base);
+      T acc = x[0];
+#pragma unroll
+      for (int m = 1; m < kMaxMembers; ++m) {
+        if (m == b) acc = x[m];
+      }
+      for (int k = 1; k < members; ++k) {
+        const int j = b + k < members ? b + k : b + k - members;
+#pragma unroll
+        for (int m = 0; m < kMaxMembers; ++m) {
+          if (m == j) acc = E::template combine<kOp>(acc, x[m]);
+        }
+      }
+      out[i] = acc;
+      continue;
+    }
+    // Members below 2 * extra fold in pairs (the lower one's data first); then the pow2
+    // survivors combine like recursive doubling: at distance 1, 2, 4..., lower index first.
+    T v[kMaxMembers];
+#pragma unroll
+    for (int k = 0; k < kMaxMembers; ++k) {
+      if (k < pow2) {
+        v[k] = k < extra ? E::template combine<kOp>(x[2 * k], x[2 * k + 1]) : x[k + extra];
+      }
+    }
+#pragma unroll
+    for (int step = 1; step < kMaxMembers; step *= 2) {
+#pragma unroll
+      for (int k = 0; k + step < kMaxMembers; k += 2 * step) {
+        if (k + step < pow2) v[k] = E::template combine<kOp>(v[k], v[k + step]);
+      }
+    }
+    out[i] = v[0];
+  }
+}
+
+template <class E>
+__device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std::size_t count,
+                           std::size_t first, std::size_t last, int members, int me, bool ring,
+                           const Areas& areas, std::size_t slot_offset, std::size_t slot_bytes) {
+#define FERRY_ONESHOT(kOp)                                                                     \
+  return oneshot_reduce<E, kOp>(out, in, count, first, last, members, me, ring, areas,         \
+                                slot_offset, slot_bytes)
+  switch (op) {
+    case kSum:
+      FERRY_ONESHOT(kSum);
+    case kProd:
+      FERRY_ONESHOT(kProd);
+    case kMin:
+      FERRY_ONESHOT(kMin);
+    case kMax:
+      FERRY_ONESHOT(kMax);
+    default:
+      break;
+  }
+  if (!bitwise) return;
+  switch (op) {
+    case kBitAnd:
+      FERRY_ONESHOT(kBitAnd);
+    case kBitOr:
+      FERRY_ONESHOT(kBitOr);
+    case kBitXor:
+      FERRY_ONESHOT(kBitXor);
+    default:
+      break;
+  }
+#undef FERRY_ONESHOT
+}
+
+}  // namespace
+
+// out = the reduction of every member's `in` over `count` elements; see above. words[0] is a
+// host word: nonzero makes a block stop waiting (a member died, or the call timed out); the kernel
+// sets words[1] when a peer's call differs in count, type or op. Always kMaxBlocks blocks, so
+// that every block has its partner on each peer whatever the counts.
+//
+// When `lane_flag` is set the last block to finish stores `done` there (host memory the CPU polls
+// for completion), after the others counted themselves in `blocks_done` (reset for the next call).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_oneshot(void* out, const void* in, unsigned long long count, int type, int op,
+                            int members, int me, int ring, unsigned long long sequence,
+                            unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                            unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+  const std::size_t size = type == kInt8 || type == kUint8                         ? 1
+                           : type == kInt16 || type == kUint16 || type == kFloat16 ||
+                                   type == kBfloat16                               ? 2
+                           : type == kInt32 || type == kUint32 || type == kFloat32 ? 4
+                                                                                   : 8;
+  // Block b's slice: whole 16-byte units of elements.
+  const std::size_t unit = 16 / size;
+  const std::size_t per_block = (count + gridDim.x - 1) / gridDim.x;
+  const std::size_t span = (per_block + unit - 1) / unit * unit;
+  const std::size_t start = span * blockIdx.x;
+  const std::size_t first = start < count ? start : count;
+  const std::size_t last = first + span < count ? first + span : count;
+  const std::size_t generation = sequence & 1;
+  const std::size_t slot_offset = generation * members * slot_bytes;
+  // Flags: [generation][member][block] of (sequence, signature).
+  const std::size_t flags_offset = 2 * static_cast<std::size_t>(members) * slot_bytes +
+                                   generation * members * kMaxBlocks * 16;
+  const unsigned long long signature =
+      count << 8 | static_cast<unsigned long long>(type) << 4 | static_cast<unsigned>(op);
+
+  // Push the slice to every peer.
+  const auto* source = static_cast<const unsigned char*>(in) + first * size;
+  const std::size_t bytes = (last - first) * size;
+  for (int j = 0; j < members; ++j) {
+    if (j == me) continue;
+    unsigned char* target = areas.area[j] + slot_offset +
+                            static_cast<std::size_t>(me) * slot_bytes + first * size;
+    if (((reinterpret_cast<std::uintptr_t>(source) | reinterpret_cast<std::uintptr_t>(target)) &
+         15) == 0) {
+      for (std::size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) {
+        reinterpret_cast<uint4*>(target)[k] = reinterpret_cast<const uint4*>(source)[k];
+      }
+      for (std::size_t k = bytes / 16 * 16 + threadIdx.x; k < bytes; k += blockDim.x) {
+        target[k] = source[k];
+      }
+    } else {
+      for (std::size_t k = threadIdx.x; k < bytes; k += blockDim.x) target[k] = source[k];
+    }
+  }
+  // The block's pushes, then (by thread 0, cumulatively for the block) the flags.
+  __syncthreads();
+  __shared__ int stop;
+  if (threadIdx.x == 0) {
+    stop = 0;
+    __threadfence_system();
+    for (int j = 0; j < members; ++j) {
+      if (j == me) continue;
+      auto* flag = reinterpret_cast<unsigned long long*>(areas.area[j] + flags_offset) +
+                   2 * (static_cast<std::size_t>(me) * kMaxBlocks + blockIdx.x);
+      flag[1] = signature;
+      store_release(flag, sequence);
+    }
+    for (int j = 0; j < members && stop == 0; ++j) {
+      if (j == me) continue;
+      const auto* flag = reinterpret_cast<const unsigned long long*>(areas.area[me] +
+                                                                     flags_offset) +
+                         2 * (static_cast<std::size_t>(j) * kMaxBlocks + blockIdx.x);
+      // The stop word is host memory, a slow read: look at it once in a while.
+      for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
+        if ((spins & 4095) == 0 && words[0] != 0) {
+          stop = 1;
+          break;
+        }
+      }
+      asm volatile("fence.acq_rel.sys;" ::: "memory");
+      if (stop == 0 && flag[1] != signature) {
+        words[1] = 1;
+        stop = 1;
+      }
+    }
+  }
+  __syncthreads();
+  if (stop == 0) {
+    switch (type) {
+#define FERRY_TYPE(kType, E, bitwise)                                                          \
+  case kType:                                                                                  \
+    oneshot_op<E>(op, bitwise, out, in, count, first, last, members, me, ring != 0, areas,     \
+                  slot_offset, slot_bytes);                                                    \
+    break;
+    FERRY_TYPE(kInt8, Element<std::int8_t>, true)
+    FERRY_TYPE(kInt16, Element<std::int16_t>, true)
+    FERRY_TYPE(kInt32, Element<std::int32_t>, true)
+    FERRY_TYPE(kInt64, Element<std::int64_t>, true)
+    FERRY_TYPE(kUint8, Element<std::uint8_t>, true)
+    FERRY_TYPE(kUint16, Element<std::uint16_t>, true)
+    FERRY_TYPE(kUint32, Element<std::uint32_t>, true)
+    FERRY_TYPE(kUint64, Element<std::uint64_t>, true)
+    FERRY_TYPE(kFloat16, Element<Half>, false)
+    FERRY_TYPE(kBfloat16, Element<Bf16>, false)
+    FERRY_TYPE(kFloat32, Element<float>, false)
+    FERRY_TYPE(kFloat64, Element<double>, false)
+#undef FERRY_TYPE
+      default:
+        break;
+    }
+  }
+  if (lane_flag == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
+      *blocks_done = 0;
+      __threadfence_system();
+      *lane_flag = done;
+    }
+  }
+}
