@@ -93,7 +93,8 @@ __device__ __forceinline__ T combine_float(T a, T b) {
     if (a != a || b != b) return a + b;  // a quiet NaN
     if (a == b) {
       // Only the zeros differ: -0 orders below +0.
-      return kOp == kMin ? bits_to(to_bits(a) | to_bits(b), T()) : bits_to(to_bits(a) & to_bits(b), T());
+      return kOp == kMin ? bits_to(to_bits(a) | to_bits(b), T())
+                         : bits_to(to_bits(a) & to_bits(b), T());
     }
     return (a < b) == (kOp == kMin) ? a : b;
   }
@@ -164,10 +165,10 @@ __device__ void reduce_elements(void* out_buffer, const void* a_buffer, const vo
   const auto* b = static_cast<const T*>(b_buffer);
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const bool aligned = ((reinterpret_cast<std::uintptr_t>(out) |
-                         reinterpret_cast<std::uintptr_t>(a) |
-                         reinterpret_cast<std::uintptr_t>(b)) &
-                        15) == 0;
+  const bool aligned =
+      ((reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(a) |
+        reinterpret_cast<std::uintptr_t>(b)) &
+       15) == 0;
   const std::size_t vectors = aligned ? count / kVector : 0;
   for (std::size_t v = first; v < vectors; v += stride) {
     union Lanes {
@@ -255,9 +256,9 @@ extern "C" __global__ void __launch_bounds__(512)
 //
 // Every member owns an exchange area that every other member has mapped (CUDA IPC): two
 // generations (by the parity of the call's sequence number) of one slot per member, then one
-// flag per (generation, member, block). Block b of each member pushes its slice of the input into slot `me`
-// of every peer's area, fences, and raises its flag there to the sequence number; then it waits
-// for the flags of block b of every peer in its own area, and reduces the slice from its own
+// flag per (generation, member, block). Block b of each member pushes its slice of the input into
+// slot `me` of every peer's area, fences, and raises its flag there to the sequence number; then it
+// waits for the flags of block b of every peer in its own area, and reduces the slice from its own
 // input and the slots, all local memory. A member can run at most one call ahead of another (it
 // needs the other's data to finish), so two generations keep a slot from being overwritten while
 // it is read. The reduction order is recursive doubling's (include/ferry/ferry.hpp: the host
@@ -285,8 +286,8 @@ __device__ __forceinline__ void store_release(unsigned long long* p, unsigned lo
 // more) is reduced along the chain of members b, b + 1, ... (mod n), the partial result first.
 template <class E, int kOp>
 __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::size_t count,
-                               std::size_t first, std::size_t last, int members, int me,
-                               bool ring, const Areas& areas, std::size_t slot_offset,
+                               std::size_t first, std::size_t last, int members, int me, bool ring,
+                               const Areas& areas, std::size_t slot_offset,
                                std::size_t slot_bytes) {
   using T = typename E::Storage;
   auto* out = static_cast<T*>(out_buffer);
@@ -348,8 +349,8 @@ template <class E>
 __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std::size_t count,
                            std::size_t first, std::size_t last, int members, int me, bool ring,
                            const Areas& areas, std::size_t slot_offset, std::size_t slot_bytes) {
-#define FERRY_ONESHOT(kOp)                                                                     \
-  return oneshot_reduce<E, kOp>(out, in, count, first, last, members, me, ring, areas,         \
+#define FERRY_ONESHOT(kOp)                                                             \
+  return oneshot_reduce<E, kOp>(out, in, count, first, last, members, me, ring, areas, \
                                 slot_offset, slot_bytes)
   switch (op) {
     case kSum:
@@ -391,10 +392,10 @@ extern "C" __global__ void __launch_bounds__(512)
                             int members, int me, int ring, unsigned long long sequence,
                             unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
                             unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
-  const std::size_t size = type == kInt8 || type == kUint8                         ? 1
-                           : type == kInt16 || type == kUint16 || type == kFloat16 ||
-                                   type == kBfloat16                               ? 2
-                           : type == kInt32 || type == kUint32 || type == kFloat32 ? 4
+  const std::size_t size =
+      type == kInt8 || type == kUint8                                              ? 1
+      : type == kInt16 || type == kUint16 || type == kFloat16 || type == kBfloat16 ? 2
+      : type == kInt32 || type == kUint32 || type == kFloat32                      ? 4
                                                                                    : 8;
   // Block b's slice: whole 16-byte units of elements.
   const std::size_t unit = 16 / size;
@@ -406,8 +407,8 @@ extern "C" __global__ void __launch_bounds__(512)
   const std::size_t generation = sequence & 1;
   const std::size_t slot_offset = generation * members * slot_bytes;
   // Flags: [generation][member][block] of (sequence, signature).
-  const std::size_t flags_offset = 2 * static_cast<std::size_t>(members) * slot_bytes +
-                                   generation * members * kMaxBlocks * 16;
+  const std::size_t flags_offset =
+      2 * static_cast<std::size_t>(members) * slot_bytes + generation * members * kMaxBlocks * 16;
   const unsigned long long signature =
       count << 8 | static_cast<unsigned long long>(type) << 4 | static_cast<unsigned>(op);
 
@@ -416,8 +417,8 @@ extern "C" __global__ void __launch_bounds__(512)
   const std::size_t bytes = (last - first) * size;
   for (int j = 0; j < members; ++j) {
     if (j == me) continue;
-    unsigned char* target = areas.area[j] + slot_offset +
-                            static_cast<std::size_t>(me) * slot_bytes + first * size;
+    unsigned char* target =
+        areas.area[j] + slot_offset + static_cast<std::size_t>(me) * slot_bytes + first * size;
     if (((reinterpret_cast<std::uintptr_t>(source) | reinterpret_cast<std::uintptr_t>(target)) &
          15) == 0) {
       for (std::size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) {
@@ -445,9 +446,9 @@ extern "C" __global__ void __launch_bounds__(512)
     }
     for (int j = 0; j < members && stop == 0; ++j) {
       if (j == me) continue;
-      const auto* flag = reinterpret_cast<const unsigned long long*>(areas.area[me] +
-                                                                     flags_offset) +
-                         2 * (static_cast<std::size_t>(j) * kMaxBlocks + blockIdx.x);
+      const auto* flag =
+          reinterpret_cast<const unsigned long long*>(areas.area[me] + flags_offset) +
+          2 * (static_cast<std::size_t>(j) * kMaxBlocks + blockIdx.x);
       // The stop word is host memory, a slow read: look at it once in a while.
       for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
         if ((spins & 4095) == 0 && words[0] != 0) {
@@ -465,23 +466,23 @@ extern "C" __global__ void __launch_bounds__(512)
   __syncthreads();
   if (stop == 0) {
     switch (type) {
-#define FERRY_TYPE(kType, E, bitwise)                                                          \
-  case kType:                                                                                  \
-    oneshot_op<E>(op, bitwise, out, in, count, first, last, members, me, ring != 0, areas,     \
-                  slot_offset, slot_bytes);                                                    \
+#define FERRY_TYPE(kType, E, bitwise)                                                      \
+  case kType:                                                                              \
+    oneshot_op<E>(op, bitwise, out, in, count, first, last, members, me, ring != 0, areas, \
+                  slot_offset, slot_bytes);                                                \
     break;
-    FERRY_TYPE(kInt8, Element<std::int8_t>, true)
-    FERRY_TYPE(kInt16, Element<std::int16_t>, true)
-    FERRY_TYPE(kInt32, Element<std::int32_t>, true)
-    FERRY_TYPE(kInt64, Element<std::int64_t>, true)
-    FERRY_TYPE(kUint8, Element<std::uint8_t>, true)
-    FERRY_TYPE(kUint16, Element<std::uint16_t>, true)
-    FERRY_TYPE(kUint32, Element<std::uint32_t>, true)
-    FERRY_TYPE(kUint64, Element<std::uint64_t>, true)
-    FERRY_TYPE(kFloat16, Element<Half>, false)
-    FERRY_TYPE(kBfloat16, Element<Bf16>, false)
-    FERRY_TYPE(kFloat32, Element<float>, false)
-    FERRY_TYPE(kFloat64, Element<double>, false)
+      FERRY_TYPE(kInt8, Element<std::int8_t>, true)
+      FERRY_TYPE(kInt16, Element<std::int16_t>, true)
+      FERRY_TYPE(kInt32, Element<std::int32_t>, true)
+      FERRY_TYPE(kInt64, Element<std::int64_t>, true)
+      FERRY_TYPE(kUint8, Element<std::uint8_t>, true)
+      FERRY_TYPE(kUint16, Element<std::uint16_t>, true)
+      FERRY_TYPE(kUint32, Element<std::uint32_t>, true)
+      FERRY_TYPE(kUint64, Element<std::uint64_t>, true)
+      FERRY_TYPE(kFloat16, Element<Half>, false)
+      FERRY_TYPE(kBfloat16, Element<Bf16>, false)
+      FERRY_TYPE(kFloat32, Element<float>, false)
+      FERRY_TYPE(kFloat64, Element<double>, false)
 #undef FERRY_TYPE
       default:
         break;
