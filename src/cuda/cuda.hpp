@@ -97,7 +97,7 @@ class Cuda {
   // each member's exchange area holds 2 generations x `members` slots of `slot_bytes`, then
   // 2 generations x `members` x kOneShotBlocks flags of 16 bytes, zeroed before first use.
   static constexpr int kOneShotMembers = 8;
-  static constexpr int kOneShotBlocks = 32;
+  static constexpr int kOneShotBlocks = 128;
   static std::size_t oneshot_area_bytes(int members, std::size_t slot_bytes) {
     return 2 * static_cast<std::size_t>(members) * slot_bytes +
            2 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;

@@ -266,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(512)
 namespace {
 
 constexpr int kMaxMembers = 8;
-constexpr int kMaxBlocks = 32;
+constexpr int kMaxBlocks = 128;
 
 struct Areas {
   unsigned char* area[kMaxMembers];  // each member's exchange area as mapped here

@@ -109,7 +109,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                            \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                             \
     "a chain broadcast forwards pieces of this many bytes (auto: from two pieces up)")            \
-  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "1m", 0, 1 << 30, "",                 \
+  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                 \
     "device allreduces up to this size, where every member is on this node and the automatic "    \
     "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "      \
     "member through CUDA IPC (0: never)")                                                         \
