@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests coll perf perf_staged compare coll_compare check sanitizer ofi ofi_perf kill
-# (default: info tests perf).
+# Steps: info probe tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare check
+# sanitizer ofi ofi_perf kill (default: info tests perf).
 # The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
 # source .devlibs/env.sh first.
 set -u
@@ -129,6 +129,18 @@ for step in $steps; do
           | tee -a "$out/gpu_kill.log" | grep -E "rank|FAIL|SKIP"
         echo "exit ${PIPESTATUS[0]}; /dev/shm: $(ls /dev/shm | grep -c '^ferry-') ferry files left"
       done ;;
+    coll_sanitizer)
+      # memcheck over both ranks: the reduction kernel (ring), copies, and the one-shot kernel.
+      compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
+        "$bin/ferryrun" --timeout 500 -n 2 "$bin/ferry_gpu_coll_tests" \
+        --gtest_filter='GpuColl.DataMovement*:GpuColl.NonBlocking*:GpuColl.DifferentCounts*:GpuColl.Mixed*' \
+        2>&1 | tee "$out/memcheck_coll.txt" | grep -E "ERROR SUMMARY|^\[  |Failure"
+      echo "exit ${PIPESTATUS[0]}" ;;
+    coll_kill)
+      # A member SIGKILLed while the others run one-shot device allreduces (3 ranks).
+      "$bin/ferryrun" --timeout 60 --keep-going -n 3 "$bin/ferry_fault_test" coll-death-device \
+        2>&1 | tee -a "$out/gpu_coll_kill.log" | grep -E "rank|FAIL|SKIP"
+      echo "exit ${PIPESTATUS[0]}" ;;
     ofi)
       # Two processes as if on two nodes: libfabric over tcp, device data through host memory.
       export FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp

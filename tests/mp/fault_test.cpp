@@ -68,6 +68,50 @@ int main(int argc, char** argv) {
     std::printf("rank %d: device kill, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "coll-death-device") {
+    // On a GPU machine: the last rank dies while the others run small allreduces of device
+    // buffers back to back (the one-shot kernel, which waits on the GPU for every member's flags):
+    // every survivor's allreduce fails with kPeerFailed and its GPU is free again.
+    std::string why;
+    const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
+    if (d == nullptr) {
+      std::printf("rank %d: SKIP device collective kill: %s\n", ctx.rank(), why.c_str());
+      return 0;
+    }
+    CUdevice device;
+    CUcontext context;
+    d->cuDeviceGet(&device, ctx.rank() % d->device_count);
+    d->cuDevicePrimaryCtxRetain(&context, device);
+    d->cuCtxSetCurrent(context);
+    CUdeviceptr buffer = 0;
+    expect(d->cuMemAlloc(&buffer, 4096) == CUDA_SUCCESS, "cuMemAlloc");
+    d->cuMemsetD8(buffer, 0, 4096);
+    d->cuCtxSynchronize();
+    ferry::Communicator world = ctx.world();
+    const int victim = ctx.size() - 1;
+    auto* data = reinterpret_cast<void*>(buffer);
+    ferry::Status s;
+    long calls = 0;
+    const auto start = Clock::now();
+    while (s.is_ok() && Clock::now() - start < std::chrono::seconds(20)) {
+      if (ctx.rank() == victim && Clock::now() - start > std::chrono::milliseconds(300)) {
+        ::kill(::getpid(), SIGKILL);
+      }
+      s = world.allreduce(data, data, 2, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
+      ++calls;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    expect(s.code() == ferry::Code::kPeerFailed, "the device allreduce fails with kPeerFailed");
+    expect(
+        d->cuMemsetD8(buffer, 0x22, 4096) == CUDA_SUCCESS && d->cuCtxSynchronize() == CUDA_SUCCESS,
+        "the GPU is free afterwards (no kernel left waiting)");
+    d->cuMemFree(buffer);
+    std::printf(
+        "rank %d: device allreduces without rank %d: %ld calls, then after %.0f ms: %s, "
+        "%d failures\n",
+        ctx.rank(), victim, calls, ms, s.to_string().c_str(), failures);
+    return failures == 0 ? 0 : 1;
+  }
 #endif
   if (argc > 1 && std::string(argv[1]) == "pipeline") {
     // Rank 2 dies after the first fragment of a 16 MiB pipelined message to rank 0
