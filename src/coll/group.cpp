@@ -133,6 +133,9 @@ void Group::release_oneshot() {
   if (!oneshot_) return;
   OneShot& o = *oneshot_;
   cuda::Cuda* gpu = engine_->cuda();
+  // A kernel of a collective that was never completed (its Request dropped) stops waiting for
+  // its peers before its memory goes.
+  if (o.words != nullptr) __atomic_store_n(&o.words[0], 1u, __ATOMIC_RELEASE);
   for (const auto& [rank, key] : o.mapped) gpu->unpin(rank, o.device, key);
   o.mapped.clear();
   if (o.area != nullptr) gpu->release(o.device, o.area);

@@ -61,8 +61,9 @@ Status Execution::run_local(const Action& a) {
   } else {
     s = gpu->copy_async(device_, kLane, a.to, a.from, a.size, &gpu_work_);
   }
-  if (!s.is_ok())
+  if (!s.is_ok()) {
     return Status(s.code(), what() + ": in round " + std::to_string(round_) + ": " + s.message());
+  }
   gpu_busy_ = true;
   return s;
 }
@@ -222,10 +223,7 @@ void Schedule::next_round() {
 Schedule::~Schedule() { release_device_scratch(); }
 
 std::byte* Schedule::scratch(std::size_t bytes) {
-  if (device_ != kHost) {
-    std::byte* memory = device_scratch(bytes, &scratch_failure_);
-    return memory;
-  }
+  if (device_ != kHost) return device_scratch(bytes, &scratch_failure_);
   scratch_.push_back(std::make_unique_for_overwrite<std::byte[]>(bytes > 0 ? bytes : 1));
   return scratch_.back().get();
 }
