@@ -31,39 +31,13 @@ enum Type : int {
 };
 enum Op : int { kSum, kProd, kMin, kMax, kBitAnd, kBitOr, kBitXor };
 
-template <class T>
-struct Wide {
-  using type = T;
-};
 // As on the host: sum and prod in an unsigned type at least as wide as unsigned int.
-template <>
-struct Wide<std::int8_t> {
-  using type = unsigned;
-};
-template <>
-struct Wide<std::uint8_t> {
-  using type = unsigned;
-};
-template <>
-struct Wide<std::int16_t> {
-  using type = unsigned;
-};
-template <>
-struct Wide<std::uint16_t> {
-  using type = unsigned;
-};
-template <>
-struct Wide<std::int32_t> {
-  using type = unsigned;
-};
-template <>
-struct Wide<std::int64_t> {
-  using type = unsigned long long;
-};
+template <class T>
+using Wide = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
 
 template <class T, int kOp>
 __device__ __forceinline__ T combine_integer(T a, T b) {
-  using W = typename Wide<T>::type;
+  using W = Wide<T>;
   const W x = static_cast<W>(a);
   const W y = static_cast<W>(b);
   if constexpr (kOp == kSum) return static_cast<T>(x + y);

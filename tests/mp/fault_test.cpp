@@ -26,6 +26,25 @@ void expect(bool ok, const char* what) {
   }
 }
 
+#if FERRY_HAVE_CUDA
+// The driver with this rank's GPU (rank mod the GPU count) current, or null (and a SKIP line
+// naming `what`) where there is none.
+const ferry::cuda::Driver* bind_gpu(const ferry::Context& ctx, const char* what) {
+  std::string why;
+  const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
+  if (d == nullptr) {
+    std::printf("rank %d: SKIP %s: %s\n", ctx.rank(), what, why.c_str());
+    return nullptr;
+  }
+  CUdevice device;
+  CUcontext context;
+  d->cuDeviceGet(&device, ctx.rank() % d->device_count);
+  d->cuDevicePrimaryCtxRetain(&context, device);
+  d->cuCtxSetCurrent(context);
+  return d;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -37,17 +56,8 @@ int main(int argc, char** argv) {
     // middle (FERRY_TEST_CRASH_AT=mid-pipeline: after its first staged chunk, or with the
     // receiver's direct receive posted over ofi). Rank 0's receive into device memory must fail
     // with kPeerFailed, and its device buffer must be usable afterwards (no copy still writing).
-    std::string why;
-    const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
-    if (d == nullptr) {
-      std::printf("rank %d: SKIP device kill: %s\n", ctx.rank(), why.c_str());
-      return 0;
-    }
-    CUdevice device;
-    CUcontext context;
-    d->cuDeviceGet(&device, ctx.rank() % d->device_count);
-    d->cuDevicePrimaryCtxRetain(&context, device);
-    d->cuCtxSetCurrent(context);
+    const ferry::cuda::Driver* d = bind_gpu(ctx, "device kill");
+    if (d == nullptr) return 0;
     const std::size_t bytes = std::size_t{256} << 20;
     CUdeviceptr buffer = 0;
     expect(d->cuMemAlloc(&buffer, bytes) == CUDA_SUCCESS, "cuMemAlloc");
@@ -72,17 +82,8 @@ int main(int argc, char** argv) {
     // On a GPU machine: the last rank dies while the others run small allreduces of device
     // buffers back to back (the one-shot kernel, which waits on the GPU for every member's flags):
     // every survivor's allreduce fails with kPeerFailed and its GPU is free again.
-    std::string why;
-    const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
-    if (d == nullptr) {
-      std::printf("rank %d: SKIP device collective kill: %s\n", ctx.rank(), why.c_str());
-      return 0;
-    }
-    CUdevice device;
-    CUcontext context;
-    d->cuDeviceGet(&device, ctx.rank() % d->device_count);
-    d->cuDevicePrimaryCtxRetain(&context, device);
-    d->cuCtxSetCurrent(context);
+    const ferry::cuda::Driver* d = bind_gpu(ctx, "device collective kill");
+    if (d == nullptr) return 0;
     CUdeviceptr buffer = 0;
     expect(d->cuMemAlloc(&buffer, 4096) == CUDA_SUCCESS, "cuMemAlloc");
     d->cuMemsetD8(buffer, 0, 4096);
