@@ -556,9 +556,12 @@ class CudaImpl final : public Cuda {
   Status zero(int device_ordinal, void* pointer, std::size_t bytes) override {
     Device& dev = device(device_ordinal);
     ScopedContext scope(d_, dev.context);
-    CUresult result = d_->cuMemsetD8(reinterpret_cast<CUdeviceptr>(pointer), 0, bytes);
-    if (result == CUDA_SUCCESS) result = d_->cuCtxSynchronize();
-    return result == CUDA_SUCCESS ? Status::ok() : driver_error("cuMemsetD8", result);
+    // On the module's own stream: waiting for the whole context would also wait for the
+    // application's kernels.
+    CUresult result =
+        d_->cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(pointer), 0, bytes, dev.sync_stream);
+    if (result == CUDA_SUCCESS) result = d_->cuStreamSynchronize(dev.sync_stream);
+    return result == CUDA_SUCCESS ? Status::ok() : driver_error("cuMemsetD8Async", result);
   }
 
   Status copy(void* dst, const void* src, std::size_t bytes) override {
@@ -669,6 +672,7 @@ class CudaImpl final : public Cuda {
     ScopedContext scope(d_, dev.context);
     int mem_ops = 0;
     d_->cuDeviceGetAttribute(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, dev.handle);
+    d_->cuStreamCreate(&dev.sync_stream, CU_STREAM_NON_BLOCKING);
     void* flags = nullptr;
     if (mem_ops != 0 &&
         d_->cuMemHostAlloc(&flags, 64 * kLanesPerDevice,
@@ -678,12 +682,11 @@ class CudaImpl final : public Cuda {
       CUdeviceptr view = 0;
       if (d_->cuMemHostGetDevicePointer(&view, flags, 0) == CUDA_SUCCESS &&
           d_->cuMemAlloc(&dev.counters, 64 * kLanesPerDevice) == CUDA_SUCCESS) {
-        d_->cuMemsetD8(dev.counters, 0, 64 * kLanesPerDevice);
-        d_->cuCtxSynchronize();
+        d_->cuMemsetD8Async(dev.counters, 0, 64 * kLanesPerDevice, dev.sync_stream);
+        d_->cuStreamSynchronize(dev.sync_stream);
         dev.flags_device = reinterpret_cast<void*>(view);
       }
     }
-    d_->cuStreamCreate(&dev.sync_stream, CU_STREAM_NON_BLOCKING);
     for (int i = 0; i < kLanesPerDevice; ++i) {
       Lane& lane = dev.lanes[static_cast<std::size_t>(i)];
       d_->cuStreamCreate(&lane.stream, CU_STREAM_NON_BLOCKING);

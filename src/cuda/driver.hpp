@@ -47,6 +47,7 @@ namespace ferry::cuda {
   X(cuMemcpy, 4000)                                \
   X(cuMemcpyAsync, 4000)                           \
   X(cuMemsetD8, 3020)                              \
+  X(cuMemsetD8Async, 3020)                         \
   X(cuStreamCreate, 2000)                          \
   X(cuStreamDestroy, 4000)                         \
   X(cuStreamSynchronize, 2000)                     \
