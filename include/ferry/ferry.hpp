@@ -187,8 +187,11 @@ class Context {
 // operation allows it: allreduce, reduce, and for allgather and gather a send buffer at this rank's
 // block of the receive buffer. Buffers must stay untouched until the operation completes.
 // Results are the same bits on every rank and from run to run for a given rank count, sizes and
-// algorithm (docs/ARCHITECTURE.md, "Collectives"). Host memory only for now: a CUDA device buffer
-// fails the call with kUnsupported.
+// algorithm (docs/ARCHITECTURE.md, "Collectives"). The buffers of one call are all host memory or
+// all CUDA device memory of one GPU (ready: the stream that wrote them synchronized), else the call
+// fails with kUnsupported; device buffers give the same bits as host buffers, NaN payloads aside.
+// Where every member is on one node, a small device allreduce (FERRY_COLL_DEVICE_ONESHOT) runs as
+// one kernel per GPU, which needs every member to pass device buffers when any does.
 //
 // A dead member fails the collective (kPeerFailed) on every member that waits, and members that
 // pass different counts get kInvalidArgument, not a hang. Under FERRY_TIMEOUT a blocking form

@@ -47,7 +47,7 @@ struct Record {
       "usage: ferryrun -n 2 ferry-perf [latency|bandwidth|bibw]... [options]\n"
       "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter]...\n"
       "  (collectives: SIZE is the bytes of the result; allreduce and reduce_scatter\n"
-      "  add float32, broadcast comes from rank 0; host memory only)\n"
+      "  add float32, broadcast comes from rank 0; -m cuda puts every rank's buffers on its GPU)\n"
       "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
       "  --iterations N     timed iterations per size (default: by size)\n"
       "  --warmup N         untimed iterations first (default: a tenth)\n"
