@@ -44,12 +44,13 @@ bool Group::oneshot_ready(int device, std::size_t count, DataType type) {
     return false;
   }
   if (!oneshot_) {
-    // Every member must share this node (and so the GPUs' IPC): the same answer everywhere.
+    // Decided once. Every member must share this node (and so the GPUs' IPC): the same answer
+    // everywhere.
+    oneshot_ = std::make_unique<OneShot>();
     const std::vector<int> local = engine_->local_ranks();
     for (int m : members_) {
       if (std::find(local.begin(), local.end(), m) == local.end()) return false;
     }
-    oneshot_ = std::make_unique<OneShot>();
     if (Status s = prepare_oneshot(device); !s.is_ok()) {
       FERRY_LOG(kWarn,
                 "collectives: the one-shot device allreduce is off for this communicator: %s",
