@@ -31,6 +31,7 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   timeout_ = engine_->timeout();
   oneshot_bytes_ =
       config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
+  oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
 }
 
 Group::~Group() { release_oneshot(); }
@@ -160,6 +161,7 @@ Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp
   call.ring = a.member == 1;  // Group::allreduce's choice of order
   call.sequence = a.sequence;
   call.slot_bytes = oneshot_bytes_;
+  call.block_bytes = oneshot_slice_;
   call.areas = o.areas;
   call.words = o.words_device;
   return engine_->cuda()->allreduce_oneshot_async(o.device, lane, call, ticket);

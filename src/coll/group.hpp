@@ -125,6 +125,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::size_t chunk_;
   double timeout_;             // FERRY_TIMEOUT
   std::size_t oneshot_bytes_;  // FERRY_COLL_DEVICE_ONESHOT
+  std::size_t oneshot_slice_;  // FERRY_COLL_DEVICE_ONESHOT_SLICE
   struct OneShot {
     bool usable = false;
     int device = -1;

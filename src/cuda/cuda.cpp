@@ -489,8 +489,14 @@ class CudaImpl final : public Cuda {
     const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
     Lane& lane = dev.lanes[lane_number];
     ScopedContext scope(d_, dev.context);
-    // Always the same grid (block b waits for block b of each peer).
-    const auto blocks = static_cast<unsigned>(kOneShotBlocks);
+    // A block per call.block_bytes, up to kOneShotBlocks: a small call is one block with one
+    // flag per peer. Block b waits for block b of each peer.
+    const std::size_t data = call.count * size_of(call.type);
+    const auto blocks = static_cast<unsigned>(
+        call.block_bytes == 0
+            ? kOneShotBlocks
+            : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1,
+                                      kOneShotBlocks));
     void* out = call.out;
     const void* in = call.in;
     unsigned long long count = call.count;

@@ -113,6 +113,9 @@ class Cuda {
     bool ring = false;           // reduce in the ring's order (else recursive doubling's)
     std::uint64_t sequence = 0;  // 1, 2, ...: the same on every member for the same call
     std::size_t slot_bytes = 0;
+    // Bytes per thread block, up to kOneShotBlocks blocks (0: always kOneShotBlocks). Every member
+    // must compute the same grid for the same call.
+    std::size_t block_bytes = 0;
     std::array<void*, kOneShotMembers> areas{};  // every member's area as mapped here
     // Device view of two host words: [0] nonzero ends the waiting; the kernel sets [1] when a
     // member's call differs in count, type or op.

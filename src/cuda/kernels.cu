@@ -356,8 +356,9 @@ __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std:
 
 // out = the reduction of every member's `in` over `count` elements; see above. words[0] is a
 // host word: nonzero makes a block stop waiting (a member died, or the call timed out); the kernel
-// sets words[1] when a peer's call differs in count, type or op. Always kMaxBlocks blocks, so
-// that every block has its partner on each peer whatever the counts.
+// sets words[1] when a peer's call differs in count, type or op. The grid (at most kMaxBlocks
+// blocks) follows the size, the same on every member for the same call; block b waits for block
+// b of each peer.
 //
 // When `lane_flag` is set the last block to finish stores `done` there (host memory the CPU polls
 // for completion), after the others counted themselves in `blocks_done` (reset for the next call).
@@ -423,15 +424,26 @@ extern "C" __global__ void __launch_bounds__(512)
       const auto* flag =
           reinterpret_cast<const unsigned long long*>(areas.area[me] + flags_offset) +
           2 * (static_cast<std::size_t>(j) * kMaxBlocks + blockIdx.x);
-      // The stop word is host memory, a slow read: look at it once in a while.
+      // The grid follows the size, so a peer whose call differs may not run this block; its
+      // block 0, which always runs, shows the difference. The stop word is host memory, a slow
+      // read: look at it once in a while.
+      const auto* block0 = flag - 2 * static_cast<std::size_t>(blockIdx.x);
+      bool differs = false;
       for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
+        if ((spins & 63) == 0 && blockIdx.x != 0 && load_relaxed(block0) == sequence) {
+          asm volatile("fence.acq_rel.sys;" ::: "memory");
+          if (block0[1] != signature) {
+            differs = true;
+            break;
+          }
+        }
         if ((spins & 4095) == 0 && words[0] != 0) {
           stop = 1;
           break;
         }
       }
       asm volatile("fence.acq_rel.sys;" ::: "memory");
-      if (stop == 0 && flag[1] != signature) {
+      if (stop == 0 && (differs || flag[1] != signature)) {
         words[1] = 1;
         stop = 1;
       }

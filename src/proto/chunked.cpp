@@ -1,6 +1,8 @@
-// Device data with a peer that shares no memory with us (ofi): without GPU memory registered with
-// the NIC, a message in device memory on either side travels as a series of direct transfers of
-// FERRY_OFI_CHUNK bytes, each through a pinned host bounce on the device side:
+// Device data with a peer that shares no memory with us (ofi): a message in device memory on
+// either side travels as a series of direct transfers of FERRY_OFI_CHUNK bytes. Where the NIC
+// registers that GPU's memory (Endpoint::device_direct: FI_HMEM, and a trial registration that
+// succeeded) a device side sends from or receives into its buffer as it is; elsewhere each chunk
+// goes through a pinned host bounce on the device side:
 //   sender:   RTS (address kRtsFromDevice when its buffer is device memory)
 //   receiver: posts a direct receive for chunk 0 (into its buffer, or into its bounce), answers
 //             CTS_CHUNKED {length, chunk}
@@ -87,11 +89,18 @@ void Engine::start_chunked_receive(std::uint32_t index, int source, std::uint64_
     send_control(source, kAmFin, as_bytes(FinHeader{sreq, 1, 0}));
     return complete(index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
-  if (slot.device >= 0 && (slot.bounce = take_bounce()) == nullptr) {
+  if (needs_bounce(slot, *peer.endpoint) && (slot.bounce = take_bounce()) == nullptr) {
     bounce_waiters_.push_back(requests_.wire_id(index));  // started by return_bounce
     return;
   }
   start_chunks(index);
+}
+
+bool Engine::needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint) {
+  if (slot.device < 0) return false;
+  const bool send = slot.kind == RequestKind::kSend;
+  const void* buffer = send ? static_cast<const void*>(slot.send_buffer) : slot.recv_buffer;
+  return !endpoint.device_direct(slot.device, buffer, slot.expected);
 }
 
 void Engine::handle_cts_chunked(int source, std::span<const std::byte> data) {
@@ -122,7 +131,7 @@ void Engine::handle_cts_chunked(int source, std::span<const std::byte> data) {
     send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     return complete(index, std::move(status));
   }
-  if (slot->device >= 0 && (slot->bounce = take_bounce()) == nullptr) {
+  if (needs_bounce(*slot, *peer.endpoint) && (slot->bounce = take_bounce()) == nullptr) {
     bounce_waiters_.push_back(requests_.wire_id(index));  // started by return_bounce
     return;
   }
@@ -137,6 +146,8 @@ Status Engine::post_chunk(std::uint32_t index) {
   Peer& peer = peers_[static_cast<std::size_t>(peer_rank)];
   const std::size_t offset = send ? slot.staged : slot.received;
   const std::size_t bytes = std::min(slot.chunk, slot.expected - offset);
+  // Device memory without a bounce: the NIC registers it (device_direct said so).
+  const int device = slot.bounce == nullptr ? slot.device : -1;
   Status status;
   if (send) {
     const std::byte* source = slot.send_buffer + offset;
@@ -145,12 +156,13 @@ Status Engine::post_chunk(std::uint32_t index) {
       source = slot.bounce;
     }
     if (status) {
-      status = peer.endpoint->send_direct(source, bytes, slot.stage_rreq, requests_.wire_id(index));
+      status = peer.endpoint->send_direct(source, bytes, device, slot.stage_rreq,
+                                          requests_.wire_id(index));
     }
   } else {
     std::byte* target = slot.bounce != nullptr ? slot.bounce : slot.recv_buffer + offset;
     const std::uint64_t rreq = requests_.wire_id(index);
-    status = peer.endpoint->recv_direct(target, bytes, rreq, rreq);
+    status = peer.endpoint->recv_direct(target, bytes, device, rreq, rreq);
   }
   if (status) ++slot.device_ops;
   return status;

@@ -310,8 +310,9 @@ std::string Engine::describe_peer(int rank) const {
     out += "; device buffers: ";
     if (!peer.shares_memory) {
       out +=
-          "through pinned host memory (no shared memory with this peer; small ones copied, "
-          "larger ones in chunks)";
+          "no shared memory with this peer: small ones copied through host memory, larger "
+          "ones in chunks (" +
+          peer.endpoint->device_route() + ")";
     } else if (!cuda_ipc_) {
       out += "host-staged (FERRY_CUDA_IPC=0)";
     } else if (rank == rank_) {

@@ -171,6 +171,9 @@ class Engine final : public transport::AmHandler {
   Status post_chunk(std::uint32_t index);
   void start_chunks(std::uint32_t index);
   void chunk_done(std::uint32_t index, Status status);
+  // Whether a chunked transfer's device buffer must go through a pinned bounce (the NIC does
+  // not register that GPU's memory).
+  static bool needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint);
   std::byte* take_bounce();
   void return_bounce(RequestSlot* slot);
   // Validates a CTS (plain or direct) for one of our rendezvous sends; null (NACKed) if not.

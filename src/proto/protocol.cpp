@@ -503,7 +503,7 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   const std::uint64_t rreq = requests_.wire_id(index);
   if (peer.endpoint->has_direct() && !peer.direct_failed) {
     // The transport moves the whole message into the receive buffer (its own rendezvous).
-    Status status = peer.endpoint->recv_direct(slot.recv_buffer, length, rreq, rreq);
+    Status status = peer.endpoint->recv_direct(slot.recv_buffer, length, -1, rreq, rreq);
     if (status) {
       slot.direct = true;
       ++slot.device_ops;  // the buffer is the transport's until on_direct
@@ -569,7 +569,7 @@ void Engine::handle_cts_direct(int source, std::span<const std::byte> data) {
   }
   // FERRY_TEST_CRASH_AT=mid-pipeline: die with the receiver's direct receive posted.
   if (crash_mid_pipeline_) util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
-  Status status = peer.endpoint->send_direct(slot->send_buffer, header.length, header.rreq,
+  Status status = peer.endpoint->send_direct(slot->send_buffer, header.length, -1, header.rreq,
                                              requests_.wire_id(index));
   if (!status) {
     send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));

@@ -69,16 +69,26 @@ class Endpoint {
   // recv_direct(buffer, length, key) with a key of its choosing and tells the sender (CTS), which
   // calls send_direct with that key. Each side learns that its buffer is free again through
   // AmHandler::on_direct(cookie). cancel_direct asks for it back early (the completion still
-  // comes, with an error). A transport without it answers kUnsupported.
+  // comes, with an error). A transport without it answers kUnsupported. `device` is the GPU
+  // whose memory `buffer` is (-1: host memory); only what device_direct() allowed is passed.
   [[nodiscard]] virtual bool has_direct() const { return false; }
-  virtual Status send_direct(const void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
-                             std::uint64_t /*cookie*/) {
+  virtual Status send_direct(const void* /*buffer*/, std::size_t /*length*/, int /*device*/,
+                             std::uint64_t /*key*/, std::uint64_t /*cookie*/) {
     return Status(Code::kUnsupported, "no direct transfers");
   }
-  virtual Status recv_direct(void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
-                             std::uint64_t /*cookie*/) {
+  virtual Status recv_direct(void* /*buffer*/, std::size_t /*length*/, int /*device*/,
+                             std::uint64_t /*key*/, std::uint64_t /*cookie*/) {
     return Status(Code::kUnsupported, "no direct transfers");
   }
+  // Whether direct transfers may use GPU `device`'s memory as it is (the NIC registers GPU
+  // memory). The first question per GPU registers `buffer` for real to find out, and the answer
+  // is kept. False: the caller stages the data through host memory.
+  [[nodiscard]] virtual bool device_direct(int /*device*/, const void* /*buffer*/,
+                                           std::size_t /*length*/) {
+    return false;
+  }
+  // How device data moves over this endpoint where no memory is shared, and why.
+  [[nodiscard]] virtual std::string device_route() const { return {}; }
   virtual void cancel_direct(std::uint64_t /*cookie*/) {}
   // A rendezvous send whose buffer the caller may reuse now (withdrawn after FERRY_TIMEOUT) is
   // marked where the peer can see it; a receiver that fetched `sreq` with get() asks afterwards

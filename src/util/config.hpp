@@ -26,6 +26,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "interval of the keepalive ofi sends to every peer (a failed send marks it dead; 0: off)")    \
   X(kOfiChunk, "FERRY_OFI_CHUNK", kSize, "4m", 65536, 1 << 30, "",                                \
     "device data over ofi moves in direct transfers of this many bytes, through pinned bounces")  \
+  X(kOfiHmem, "FERRY_OFI_HMEM", kEnum, "auto", 0, 0, "auto|off",                                  \
+    "GPU memory over ofi: auto (registered with the NIC where the provider offers FI_HMEM and "   \
+    "a trial registration of each GPU's memory succeeds, else staged) or off (always staged "     \
+    "through pinned host memory)")                                                                \
   X(kKeepaliveTimeout, "FERRY_KEEPALIVE_TIMEOUT", kSeconds, "0", 0, 86400, "",                    \
     "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "     \
     "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "   \
@@ -83,6 +87,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test: ofi treats every peer as on another node (no pidfd: keepalives must find deaths)")     \
   X(kTestOfiChunked, "FERRY_TEST_OFI_CHUNKED", kBool, "0", 0, 0, "",                              \
     "test: host rendezvous messages over ofi move in chunks, as device data does")                \
+  X(kTestOfiHmem, "FERRY_TEST_OFI_HMEM", kEnum, "none", 0, 0, "none|assume|fail",                 \
+    "test: ofi acts as if the provider offered FI_HMEM (assume: the trial registration of GPU "   \
+    "memory runs against the real provider; fail: it fails with -FI_EINVAL, as a NIC that "       \
+    "cannot map GPU memory answers)")                                                             \
   X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                              \
     "test: a receiver waits this long between matching a rendezvous and its zero-copy get")       \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                           \
@@ -109,6 +117,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                            \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                             \
     "a chain broadcast forwards pieces of this many bytes (auto: from two pieces up)")            \
+  X(kCollDeviceOneshotSlice, "FERRY_COLL_DEVICE_ONESHOT_SLICE", kSize, "8k", 0, 1 << 30, "",      \
+    "bytes per thread block of the one-shot device allreduce, up to 128 blocks (0: always 128; "  \
+    "must be the same on every member)")                                                          \
   X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                 \
     "device allreduces up to this size, where every member is on this node and the automatic "    \
     "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "      \

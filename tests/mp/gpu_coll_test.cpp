@@ -359,15 +359,20 @@ TEST_F(GpuColl, DifferentCountsFailOnEveryMemberInsteadOfHanging) {
   // differ find out from each other's flags. (Where the members' choices of algorithm differ, the
   // wait is bounded by FERRY_TIMEOUT, as for host buffers.)
   if (!oneshot_expected()) GTEST_SKIP() << "the one-shot path is off in this configuration";
-  const std::size_t count = 100 + static_cast<std::size_t>(world_.rank());
-  to_device(send_.data(), input(DataType::kFloat32, count, world_.rank(), 3));
-  const Status s =
-      world_.allreduce(send_.data(), recv_.data(), count, DataType::kFloat32, ReduceOp::kSum);
-  EXPECT_FALSE(s.is_ok());
-  if (s.code() != Code::kInvalidArgument) {
-    std::printf("rank %d: %s\n", world_.rank(), s.to_string().c_str());
+  // The kernel's grid follows the size: counts 100 and 101 run one block each, counts 100 and
+  // 100100 one block and 49.
+  for (const std::size_t spread : {std::size_t{1}, std::size_t{100000}}) {
+    const std::size_t count = 100 + spread * static_cast<std::size_t>(world_.rank());
+    to_device(send_.data(), input(DataType::kFloat32, count, world_.rank(), 3));
+    const Status s =
+        world_.allreduce(send_.data(), recv_.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_FALSE(s.is_ok());
+    if (s.code() != Code::kInvalidArgument) {
+      std::printf("rank %d: %s\n", world_.rank(), s.to_string().c_str());
+    }
+    EXPECT_TRUE(s.code() == Code::kInvalidArgument || s.code() == Code::kTimeout)
+        << "spread " << spread << ": " << s.to_string();
   }
-  EXPECT_TRUE(s.code() == Code::kInvalidArgument || s.code() == Code::kTimeout) << s.to_string();
   // The communicator still works.
   const std::size_t same_count = 100;
   const std::vector<std::byte> in = input(DataType::kFloat32, same_count, world_.rank(), 4);

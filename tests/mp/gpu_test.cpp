@@ -306,7 +306,7 @@ TEST(Gpu, TenThousandFreedBuffersKeepGpuMemoryFlat) {
 }
 
 // FERRY_TRANSPORTS without shm: the ranks talk over ofi as if on two nodes, and device data is
-// moved through pinned host memory.
+// moved through pinned host memory (or registered with the NIC where it can be).
 bool shm_used() {
   const char* transports = std::getenv("FERRY_TRANSPORTS");
   return transports == nullptr || std::string(transports).find("shm") != std::string::npos;
@@ -411,7 +411,23 @@ TEST(Gpu, PeerPathIsReported) {
   const char* fail = std::getenv("FERRY_TEST_CUDA_IPC_FAIL");
   if (!shm_used()) {
     EXPECT_NE(path.find("ofi ("), std::string::npos) << path;
-    EXPECT_NE(path.find("device buffers: through pinned host memory"), std::string::npos) << path;
+    EXPECT_NE(path.find("device buffers: no shared memory with this peer"), std::string::npos)
+        << path;
+    // Where FI_HMEM is offered (or assumed), the earlier transfers tried this GPU's memory for
+    // real; Debian's libfabric refuses it, FERRY_TEST_OFI_HMEM=fail refuses it with -22.
+    const char* hmem = std::getenv("FERRY_TEST_OFI_HMEM");
+    const std::string test = hmem != nullptr ? hmem : "none";
+    if (test == "fail") {
+      EXPECT_NE(path.find("memory with the NIC failed (Invalid argument (-22)): staged"),
+                std::string::npos)
+          << path;
+    } else if (test == "assume") {
+      EXPECT_TRUE(path.find("memory with the NIC failed (") != std::string::npos ||
+                  path.find("memory registered with the NIC") != std::string::npos)
+          << path;
+    } else if (path.find("FI_HMEM offered") == std::string::npos) {
+      EXPECT_NE(path.find("no FI_HMEM"), std::string::npos) << path;
+    }
   } else if (ipc != nullptr && std::string(ipc) == "0") {
     EXPECT_NE(path.find("host-staged (FERRY_CUDA_IPC=0)"), std::string::npos) << path;
   } else if (fail != nullptr && std::string(fail) == "1") {

@@ -116,19 +116,40 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
                 "no libfabric provider allowed by FERRY_OFI_PROVIDER=" + allowed +
                     " (offered: " + (seen.empty() ? "none" : seen) + ")");
   }
-  // GPU memory and the NIC: does this provider register device memory (FI_HMEM)? ferry stages
-  // device data through pinned host memory either way for now; the answer is reported.
-  if (fi_info* probe = fi_->dupinfo(info_); probe != nullptr) {
+  // GPU memory and the NIC: ask the chosen provider and domain for FI_HMEM. Where it is granted,
+  // the endpoint is opened with it and each GPU's memory is tried on first use (device_direct);
+  // elsewhere device data is staged through pinned host memory.
+  const std::string& test_hmem = config.get_string(util::Var::kTestOfiHmem);
+  if (config.get_string(util::Var::kOfiHmem) == "off") {
+    hmem_ = "FERRY_OFI_HMEM=off: device data staged through pinned host memory";
+  } else if (fi_info* probe = fi_->dupinfo(info_); probe != nullptr) {
     probe->caps |= FI_HMEM;
     probe->domain_attr->mr_mode |= FI_MR_HMEM;
     fi_info* offered = nullptr;
-    const bool hmem = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, probe, &offered) == 0 &&
-                      offered != nullptr;
+    if (fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, probe, &offered) == 0) {
+      for (fi_info* i = offered; i != nullptr && !hmem_offered_; i = i->next) {
+        if ((i->caps & FI_HMEM) != 0 &&
+            std::strcmp(i->fabric_attr->prov_name, info_->fabric_attr->prov_name) == 0 &&
+            std::strcmp(i->domain_attr->name, info_->domain_attr->name) == 0) {
+          fi_->freeinfo(info_);
+          info_ = fi_->dupinfo(i);
+          hmem_offered_ = true;
+        }
+      }
+    }
     if (offered != nullptr) fi_->freeinfo(offered);
     fi_->freeinfo(probe);
-    hmem_ = hmem ? "FI_HMEM offered, not used yet: device data staged through pinned host memory"
-                 : "no FI_HMEM in this libfabric provider: device data staged through pinned host "
-                   "memory";
+    if (info_ == nullptr) throw Error(Code::kNoResources, "fi_dupinfo failed");
+    if (hmem_offered_) {
+      hmem_ = "FI_HMEM offered";
+    } else if (test_hmem != "none") {
+      hmem_ = "FI_HMEM assumed (FERRY_TEST_OFI_HMEM=" + test_hmem + ")";
+      hmem_offered_ = true;
+    } else {
+      hmem_ =
+          "no FI_HMEM in this libfabric provider: device data staged through pinned host memory";
+    }
+    hmem_fail_ = hmem_offered_ && test_hmem == "fail";
   }
   provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
               " (" + info_->fabric_attr->name + ")";
@@ -244,14 +265,19 @@ class OfiEndpoint final : public Endpoint {
   }
   [[nodiscard]] bool has_get() const override { return false; }
   [[nodiscard]] bool has_direct() const override { return true; }
-  Status send_direct(const void* buffer, std::size_t length, std::uint64_t key,
+  Status send_direct(const void* buffer, std::size_t length, int device, std::uint64_t key,
                      std::uint64_t cookie) override {
-    return transport_->start_direct(true, peer_, const_cast<void*>(buffer), length, key, cookie);
+    return transport_->start_direct(true, peer_, const_cast<void*>(buffer), length, device, key,
+                                    cookie);
   }
-  Status recv_direct(void* buffer, std::size_t length, std::uint64_t key,
+  Status recv_direct(void* buffer, std::size_t length, int device, std::uint64_t key,
                      std::uint64_t cookie) override {
-    return transport_->start_direct(false, peer_, buffer, length, key, cookie);
+    return transport_->start_direct(false, peer_, buffer, length, device, key, cookie);
   }
+  bool device_direct(int device, const void* buffer, std::size_t length) override {
+    return transport_->device_direct(device, buffer, length);
+  }
+  [[nodiscard]] std::string device_route() const override { return transport_->device_route(); }
   void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
   [[nodiscard]] std::string describe() const override {
     return "ofi (" + transport_->provider() + "; " + transport_->hmem() + ")";
@@ -348,7 +374,70 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
   return Status(Code::kPeerFailed, why);
 }
 
-Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t length,
+int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t access, int device,
+                                  fid_mr** mr) {
+  *mr = nullptr;
+  int ret = 0;
+  if (device < 0) {
+    ret = fi_mr_reg(domain_, data, length, access, 0, 0, 0, mr, nullptr);
+  } else if (hmem_fail_) {
+    return -FI_EINVAL;  // what a NIC that cannot map GPU memory answers
+  } else {
+    iovec iov{data, length};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device;
+    ret = fi_mr_regattr(domain_, &attr, 0, mr);
+  }
+  if (ret == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
+    ret = fi_mr_bind(*mr, &ep_->fid, 0);
+    if (ret == 0) ret = fi_mr_enable(*mr);
+  }
+  if (ret != 0 && *mr != nullptr) {
+    fi_close(&(*mr)->fid);
+    *mr = nullptr;
+  }
+  return ret;
+}
+
+bool OfiTransport::device_direct(int device, const void* buffer, std::size_t length) {
+  if (!hmem_offered_ || device < 0) return false;
+  if (auto found = gpus_.find(device); found != gpus_.end()) return found->second.direct;
+  // The provider's word is not enough (a NIC may offer FI_HMEM and still fail to map a GPU's
+  // memory): register this buffer for real, once per GPU.
+  const std::string gpu = "cuda:" + std::to_string(device);
+  fid_mr* mr = nullptr;
+  const int ret = register_memory(const_cast<void*>(buffer), std::max<std::size_t>(length, 1),
+                                  FI_SEND | FI_RECV, device, &mr);
+  GpuVerdict& verdict = gpus_[device];
+  if (ret == 0) {
+    fi_close(&mr->fid);
+    verdict = GpuVerdict{true, gpu + " memory registered with the NIC (trial registration)"};
+    FERRY_LOG(kInfo, "ofi: %s", verdict.why.c_str());
+  } else {
+    verdict = GpuVerdict{
+        false, "registering " + gpu + " memory with the NIC failed (" + error_text(ret) + ")"};
+    FERRY_LOG(kWarn, "ofi: %s; device data over ofi is staged through pinned host memory",
+              verdict.why.c_str());
+  }
+  return verdict.direct;
+}
+
+std::string OfiTransport::device_route() const {
+  if (!hmem_offered_) return hmem_;
+  std::string out = hmem_ + "; ";
+  if (gpus_.empty()) return out + "GPU memory not tried yet (the first device transfer tries it)";
+  for (const auto& [device, verdict] : gpus_) {
+    out += (device == gpus_.begin()->first ? "" : "; ") +
+           (verdict.direct ? verdict.why : verdict.why + ": staged through pinned host memory");
+  }
+  return out;
+}
+
+Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t length, int device,
                                   std::uint64_t key, std::uint64_t cookie) {
   PeerState& state = peers_[static_cast<std::size_t>(peer)];
   if (state.failed) return Status(Code::kPeerFailed, state.why);
@@ -363,16 +452,20 @@ Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t l
   op->length = length;
   op->key = key;
   op->cookie = cookie;
-  if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0 && length > 0) {
-    int ret = fi_mr_reg(domain_, data, length, send ? FI_SEND : FI_RECV, 0, 0, 0, &op->mr, nullptr);
-    if (ret == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
-      ret = fi_mr_bind(op->mr, &ep_->fid, 0);
-      if (ret == 0) ret = fi_mr_enable(op->mr);
-    }
+  // GPU memory is always registered (with its interface); host memory where the provider asks.
+  if (length > 0 && (device >= 0 || (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0)) {
+    const int ret = register_memory(data, length, send ? FI_SEND : FI_RECV, device, &op->mr);
     if (ret != 0) {
-      if (op->mr != nullptr) fi_close(&op->mr->fid);
-      return Status(Code::kIoError, "ofi: registering a " + std::to_string(length) +
-                                        "-byte buffer failed: " + error_text(ret));
+      std::string why = "ofi: registering a " + std::to_string(length) + "-byte " +
+                        (device >= 0 ? "cuda:" + std::to_string(device) + " " : "host ") +
+                        "buffer failed: " + error_text(ret);
+      if (device >= 0) {
+        // Later transfers of this GPU's memory are staged.
+        gpus_[device] = GpuVerdict{false, why};
+        FERRY_LOG(kWarn, "%s; later device data over ofi is staged through pinned host memory",
+                  why.c_str());
+      }
+      return Status(Code::kIoError, std::move(why));
     }
   }
   Op* raw = op.get();

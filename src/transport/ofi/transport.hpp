@@ -54,12 +54,15 @@ class OfiTransport final : public Transport {
   [[nodiscard]] const std::string& provider() const { return provider_; }
   // Whether the provider can register GPU memory, and what ferry does about it.
   [[nodiscard]] const std::string& hmem() const { return hmem_; }
+  // Endpoint::device_direct and device_route, for every peer at once: the NIC is the same.
+  bool device_direct(int device, const void* buffer, std::size_t length);
+  [[nodiscard]] std::string device_route() const;
 
   // Used by endpoints.
   Status send(int peer, fi_addr_t address, std::uint8_t id, std::span<const std::byte> header,
               std::span<const std::byte> payload);
-  Status start_direct(bool send, int peer, void* buffer, std::size_t length, std::uint64_t key,
-                      std::uint64_t cookie);
+  Status start_direct(bool send, int peer, void* buffer, std::size_t length, int device,
+                      std::uint64_t key, std::uint64_t cookie);
   void cancel_direct(std::uint64_t cookie);
 
  private:
@@ -89,6 +92,10 @@ class OfiTransport final : public Transport {
   void peer_failed(int peer, const std::string& why);
   void orphan_directs(int peer, const std::string& why);
   void keepalive();
+  // Registers `length` bytes at `data` (host memory, or GPU `device`'s) for `access`; 0 or a
+  // negative fi_errno. FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
+  int register_memory(void* data, std::size_t length, std::uint64_t access, int device,
+                      fid_mr** mr);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
   [[nodiscard]] std::string error_text(int code) const;
 
@@ -99,6 +106,13 @@ class OfiTransport final : public Transport {
   Capabilities capabilities_;
   std::string provider_;
   std::string hmem_ = "FI_HMEM not probed";
+  bool hmem_offered_ = false;  // FI_HMEM requested and granted (or assumed by the test knob)
+  bool hmem_fail_ = false;     // FERRY_TEST_OFI_HMEM=fail
+  struct GpuVerdict {
+    bool direct = false;
+    std::string why;
+  };
+  std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
   std::vector<std::byte> address_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
