@@ -35,10 +35,12 @@ for step in $steps; do
       nvidia-smi -L
       "${run[@]}" "$bin/ferry-info" --peers 2>&1 | grep -v "^  FERRY_" | head -20 ;;
     tests)
-      for mode in ${GPU_RUN_MODES:-ipc ipc_refused staged}; do
+      for mode in ${GPU_RUN_MODES:-ipc ipc_refused staged kernel_copy}; do
         env=()
         [ $mode = ipc_refused ] && env=(FERRY_TEST_CUDA_IPC_FAIL=1)
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
+        # Every IPC copy of a message that follows another one by the copy kernel.
+        [ $mode = kernel_copy ] && env=(FERRY_CUDA_IPC_KERNEL_COPY=1 FERRY_CUDA_IPC_KERNEL_COPY_MAX=1024g)
         echo "--- gpu.$mode ${env[*]:-}"
         env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_tests" 2>&1 | tee "$out/gpu_$mode.log" \
           | grep -E "^\[  |rank .*(grew|->)|Failure|error|SKIP" | head -40

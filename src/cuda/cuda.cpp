@@ -66,6 +66,8 @@ class CudaImpl final : public Cuda {
         cache_entries_(static_cast<std::size_t>(config.get_int(util::Var::kCudaIpcCacheEntries))),
         cache_bytes_(config.get_size(util::Var::kCudaIpcCacheSize)),
         scratch_cache_(config.get_size(util::Var::kCudaScratchCache)),
+        kernel_copy_from_(config.get_size(util::Var::kCudaIpcKernelCopy)),
+        kernel_copy_max_(config.get_size(util::Var::kCudaIpcKernelCopyMax)),
         inject_ipc_failure_(config.get_bool(util::Var::kTestCudaIpcFail)) {
     devices_.resize(static_cast<std::size_t>(d_->device_count));
     for (int i = 0; i < d_->device_count; ++i) {
@@ -331,6 +333,32 @@ class CudaImpl final : public Cuda {
     return mark(device_ordinal, lane_number, ticket);
   }
 
+  Status copy_device_async(int device_ordinal, int lane_index, void* dst, const void* src,
+                           std::size_t bytes, bool streaming, Ticket* ticket) override {
+    // A lone copy goes faster by the engine (no launch); a stream of mid-sized ones by the SMs
+    // (the engine's start-up per copy shows: 4 MiB 283 against 316-334 GB/s on H200 NVLink).
+    if (!streaming || kernel_copy_from_ == 0 || bytes < kernel_copy_from_ ||
+        bytes > kernel_copy_max_ || !kernels_missing(device_ordinal).empty() ||
+        device(device_ordinal).copy == nullptr) {
+      return copy_async(device_ordinal, lane_index, dst, src, bytes, ticket);
+    }
+    Device& dev = device(device_ordinal);
+    const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
+    Lane& lane = dev.lanes[lane_number];
+    ScopedContext scope(d_, dev.context);
+    // One thread per 64 bytes (four 16-byte units), at most 2 blocks per multiprocessor.
+    constexpr unsigned kThreads = 512;
+    const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 2;
+    const auto blocks = static_cast<unsigned>(
+        std::clamp<std::size_t>((bytes / 64 + kThreads - 1) / kThreads, 1, most));
+    unsigned long long length = bytes;
+    void* params[] = {&dst, &src, &length};
+    CUresult result =
+        d_->cuLaunchKernel(dev.copy, blocks, 1, 1, kThreads, 1, 1, 0, lane.stream, params, nullptr);
+    if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_copy)", result);
+    return mark(device_ordinal, lane_number, ticket);
+  }
+
   // The ticket of what was queued on a lane so far.
   Status mark(int device_ordinal, std::size_t lane_number, Ticket* ticket) {
     Device& dev = devices_[static_cast<std::size_t>(device_ordinal)];
@@ -394,6 +422,9 @@ class CudaImpl final : public Cuda {
       dev.oneshot = nullptr;
       dev.kernels_error = driver_error("cuModuleGetFunction", result).message();
     } else {
+      if (d_->cuModuleGetFunction(&dev.copy, dev.module, "ferry_copy") != CUDA_SUCCESS) {
+        dev.copy = nullptr;  // copies stay with the copy engine
+      }
       d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                                dev.handle);
     }
@@ -635,6 +666,7 @@ class CudaImpl final : public Cuda {
     CUdeviceptr counters = 0;        // a kernel's finished blocks, one per lane (zeroed)
     CUmodule module = nullptr;       // kernels.cu, loaded by kernels_missing()
     CUfunction reduce = nullptr;
+    CUfunction copy = nullptr;
     CUfunction oneshot = nullptr;
     std::string kernels_error;  // why the module could not be loaded
     int multiprocessors = 0;
@@ -797,6 +829,8 @@ class CudaImpl final : public Cuda {
   std::size_t cache_entries_;
   std::size_t cache_bytes_;
   std::size_t scratch_cache_;
+  std::size_t kernel_copy_from_;  // FERRY_CUDA_IPC_KERNEL_COPY (0: never)
+  std::size_t kernel_copy_max_;   // FERRY_CUDA_IPC_KERNEL_COPY_MAX
   bool inject_ipc_failure_;
   std::vector<Device> devices_;
   std::unordered_map<std::uint64_t, CUipcMemHandle> exported_;  // by buffer id

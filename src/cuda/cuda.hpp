@@ -76,6 +76,11 @@ class Cuda {
   // IPC-mapped, pinned or pageable host memory.
   virtual Status copy_async(int device, int lane, void* dst, const void* src, std::size_t bytes,
                             Ticket* ticket) = 0;
+  // As copy_async, where both ends are device memory (either may be a peer's IPC mapping). By
+  // the copy engine, or, when `streaming` (other copies are in flight, so a kernel's launch is
+  // hidden behind them) and the size is in FERRY_CUDA_IPC_KERNEL_COPY..._MAX, by a copy kernel.
+  virtual Status copy_device_async(int device, int lane, void* dst, const void* src,
+                                   std::size_t bytes, bool streaming, Ticket* ticket) = 0;
   [[nodiscard]] virtual bool done(const Ticket& ticket) = 0;
   // Synchronous copy (small eager messages into device memory, tools, tests).
   virtual Status copy(void* dst, const void* src, std::size_t bytes) = 0;

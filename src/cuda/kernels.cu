@@ -226,6 +226,37 @@ extern "C" __global__ void __launch_bounds__(512)
   }
 }
 
+// dst = src over `bytes` bytes of device memory (either may be a peer's IPC mapping): the copy
+// engine's work done by the SMs, where the engine's start-up per copy shows (FERRY_CUDA_IPC_KERNEL_COPY).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_copy(void* dst, const void* src, unsigned long long bytes) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = static_cast<const unsigned char*>(src);
+  std::size_t tail = 0;
+  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) == 0) {
+    // Four 16-byte loads in flight per thread before their stores.
+    const std::size_t units = bytes / 16;
+    auto* o = static_cast<uint4*>(dst);
+    const auto* i = static_cast<const uint4*>(src);
+    std::size_t k = first;
+    for (; k + 3 * stride < units; k += 4 * stride) {
+      const uint4 a = i[k];
+      const uint4 b = i[k + stride];
+      const uint4 c = i[k + 2 * stride];
+      const uint4 d = i[k + 3 * stride];
+      o[k] = a;
+      o[k + stride] = b;
+      o[k + 2 * stride] = c;
+      o[k + 3 * stride] = d;
+    }
+    for (; k < units; k += stride) o[k] = i[k];
+    tail = units * 16;
+  }
+  for (std::size_t t = tail + first; t < bytes; t += stride) out[t] = in[t];
+}
+
 // ---- One-shot allreduce among the GPUs of one node ----
 //
 // Every member owns an exchange area that every other member has mapped (CUDA IPC): two

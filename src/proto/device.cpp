@@ -154,11 +154,13 @@ Status Engine::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq
   if (ipc_split_ > 0 && length >= ipc_split_) pieces = std::clamp<std::size_t>(length >> 20, 1, 4);
   const std::size_t piece = (length / pieces + 4095) & ~std::size_t{4095};
   slot.state = RequestState::kActive;
+  const bool streaming = !device_ops_.empty();  // other copies in flight
   for (std::size_t offset = 0; offset < length && status; offset += piece) {
     const std::size_t bytes = std::min(piece, length - offset);
     DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, key};
-    status = cuda_->copy_async(slot.device, next_lane_++, slot.recv_buffer + offset,
-                               static_cast<std::byte*>(mapped) + offset, bytes, &op.ticket);
+    status = cuda_->copy_device_async(slot.device, next_lane_++, slot.recv_buffer + offset,
+                                      static_cast<std::byte*>(mapped) + offset, bytes, streaming,
+                                      &op.ticket);
     if (status) {
       ++slot.device_ops;
       device_ops_.push_back(op);

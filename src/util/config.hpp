@@ -71,6 +71,12 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                          \
     "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "         \
     "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                           \
+  X(kCudaIpcKernelCopy, "FERRY_CUDA_IPC_KERNEL_COPY", kSize, "4m", 0, 1LL << 40, "",              \
+    "CUDA IPC copies from this size up to FERRY_CUDA_IPC_KERNEL_COPY_MAX, queued behind other "   \
+    "copies, are made by a copy kernel on the receiver's GPU instead of the copy engine (0: "     \
+    "never; faster for a stream of such messages on H200 NVLink: docs/PERFORMANCE.md)")           \
+  X(kCudaIpcKernelCopyMax, "FERRY_CUDA_IPC_KERNEL_COPY_MAX", kSize, "16m", 0, 1LL << 40, "",      \
+    "the largest CUDA IPC copy a copy kernel makes (see FERRY_CUDA_IPC_KERNEL_COPY)")             \
   X(kCudaScratchCache, "FERRY_CUDA_SCRATCH_CACHE", kSize, "1g", 0, 1LL << 50, "",                 \
     "bytes of freed collective scratch buffers kept per GPU for the next collective (their "      \
     "peers' IPC mappings stay valid)")                                                            \
