@@ -114,7 +114,10 @@ struct Options {
 
 class Communicator;
 
-// One per process. Not thread-safe yet: call it from one thread at a time.
+// One per process. Safe to call from several threads at once (FERRY_THREADS=multi, the default:
+// one lock around each call, let go while a blocking call waits); FERRY_THREADS=single skips the
+// lock for applications that call from one thread at a time. Requests and Communicators follow
+// their Context's mode.
 class Context {
  public:
   // Joins the job described by the environment (ferryrun's variables), or a job of one process

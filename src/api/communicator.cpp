@@ -12,6 +12,7 @@ Status invalid() { return Status(Code::kInvalidArgument, "collective on an inval
 }  // namespace
 
 Communicator Context::world() {
+  auto entry = engine_->enter();
   if (!world_) world_ = coll::Group::world(engine_.get());
   return Communicator(world_);
 }
@@ -24,6 +25,7 @@ int Communicator::world_rank(int rank) const {
 
 Communicator Communicator::split(int color, int key) const {
   if (!group_) throw Error(invalid());
+  auto entry = group_->engine()->enter();
   if (color < 0 && color != kUndefined) {
     throw Error(Code::kInvalidArgument,
                 "split: color " + std::to_string(color) + " is neither kUndefined nor >= 0");
@@ -36,11 +38,13 @@ Communicator Communicator::split(int color, int key) const {
   Request Communicator::i##name params {                        \
     if (!group_) return Request();                              \
     coll::Group& g = *group_;                                   \
+    auto entry = g.engine()->enter();                           \
     return g.start([&](coll::Plan& p) { return g.name args; }); \
   }                                                             \
   Status Communicator::name params {                            \
     if (!group_) return invalid();                              \
     coll::Group& g = *group_;                                   \
+    auto entry = g.engine()->enter();                           \
     return g.run([&](coll::Plan& p) { return g.name args; });   \
   }
 
@@ -94,6 +98,7 @@ struct EvenBlocks {
 Request Communicator::ialltoall(const void* send, void* recv, std::size_t count, DataType type) {
   if (!group_) return Request();
   coll::Group& g = *group_;
+  auto entry = g.engine()->enter();
   const EvenBlocks b(g.size(), count);
   return g.start([&](coll::Plan& p) {
     return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
@@ -104,6 +109,7 @@ Request Communicator::ialltoall(const void* send, void* recv, std::size_t count,
 Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
   if (!group_) return invalid();
   coll::Group& g = *group_;
+  auto entry = g.engine()->enter();
   const EvenBlocks b(g.size(), count);
   return g.run([&](coll::Plan& p) {
     return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements, type,

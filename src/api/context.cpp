@@ -33,6 +33,7 @@ Status reserved(const char* call, Tag tag) {
 }  // namespace
 
 Request Context::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  auto entry = engine_->enter();
   if ((tag & kReservedTagBit) != 0) [[unlikely]] {
     return engine_->failed(reserved("isend", tag));
   }
@@ -40,6 +41,7 @@ Request Context::isend(const void* buffer, std::size_t bytes, int destination, T
 }
 
 Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
+  auto entry = engine_->enter();
   if ((tag & mask & kReservedTagBit) != 0) [[unlikely]] {
     return engine_->failed(reserved("irecv", tag));
   }
@@ -48,6 +50,7 @@ Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, 
 }
 
 Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  auto entry = engine_->enter();
   Request request = isend(buffer, bytes, destination, tag);
   Status status = request.wait();
   if (status.code() == Code::kTimeout && !request.test()) {
@@ -59,6 +62,7 @@ Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag
 
 Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, MessageInfo* info,
                      Tag mask) {
+  auto entry = engine_->enter();
   Request request = irecv(buffer, capacity, source, tag, mask);
   Status status = request.wait();
   if (status.code() == Code::kTimeout && !request.cancel() && !request.test()) {
@@ -72,10 +76,12 @@ Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, Me
 }
 
 std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
+  auto entry = engine_->enter();
   return engine_->iprobe(source, tag & ~kReservedTagBit, mask | kReservedTagBit);
 }
 
 MessageInfo Context::probe(int source, Tag tag, Tag mask) {
+  auto entry = engine_->enter();
   const double timeout = engine_->timeout();
   const auto deadline = util::deadline_after(timeout);
   int idle = 0;
@@ -88,11 +94,21 @@ MessageInfo Context::probe(int source, Tag tag, Tag mask) {
   }
 }
 
-Status Context::barrier() { return engine_->barrier(); }
-int Context::progress() { return engine_->progress(); }
+Status Context::barrier() {
+  auto entry = engine_->enter();
+  return engine_->barrier();
+}
+int Context::progress() {
+  auto entry = engine_->enter();
+  return engine_->progress();
+}
 void Context::abort(int code, const std::string& reason) { engine_->abort(code, reason); }
-std::string Context::describe_peer(int rank) const { return engine_->describe_peer(rank); }
+std::string Context::describe_peer(int rank) const {
+  auto entry = engine_->enter();
+  return engine_->describe_peer(rank);
+}
 std::vector<std::string> Context::describe_transports() const {
+  auto entry = engine_->enter();
   return engine_->describe_transports();
 }
 
@@ -113,32 +129,48 @@ Request& Request::operator=(Request&& other) noexcept {
 Request::~Request() { release(); }
 
 void Request::release() noexcept {
-  if (engine_ != nullptr) engine_->release(index_);
+  if (engine_ != nullptr) {
+    auto entry = engine_->enter();
+    engine_->release(index_);
+  }
   engine_ = nullptr;
 }
 
-bool Request::test() { return engine_ == nullptr || engine_->test(index_); }
+bool Request::test() {
+  if (engine_ == nullptr) return true;
+  auto entry = engine_->enter();
+  return engine_->test(index_);
+}
 
 Status Request::wait() {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  auto entry = engine_->enter();
   return engine_->wait(index_);
 }
 
 Status Request::wait_for(double seconds) {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  auto entry = engine_->enter();
   return engine_->wait_for(index_, seconds);
 }
 
-bool Request::cancel() { return engine_ != nullptr && engine_->cancel(index_); }
+bool Request::cancel() {
+  if (engine_ == nullptr) return false;
+  auto entry = engine_->enter();
+  return engine_->cancel(index_);
+}
 
 Status Request::status() const {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "status of an empty Request");
+  auto entry = engine_->enter();
   if (!engine_->done(index_)) return Status(Code::kInProgress);
   return engine_->status(index_);
 }
 
 MessageInfo Request::info() const {
-  if (engine_ == nullptr || !engine_->done(index_)) return {};
+  if (engine_ == nullptr) return {};
+  auto entry = engine_->enter();
+  if (!engine_->done(index_)) return {};
   return engine_->info(index_);
 }
 
@@ -158,6 +190,7 @@ std::size_t Request::wait_any(std::span<Request> requests) {
     if (request.valid()) engine = request.engine_;
   }
   if (engine == nullptr) return requests.size();
+  auto entry = engine->enter();
   int idle = 0;
   for (;;) {
     for (std::size_t i = 0; i < requests.size(); ++i) {

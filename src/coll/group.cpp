@@ -34,7 +34,13 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
 }
 
-Group::~Group() { release_oneshot(); }
+Group::~Group() {
+  // Only a group with device state touches the engine here (a host-only Communicator may
+  // outlive its Context, as a global one does); a Communicator may go on any thread.
+  if (!oneshot_) return;
+  auto entry = engine_->enter();
+  release_oneshot();
+}
 
 // ---- The one-shot device allreduce ----
 

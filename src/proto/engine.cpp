@@ -83,7 +83,28 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
   connect_peers();
+  const bool progress_thread = config_.get_bool(util::Var::kProgressThread);
+  threaded_ = progress_thread || config_.get_string(util::Var::kThreads) == "multi";
+  if (progress_thread) progress_thread_ = std::thread([this] { progress_loop(); });
   util::crash_point(config_, rank_, util::CrashPoint::kInitialized);
+}
+
+// FERRY_PROGRESS_THREAD: polls while there is work, then every 50 us or so, taking the lock like
+// any caller (so an application thread in a call waits for at most one progress pass).
+void Engine::progress_loop() {
+  int idle = 0;
+  while (!stop_progress_.load(std::memory_order_acquire)) {
+    lock();
+    const int events = progress();
+    unlock();
+    if (events > 0) {
+      idle = 0;
+    } else if (++idle > spin_count_) {
+      ::usleep(50);
+    } else {
+      ::sched_yield();
+    }
+  }
 }
 
 void Engine::setup_transports() {
@@ -234,6 +255,10 @@ void Engine::connect_peers() {
 }
 
 Engine::~Engine() {
+  if (progress_thread_.joinable()) {
+    stop_progress_.store(true, std::memory_order_release);
+    progress_thread_.join();
+  }
   finalize();
   for (std::byte* bounce : bounce_pool_) {
     cuda_->unregister_host(bounce);
@@ -270,9 +295,18 @@ void Engine::finalize() {
 }
 
 void Engine::wait_step(int* idle_polls) {
+  bool pause = false;
   if (progress() > 0) {
     *idle_polls = 0;
   } else if (++*idle_polls > spin_count_) {
+    pause = true;
+  }
+  if (threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    // Let the other threads in between polls: what this wait needs may be their next call.
+    unlock();
+    if (pause || waiting_.load(std::memory_order_relaxed) > 0) ::sched_yield();
+    lock();
+  } else if (pause) {
     ::sched_yield();
   }
 }
@@ -287,7 +321,8 @@ void Engine::abort(int code, const std::string& reason) {
 }
 
 Status Engine::barrier() {
-  return bootstrap_->barrier([this] { progress(); });
+  int idle = 0;
+  return bootstrap_->barrier([this, &idle] { wait_step(&idle); });
 }
 
 std::string Engine::describe_peer(int rank) const {

@@ -2,11 +2,15 @@
 // by size, matches tags, queues what a transport cannot take now, and completes requests.
 #pragma once
 
+#include <sched.h>
+
 #include <array>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
@@ -40,6 +44,30 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] int local_size() const { return bootstrap_->local_size(); }
   [[nodiscard]] std::vector<int> local_ranks() const { return bootstrap_->local_ranks(); }
   [[nodiscard]] const util::Config& config() const { return config_; }
+
+  // Held by the API layer around each call into the engine when the Context may be called from
+  // several threads (FERRY_THREADS=multi); nothing in single mode. A blocking wait lets go of it
+  // between polls (wait_step), so the other threads' calls get in while it waits.
+  class [[nodiscard]] Entry {
+   public:
+    // A call made from inside another (same thread) does not lock again.
+    explicit Entry(Engine* engine)
+        : engine_(engine->threaded_ && engine->owner_.load(std::memory_order_relaxed) !=
+                                           std::this_thread::get_id()
+                      ? engine
+                      : nullptr) {
+      if (engine_ != nullptr) engine_->lock();
+    }
+    ~Entry() {
+      if (engine_ != nullptr) engine_->unlock();
+    }
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+
+   private:
+    Engine* engine_;
+  };
+  Entry enter() { return Entry(this); }
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
@@ -80,6 +108,7 @@ class Engine final : public transport::AmHandler {
   }
   void release(std::uint32_t index);
   // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
+  // With several threads, the lock is let go and taken again (yielding to a waiting thread).
   void wait_step(int* idle_polls);
 
   [[nodiscard]] std::string describe_peer(int rank) const;
@@ -263,6 +292,33 @@ class Engine final : public transport::AmHandler {
   std::vector<std::pair<std::uint32_t, std::unique_ptr<Operation>>> operations_;
   bool advancing_ = false;  // an operation's own calls must not advance operations again
   int advance_operations();
+  // Threads (FERRY_THREADS, FERRY_PROGRESS_THREAD).
+  // A spin lock: uncontended, one atomic exchange and a plain store (a mutex costs a second
+  // atomic operation to let go). Waiters spin a little, then yield: the holder is polling, not
+  // sleeping, and lets go between polls.
+  void lock() {
+    if (locked_.exchange(true, std::memory_order_acquire)) {
+      waiting_.fetch_add(1, std::memory_order_relaxed);
+      for (int spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
+        while (locked_.load(std::memory_order_relaxed)) {
+          if (++spins > 64) ::sched_yield();
+        }
+      }
+      waiting_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  void unlock() {
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    locked_.store(false, std::memory_order_release);
+  }
+  void progress_loop();
+  bool threaded_ = true;
+  std::atomic<bool> locked_{false};
+  std::atomic<std::thread::id> owner_{};  // the thread holding the lock
+  std::atomic<int> waiting_{0};           // threads waiting for the lock
+  std::atomic<bool> stop_progress_{false};
+  std::thread progress_thread_;
   bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
   bool crash_mid_pipeline_ = false;    // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
   std::size_t outstanding_sends_ = 0;  // send requests not yet complete

@@ -34,6 +34,12 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "     \
     "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "   \
     "every rank calls ferry at least that often)")                                                \
+  X(kThreads, "FERRY_THREADS", kEnum, "multi", 0, 0, "multi|single",                              \
+    "multi: the Context may be called from several threads at once (one lock around each call; "  \
+    "blocking calls let go of it while they wait); single: one thread at a time, no locking")     \
+  X(kProgressThread, "FERRY_PROGRESS_THREAD", kBool, "0", 0, 0, "",                               \
+    "a thread of ferry's own moves non-blocking operations forward while the application "        \
+    "computes (implies FERRY_THREADS=multi)")                                                     \
   X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                         \
     "messages larger than this go by rendezvous (capped by the transport's eager limit)")         \
   X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "-1", -1, 100000000, "",                                \

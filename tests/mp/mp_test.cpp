@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -180,6 +181,82 @@ TEST(MultiProcess, ProbeThenReceiveAndCancel) {
   Request never = ctx().irecv(&x, sizeof(x), kAnySource, 51);
   EXPECT_TRUE(never.cancel());
   EXPECT_EQ(never.status().code(), Code::kCanceled);
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::string(set) == value;
+}
+
+TEST(MultiProcess, ThreadsShareTheContext) {
+  // FERRY_THREADS=multi (the default): 8 threads per rank, each with its own tag, exchange with
+  // the same thread of the partner rank (0-1, 2-3, ...; an odd one out talks to itself), by
+  // blocking calls, by non-blocking ones finished with test(), and after a probe; eager and
+  // rendezvous sizes. Under TSan (CI) this is also the check that the lock covers the engine.
+  if (env_is("FERRY_THREADS", "single")) GTEST_SKIP() << "FERRY_THREADS=single";
+  constexpr int kThreads = 8;
+  const int partner = (me() ^ 1) < nranks() ? (me() ^ 1) : me();
+  const int rounds = nranks() > 4 ? 10 : 60;
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Tag tag = 9000 + static_cast<Tag>(t);
+      const std::size_t size = t % 2 == 0 ? 64 : 100000;
+      std::vector<std::byte> in(size);
+      for (int i = 0; i < rounds && failures[t].empty(); ++i) {
+        const std::size_t seq = static_cast<std::size_t>(i * kThreads + t);
+        const std::vector<std::byte> out = make(size, me(), seq);
+        Status status;
+        Request sent = ctx().isend(out.data(), size, partner, tag);
+        if (t % 4 == 3) {
+          Request received = ctx().irecv(in.data(), size, partner, tag);
+          while (!received.test() || !sent.test()) std::this_thread::yield();
+          status = received.status();
+        } else if (t % 4 == 2) {
+          const MessageInfo info = ctx().probe(partner, tag);
+          if (info.source != partner || info.bytes != size) {
+            failures[t] = "probe saw source " + std::to_string(info.source) + ", " +
+                          std::to_string(info.bytes) + " bytes";
+            break;
+          }
+          status = ctx().recv(in.data(), size, partner, tag);
+        } else {
+          status = ctx().recv(in.data(), size, partner, tag);
+        }
+        if (status) status = sent.wait();
+        if (!status) {
+          failures[t] = "round " + std::to_string(i) + ": " + status.to_string();
+        } else if (first_mismatch(in, size, partner, seq) != SIZE_MAX) {
+          failures[t] = "round " + std::to_string(i) + ": wrong data";
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(MultiProcess, ProgressThreadMovesRequestsWhileTheApplicationComputes) {
+  // With FERRY_PROGRESS_THREAD=1, a rendezvous message finishes while this thread makes no call
+  // that moves anything (status() only looks).
+  if (!env_is("FERRY_PROGRESS_THREAD", "1")) GTEST_SKIP() << "FERRY_PROGRESS_THREAD=1 runs it";
+  const std::size_t size = 4 << 20;
+  const std::vector<std::byte> out = make(size, me(), 77);
+  std::vector<std::byte> in(size);
+  Request received = ctx().irecv(in.data(), size, prev(), 9100);
+  Request sent = ctx().isend(out.data(), size, next(), 9100);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((received.status().code() == Code::kInProgress ||
+          sent.status().code() == Code::kInProgress) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "computing"
+  }
+  EXPECT_TRUE(received.status().is_ok()) << received.status().to_string();
+  EXPECT_TRUE(sent.status().is_ok()) << sent.status().to_string();
+  EXPECT_EQ(first_mismatch(in, size, prev(), 77), SIZE_MAX);
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
