@@ -166,6 +166,15 @@ class Context {
   // Moves pending work forward; returns the number of events handled.
   int progress();
 
+  // Event-driven waiting from the application's own poll/epoll loop: arm(), and if it returns
+  // true, sleep until event_fd() is readable (a peer on this node sent here) or a timeout of your
+  // choosing, then progress(). arm() returns false when there is work already: progress() instead
+  // of sleeping. Messages from other nodes (ofi) do not ring event_fd(): keep a timeout. -1 when
+  // there is no such descriptor. Not meant for use beside FERRY_PROGRESS_THREAD, whose polls
+  // would end the arming. Blocking calls wait as FERRY_WAIT_MODE says (spin, block, adaptive).
+  [[nodiscard]] int event_fd() const;
+  bool arm();
+
   // Ends the whole job: the launcher stops every rank and exits with `code`, printing `reason`.
   // Does not return (the process exits with `code` if the launcher has not killed it within 10 s).
   [[noreturn]] void abort(int code, const std::string& reason);

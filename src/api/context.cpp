@@ -103,6 +103,14 @@ int Context::progress() {
   return engine_->progress();
 }
 void Context::abort(int code, const std::string& reason) { engine_->abort(code, reason); }
+int Context::event_fd() const {
+  auto entry = engine_->enter();
+  return engine_->event_fd();
+}
+bool Context::arm() {
+  auto entry = engine_->enter();
+  return engine_->arm();
+}
 std::string Context::describe_peer(int rank) const {
   auto entry = engine_->enter();
   return engine_->describe_peer(rank);

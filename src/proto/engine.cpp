@@ -2,6 +2,7 @@
 // are in protocol.cpp.
 #include "proto/engine.hpp"
 
+#include <poll.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -83,22 +84,27 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
   connect_peers();
+  wait_mode_ = static_cast<WaitMode>(config_.get_int(util::Var::kWaitMode));
   const bool progress_thread = config_.get_bool(util::Var::kProgressThread);
   threaded_ = progress_thread || config_.get_string(util::Var::kThreads) == "multi";
   if (progress_thread) progress_thread_ = std::thread([this] { progress_loop(); });
   util::crash_point(config_, rank_, util::CrashPoint::kInitialized);
 }
 
-// FERRY_PROGRESS_THREAD: polls while there is work, then every 50 us or so, taking the lock like
-// any caller (so an application thread in a call waits for at most one progress pass).
+// FERRY_PROGRESS_THREAD: polls while there is work, taking the lock like any caller (so an
+// application thread in a call waits for at most one progress pass); when idle, sleeps as
+// FERRY_WAIT_MODE says a blocked call would (spin: every 50 us or so).
 void Engine::progress_loop() {
   int idle = 0;
   while (!stop_progress_.load(std::memory_order_acquire)) {
     lock();
     const int events = progress();
+    const bool sleep = events == 0 && wait_mode_ != WaitMode::kSpin &&
+                       (wait_mode_ == WaitMode::kBlock || idle > spin_count_) && may_sleep();
+    if (sleep) sleep_until_work(true);
     unlock();
-    if (events > 0) {
-      idle = 0;
+    if (events > 0 || sleep) {
+      idle = events > 0 ? 0 : idle;
     } else if (++idle > spin_count_) {
       ::usleep(50);
     } else {
@@ -298,10 +304,19 @@ void Engine::wait_step(int* idle_polls) {
   bool pause = false;
   if (progress() > 0) {
     *idle_polls = 0;
+    sleep_ms_ = 1;
   } else if (++*idle_polls > spin_count_) {
     pause = true;
   }
-  if (threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+  const bool locked =
+      threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  if (wait_mode_ != WaitMode::kSpin && *idle_polls > 0 &&
+      (wait_mode_ == WaitMode::kBlock || pause) && may_sleep()) {
+    sleep_until_work(locked);
+    *idle_polls = 0;
+    return;
+  }
+  if (locked) {
     // Let the other threads in between polls: what this wait needs may be their next call.
     unlock();
     if (pause || waiting_.load(std::memory_order_relaxed) > 0) ::sched_yield();
@@ -309,6 +324,58 @@ void Engine::wait_step(int* idle_polls) {
   } else if (pause) {
     ::sched_yield();
   }
+}
+
+// Sleeping is for waits that only a message can end: not while device copies, queued sends
+// (the receiver frees room without ringing) or collectives with GPU work are in flight.
+bool Engine::may_sleep() const {
+  return device_ops_.empty() && pending_peers_.empty() && (!cuda_ || operations_.empty());
+}
+
+void Engine::sleep_until_work(bool locked) {
+  std::array<pollfd, 4> fds{};
+  nfds_t count = 0;
+  bool ready = false;
+  for (transport::Transport* t : polled_) {
+    if (!t->arm()) ready = true;
+    if (t->wait_fd() >= 0 && count < fds.size()) fds[count++] = pollfd{t->wait_fd(), POLLIN, 0};
+  }
+  // A message that came while arming is handled now instead of slept on.
+  if (!ready && progress() == 0) {
+    const int sleep_ms = sleep_ms_;  // read under the lock
+    if (locked) unlock();
+    const int rang = ::poll(fds.data(), count, sleep_ms);
+    if (locked) lock();
+    sleep_ms_ = rang > 0 ? 1 : std::min(2 * sleep_ms_, kMaxSleepMs);
+    // A dead peer rings nothing: look after every sleep, not every few thousand polls.
+    check_peers();
+  }
+  for (transport::Transport* t : polled_) t->disarm();
+}
+
+int Engine::event_fd() const {
+  for (const transport::Transport* t : polled_) {
+    if (t->wait_fd() >= 0) return t->wait_fd();
+  }
+  return -1;
+}
+
+bool Engine::arm() {
+  bool ready = false;
+  for (transport::Transport* t : polled_) {
+    if (!t->arm()) ready = true;
+  }
+  if (ready || progress() > 0) {
+    for (transport::Transport* t : polled_) t->disarm();
+    return false;
+  }
+  armed_ = true;
+  return true;
+}
+
+void Engine::disarm() {
+  armed_ = false;
+  for (transport::Transport* t : polled_) t->disarm();
 }
 
 void Engine::abort(int code, const std::string& reason) {

@@ -110,6 +110,9 @@ class Engine final : public transport::AmHandler {
   // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
   // With several threads, the lock is let go and taken again (yielding to a waiting thread).
   void wait_step(int* idle_polls);
+  // Event-driven waiting for the application's own loop (Context::event_fd / arm).
+  [[nodiscard]] int event_fd() const;
+  bool arm();
 
   [[nodiscard]] std::string describe_peer(int rank) const;
   [[nodiscard]] std::vector<std::string> describe_transports() const;
@@ -313,6 +316,18 @@ class Engine final : public transport::AmHandler {
     locked_.store(false, std::memory_order_release);
   }
   void progress_loop();
+  // FERRY_WAIT_MODE: sleep on the transports' wake-ups (with the lock let go) until one rings or
+  // a timer ends (1 ms, doubling to kMaxSleepMs while nothing comes: what a wake-up lost to a
+  // race, or a message over ofi, which rings nothing, can cost); only where nothing but a message
+  // can end the wait.
+  enum class WaitMode { kSpin, kBlock, kAdaptive };
+  static constexpr int kMaxSleepMs = 32;
+  int sleep_ms_ = 1;
+  [[nodiscard]] bool may_sleep() const;
+  void sleep_until_work(bool locked);
+  void disarm();
+  WaitMode wait_mode_ = WaitMode::kSpin;
+  bool armed_ = false;  // by arm(), for the application; the next progress() disarms
   bool threaded_ = true;
   std::atomic<bool> locked_{false};
   std::atomic<std::thread::id> owner_{};  // the thread holding the lock

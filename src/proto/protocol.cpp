@@ -171,6 +171,8 @@ std::optional<MessageInfo> Engine::iprobe(int source, Tag tag, Tag mask) {
 }
 
 int Engine::progress() {
+  if (armed_) [[unlikely]]
+    disarm();  // the application's arm() ends at its next progress
   int events = 0;
   if (self_ != nullptr && self_->has_work()) events += self_->progress();
   for (transport::Transport* t : polled_) events += t->progress();

@@ -118,6 +118,14 @@ class Transport {
   virtual void check_peers(std::vector<std::pair<int, std::string>>* /*failed*/) {}
   // Delivers arrived messages to the handler; returns how many.
   virtual int progress() = 0;
+
+  // Event-driven waiting. arm() asks the peers to wake wait_fd() (readable) when they next send
+  // here; false when something has arrived already (then progress, do not sleep). disarm() ends
+  // it and empties wait_fd(). A transport without a wake-up has wait_fd() -1: a sleeper polls it
+  // on a timer.
+  [[nodiscard]] virtual int wait_fd() const { return -1; }
+  virtual bool arm() { return true; }
+  virtual void disarm() {}
 };
 
 }  // namespace ferry::transport

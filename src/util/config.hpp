@@ -14,137 +14,141 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
 
 // X(id, name, type, default, min, max, allowed, doc)
 //   min/max bound kInt, kSize and kSeconds; allowed lists the words of kEnum and kList ("a|b").
-#define FERRY_CONFIG_VARS(X)                                                                      \
-  X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                   \
-    "what ferry prints to stderr")                                                                \
-  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm,ofi", 0, 0, "self|shm|ofi",                 \
-    "transports ferry may use (comma-separated); ofi is opened only when a rank is on another "   \
-    "node or shm is excluded")                                                                    \
-  X(kOfiProvider, "FERRY_OFI_PROVIDER", kString, "^shm", 0, 0, "",                                \
-    "libfabric providers ofi may use: names to allow, ^names to refuse (e.g. tcp, ^sockets)")     \
-  X(kKeepalive, "FERRY_KEEPALIVE", kSeconds, "1", 0, 3600, "",                                    \
-    "interval of the keepalive ofi sends to every peer (a failed send marks it dead; 0: off)")    \
-  X(kOfiChunk, "FERRY_OFI_CHUNK", kSize, "4m", 65536, 1 << 30, "",                                \
-    "device data over ofi moves in direct transfers of this many bytes, through pinned bounces")  \
-  X(kOfiHmem, "FERRY_OFI_HMEM", kEnum, "auto", 0, 0, "auto|off",                                  \
-    "GPU memory over ofi: auto (registered with the NIC where the provider offers FI_HMEM and "   \
-    "a trial registration of each GPU's memory succeeds, else staged) or off (always staged "     \
-    "through pinned host memory)")                                                                \
-  X(kKeepaliveTimeout, "FERRY_KEEPALIVE_TIMEOUT", kSeconds, "0", 0, 86400, "",                    \
-    "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "     \
-    "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "   \
-    "every rank calls ferry at least that often)")                                                \
-  X(kThreads, "FERRY_THREADS", kEnum, "multi", 0, 0, "multi|single",                              \
-    "multi: the Context may be called from several threads at once (one lock around each call; "  \
-    "blocking calls let go of it while they wait); single: one thread at a time, no locking")     \
-  X(kProgressThread, "FERRY_PROGRESS_THREAD", kBool, "0", 0, 0, "",                               \
-    "a thread of ferry's own moves non-blocking operations forward while the application "        \
-    "computes (implies FERRY_THREADS=multi)")                                                     \
-  X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                         \
-    "messages larger than this go by rendezvous (capped by the transport's eager limit)")         \
-  X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "-1", -1, 100000000, "",                                \
-    "empty progress polls in a blocking wait before it starts yielding the CPU (-1: 2000, or 0 "  \
-    "when this node runs more ranks than the CPUs this process may use, as waiting ranks would "  \
-    "otherwise spin on the CPUs the others need)")                                                \
-  X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",               \
-    "how long a bootstrap exchange (init, barrier) may wait for the other ranks")                 \
-  X(kTimeout, "FERRY_TIMEOUT", kSeconds, "0", 0, 1e7, "",                                         \
-    "how long a blocking wait, send, recv or probe may wait (0: no limit); then kTimeout")        \
-  X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                  \
-    "how long finalize waits to drain queued sends and for the other ranks")                      \
-  X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                             \
-    "elements in each process's receive FIFO (a power of two)")                                   \
-  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                         \
-    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")          \
-  X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                   \
-    "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")          \
-  X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                          \
-    "bounce buffers in each sender's pool")                                                       \
-  X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                               \
-    "single-copy rendezvous with process_vm_readv when the connect-time probe works")             \
-  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",                 \
-    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "   \
-    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                  \
-  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                                 \
-    "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "       \
-    "without them)")                                                                              \
-  X(kCudaIpc, "FERRY_CUDA_IPC", kBool, "1", 0, 0, "",                                             \
-    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")          \
-  X(kCudaIpcCacheEntries, "FERRY_CUDA_IPC_CACHE_ENTRIES", kInt, "1024", 1, 1 << 20, "",           \
-    "peer allocations kept mapped (least recently used closed first)")                            \
-  X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",         \
-    "bytes of peer allocations kept mapped (least recently used closed first)")                   \
-  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                          \
-    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "         \
-    "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                           \
-  X(kCudaIpcKernelCopy, "FERRY_CUDA_IPC_KERNEL_COPY", kSize, "4m", 0, 1LL << 40, "",              \
-    "CUDA IPC copies from this size up to FERRY_CUDA_IPC_KERNEL_COPY_MAX, queued behind other "   \
-    "copies, are made by a copy kernel on the receiver's GPU instead of the copy engine (0: "     \
-    "never; faster for a stream of such messages on H200 NVLink: docs/PERFORMANCE.md)")           \
-  X(kCudaIpcKernelCopyMax, "FERRY_CUDA_IPC_KERNEL_COPY_MAX", kSize, "16m", 0, 1LL << 40, "",      \
-    "the largest CUDA IPC copy a copy kernel makes (see FERRY_CUDA_IPC_KERNEL_COPY)")             \
-  X(kCudaScratchCache, "FERRY_CUDA_SCRATCH_CACHE", kSize, "1g", 0, 1LL << 50, "",                 \
-    "bytes of freed collective scratch buffers kept per GPU for the next collective (their "      \
-    "peers' IPC mappings stay valid)")                                                            \
-  X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                    \
-    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                  \
-  X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                              \
-    "slots per host-staging ring (one ring per sender and receiver, made on first use)")          \
-  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                            \
-    "test: host rendezvous messages also go through the staging ring of device buffers, so "      \
-    "its protocol runs on machines without a GPU")                                                \
-  X(kTestStageOpenFail, "FERRY_TEST_STAGE_OPEN_FAIL", kBool, "0", 0, 0, "",                       \
-    "test fault: a receiver cannot map its peer's staging ring (both sides must fail, not wait)") \
-  X(kTestOfiRemote, "FERRY_TEST_OFI_REMOTE", kBool, "0", 0, 0, "",                                \
-    "test: ofi treats every peer as on another node (no pidfd: keepalives must find deaths)")     \
-  X(kTestOfiChunked, "FERRY_TEST_OFI_CHUNKED", kBool, "0", 0, 0, "",                              \
-    "test: host rendezvous messages over ofi move in chunks, as device data does")                \
-  X(kTestOfiHmem, "FERRY_TEST_OFI_HMEM", kEnum, "none", 0, 0, "none|assume|fail",                 \
-    "test: ofi acts as if the provider offered FI_HMEM (assume: the trial registration of GPU "   \
-    "memory runs against the real provider; fail: it fails with -FI_EINVAL, as a NIC that "       \
-    "cannot map GPU memory answers)")                                                             \
-  X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                              \
-    "test: a receiver waits this long between matching a rendezvous and its zero-copy get")       \
-  X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                           \
-    "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")             \
-  X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")    \
-  X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")         \
-  X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                  \
-    "rank among the processes of this node (set by ferryrun)")                                    \
-  X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                    \
-    "processes of the job on this node (set by ferryrun)")                                        \
-  X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                                 \
-    "the ranks' key-value store: unix:PATH (set by ferryrun), or HOST:PORT for the TCP store "    \
-    "that rank 0 serves (set it with FERRY_RANK and FERRY_SIZE in a custom launcher)")            \
-  X(kCollSmall, "FERRY_COLL_SMALL", kSize, "64k", 0, 1LL << 40, "",                               \
-    "collectives on fewer bytes than this use the latency algorithms (recursive doubling, "       \
-    "Bruck, binomial trees); from it up the bandwidth ones (rings, a pipelined chain)")           \
-  X(kCollAllreduce, "FERRY_COLL_ALLREDUCE", kEnum, "auto", 0, 0, "auto|recursive-doubling|ring",  \
-    "allreduce algorithm (auto: by FERRY_COLL_SMALL)")                                            \
-  X(kCollBroadcast, "FERRY_COLL_BROADCAST", kEnum, "auto", 0, 0, "auto|binomial|chain",           \
-    "broadcast algorithm (auto: by FERRY_COLL_SMALL)")                                            \
-  X(kCollReduce, "FERRY_COLL_REDUCE", kEnum, "auto", 0, 0, "auto|binomial|ring",                  \
-    "reduce algorithm (ring: reduce-scatter, then the blocks to the root)")                       \
-  X(kCollAllgather, "FERRY_COLL_ALLGATHER", kEnum, "auto", 0, 0, "auto|bruck|ring",               \
-    "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                            \
-  X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                             \
-    "a chain broadcast forwards pieces of this many bytes (auto: from two pieces up)")            \
-  X(kCollDeviceOneshotSlice, "FERRY_COLL_DEVICE_ONESHOT_SLICE", kSize, "8k", 0, 1 << 30, "",      \
-    "bytes per thread block of the one-shot device allreduce, up to 128 blocks (0: always 128; "  \
-    "must be the same on every member)")                                                          \
-  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                 \
-    "device allreduces up to this size, where every member is on this node and the automatic "    \
-    "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "      \
-    "member through CUDA IPC (0: never)")                                                         \
-  X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",             \
-    "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "    \
-    "(FERRY_STORE set), else a single process")                                                   \
-  X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                                \
-    "job identity, part of shared-memory names (set by ferryrun)")                                \
-  X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                     \
-    "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim",                \
-    "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")           \
-  X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                         \
+#define FERRY_CONFIG_VARS(X)                                                                       \
+  X(kLogLevel, "FERRY_LOG_LEVEL", kEnum, "warn", 0, 0, "error|warn|info|debug",                    \
+    "what ferry prints to stderr")                                                                 \
+  X(kTransports, "FERRY_TRANSPORTS", kList, "self,shm,ofi", 0, 0, "self|shm|ofi",                  \
+    "transports ferry may use (comma-separated); ofi is opened only when a rank is on another "    \
+    "node or shm is excluded")                                                                     \
+  X(kOfiProvider, "FERRY_OFI_PROVIDER", kString, "^shm", 0, 0, "",                                 \
+    "libfabric providers ofi may use: names to allow, ^names to refuse (e.g. tcp, ^sockets)")      \
+  X(kKeepalive, "FERRY_KEEPALIVE", kSeconds, "1", 0, 3600, "",                                     \
+    "interval of the keepalive ofi sends to every peer (a failed send marks it dead; 0: off)")     \
+  X(kOfiChunk, "FERRY_OFI_CHUNK", kSize, "4m", 65536, 1 << 30, "",                                 \
+    "device data over ofi moves in direct transfers of this many bytes, through pinned bounces")   \
+  X(kOfiHmem, "FERRY_OFI_HMEM", kEnum, "auto", 0, 0, "auto|off",                                   \
+    "GPU memory over ofi: auto (registered with the NIC where the provider offers FI_HMEM and "    \
+    "a trial registration of each GPU's memory succeeds, else staged) or off (always staged "      \
+    "through pinned host memory)")                                                                 \
+  X(kKeepaliveTimeout, "FERRY_KEEPALIVE_TIMEOUT", kSeconds, "0", 0, 86400, "",                     \
+    "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "      \
+    "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "    \
+    "every rank calls ferry at least that often)")                                                 \
+  X(kThreads, "FERRY_THREADS", kEnum, "multi", 0, 0, "multi|single",                               \
+    "multi: the Context may be called from several threads at once (one lock around each call; "   \
+    "blocking calls let go of it while they wait); single: one thread at a time, no locking")      \
+  X(kProgressThread, "FERRY_PROGRESS_THREAD", kBool, "0", 0, 0, "",                                \
+    "a thread of ferry's own moves non-blocking operations forward while the application "         \
+    "computes (implies FERRY_THREADS=multi)")                                                      \
+  X(kWaitMode, "FERRY_WAIT_MODE", kEnum, "spin", 0, 0, "spin|block|adaptive",                      \
+    "how a blocking call waits: spin (poll, yielding after FERRY_SPIN_COUNT empty polls), block "  \
+    "(sleep until a peer on this node rings, or 1-32 ms), adaptive (spin FERRY_SPIN_COUNT polls, " \
+    "then sleep)")                                                                                 \
+  X(kRndvThreshold, "FERRY_RNDV_THRESHOLD", kSize, "32k", 0, 1 << 30, "",                          \
+    "messages larger than this go by rendezvous (capped by the transport's eager limit)")          \
+  X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "-1", -1, 100000000, "",                                 \
+    "empty progress polls in a blocking wait before it starts yielding the CPU (-1: 2000, or 0 "   \
+    "when this node runs more ranks than the CPUs this process may use, as waiting ranks would "   \
+    "otherwise spin on the CPUs the others need)")                                                 \
+  X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",                \
+    "how long a bootstrap exchange (init, barrier) may wait for the other ranks")                  \
+  X(kTimeout, "FERRY_TIMEOUT", kSeconds, "0", 0, 1e7, "",                                          \
+    "how long a blocking wait, send, recv or probe may wait (0: no limit); then kTimeout")         \
+  X(kFinalizeTimeout, "FERRY_FINALIZE_TIMEOUT", kSeconds, "30", 0.01, 86400, "",                   \
+    "how long finalize waits to drain queued sends and for the other ranks")                       \
+  X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                              \
+    "elements in each process's receive FIFO (a power of two)")                                    \
+  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                          \
+    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")           \
+  X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                    \
+    "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")           \
+  X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                           \
+    "bounce buffers in each sender's pool")                                                        \
+  X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                                \
+    "single-copy rendezvous with process_vm_readv when the connect-time probe works")              \
+  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",                  \
+    "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "    \
+    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                   \
+  X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                                  \
+    "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "        \
+    "without them)")                                                                               \
+  X(kCudaIpc, "FERRY_CUDA_IPC", kBool, "1", 0, 0, "",                                              \
+    "move device buffers between processes of a node by CUDA IPC (0: host-staged only)")           \
+  X(kCudaIpcCacheEntries, "FERRY_CUDA_IPC_CACHE_ENTRIES", kInt, "1024", 1, 1 << 20, "",            \
+    "peer allocations kept mapped (least recently used closed first)")                             \
+  X(kCudaIpcCacheSize, "FERRY_CUDA_IPC_CACHE_SIZE", kSize, "64g", 1 << 20, 1LL << 50, "",          \
+    "bytes of peer allocations kept mapped (least recently used closed first)")                    \
+  X(kCudaIpcSplit, "FERRY_CUDA_IPC_SPLIT", kSize, "0", 0, 1LL << 40, "",                           \
+    "IPC copies from this size up are split into up to 4 pieces on separate streams (0: "          \
+    "never; splitting was slower on H200 NVLink: docs/PERFORMANCE.md)")                            \
+  X(kCudaIpcKernelCopy, "FERRY_CUDA_IPC_KERNEL_COPY", kSize, "4m", 0, 1LL << 40, "",               \
+    "CUDA IPC copies from this size up to FERRY_CUDA_IPC_KERNEL_COPY_MAX, queued behind other "    \
+    "copies, are made by a copy kernel on the receiver's GPU instead of the copy engine (0: "      \
+    "never; faster for a stream of such messages on H200 NVLink: docs/PERFORMANCE.md)")            \
+  X(kCudaIpcKernelCopyMax, "FERRY_CUDA_IPC_KERNEL_COPY_MAX", kSize, "16m", 0, 1LL << 40, "",       \
+    "the largest CUDA IPC copy a copy kernel makes (see FERRY_CUDA_IPC_KERNEL_COPY)")              \
+  X(kCudaScratchCache, "FERRY_CUDA_SCRATCH_CACHE", kSize, "1g", 0, 1LL << 50, "",                  \
+    "bytes of freed collective scratch buffers kept per GPU for the next collective (their "       \
+    "peers' IPC mappings stay valid)")                                                             \
+  X(kCudaStageChunk, "FERRY_CUDA_STAGE_CHUNK", kSize, "4m", 4096, 1 << 30, "",                     \
+    "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                   \
+  X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                               \
+    "slots per host-staging ring (one ring per sender and receiver, made on first use)")           \
+  X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                             \
+    "test: host rendezvous messages also go through the staging ring of device buffers, so "       \
+    "its protocol runs on machines without a GPU")                                                 \
+  X(kTestStageOpenFail, "FERRY_TEST_STAGE_OPEN_FAIL", kBool, "0", 0, 0, "",                        \
+    "test fault: a receiver cannot map its peer's staging ring (both sides must fail, not wait)")  \
+  X(kTestOfiRemote, "FERRY_TEST_OFI_REMOTE", kBool, "0", 0, 0, "",                                 \
+    "test: ofi treats every peer as on another node (no pidfd: keepalives must find deaths)")      \
+  X(kTestOfiChunked, "FERRY_TEST_OFI_CHUNKED", kBool, "0", 0, 0, "",                               \
+    "test: host rendezvous messages over ofi move in chunks, as device data does")                 \
+  X(kTestOfiHmem, "FERRY_TEST_OFI_HMEM", kEnum, "none", 0, 0, "none|assume|fail",                  \
+    "test: ofi acts as if the provider offered FI_HMEM (assume: the trial registration of GPU "    \
+    "memory runs against the real provider; fail: it fails with -FI_EINVAL, as a NIC that "        \
+    "cannot map GPU memory answers)")                                                              \
+  X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                               \
+    "test: a receiver waits this long between matching a rendezvous and its zero-copy get")        \
+  X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                            \
+    "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")              \
+  X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")     \
+  X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")          \
+  X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                   \
+    "rank among the processes of this node (set by ferryrun)")                                     \
+  X(kLocalSize, "FERRY_LOCAL_SIZE", kInt, "0", 0, 1 << 24, "",                                     \
+    "processes of the job on this node (set by ferryrun)")                                         \
+  X(kStore, "FERRY_STORE", kString, "", 0, 0, "",                                                  \
+    "the ranks' key-value store: unix:PATH (set by ferryrun), or HOST:PORT for the TCP store "     \
+    "that rank 0 serves (set it with FERRY_RANK and FERRY_SIZE in a custom launcher)")             \
+  X(kCollSmall, "FERRY_COLL_SMALL", kSize, "64k", 0, 1LL << 40, "",                                \
+    "collectives on fewer bytes than this use the latency algorithms (recursive doubling, "        \
+    "Bruck, binomial trees); from it up the bandwidth ones (rings, a pipelined chain)")            \
+  X(kCollAllreduce, "FERRY_COLL_ALLREDUCE", kEnum, "auto", 0, 0, "auto|recursive-doubling|ring",   \
+    "allreduce algorithm (auto: by FERRY_COLL_SMALL)")                                             \
+  X(kCollBroadcast, "FERRY_COLL_BROADCAST", kEnum, "auto", 0, 0, "auto|binomial|chain",            \
+    "broadcast algorithm (auto: by FERRY_COLL_SMALL)")                                             \
+  X(kCollReduce, "FERRY_COLL_REDUCE", kEnum, "auto", 0, 0, "auto|binomial|ring",                   \
+    "reduce algorithm (ring: reduce-scatter, then the blocks to the root)")                        \
+  X(kCollAllgather, "FERRY_COLL_ALLGATHER", kEnum, "auto", 0, 0, "auto|bruck|ring",                \
+    "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                             \
+  X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                              \
+    "a chain broadcast forwards pieces of this many bytes (auto: from two pieces up)")             \
+  X(kCollDeviceOneshotSlice, "FERRY_COLL_DEVICE_ONESHOT_SLICE", kSize, "8k", 0, 1 << 30, "",       \
+    "bytes per thread block of the one-shot device allreduce, up to 128 blocks (0: always 128; "   \
+    "must be the same on every member)")                                                           \
+  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                  \
+    "device allreduces up to this size, where every member is on this node and the automatic "     \
+    "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "       \
+    "member through CUDA IPC (0: never)")                                                          \
+  X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",              \
+    "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "     \
+    "(FERRY_STORE set), else a single process")                                                    \
+  X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                                 \
+    "job identity, part of shared-memory names (set by ferryrun)")                                 \
+  X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                      \
+    "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim",                 \
+    "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")            \
+  X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                          \
     "test fault: which rank FERRY_TEST_CRASH_AT kills")
 
 enum class Var : int {

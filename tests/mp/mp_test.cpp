@@ -1,6 +1,8 @@
 // The multi-process suite, run by every rank under ferryrun (2, 3 and 8 ranks; CTest also runs it
 // with settings that force the pipelined rendezvous and a tiny FIFO). Each test uses its own tags.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -257,6 +259,73 @@ TEST(MultiProcess, ProgressThreadMovesRequestsWhileTheApplicationComputes) {
   EXPECT_TRUE(received.status().is_ok()) << received.status().to_string();
   EXPECT_TRUE(sent.status().is_ok()) << sent.status().to_string();
   EXPECT_EQ(first_mismatch(in, size, prev(), 77), SIZE_MAX);
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+bool shm_in_use() {
+  const char* transports = std::getenv("FERRY_TRANSPORTS");
+  return transports == nullptr || std::string(transports).find("shm") != std::string::npos;
+}
+
+TEST(MultiProcess, EventFdWakesAnArmedSleeperWhenAPeerSends) {
+  // Rank 1 arms, tells rank 0, and sleeps in poll() on event_fd(); rank 0's message rings it.
+  if (nranks() < 2 || !shm_in_use() || env_is("FERRY_PROGRESS_THREAD", "1")) {
+    GTEST_SKIP() << "needs two ranks on shm and no progress thread";
+  }
+  const int fd = ctx().event_fd();
+  if (fd < 0) GTEST_SKIP() << "no doorbell in this environment";
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  std::uint64_t value = 0;
+  if (me() == 1) {
+    bool armed = false;
+    for (int i = 0; i < 1000 && !(armed = ctx().arm()); ++i) ctx().progress();
+    ASSERT_TRUE(armed) << "there was always work";
+    ASSERT_TRUE(ctx().send(&value, sizeof value, 0, 9200).is_ok());  // "armed": sending keeps it
+    pollfd ready{fd, POLLIN, 0};
+    const int n = ::poll(&ready, 1, 20000);
+    EXPECT_EQ(n, 1) << "event_fd was not readable within 20 s of the peer's send";
+    ASSERT_TRUE(ctx().recv(&value, sizeof value, 0, 9201).is_ok());
+    EXPECT_EQ(value, 42u);
+  } else if (me() == 0) {
+    ASSERT_TRUE(ctx().recv(&value, sizeof value, 1, 9200).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    value = 42;
+    ASSERT_TRUE(ctx().send(&value, sizeof value, 1, 9201).is_ok());
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(MultiProcess, ABlockedWaitSleeps) {
+  // FERRY_WAIT_MODE=block or adaptive: rank 1 waits 10 s in recv for rank 0 and uses < 1% CPU.
+  if (!env_is("FERRY_WAIT_MODE", "block") && !env_is("FERRY_WAIT_MODE", "adaptive")) {
+    GTEST_SKIP() << "FERRY_WAIT_MODE=block runs it";
+  }
+  if (nranks() < 2 || !shm_in_use()) GTEST_SKIP() << "needs two ranks on shm";
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  std::uint64_t value = 0;
+  if (me() == 1) {
+    rusage before{}, after{};
+    ::getrusage(RUSAGE_SELF, &before);
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(ctx().recv(&value, sizeof value, 0, 9300).is_ok());
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ::getrusage(RUSAGE_SELF, &after);
+    auto seconds = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6;
+    };
+    const double cpu = seconds(after.ru_utime) - seconds(before.ru_utime) +
+                       seconds(after.ru_stime) - seconds(before.ru_stime);
+    std::printf("rank 1: blocked %.2f s in recv, %.3f s of CPU (%.2f%%)\n", wall, cpu,
+                100 * cpu / wall);
+    EXPECT_EQ(value, 7u);
+    EXPECT_GT(wall, 9.0);
+    EXPECT_LT(cpu, 0.01 * wall);
+  } else if (me() == 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    value = 7;
+    ASSERT_TRUE(ctx().send(&value, sizeof value, 1, 9300).is_ok());
+  }
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 

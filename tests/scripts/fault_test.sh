@@ -10,7 +10,7 @@ ferryrun=$1 program=$2 with_ofi=${3:-}
 passed=0 failed=0
 leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
 before=$(leftovers)
-variants=("" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0")
+variants=("" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_SHM_CMA=0" "FERRY_WAIT_MODE=block")
 if [ "$with_ofi" = ofi ]; then
   variants+=("FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp"
              "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=shm"

@@ -41,6 +41,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
     std::memcpy(elem->data, header.data(), header.size());
     if (!payload.empty()) std::memcpy(elem->data + header.size(), payload.data(), payload.size());
     producer_.publish(claim);
+    transport_->wake(peer_segment_->header(), peer_rank_);
     return Status::ok();
   }
   const Segment& own = transport_->own();
@@ -75,6 +76,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
   elem->length = static_cast<std::uint32_t>(length);
   elem->bounce = static_cast<std::uint32_t>(slot);
   producer_.publish(claim);
+  transport_->wake(peer_segment_->header(), peer_rank_);
   return Status::ok();
 }
 

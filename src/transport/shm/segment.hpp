@@ -14,7 +14,7 @@
 namespace ferry::transport::shm {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x46455252595f5348ULL;  // "FERRY_SH"
-inline constexpr std::uint32_t kSegmentVersion = 2;
+inline constexpr std::uint32_t kSegmentVersion = 3;
 inline constexpr std::uint32_t kMaxFifoSize = 65536;
 inline constexpr std::uint32_t kMaxBounceCount = 65536;
 inline constexpr std::uint32_t kMaxBounceSize = 1u << 24;
@@ -36,6 +36,9 @@ struct SegmentHeader {
   // withdrawn_next - 1; read by peers after a CMA get (transport.hpp mark_withdrawn).
   alignas(64) std::atomic<std::uint32_t> withdrawn_next;
   std::atomic<std::uint64_t> withdrawn[kWithdrawnSlots];
+  // 1 while the owner sleeps on its doorbell (transport.hpp arm()): the next sender to publish
+  // into its FIFO swaps it to 0 and rings the doorbell.
+  alignas(64) std::atomic<std::uint32_t> armed;
 };
 
 struct BounceHeader {

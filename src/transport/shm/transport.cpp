@@ -5,8 +5,10 @@
 #include <glob.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +26,18 @@
 
 namespace ferry::transport::shm {
 namespace {
+
+// Abstract (no file to leave behind), so it lives in this network namespace: a peer in another
+// one cannot ring it, and the sleeper's timer bounds what that costs.
+sockaddr_un doorbell_address(const std::string& job_id, int rank, socklen_t* length) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string name = "ferry-" + job_id + "-bell-" + std::to_string(rank);
+  const std::size_t n = std::min(name.size(), sizeof(address.sun_path) - 2);
+  std::memcpy(address.sun_path + 1, name.data(), n);  // sun_path[0] == 0: abstract
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return address;
+}
 
 // The pid namespace's inode: a pid in a segment name means something only within it.
 std::string pid_namespace() {
@@ -87,7 +101,8 @@ void sweep_dead_segments() {
 
 ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int rank,
                            int local_index, std::vector<int> local_ranks, AmHandler* handler)
-    : rank_(rank),
+    : job_id_(job_id),
+      rank_(rank),
       local_index_(local_index),
       local_ranks_(std::move(local_ranks)),
       handler_(handler),
@@ -129,6 +144,17 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   capabilities_.get_from = config.get_size(util::Var::kShmCmaThreshold);
   capabilities_.latency_us = 0.2;
   capabilities_.bandwidth_GBps = 10;
+  // The doorbell peers ring while this process sleeps in a wait (FERRY_WAIT_MODE). Without one,
+  // a sleeper wakes on its timer only.
+  doorbell_.reset(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  socklen_t length = 0;
+  const sockaddr_un bell = doorbell_address(job_id_, rank_, &length);
+  if (!doorbell_.valid() ||
+      ::bind(doorbell_.get(), reinterpret_cast<const sockaddr*>(&bell), length) != 0) {
+    FERRY_LOG(kInfo, "shm: no doorbell @%s (%s): a sleeping wait wakes on its timer",
+              bell.sun_path + 1, std::strerror(errno));
+    doorbell_.reset();
+  }
 }
 
 ShmTransport::~ShmTransport() = default;
@@ -299,6 +325,37 @@ bool ShmTransport::skip_hole() {
             static_cast<unsigned long long>(consumer_.position()));
   consumer_.pop();
   return true;
+}
+
+}  // namespace ferry::transport::shm
+
+namespace ferry::transport::shm {
+
+bool ShmTransport::arm() {
+  // Dekker with wake(): our flag before our look at the FIFO, the sender's element before its
+  // look at the flag. The sender side has no fence (busy senders pay one load); in the rare
+  // interleaving where both miss, the sleeper's timer wakes it.
+  own_.header()->armed.store(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return !consumer_.head_published();
+}
+
+void ShmTransport::disarm() {
+  own_.header()->armed.store(0, std::memory_order_relaxed);
+  if (!doorbell_.valid()) return;
+  char rings[64];
+  while (::recv(doorbell_.get(), rings, sizeof rings, MSG_DONTWAIT) > 0) {
+  }
+}
+
+void ShmTransport::ring(int peer_rank) const {
+  if (!doorbell_.valid()) return;
+  socklen_t length = 0;
+  const sockaddr_un bell = doorbell_address(job_id_, peer_rank, &length);
+  const char ring = 1;
+  // Best effort: a full socket already holds a ring; a peer without a doorbell has its timer.
+  (void)::sendto(doorbell_.get(), &ring, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+                 reinterpret_cast<const sockaddr*>(&bell), length);
 }
 
 }  // namespace ferry::transport::shm

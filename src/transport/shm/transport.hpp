@@ -33,6 +33,9 @@ class ShmTransport final : public Transport {
   void on_all_connected() override { own_.unlink(); }
   void check_peers(std::vector<std::pair<int, std::string>>* failed) override;
   int progress() override;
+  [[nodiscard]] int wait_fd() const override { return doorbell_.get(); }
+  bool arm() override;
+  void disarm() override;
 
   // Used by endpoints.
   int alloc_bounce();
@@ -41,6 +44,15 @@ class ShmTransport final : public Transport {
   [[nodiscard]] int local_index() const { return local_index_; }
   // FERRY_TEST_CRASH_AT=mid-claim names this rank: die between claim and publish.
   [[nodiscard]] bool crash_mid_claim() const { return crash_mid_claim_; }
+  // After publishing into `peer`'s FIFO: wakes it if it sleeps (one relaxed load otherwise).
+  void wake(const SegmentHeader* peer, int peer_rank) const {
+    auto& armed = const_cast<SegmentHeader*>(peer)->armed;
+    if (armed.load(std::memory_order_relaxed) != 0 &&
+        armed.exchange(0, std::memory_order_acq_rel) != 0) {
+      ring(peer_rank);
+    }
+  }
+  void ring(int peer_rank) const;
 
  private:
   struct Peer {
@@ -54,8 +66,10 @@ class ShmTransport final : public Transport {
   // Steps over an element a dead producer claimed and never published; true when it did.
   bool skip_hole();
 
+  std::string job_id_;
   int rank_;
   int local_index_;
+  util::Fd doorbell_;  // a datagram socket peers ring while we are armed (invalid: none)
   std::vector<int> local_ranks_;
   AmHandler* handler_;
   bool cma_enabled_;
