@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "util/abstract_socket.hpp"
+
 namespace ferry::util {
 namespace {
 
@@ -20,13 +22,7 @@ struct Message {
 };
 
 sockaddr_un address_of(const std::string& job_id, int rank, socklen_t* length) {
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  const std::string name = "ferry-" + job_id + "-fds-" + std::to_string(rank);
-  const std::size_t n = std::min(name.size(), sizeof(address.sun_path) - 1);
-  std::memcpy(address.sun_path + 1, name.data(), n);  // sun_path[0] == 0: abstract
-  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-  return address;
+  return abstract_socket_address("ferry-" + job_id + "-fds-" + std::to_string(rank), length);
 }
 
 }  // namespace

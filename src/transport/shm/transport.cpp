@@ -19,6 +19,7 @@
 #include <random>
 
 #include "transport/shm/endpoint.hpp"
+#include "util/abstract_socket.hpp"
 #include "util/config.hpp"
 #include "util/faults.hpp"
 #include "util/fd.hpp"
@@ -27,16 +28,10 @@
 namespace ferry::transport::shm {
 namespace {
 
-// Abstract (no file to leave behind), so it lives in this network namespace: a peer in another
-// one cannot ring it, and the sleeper's timer bounds what that costs.
+// Abstract, so it lives in this network namespace: a peer in another one cannot ring it, and the
+// sleeper's timer bounds what that costs.
 sockaddr_un doorbell_address(const std::string& job_id, int rank, socklen_t* length) {
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  const std::string name = "ferry-" + job_id + "-bell-" + std::to_string(rank);
-  const std::size_t n = std::min(name.size(), sizeof(address.sun_path) - 2);
-  std::memcpy(address.sun_path + 1, name.data(), n);  // sun_path[0] == 0: abstract
-  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-  return address;
+  return util::abstract_socket_address("ferry-" + job_id + "-bell-" + std::to_string(rank), length);
 }
 
 // The pid namespace's inode: a pid in a segment name means something only within it.

@@ -45,8 +45,8 @@ class ShmTransport final : public Transport {
   // FERRY_TEST_CRASH_AT=mid-claim names this rank: die between claim and publish.
   [[nodiscard]] bool crash_mid_claim() const { return crash_mid_claim_; }
   // After publishing into `peer`'s FIFO: wakes it if it sleeps (one relaxed load otherwise).
-  void wake(const SegmentHeader* peer, int peer_rank) const {
-    auto& armed = const_cast<SegmentHeader*>(peer)->armed;
+  void wake(SegmentHeader* peer, int peer_rank) const {
+    auto& armed = peer->armed;
     if (armed.load(std::memory_order_relaxed) != 0 &&
         armed.exchange(0, std::memory_order_acq_rel) != 0) {
       ring(peer_rank);
