@@ -145,6 +145,7 @@ class Engine final : public transport::AmHandler {
     std::size_t get_from = 0;     // rendezvous messages from this size up use the endpoint's get
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
     bool direct_failed = false;   // a direct receive could not be posted: pipeline from now on
+    bool read_failed = false;     // a one-sided read failed: clear-to-send from now on
     bool failed = false;          // the peer died: everything involving it fails with `why`
     bool shares_memory = false;   // self or shm: device data can go by CUDA IPC or staging ring
     std::deque<Pending> pending;  // in order; nothing bypasses it
@@ -195,6 +196,7 @@ class Engine final : public transport::AmHandler {
 
   void handle_eager(int source, std::span<const std::byte> data);
   void handle_rts(int source, std::span<const std::byte> data);
+  void handle_rts_read(int source, std::span<const std::byte> data);
   void handle_cts(int source, std::span<const std::byte> data);
   void handle_cts_direct(int source, std::span<const std::byte> data);
   // Device data with a peer that shares no memory (proto/chunked.cpp).
@@ -215,8 +217,12 @@ class Engine final : public transport::AmHandler {
   void handle_cancel(int source, std::span<const std::byte> data);
   void handle_nack(int source, std::span<const std::byte> data);
   void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
+  // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).
   void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
-                        std::uint64_t sreq, std::uint64_t address);
+                        std::uint64_t sreq, std::uint64_t address,
+                        const transport::Endpoint::RemoteRegion* remote);
+  // Asks the sender for a matched rendezvous message: a direct transfer, else fragments.
+  void request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length);
   void send_control(int peer, std::uint8_t am, std::span<const std::byte> header);
 
   // Device buffers (device.cpp).

@@ -110,10 +110,37 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     pending.complete_on_send = true;
   } else {
     slot.rendezvous = true;
-    RtsHeader rts{tag, bytes, requests_.wire_id(index), rts_address};
-    set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
+    const std::uint64_t sreq = requests_.wire_id(index);
+    transport::Endpoint::RemoteRegion region;
+    if (slot.device < 0 && rts_address != kRtsFromDevice && peer.endpoint->has_read() &&
+        !peer.read_failed && !test_ofi_chunked_) {
+      // The receiver may read the buffer itself (no clear-to-send round trip).
+      Status status = peer.endpoint->expose(slot.send_buffer, bytes, sreq, &region);
+      if (status) {
+        slot.exposed = true;
+      } else {
+        peer.read_failed = true;
+        FERRY_LOG(kWarn,
+                  "%s: exposing a send buffer to rank %d failed (%s); clear-to-send from "
+                  "now on",
+                  peer.transport.c_str(), destination, status.to_string().c_str());
+      }
+    }
+    if (slot.exposed) {
+      RtsReadHeader rts{tag, bytes, sreq, region.address, region.key};
+      set_header(kAmRtsRead, rts, &pending.am, &pending.header_size, &pending.header);
+    } else {
+      RtsHeader rts{tag, bytes, sreq, rts_address};
+      set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
+    }
   }
   send_or_queue(destination, std::move(pending));
+  if (crash_mid_pipeline_ && slot.exposed) {
+    // FERRY_TEST_CRASH_AT=mid-pipeline: die with the buffer exposed and announced (the
+    // receiver's read then meets a dead process). A few polls first, so the RTS leaves.
+    for (int i = 0; i < 1000; ++i) progress();
+    util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
+  }
   return request;
 }
 
@@ -157,8 +184,9 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
     deliver_eager(index, message->source, message->tag, message->data);
     matcher_.recycle(std::move(message->data));
   } else {
+    const transport::Endpoint::RemoteRegion remote{message->address, message->key};
     start_rendezvous(index, message->source, message->tag, message->size, message->sreq,
-                     message->address);
+                     message->address, message->readable ? &remote : nullptr);
   }
   return request;
 }
@@ -273,6 +301,12 @@ void Engine::peer_failed(int rank, const std::string& why) {
 void Engine::complete(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
   if (slot.bounce != nullptr) return_bounce(&slot);
+  if (slot.exposed) {
+    // A send that did not end well must not stay readable (its buffer is the caller's again).
+    slot.exposed = false;
+    peers_[static_cast<std::size_t>(slot.peer)].endpoint->unexpose(requests_.wire_id(index),
+                                                                   !status);
+  }
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
   if (slot.kind == RequestKind::kSend) --outstanding_sends_;
@@ -367,6 +401,8 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_eager(source, data);
     case kAmRts:
       return handle_rts(source, data);
+    case kAmRtsRead:
+      return handle_rts_read(source, data);
     case kAmCts:
       return handle_cts(source, data);
     case kAmCtsDirect:
@@ -432,11 +468,26 @@ void Engine::handle_rts(int source, std::span<const std::byte> data) {
   RtsHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short RTS header");
   if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
-    start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address);
+    start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address, nullptr);
     return;
   }
   Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.address = header.address;
+  matcher_.add_unexpected(std::move(message));
+}
+
+void Engine::handle_rts_read(int source, std::span<const std::byte> data) {
+  RtsReadHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short RTS_READ header");
+  if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
+    const transport::Endpoint::RemoteRegion remote{header.address, header.key};
+    start_rendezvous(*index, source, header.tag, header.size, header.sreq, 0, &remote);
+    return;
+  }
+  Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
+  message.address = header.address;
+  message.readable = true;
+  message.key = header.key;
   matcher_.add_unexpected(std::move(message));
 }
 
@@ -452,7 +503,8 @@ Unexpected Engine::unexpected_rendezvous(int source, Tag tag, std::uint64_t size
 }
 
 void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
-                              std::uint64_t sreq, std::uint64_t address) {
+                              std::uint64_t sreq, std::uint64_t address,
+                              const transport::Endpoint::RemoteRegion* remote) {
   RequestSlot& slot = requests_[index];
   const std::size_t length = std::min(size, slot.size);
   slot.info = {source, tag, length};
@@ -502,6 +554,30 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
     return;
   }
   slot.state = RequestState::kActive;
+  if (remote != nullptr && slot.device < 0 && peer.endpoint->has_read() && !peer.read_failed) {
+    // One-sided: read the sender's buffer, then tell it (FIN).
+    if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
+    Status status =
+        peer.endpoint->read_direct(slot.recv_buffer, length, *remote, requests_.wire_id(index));
+    if (status) {
+      slot.direct = true;
+      slot.reading = true;
+      slot.read_sreq = sreq;
+      ++slot.device_ops;  // the buffer is the transport's until on_direct
+      return;
+    }
+    peer.read_failed = true;
+    FERRY_LOG(kWarn,
+              "%s: reading a message of rank %d failed to start (%s); clear-to-send from "
+              "now on",
+              peer.transport.c_str(), source, status.to_string().c_str());
+  }
+  request_data(index, source, sreq, length);
+}
+
+void Engine::request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length) {
+  RequestSlot& slot = requests_[index];
+  Peer& peer = peers_[static_cast<std::size_t>(source)];
   const std::uint64_t rreq = requests_.wire_id(index);
   if (peer.endpoint->has_direct() && !peer.direct_failed) {
     // The transport moves the whole message into the receive buffer (its own rendezvous).
@@ -595,6 +671,22 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
       complete(index, slot->status);
     }
     return;
+  }
+  if (slot->reading) {
+    slot->reading = false;
+    slot->direct = false;
+    const int source = slot->info.source;
+    if (status) {
+      send_control(source, kAmFin, as_bytes(FinHeader{slot->read_sreq, 0, 0}));
+    } else if (status.code() != Code::kPeerFailed) {
+      // The sender still waits, exposed: ask for the data the other way. (Providers report a
+      // refused key differently: tcp as canceled. A read we canceled ourselves was deferred.)
+      Peer& peer = peers_[static_cast<std::size_t>(source)];
+      peer.read_failed = true;
+      FERRY_LOG(kWarn, "%s: reading a message of rank %d failed (%s); clear-to-send from now on",
+                peer.transport.c_str(), source, status.to_string().c_str());
+      return request_data(index, source, slot->read_sreq, slot->info.bytes);
+    }
   }
   if (!status || slot->kind == RequestKind::kSend) return complete(index, std::move(status));
   complete(index, slot->message_size > slot->size

@@ -40,6 +40,9 @@ struct RequestSlot {
   int device = -1;               // CUDA ordinal of the buffer; -1: host memory
   std::uint32_t device_ops = 0;  // copies or direct transfers in flight that use the buffer
   bool direct = false;           // a transport moves the whole message (Endpoint::*_direct)
+  bool exposed = false;          // send: the buffer is exposed for the receiver's read
+  bool reading = false;          // recv: reading the sender's exposed buffer (read_sreq's)
+  std::uint64_t read_sreq = 0;
   bool deferred = false;         // completion waits for those copies (then `status`)
   std::size_t staged = 0;        // staged send: bytes put into the ring so far
   std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
@@ -78,6 +81,8 @@ class RequestPool {
     slot.device = -1;
     slot.device_ops = 0;
     slot.direct = false;
+    slot.exposed = false;
+    slot.reading = false;
     slot.deferred = false;
     slot.staged = 0;
     return index;

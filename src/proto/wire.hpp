@@ -23,6 +23,7 @@ enum AmId : std::uint8_t {
   kAmStageAck = 11,    // StageAckHeader: the receiver has copied a ring slot out
   kAmCtsDirect = 12,   // CtsHeader: a direct receive waits under key rreq; send it directly
   kAmCtsChunked = 13,  // ChunkCtsHeader: send it as direct transfers of `chunk` bytes, in order
+  kAmRtsRead = 14,     // RtsReadHeader: as kAmRts, and the buffer may be read with the key
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -37,6 +38,13 @@ struct RtsHeader {
   std::uint64_t size;
   std::uint64_t sreq;
   std::uint64_t address;
+};
+struct RtsReadHeader {
+  std::uint64_t tag;
+  std::uint64_t size;
+  std::uint64_t sreq;
+  std::uint64_t address;  // for Endpoint::read_direct (an offset where the transport wants one)
+  std::uint64_t key;
 };
 struct CtsHeader {
   std::uint64_t sreq;

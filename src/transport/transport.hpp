@@ -90,6 +90,25 @@ class Endpoint {
   // How device data moves over this endpoint where no memory is shared, and why.
   [[nodiscard]] virtual std::string device_route() const { return {}; }
   virtual void cancel_direct(std::uint64_t /*cookie*/) {}
+  // One-sided reads (RMA rendezvous): the sender exposes its buffer (registered for remote
+  // reads; `region` is what the peer needs to read it) until unexpose(cookie); the receiver
+  // reads it into its own buffer with read_direct, and learns the end through
+  // AmHandler::on_direct(cookie). revoke: the peer must not read it any more (the send was
+  // withdrawn or failed), whatever registration caching would keep. Host memory only.
+  struct RemoteRegion {
+    std::uint64_t address = 0;
+    std::uint64_t key = 0;
+  };
+  [[nodiscard]] virtual bool has_read() const { return false; }
+  virtual Status expose(const void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*cookie*/,
+                        RemoteRegion* /*region*/) {
+    return Status(Code::kUnsupported, "no one-sided reads");
+  }
+  virtual void unexpose(std::uint64_t /*cookie*/, bool /*revoke*/) {}
+  virtual Status read_direct(void* /*buffer*/, std::size_t /*length*/, RemoteRegion /*region*/,
+                             std::uint64_t /*cookie*/) {
+    return Status(Code::kUnsupported, "no one-sided reads");
+  }
   // A rendezvous send whose buffer the caller may reuse now (withdrawn after FERRY_TIMEOUT) is
   // marked where the peer can see it; a receiver that fetched `sreq` with get() asks afterwards
   // whether it was withdrawn (then what it read may be garbage). Marking comes before the send

@@ -30,6 +30,15 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "GPU memory over ofi: auto (registered with the NIC where the provider offers FI_HMEM and "    \
     "a trial registration of each GPU's memory succeeds, else staged) or off (always staged "      \
     "through pinned host memory)")                                                                 \
+  X(kOfiRma, "FERRY_OFI_RMA", kEnum, "auto", 0, 0, "auto|off",                                     \
+    "rendezvous of host buffers over ofi: auto (the receiver reads the sender's registered "       \
+    "buffer with fi_read where the provider offers FI_RMA), off (a tagged transfer after the "     \
+    "receiver's clear-to-send)")                                                                   \
+  X(kOfiMrCache, "FERRY_OFI_MR_CACHE", kInt, "1024", 0, 1 << 20, "",                               \
+    "ofi memory registrations kept for reuse (least recently used dropped first; unmapped or "     \
+    "freed memory dropped as the kernel reports it; 0: register for every transfer)")              \
+  X(kOfiMrCacheSize, "FERRY_OFI_MR_CACHE_SIZE", kSize, "16g", 1 << 20, 1LL << 50, "",              \
+    "bytes of ofi memory registrations kept for reuse")                                            \
   X(kKeepaliveTimeout, "FERRY_KEEPALIVE_TIMEOUT", kSeconds, "0", 0, 86400, "",                     \
     "an ofi peer that sent nothing (keepalives included) for this long is failed (0: never; "      \
     "set it to 3 keepalive intervals where nodes can vanish without closing their sockets and "    \
@@ -107,6 +116,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test: ofi acts as if the provider offered FI_HMEM (assume: the trial registration of GPU "    \
     "memory runs against the real provider; fail: it fails with -FI_EINVAL, as a NIC that "        \
     "cannot map GPU memory answers)")                                                              \
+  X(kTestOfiReadFail, "FERRY_TEST_OFI_READ_FAIL", kBool, "0", 0, 0, "",                            \
+    "test fault: ofi's one-sided reads fail (with an error completion, never reaching the "        \
+    "provider); the receiver must fall back to clear-to-send")                                     \
   X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                               \
     "test: a receiver waits this long between matching a rendezvous and its zero-copy get")        \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                            \

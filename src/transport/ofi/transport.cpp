@@ -6,6 +6,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,6 +36,7 @@ struct OfiTransport::Op {
   fi_context2 context;  // first: providers that ask for FI_CONTEXT(2) use it
   bool send = false;
   bool direct = false;  // a tagged transfer of a caller's buffer (else an active message)
+  bool read = false;    // direct: an fi_read from the peer's exposed buffer
   int peer = -1;
   std::uint32_t buffer = 0;
   // Direct transfers:
@@ -42,7 +44,9 @@ struct OfiTransport::Op {
   std::size_t length = 0;
   std::uint64_t key = 0;
   std::uint64_t cookie = 0;
-  fid_mr* mr = nullptr;   // where the provider wants local buffers registered
+  fid_mr* mr = nullptr;  // where the provider wants local buffers registered
+  mem::RegistrationCache::Entry* entry = nullptr;  // the same, from the cache (reads)
+  Endpoint::RemoteRegion remote;                   // reads: the peer's buffer
   bool orphaned = false;  // its completion was reported already (the peer failed)
 };
 
@@ -52,7 +56,8 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       handler_(handler),
       keepalive_s_(config.get_seconds(util::Var::kKeepalive)),
       silence_s_(config.get_seconds(util::Var::kKeepaliveTimeout)),
-      test_remote_(config.get_bool(util::Var::kTestOfiRemote)) {
+      test_remote_(config.get_bool(util::Var::kTestOfiRemote)),
+      test_read_fail_(config.get_bool(util::Var::kTestOfiReadFail)) {
   if (silence_s_ > 0 && (keepalive_s_ == 0 || silence_s_ < 2 * keepalive_s_)) {
     throw Error(Code::kInvalidArgument,
                 "FERRY_KEEPALIVE_TIMEOUT needs keepalives at least twice as often "
@@ -68,7 +73,9 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
 
   fi_info* hints = fi_->dupinfo(nullptr);
   if (hints == nullptr) throw Error(Code::kNoResources, "fi_allocinfo failed");
-  hints->caps = FI_MSG | FI_TAGGED;
+  // One-sided reads for rendezvous where the provider has them (asked first, then without).
+  const bool want_rma = config.get_string(util::Var::kOfiRma) != "off";
+  hints->caps = FI_MSG | FI_TAGGED | (want_rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->tx_attr->msg_order = FI_ORDER_SAS;  // the protocol relies on per-peer order
@@ -78,6 +85,10 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   fi_info* list = nullptr;
   int ret = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
+  if (ret == -FI_ENODATA && want_rma) {
+    hints->caps = FI_MSG | FI_TAGGED;
+    ret = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
+  }
   fi_->freeinfo(hints);
   if (ret != 0) fail("fi_getinfo (reliable datagram endpoints with ordered messages)", ret);
   const std::string& allowed = config.get_string(util::Var::kOfiProvider);
@@ -154,6 +165,12 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
               " (" + info_->fabric_attr->name + ")";
   inject_size_ = std::min(info_->tx_attr->inject_size, kBufferSize);
+  rma_ = want_rma && (info_->caps & FI_RMA) != 0;
+  if (!want_rma) {
+    rma_why_ = "FERRY_OFI_RMA=off";
+  } else if (!rma_) {
+    rma_why_ = "no FI_RMA in this provider";
+  }
   inject_scratch_.resize(inject_size_);
 
   if ((ret = fi_->fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) fail("fi_fabric", ret);
@@ -199,6 +216,28 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   peers_.resize(static_cast<std::size_t>(size_));
   for (PeerState& state : peers_) state.last_heard = std::chrono::steady_clock::now();
 
+  // Host registrations (fi_read rendezvous) are kept for reuse while the kernel can say when
+  // their memory goes away.
+  const auto entries = static_cast<std::size_t>(config.get_int(util::Var::kOfiMrCache));
+  std::string monitor_why;
+  std::shared_ptr<mem::UnmapMonitor> monitor;
+  if (entries > 0) monitor = mem::UnmapMonitor::shared(&monitor_why);
+  if (entries > 0 && monitor == nullptr) {
+    FERRY_LOG(kInfo, "ofi: registrations are not cached: %s", monitor_why.c_str());
+  }
+  cache_ = std::make_unique<mem::RegistrationCache>(
+      entries, config.get_size(util::Var::kOfiMrCacheSize),
+      [this](void* base, std::size_t length, std::uint64_t access, void** handle) {
+        fid_mr* mr = nullptr;
+        const int error = register_memory(base, length, access, -1, &mr);
+        *handle = mr;
+        return error;
+      },
+      [](void* handle) {
+        if (handle != nullptr) fi_close(&static_cast<fid_mr*>(handle)->fid);
+      },
+      std::move(monitor), entries == 0 ? "FERRY_OFI_MR_CACHE=0" : monitor_why);
+
   capabilities_.name = "ofi";
   capabilities_.max_am = kBufferSize - sizeof(Wire);
   capabilities_.max_inline = inject_size_ > sizeof(Wire) ? inject_size_ - sizeof(Wire) : 0;
@@ -210,7 +249,10 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
 }
 
 OfiTransport::~OfiTransport() {
-  // Endpoint first (cancels posted receives), then what it was bound to.
+  // Cached registrations first (they may be bound to the endpoint); then the endpoint (cancels
+  // posted receives), then what it was bound to.
+  exposed_.clear();
+  cache_.reset();
   if (ep_ != nullptr) fi_close(&ep_->fid);
   if (mr_ != nullptr) fi_close(&mr_->fid);
   if (av_ != nullptr) fi_close(&av_->fid);
@@ -279,8 +321,21 @@ class OfiEndpoint final : public Endpoint {
   }
   [[nodiscard]] std::string device_route() const override { return transport_->device_route(); }
   void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
+  [[nodiscard]] bool has_read() const override { return transport_->has_read(); }
+  Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
+                RemoteRegion* region) override {
+    return transport_->expose(buffer, length, cookie, region);
+  }
+  void unexpose(std::uint64_t cookie, bool revoke) override {
+    transport_->unexpose(cookie, revoke);
+  }
+  Status read_direct(void* buffer, std::size_t length, RemoteRegion region,
+                     std::uint64_t cookie) override {
+    return transport_->start_read(peer_, buffer, length, region, cookie);
+  }
   [[nodiscard]] std::string describe() const override {
-    return "ofi (" + transport_->provider() + "; " + transport_->hmem() + ")";
+    return "ofi (" + transport_->provider() + "; " + transport_->rma() + "; " + transport_->hmem() +
+           ")";
   }
 
  private:
@@ -378,8 +433,10 @@ int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t 
                                   fid_mr** mr) {
   *mr = nullptr;
   int ret = 0;
+  // Without FI_MR_PROV_KEY the keys are ours to choose, and must differ within the domain.
+  const std::uint64_t key = (info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0 ? 0 : next_key_++;
   if (device < 0) {
-    ret = fi_mr_reg(domain_, data, length, access, 0, 0, 0, mr, nullptr);
+    ret = fi_mr_reg(domain_, data, length, access, 0, key, 0, mr, nullptr);
   } else if (hmem_fail_) {
     return -FI_EINVAL;  // what a NIC that cannot map GPU memory answers
   } else {
@@ -390,6 +447,7 @@ int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t 
     attr.access = access;
     attr.iface = FI_HMEM_CUDA;
     attr.device.cuda = device;
+    attr.requested_key = key;
     ret = fi_mr_regattr(domain_, &attr, 0, mr);
   }
   if (ret == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
@@ -479,17 +537,109 @@ Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t l
   return status;
 }
 
+std::string OfiTransport::rma() const {
+  if (!rma_) return "tagged rendezvous (" + rma_why_ + ")";
+  return "fi_read rendezvous; " + cache_->describe();
+}
+
+Status OfiTransport::expose(const void* data, std::size_t length, std::uint64_t cookie,
+                            Endpoint::RemoteRegion* region) {
+  if (!rma_) return Status(Code::kUnsupported, "ofi: " + rma_why_);
+  if (exposed_.count(cookie) != 0) {
+    return Status(Code::kInternal, "ofi: a buffer with that cookie is exposed already");
+  }
+  int error = 0;
+  mem::RegistrationCache::Entry* entry = cache_->acquire(data, length, FI_REMOTE_READ, &error);
+  if (entry == nullptr) {
+    return Status(Code::kIoError,
+                  "ofi: registering a " + std::to_string(length) +
+                      "-byte host buffer for remote reads failed: " + error_text(error));
+  }
+  auto* mr = static_cast<fid_mr*>(entry->handle);
+  const auto address = reinterpret_cast<std::uint64_t>(data);
+  // Without FI_MR_VIRT_ADDR a remote address is an offset into the registration.
+  region->address =
+      (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0 ? address : address - entry->begin;
+  region->key = fi_mr_key(mr);
+  exposed_.emplace(cookie, entry);
+  return Status::ok();
+}
+
+void OfiTransport::unexpose(std::uint64_t cookie, bool revoke) {
+  auto it = exposed_.find(cookie);
+  if (it == exposed_.end()) return;
+  cache_->release(it->second, revoke);
+  exposed_.erase(it);
+}
+
+Status OfiTransport::start_read(int peer, void* data, std::size_t length,
+                                Endpoint::RemoteRegion region, std::uint64_t cookie) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (state.failed) return Status(Code::kPeerFailed, state.why);
+  if (!rma_) return Status(Code::kUnsupported, "ofi: " + rma_why_);
+  if (length > info_->ep_attr->max_msg_size) {
+    return Status(Code::kUnsupported, "ofi: a read of " + std::to_string(length) +
+                                          " bytes exceeds the provider's largest message (" +
+                                          std::to_string(info_->ep_attr->max_msg_size) + ")");
+  }
+  if (directs_.count(cookie) != 0) {
+    return Status(Code::kInternal, "ofi: a direct transfer with that cookie is in flight");
+  }
+  auto op = std::make_unique<Op>();
+  op->direct = true;
+  op->read = true;
+  op->peer = peer;
+  op->data = data;
+  op->length = length;
+  op->cookie = cookie;
+  op->remote = region;
+  if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
+    int error = 0;
+    op->entry = cache_->acquire(data, length, FI_READ, &error);
+    if (op->entry == nullptr) {
+      return Status(Code::kIoError,
+                    "ofi: registering a " + std::to_string(length) +
+                        "-byte host buffer to read into failed: " + error_text(error));
+    }
+  }
+  Op* raw = op.get();
+  directs_.emplace(cookie, std::move(op));
+  if (test_read_fail_) {
+    // Fails at the next progress, as a provider's error completion would. (A read of a key the
+    // peer never registered would do it for real, but tcp;ofi_rxm then drops the connection
+    // and the messages in flight on it.)
+    failed_reads_.push_back(raw);
+    return Status::ok();
+  }
+  Status status;
+  if (!post_direct(*raw, &status)) direct_retries_.push_back(raw);
+  if (!status) {
+    if (raw->entry != nullptr) cache_->release(raw->entry, false);
+    directs_.erase(cookie);
+  }
+  return status;
+}
+
 bool OfiTransport::post_direct(Op& op, Status* status) {
   const PeerState& state = peers_[static_cast<std::size_t>(op.peer)];
-  void* desc = op.mr != nullptr ? fi_mr_desc(op.mr) : nullptr;
-  const ssize_t ret =
-      op.send ? fi_tsend(ep_, op.data, op.length, desc, state.address, op.key, &op.context)
-              : fi_trecv(ep_, op.data, op.length, desc, state.address, op.key, 0, &op.context);
+  void* desc = op.mr != nullptr      ? fi_mr_desc(op.mr)
+               : op.entry != nullptr ? fi_mr_desc(static_cast<fid_mr*>(op.entry->handle))
+                                     : nullptr;
+  ssize_t ret;
+  if (op.read) {
+    ret = fi_read(ep_, op.data, op.length, desc, state.address, op.remote.address, op.remote.key,
+                  &op.context);
+  } else if (op.send) {
+    ret = fi_tsend(ep_, op.data, op.length, desc, state.address, op.key, &op.context);
+  } else {
+    ret = fi_trecv(ep_, op.data, op.length, desc, state.address, op.key, 0, &op.context);
+  }
   if (ret == -FI_EAGAIN) return false;
   if (ret != 0) {
-    *status = Status(Code::kIoError, std::string("ofi: ") + (op.send ? "fi_tsend" : "fi_trecv") +
-                                         " to rank " + std::to_string(op.peer) +
-                                         " failed: " + error_text(static_cast<int>(ret)));
+    const char* call = op.read ? "fi_read" : op.send ? "fi_tsend" : "fi_trecv";
+    *status =
+        Status(Code::kIoError, std::string("ofi: ") + call + " to rank " + std::to_string(op.peer) +
+                                   " failed: " + error_text(static_cast<int>(ret)));
   }
   return true;
 }
@@ -500,6 +650,7 @@ void OfiTransport::finish_direct(Op* op, Status status) {
   const bool report = !op->orphaned;
   const std::uint64_t cookie = op->cookie;
   if (op->mr != nullptr) fi_close(&op->mr->fid);
+  if (op->entry != nullptr) cache_->release(op->entry, false);
   directs_.erase(it);
   if (report) handler_->on_direct(cookie, std::move(status));
 }
@@ -664,6 +815,15 @@ int OfiTransport::progress() {
     again.swap(reposts_);
     for (std::uint32_t index : again) post_receive(index);
   }
+  if (!failed_reads_.empty()) {
+    std::vector<Op*> failed;
+    failed.swap(failed_reads_);
+    for (Op* op : failed) {
+      finish_direct(
+          op, Status(Code::kIoError, "ofi: direct read from rank " + std::to_string(op->peer) +
+                                         " failed (FERRY_TEST_OFI_READ_FAIL)"));
+    }
+  }
   if (!direct_retries_.empty()) {
     std::vector<Op*> again;
     again.swap(direct_retries_);
@@ -689,11 +849,13 @@ int OfiTransport::progress() {
       if (op == nullptr) continue;
       if (op->direct) {
         const bool canceled = error.err == FI_ECANCELED;
-        finish_direct(
-            op,
-            Status(canceled ? Code::kCanceled : Code::kIoError,
-                   std::string("ofi: direct ") + (op->send ? "send to" : "receive from") +
-                       " rank " + std::to_string(op->peer) + " failed: " + error_text(-error.err)));
+        finish_direct(op, Status(canceled ? Code::kCanceled : Code::kIoError,
+                                 std::string("ofi: direct ") +
+                                     (op->read   ? "read from"
+                                      : op->send ? "send to"
+                                                 : "receive from") +
+                                     " rank " + std::to_string(op->peer) +
+                                     " failed: " + error_text(-error.err)));
         continue;
       }
       FERRY_LOG(kDebug, "ofi: completion error %d (%s) for a %s", error.err,
@@ -718,7 +880,7 @@ int OfiTransport::progress() {
     for (ssize_t i = 0; i < n; ++i) {
       auto* op = static_cast<Op*>(entries[i].op_context);
       if (op->direct) {
-        finish_direct(op, op->send || entries[i].len == op->length
+        finish_direct(op, op->send || op->read || entries[i].len == op->length
                               ? Status::ok()
                               : Status(Code::kProtocolError,
                                        "ofi: direct receive from rank " + std::to_string(op->peer) +

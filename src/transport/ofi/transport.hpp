@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mem/registration_cache.hpp"
 #include "transport/ofi/wire.hpp"
 #include "transport/transport.hpp"
 #include "util/fd.hpp"
@@ -54,6 +55,12 @@ class OfiTransport final : public Transport {
   [[nodiscard]] const std::string& provider() const { return provider_; }
   // Whether the provider can register GPU memory, and what ferry does about it.
   [[nodiscard]] const std::string& hmem() const { return hmem_; }
+  // "fi_read rendezvous; registration cache: …" or why there is none.
+  [[nodiscard]] std::string rma() const;
+  [[nodiscard]] bool has_read() const { return rma_; }
+  [[nodiscard]] const mem::RegistrationCache::Stats& registrations() const {
+    return cache_->stats();
+  }
   // Endpoint::device_direct and device_route, for every peer at once: the NIC is the same.
   bool device_direct(int device, const void* buffer, std::size_t length);
   [[nodiscard]] std::string device_route() const;
@@ -64,6 +71,11 @@ class OfiTransport final : public Transport {
   Status start_direct(bool send, int peer, void* buffer, std::size_t length, int device,
                       std::uint64_t key, std::uint64_t cookie);
   void cancel_direct(std::uint64_t cookie);
+  Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
+                Endpoint::RemoteRegion* region);
+  void unexpose(std::uint64_t cookie, bool revoke);
+  Status start_read(int peer, void* buffer, std::size_t length, Endpoint::RemoteRegion region,
+                    std::uint64_t cookie);
 
  private:
   struct Op;
@@ -113,6 +125,11 @@ class OfiTransport final : public Transport {
     std::string why;
   };
   std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
+  bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA=auto)
+  std::string rma_why_;             // why not, when not
+  std::uint64_t next_key_ = 1;      // requested keys, unique in the domain (no FI_MR_PROV_KEY)
+  std::unique_ptr<mem::RegistrationCache> cache_;                              // host registrations
+  std::unordered_map<std::uint64_t, mem::RegistrationCache::Entry*> exposed_;  // by cookie
   std::vector<std::byte> address_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
@@ -130,11 +147,13 @@ class OfiTransport final : public Transport {
   std::vector<std::uint32_t> reposts_;  // receives the provider had no room for
   std::unordered_map<std::uint64_t, std::unique_ptr<Op>> directs_;  // by cookie, in flight
   std::vector<Op*> direct_retries_;  // direct transfers the provider had no room for
+  std::vector<Op*> failed_reads_;    // FERRY_TEST_OFI_READ_FAIL: reads that fail at progress
   std::vector<PeerState> peers_;
   std::size_t malformed_ = 0;
   double keepalive_s_ = 0;
-  double silence_s_ = 0;      // FERRY_KEEPALIVE_TIMEOUT (0: silence is not failure)
-  bool test_remote_ = false;  // FERRY_TEST_OFI_REMOTE
+  double silence_s_ = 0;         // FERRY_KEEPALIVE_TIMEOUT (0: silence is not failure)
+  bool test_remote_ = false;     // FERRY_TEST_OFI_REMOTE
+  bool test_read_fail_ = false;  // FERRY_TEST_OFI_READ_FAIL
   std::array<char, 64> node_{};
   std::chrono::steady_clock::time_point next_keepalive_{};
   std::uint32_t polls_ = 0;

@@ -1,0 +1,150 @@
+// Rendezvous by one-sided read over ofi, between two endpoints of this process: the sender exposes
+// its buffer (registered through the cache), the receiver reads it; a revoked buffer can no
+// longer be read; a read of a key nobody registered fails, and says so. Over tcp (keys chosen by
+// ferry, offsets into the registration) and shm (virtual addresses), so both kinds of mr_mode run.
+#if FERRY_HAVE_OFI
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "transport/ofi/transport.hpp"
+#include "util/config.hpp"
+
+namespace ferry::transport::ofi {
+namespace {
+
+class Completions final : public AmHandler {
+ public:
+  void on_am(std::uint8_t /*id*/, int /*source*/, std::span<const std::byte> /*data*/) override {}
+  void on_direct(std::uint64_t cookie, Status status) override {
+    done_.emplace(cookie, std::move(status));
+  }
+  std::map<std::uint64_t, Status> done_;
+};
+
+class OfiRma : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    open({});
+    if (!transports_[0]) GTEST_SKIP() << "no " << GetParam() << " endpoint: " << why_;
+    if (!transports_[0]->has_read()) GTEST_SKIP() << transports_[0]->rma();
+  }
+  void open(std::map<std::string, std::string> settings) {
+    settings["FERRY_OFI_PROVIDER"] = GetParam();
+    settings["FERRY_KEEPALIVE"] = "0";
+    endpoints_.clear();
+    transports_.clear();
+    try {
+      for (int rank = 0; rank < 2; ++rank) {
+        transports_.push_back(std::make_unique<OfiTransport>(util::Config::load(settings), rank, 2,
+                                                             &handlers_[rank]));
+      }
+    } catch (const Error& e) {
+      why_ = e.what();
+      transports_.clear();
+      transports_.resize(1);
+      return;
+    }
+    std::vector<std::byte> addresses[2] = {transports_[0]->address(), transports_[1]->address()};
+    for (int rank = 0; rank < 2; ++rank) {
+      PeerInfo peer;
+      peer.rank = 1 - rank;
+      peer.address = addresses[1 - rank];
+      endpoints_.push_back(transports_[static_cast<std::size_t>(rank)]->connect(peer));
+    }
+  }
+  // Progresses both until the receiver's read `cookie` completes.
+  Status wait_read(std::uint64_t cookie) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (handlers_[1].done_.count(cookie) == 0) {
+      transports_[0]->progress();
+      transports_[1]->progress();
+      if (std::chrono::steady_clock::now() > deadline) return Status(Code::kTimeout, "no end");
+    }
+    return handlers_[1].done_[cookie];
+  }
+  Completions handlers_[2];
+  std::vector<std::unique_ptr<OfiTransport>> transports_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;  // [0]: rank 0's to rank 1, [1]: back
+  std::string why_;
+};
+
+TEST_P(OfiRma, TheReceiverReadsTheExposedBufferAndTheRegistrationIsReused) {
+  std::vector<std::uint32_t> source(1 << 20);  // 4 MiB
+  std::iota(source.begin(), source.end(), 7u);
+  for (std::uint64_t round = 1; round <= 3; ++round) {
+    std::vector<std::uint32_t> target(source.size(), 0);
+    Endpoint::RemoteRegion region;
+    ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size() * 4, round, &region));
+    // Half of it, from an offset: the region names the buffer, not its registration.
+    ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), source.size() * 2, region, 100 + round));
+    const Status status = wait_read(100 + round);
+    ASSERT_TRUE(status) << status.to_string();
+    endpoints_[0]->unexpose(round, false);
+    EXPECT_TRUE(std::equal(source.begin(), source.begin() + source.size() / 2, target.begin()));
+    EXPECT_EQ(target[source.size() / 2], 0u) << "read past the length asked for";
+  }
+  const auto& stats = transports_[0]->registrations();
+  if (transports_[0]->rma().find("cache off") == std::string::npos) {
+    EXPECT_EQ(stats.misses, 1u);
+    EXPECT_EQ(stats.hits, 2u);
+  }
+  EXPECT_NE(endpoints_[0]->describe().find("fi_read rendezvous"), std::string::npos)
+      << endpoints_[0]->describe();
+}
+
+TEST_P(OfiRma, ARevokedBufferCannotBeReadAndTheReadSaysSo) {
+  if (std::string(GetParam()) == "shm") {
+    GTEST_SKIP() << "libfabric's shm provider reads by virtual address without checking keys";
+  }
+  std::vector<std::byte> source(1 << 20, std::byte{9});
+  std::vector<std::byte> target(source.size());
+  Endpoint::RemoteRegion region;
+  ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size(), 1, &region));
+  endpoints_[0]->unexpose(1, true);  // withdrawn: the registration is closed, cache or not
+  ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), target.size(), region, 2));
+  const Status status = wait_read(2);
+  EXPECT_FALSE(status);
+  EXPECT_NE(status.message().find("read from rank 0 failed"), std::string::npos)
+      << status.to_string();
+  EXPECT_EQ(transports_[0]->registrations().entries, 0u);
+}
+
+TEST_P(OfiRma, AReadOfAKeyNobodyRegisteredFails) {
+  if (std::string(GetParam()) == "shm") {
+    GTEST_SKIP() << "libfabric's shm provider reads by virtual address without checking keys";
+  }
+  std::vector<std::byte> source(256 << 10, std::byte{3});
+  std::vector<std::byte> target(source.size());
+  Endpoint::RemoteRegion region;
+  ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size(), 1, &region));
+  region.key ^= 0x5a5a5a5a00000000ULL;
+  ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), target.size(), region, 2));
+  const Status status = wait_read(2);
+  EXPECT_FALSE(status) << "a read of a key nobody registered succeeded";
+  endpoints_[0]->unexpose(1, false);
+}
+
+TEST_P(OfiRma, TheInjectedReadFailureComesAsACompletion) {
+  open({{"FERRY_TEST_OFI_READ_FAIL", "1"}});
+  std::vector<std::byte> source(256 << 10, std::byte{3});
+  std::vector<std::byte> target(source.size());
+  Endpoint::RemoteRegion region;
+  ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size(), 1, &region));
+  ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), target.size(), region, 2));
+  const Status status = wait_read(2);
+  EXPECT_NE(status.message().find("FERRY_TEST_OFI_READ_FAIL"), std::string::npos)
+      << status.to_string();
+  endpoints_[0]->unexpose(1, false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, OfiRma, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace ferry::transport::ofi
+#endif
