@@ -495,21 +495,55 @@ std::string OfiTransport::device_route() const {
   return out;
 }
 
-Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t length, int device,
-                                  std::uint64_t key, std::uint64_t cookie) {
-  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+Status OfiTransport::new_direct(int peer, void* data, std::size_t length, std::uint64_t cookie,
+                                std::unique_ptr<Op>* op) {
+  const PeerState& state = peers_[static_cast<std::size_t>(peer)];
   if (state.failed) return Status(Code::kPeerFailed, state.why);
   if (directs_.count(cookie) != 0) {
     return Status(Code::kInternal, "ofi: a direct transfer with that cookie is in flight");
   }
-  auto op = std::make_unique<Op>();
+  *op = std::make_unique<Op>();
+  (*op)->direct = true;
+  (*op)->peer = peer;
+  (*op)->data = data;
+  (*op)->length = length;
+  (*op)->cookie = cookie;
+  return Status::ok();
+}
+
+void OfiTransport::release_local(Op& op) {
+  if (op.mr != nullptr) fi_close(&op.mr->fid);
+  if (op.entry != nullptr) cache_->release(op.entry, false);
+  op.mr = nullptr;
+  op.entry = nullptr;
+}
+
+Status OfiTransport::launch_direct(std::unique_ptr<Op> op) {
+  Op* raw = op.get();
+  const std::uint64_t cookie = raw->cookie;
+  directs_.emplace(cookie, std::move(op));
+  if (raw->read && test_read_fail_) {
+    // Fails at the next progress, as a provider's error completion would. (A read of a key the
+    // peer never registered would do it for real, but tcp;ofi_rxm then drops the connection
+    // and the messages in flight on it.)
+    failed_reads_.push_back(raw);
+    return Status::ok();
+  }
+  Status status;
+  if (!post_direct(*raw, &status)) direct_retries_.push_back(raw);
+  if (!status) {
+    release_local(*raw);
+    directs_.erase(cookie);
+  }
+  return status;
+}
+
+Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t length, int device,
+                                  std::uint64_t key, std::uint64_t cookie) {
+  std::unique_ptr<Op> op;
+  if (Status status = new_direct(peer, data, length, cookie, &op); !status) return status;
   op->send = send;
-  op->direct = true;
-  op->peer = peer;
-  op->data = data;
-  op->length = length;
   op->key = key;
-  op->cookie = cookie;
   // GPU memory is always registered (with its interface); host memory where the provider asks.
   if (length > 0 && (device >= 0 || (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0)) {
     const int ret = register_memory(data, length, send ? FI_SEND : FI_RECV, device, &op->mr);
@@ -526,15 +560,7 @@ Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t l
       return Status(Code::kIoError, std::move(why));
     }
   }
-  Op* raw = op.get();
-  directs_.emplace(cookie, std::move(op));
-  Status status;
-  if (!post_direct(*raw, &status)) direct_retries_.push_back(raw);
-  if (!status) {
-    if (raw->mr != nullptr) fi_close(&raw->mr->fid);
-    directs_.erase(cookie);
-  }
-  return status;
+  return launch_direct(std::move(op));
 }
 
 std::string OfiTransport::rma() const {
@@ -574,24 +600,15 @@ void OfiTransport::unexpose(std::uint64_t cookie, bool revoke) {
 
 Status OfiTransport::start_read(int peer, void* data, std::size_t length,
                                 Endpoint::RemoteRegion region, std::uint64_t cookie) {
-  PeerState& state = peers_[static_cast<std::size_t>(peer)];
-  if (state.failed) return Status(Code::kPeerFailed, state.why);
   if (!rma_) return Status(Code::kUnsupported, "ofi: " + rma_why_);
   if (length > info_->ep_attr->max_msg_size) {
     return Status(Code::kUnsupported, "ofi: a read of " + std::to_string(length) +
                                           " bytes exceeds the provider's largest message (" +
                                           std::to_string(info_->ep_attr->max_msg_size) + ")");
   }
-  if (directs_.count(cookie) != 0) {
-    return Status(Code::kInternal, "ofi: a direct transfer with that cookie is in flight");
-  }
-  auto op = std::make_unique<Op>();
-  op->direct = true;
+  std::unique_ptr<Op> op;
+  if (Status status = new_direct(peer, data, length, cookie, &op); !status) return status;
   op->read = true;
-  op->peer = peer;
-  op->data = data;
-  op->length = length;
-  op->cookie = cookie;
   op->remote = region;
   if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
     int error = 0;
@@ -602,22 +619,7 @@ Status OfiTransport::start_read(int peer, void* data, std::size_t length,
                         "-byte host buffer to read into failed: " + error_text(error));
     }
   }
-  Op* raw = op.get();
-  directs_.emplace(cookie, std::move(op));
-  if (test_read_fail_) {
-    // Fails at the next progress, as a provider's error completion would. (A read of a key the
-    // peer never registered would do it for real, but tcp;ofi_rxm then drops the connection
-    // and the messages in flight on it.)
-    failed_reads_.push_back(raw);
-    return Status::ok();
-  }
-  Status status;
-  if (!post_direct(*raw, &status)) direct_retries_.push_back(raw);
-  if (!status) {
-    if (raw->entry != nullptr) cache_->release(raw->entry, false);
-    directs_.erase(cookie);
-  }
-  return status;
+  return launch_direct(std::move(op));
 }
 
 bool OfiTransport::post_direct(Op& op, Status* status) {
@@ -649,8 +651,7 @@ void OfiTransport::finish_direct(Op* op, Status status) {
   if (it == directs_.end() || it->second.get() != op) return;
   const bool report = !op->orphaned;
   const std::uint64_t cookie = op->cookie;
-  if (op->mr != nullptr) fi_close(&op->mr->fid);
-  if (op->entry != nullptr) cache_->release(op->entry, false);
+  release_local(*op);
   directs_.erase(it);
   if (report) handler_->on_direct(cookie, std::move(status));
 }

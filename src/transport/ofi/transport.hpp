@@ -96,6 +96,13 @@ class OfiTransport final : public Transport {
   };
   void post_receive(std::uint32_t buffer);
   void handle_receive(std::uint32_t buffer, std::size_t length);
+  // A direct transfer's Op for `peer` (refused when the peer failed or the cookie is in use),
+  // then handed to the provider by launch_direct (which undoes it on failure).
+  Status new_direct(int peer, void* data, std::size_t length, std::uint64_t cookie,
+                    std::unique_ptr<Op>* op);
+  Status launch_direct(std::unique_ptr<Op> op);
+  // Lets go of an Op's registration of its local buffer (its own, or the cache's).
+  void release_local(Op& op);
   // Posts a direct transfer; false when the provider said -FI_EAGAIN (retried by progress).
   bool post_direct(Op& op, Status* status);
   void finish_direct(Op* op, Status status);
