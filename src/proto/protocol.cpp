@@ -479,6 +479,11 @@ void Engine::handle_rts(int source, std::span<const std::byte> data) {
 void Engine::handle_rts_read(int source, std::span<const std::byte> data) {
   RtsReadHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short RTS_READ header");
+  const Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (peer.endpoint == nullptr || !peer.endpoint->has_read()) {
+    // Only a transport with one-sided reads announces one; anything else is a forgery.
+    return protocol_error(source, "RTS_READ over a transport without one-sided reads");
+  }
   if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
     const transport::Endpoint::RemoteRegion remote{header.address, header.key};
     start_rendezvous(*index, source, header.tag, header.size, header.sreq, 0, &remote);
@@ -526,7 +531,8 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
     return start_staged_receive(index, source, sreq, 0);
   }
-  if (length > 0 && length >= peer.get_from && peer.endpoint->has_get() && !peer.get_failed) {
+  if (remote == nullptr && length > 0 && length >= peer.get_from && peer.endpoint->has_get() &&
+      !peer.get_failed) {
     if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
     Status status = peer.endpoint->get(slot.recv_buffer, address, length);
     if (status && peer.endpoint->was_withdrawn(sreq)) {
