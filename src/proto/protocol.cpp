@@ -169,8 +169,10 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
     if (memory.device_only()) slot.device = memory.device;
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
-  if (!message && source != kAnySource && peers_[static_cast<std::size_t>(source)].failed) {
-    complete(index, Status(Code::kPeerFailed, peers_[static_cast<std::size_t>(source)].why));
+  const Peer* from = source != kAnySource ? &peers_[static_cast<std::size_t>(source)] : nullptr;
+  if (!message && from != nullptr && (from->failed || from->endpoint == nullptr)) {
+    // A dead or unreachable rank will send nothing: fail now rather than wait forever.
+    complete(index, Status(from->failed ? Code::kPeerFailed : Code::kUnsupported, from->why));
   } else if (!message) {
     slot.state = RequestState::kPosted;
     matcher_.post({source, tag, mask, index});

@@ -187,6 +187,23 @@ int main(int argc, char** argv) {
     std::printf("rank %d: withdrawn while read, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "unreachable") {
+    // Run with FERRY_TRANSPORTS=self: no transport reaches the other ranks. A send to them and
+    // a receive from them fail at once, saying why; nothing waits for a rank that cannot send.
+    int x = 0;
+    const int other = 1 - ctx.rank();
+    const auto t0 = Clock::now();
+    ferry::Status r = ctx.recv(&x, sizeof(x), other, 1);
+    ferry::Status s = ctx.send(&x, sizeof(x), other, 1);
+    expect(r.code() == ferry::Code::kUnsupported, "a receive from an unreachable rank fails");
+    expect(s.code() == ferry::Code::kUnsupported, "a send to an unreachable rank fails");
+    expect(!r.message().empty(), "and says why");
+    expect(std::chrono::duration<double>(Clock::now() - t0).count() < 1, "at once");
+    ctx.barrier();
+    std::printf("rank %d: unreachable, %d failures\n", ctx.rank(), failures);
+    std::fflush(stdout);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "timeout") {
     // Run with FERRY_TIMEOUT=0.5. Rank 0 sends a rendezvous message rank 1 never receives, and
     // waits for one rank 1 never sends: both give up in time, and the announcement is withdrawn.
