@@ -399,6 +399,10 @@ std::string Engine::describe_peer(int rank) const {
   std::string large;
   if (peer.get_failed) {
     large = "pipelined (zero-copy get failed earlier)";
+  } else if (peer.endpoint->has_read() && !peer.read_failed && !test_ofi_chunked_) {
+    large = peer.endpoint->has_direct() && !peer.direct_failed
+                ? "by one-sided read of the sender's buffer (direct transfer if a read fails)"
+                : "by one-sided read of the sender's buffer (pipelined if a read fails)";
   } else if (peer.endpoint->has_direct() && !peer.direct_failed) {
     large = "by direct transfer (the transport's own rendezvous)";
   } else if (peer.endpoint->has_get()) {
