@@ -114,6 +114,74 @@ struct Options {
 
 class Communicator;
 
+// One-sided communication. A rank registers a range of its memory (Context::register_memory) and
+// sends the region's packed key to the ranks that may access it; they unpack it (RemoteKey::unpack)
+// and put to it, get from it and apply atomics to it without the owner posting anything.
+//
+// Rules (docs/ARCHITECTURE.md, "One-sided"):
+// - The owner's progress applies the operations (any call into its Context, or
+//   FERRY_PROGRESS_THREAD=1): a rank that never calls ferry stalls the ranks accessing it.
+// - A request completes when the operation is done at the target: a put's data is in the target's
+//   memory, a get's data in the local buffer, an atomic applied (and its old value stored). Local
+//   buffers must stay untouched until then. Operations on one region that overlap and are not
+//   separated by a completed request (or flush) may be applied in any order.
+// - Atomics on one region are atomic with respect to each other and to std::atomic_ref operations
+//   of the owner's threads on the same naturally aligned word; plain loads and stores by the owner
+//   race with them.
+// - Keys are checked at the target on every use: an unknown or deregistered region, a key that
+//   does not match, an out-of-range or misaligned access fail the request (never a stray write).
+// - Host memory only for now: a device buffer (local or registered) fails with kUnsupported.
+
+// A registered range of this process's memory. Movable; deregisters when destroyed.
+class MemoryRegion {
+ public:
+  MemoryRegion() = default;
+  MemoryRegion(MemoryRegion&& other) noexcept;
+  MemoryRegion& operator=(MemoryRegion&& other) noexcept;
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+  ~MemoryRegion();
+
+  [[nodiscard]] bool valid() const { return id_ != 0; }
+  [[nodiscard]] void* address() const { return address_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  // The key to hand to the ranks that may access the region (a few dozen bytes).
+  [[nodiscard]] std::vector<std::byte> remote_key() const;
+  // Accesses that arrive afterwards fail at their initiator; gets still being answered from the
+  // region are cut short (their initiators get an error). Returns at once.
+  Status deregister();
+
+ private:
+  friend class Context;
+  std::shared_ptr<proto::Engine*> engine_;  // null once the Context is gone
+  std::uint64_t id_ = 0;
+  std::uint64_t secret_ = 0;
+  void* address_ = nullptr;
+  std::size_t size_ = 0;
+  int rank_ = -1;
+};
+
+// A region of another rank (or of this one), as received from its owner.
+class RemoteKey {
+ public:
+  // Checks the packed form (length, format, rank within the job is checked on use).
+  static Status unpack(std::span<const std::byte> packed, RemoteKey* out);
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+
+ private:
+  friend class Context;
+  int rank_ = -1;
+  std::uint64_t id_ = 0;
+  std::uint64_t secret_ = 0;
+  std::size_t size_ = 0;
+};
+
+// Atomic operations on a 4- or 8-byte unsigned word of a region. Each returns the word's previous
+// value where the caller asks for it. kCompareSwap stores `operand` if the word equals `compare`.
+enum class AtomicOp : std::uint8_t { kAdd, kSwap, kCompareSwap, kAnd, kOr, kXor };
+const char* to_string(AtomicOp op) noexcept;
+
 // One per process. Safe to call from several threads at once (FERRY_THREADS=multi, the default:
 // one lock around each call, let go while a blocking call waits); FERRY_THREADS=single skips the
 // lock for applications that call from one thread at a time. Requests and Communicators follow
@@ -159,6 +227,23 @@ class Context {
 
   // All ranks enter before any leaves; progresses communication while waiting.
   Status barrier();
+
+  // One-sided communication (see MemoryRegion above). register_memory registers host memory;
+  // the region stays accessible until deregistered (or destroyed).
+  Status register_memory(void* address, std::size_t bytes, MemoryRegion* region);
+  // Copies `bytes` from `local` to the key's region at `offset`.
+  Request iput(const void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset);
+  // Copies `bytes` from the key's region at `offset` into `local`.
+  Request iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset);
+  // Applies `op` to the `width`-byte word (4 or 8) at `offset` of the key's region, which must be
+  // aligned to `width`; stores the previous value in *result (a uint32_t or uint64_t) unless null.
+  Request iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
+                  std::uint64_t operand, void* result = nullptr, std::uint64_t compare = 0);
+  // Waits until every one-sided operation this rank started towards `rank` (flush) or towards
+  // any rank (flush_all) has completed, including those whose Requests were dropped. Returns the
+  // first failure among them since the last flush, or kPeerFailed / kTimeout (FERRY_TIMEOUT).
+  Status flush(int rank);
+  Status flush_all();
 
   // Every rank of the job, in rank order. Valid while this Context lives.
   Communicator world();

@@ -39,6 +39,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
     : config_(std::move(config)), bootstrap_(std::move(bootstrap)) {
   rank_ = bootstrap_->rank();
   size_ = bootstrap_->size();
+  handle_ = std::make_shared<Engine*>(this);
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   spin_count_ = static_cast<int>(config_.get_int(util::Var::kSpinCount));
@@ -265,6 +266,7 @@ Engine::~Engine() {
     stop_progress_.store(true, std::memory_order_release);
     progress_thread_.join();
   }
+  *handle_ = nullptr;
   finalize();
   for (std::byte* bounce : bounce_pool_) {
     cuda_->unregister_host(bounce);

@@ -9,8 +9,10 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
@@ -114,6 +116,25 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] int event_fd() const;
   bool arm();
 
+  // One-sided operations (rma.cpp; the rules are ferry::MemoryRegion's).
+  struct RmaTarget {
+    int rank = -1;
+    std::uint64_t region = 0;
+    std::uint64_t secret = 0;
+    std::size_t size = 0;  // of the region, as its key says
+    std::uint64_t offset = 0;
+  };
+  Status register_region(void* address, std::size_t bytes, std::uint64_t* id,
+                         std::uint64_t* secret);
+  Status deregister_region(std::uint64_t id);
+  Request iput(const void* local, std::size_t bytes, const RmaTarget& target);
+  Request iget(void* local, std::size_t bytes, const RmaTarget& target);
+  Request iatomic(AtomicOp op, std::size_t width, const RmaTarget& target, std::uint64_t operand,
+                  void* result, std::uint64_t compare);
+  Status flush(int rank);  // -1: every rank
+  // Null once this engine is finalized (MemoryRegions outlive their Context harmlessly).
+  [[nodiscard]] const std::shared_ptr<Engine*>& handle() const { return handle_; }
+
   [[nodiscard]] std::string describe_peer(int rank) const;
   [[nodiscard]] std::vector<std::string> describe_transports() const;
   [[nodiscard]] cuda::Cuda* cuda() const { return cuda_.get(); }
@@ -135,6 +156,10 @@ class Engine final : public transport::AmHandler {
     std::uint64_t rreq = 0;
     std::size_t offset = 0;
     std::size_t length = 0;
+    // A put (am == kAmPut with a stream): where in which region the stream's bytes go.
+    std::uint64_t region = 0;
+    std::uint64_t secret = 0;
+    std::uint64_t region_offset = 0;
   };
   struct Peer {
     transport::Endpoint* endpoint = nullptr;  // null: unreachable (why says why)
@@ -164,6 +189,10 @@ class Engine final : public transport::AmHandler {
     std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
     std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
     std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
+    // One-sided operations towards this peer not yet complete, and the first failure among
+    // those completed since the last flush.
+    std::uint32_t rma_outstanding = 0;
+    Status rma_error;
   };
   // A copy in flight on a CUDA stream, polled by progress.
   struct DeviceOp {
@@ -216,6 +245,28 @@ class Engine final : public transport::AmHandler {
   void handle_fin(int source, std::span<const std::byte> data);
   void handle_cancel(int source, std::span<const std::byte> data);
   void handle_nack(int source, std::span<const std::byte> data);
+  // One-sided operations (rma.cpp).
+  struct Region {
+    std::byte* base = nullptr;
+    std::size_t size = 0;
+    std::uint64_t secret = 0;
+  };
+  // Checks an access against the regions; the region's base, or null with *refusal set.
+  std::byte* rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
+                       std::uint64_t length, std::uint32_t* refusal);
+  // A request for a one-sided operation towards `target`, or a failed one (*early).
+  std::uint32_t rma_request(RequestKind kind, RequestSlot::Rma rma, const RmaTarget& target,
+                            const void* local, std::size_t bytes, Status* early);
+  void rma_done(const RequestSlot& slot, const Status& status);
+  void handle_put(int source, std::span<const std::byte> data);
+  void handle_get(int source, std::span<const std::byte> data);
+  void handle_atomic(int source, std::span<const std::byte> data);
+  void handle_rma_ack(int source, std::span<const std::byte> data);
+  void rma_ack(int peer, std::uint64_t id, std::uint64_t value, std::uint32_t code);
+  std::unordered_map<std::uint64_t, Region> regions_;
+  std::uint64_t next_region_ = 1;
+  std::mt19937_64 secrets_{std::random_device{}()};
+  std::shared_ptr<Engine*> handle_;
   void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
   // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).
   void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,

@@ -309,6 +309,7 @@ void Engine::complete(std::uint32_t index, Status status) {
     peers_[static_cast<std::size_t>(slot.peer)].endpoint->unexpose(requests_.wire_id(index),
                                                                    !status);
   }
+  if (slot.rma != RequestSlot::Rma::kNone) rma_done(slot, status);
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
   if (slot.kind == RequestKind::kSend) --outstanding_sends_;
@@ -332,13 +333,20 @@ void Engine::send_or_queue(int peer_rank, Pending&& pending) {
 bool Engine::try_send(Peer& peer, Pending& pending) {
   if (pending.stream != UINT32_MAX) {
     const RequestSlot& slot = requests_[pending.stream];
+    const bool put = pending.am == kAmPut;  // else a rendezvous or get answer's fragments
+    const std::size_t room =
+        put ? peer.frag_size - (sizeof(PutHeader) - sizeof(FragHeader)) : peer.frag_size;
     while (pending.offset < pending.length) {
-      std::size_t chunk = std::min(peer.frag_size, pending.length - pending.offset);
-      FragHeader header{pending.rreq, pending.offset};
-      Status status = peer.endpoint->am_send(
-          kAmFrag, as_bytes(header),
-          std::span<const std::byte>(slot.send_buffer + pending.offset, chunk),
-          transport::AmHint::kBulk);
+      std::size_t chunk = std::min(room, pending.length - pending.offset);
+      const auto data = std::span<const std::byte>(slot.send_buffer + pending.offset, chunk);
+      Status status =
+          put ? peer.endpoint->am_send(
+                    kAmPut,
+                    as_bytes(PutHeader{pending.rreq, pending.region, pending.secret,
+                                       pending.region_offset + pending.offset}),
+                    data, transport::AmHint::kBulk)
+              : peer.endpoint->am_send(kAmFrag, as_bytes(FragHeader{pending.rreq, pending.offset}),
+                                       data, transport::AmHint::kBulk);
       if (status.code() == Code::kWouldBlock) return false;
       if (!status) {
         complete(pending.stream, std::move(status));
@@ -347,7 +355,7 @@ bool Engine::try_send(Peer& peer, Pending& pending) {
       pending.offset += chunk;
       if (crash_mid_pipeline_) util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
     }
-    complete(pending.stream, Status::ok());
+    if (!put) complete(pending.stream, Status::ok());  // a put completes when acknowledged
     return true;
   }
   Status status = peer.endpoint->am_send(
@@ -427,6 +435,14 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_stage_frag(source, data);
     case kAmStageAck:
       return handle_stage_ack(source, data);
+    case kAmPut:
+      return handle_put(source, data);
+    case kAmGet:
+      return handle_get(source, data);
+    case kAmAtomic:
+      return handle_atomic(source, data);
+    case kAmRmaAck:
+      return handle_rma_ack(source, data);
     default:
       return protocol_error(source, "unknown active message id");
   }

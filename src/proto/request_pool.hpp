@@ -52,6 +52,12 @@ struct RequestSlot {
   std::vector<std::byte> host_copy;
   std::size_t chunk = 0;        // chunked transfer: bytes per direct transfer (0: not chunked)
   std::byte* bounce = nullptr;  // chunked transfer of device memory: the pinned bounce in use
+  // One-sided operations (proto/rma.cpp): what this request is, and for an answer to a peer's
+  // get, the region it is sent from; an atomic's result goes to rma_result (rma_width bytes).
+  enum class Rma : std::uint8_t { kNone, kPut, kGet, kAtomic, kGetReply } rma = Rma::kNone;
+  std::uint8_t rma_width = 0;
+  std::uint64_t rma_region = 0;
+  void* rma_result = nullptr;
 };
 
 class RequestPool {
@@ -85,6 +91,7 @@ class RequestPool {
     slot.reading = false;
     slot.deferred = false;
     slot.staged = 0;
+    slot.rma = RequestSlot::Rma::kNone;
     return index;
   }
   void free(std::uint32_t index) {

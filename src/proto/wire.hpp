@@ -24,6 +24,11 @@ enum AmId : std::uint8_t {
   kAmCtsDirect = 12,   // CtsHeader: a direct receive waits under key rreq; send it directly
   kAmCtsChunked = 13,  // ChunkCtsHeader: send it as direct transfers of `chunk` bytes, in order
   kAmRtsRead = 14,     // RtsReadHeader: as kAmRts, and the buffer may be read with the key
+  // One-sided operations (proto/rma.cpp).
+  kAmPut = 15,     // PutHeader + bytes to store in a region
+  kAmGet = 16,     // GetHeader: send back bytes of a region (as kAmFrag to `id`)
+  kAmAtomic = 17,  // AtomicHeader + operand and compare (8 bytes each)
+  kAmRmaAck = 18,  // RmaAckHeader: a put fragment stored, an atomic applied, or a refusal
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -98,6 +103,44 @@ struct CancelHeader {
 };
 struct NackHeader {
   std::uint64_t rreq;
+};
+
+// One-sided operations: `id` is the initiator's request; `region` and `secret` come from the key.
+struct PutHeader {
+  std::uint64_t id;
+  std::uint64_t region;
+  std::uint64_t secret;
+  std::uint64_t offset;  // in the region, of this fragment's first byte
+};
+struct GetHeader {
+  std::uint64_t id;
+  std::uint64_t region;
+  std::uint64_t secret;
+  std::uint64_t offset;
+  std::uint64_t length;
+};
+struct AtomicHeader {
+  std::uint64_t id;
+  std::uint64_t region;
+  std::uint64_t secret;
+  std::uint64_t offset;
+  std::uint8_t op;     // ferry::AtomicOp
+  std::uint8_t width;  // 4 or 8
+  std::uint8_t reserved[6];
+};
+struct RmaAckHeader {
+  std::uint64_t id;
+  std::uint64_t value;  // put: bytes stored; atomic: the previous value
+  std::uint32_t code;   // RmaRefusal (0: done)
+  std::uint32_t reserved;
+};
+enum RmaRefusal : std::uint32_t {
+  kRmaOk = 0,
+  kRmaNoRegion = 1,    // no such region (never registered, or deregistered)
+  kRmaBadKey = 2,      // the region exists but the key's secret does not match
+  kRmaOutOfRange = 3,  // offset and length reach outside the region
+  kRmaBadAtomic = 4,   // unknown op, width not 4 or 8, or a misaligned word
+  kRmaCutShort = 5,    // the region was deregistered while a get was answered from it
 };
 
 template <typename H>

@@ -32,6 +32,10 @@ alignas(64) std::byte g_remote[kMaxCapacity];
 alignas(64) std::byte g_recv[4][kMaxCapacity];
 alignas(64) std::byte g_send[kRendezvousBytes];
 alignas(64) std::byte g_drain[kMaxCapacity];
+// A registered region one-sided messages may name (with its real id and secret, on request).
+alignas(64) std::byte g_window[4096];
+std::uint64_t g_region = 0;
+std::uint64_t g_secret = 0;
 
 std::unique_ptr<proto::Engine> g_engine;
 
@@ -118,6 +122,8 @@ void put_u64(std::vector<std::byte>* message, std::size_t offset, std::uint64_t 
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   g_engine = proto::Engine::create({});
+  FUZZ_CHECK(g_engine->register_region(g_window, sizeof(g_window), &g_region, &g_secret),
+             "registering the one-sided window failed");
   // Check the pool model: a FIN naming the send's modelled wire id must complete that send.
   Posted send = post_send(kRendezvousBytes, 1);
   proto::FinHeader fin{g_pool.wire_id(send.index), 0, 0};
@@ -134,7 +140,8 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
 // source outside the job; bit 6: tag mask 0x0f) and u8 tag; u8 tag of the rendezvous send; u8 tag
 // and u8 size of the eager send. Then messages: u8 id (0xff: run progress() instead), u8 fix (bit
 // 0: put the wire id of our request (fix >> 1) % count into the message; bit 7: into a CTS's rreq
-// instead of its sreq), u16 length, the message.
+// instead of its sreq; bit 6: a PUT, GET or ATOMIC names the registered window with its real id
+// and secret), u16 length, the message.
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   ferry::fuzz::Input in(data, size);
   std::vector<Posted> posted;  // receives first, then sends
@@ -187,9 +194,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case proto::kAmFin:
           put_u64(&message, offsetof(proto::FinHeader, sreq), wire);
           break;
+        case proto::kAmRmaAck:
+          put_u64(&message, offsetof(proto::RmaAckHeader, id), wire);
+          break;
         default:
           break;
       }
+    }
+    if ((fix & 0x40) != 0 &&
+        (id == proto::kAmPut || id == proto::kAmGet || id == proto::kAmAtomic)) {
+      // The same offsets in all three headers.
+      put_u64(&message, offsetof(proto::PutHeader, region), g_region);
+      put_u64(&message, offsetof(proto::PutHeader, secret), g_secret);
     }
     g_engine->on_am(id, 0, message);
   }

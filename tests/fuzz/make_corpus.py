@@ -72,6 +72,7 @@ def store_server():
 
 # ---- protocol engine: active messages ----
 AM_EAGER, AM_RTS, AM_CTS, AM_FRAG, AM_FIN = 1, 2, 3, 4, 5
+AM_PUT, AM_GET, AM_ATOMIC, AM_RMA_ACK = 15, 16, 17, 18
 
 
 def am(am_id, body, fix=0): return bytes([am_id, fix]) + struct.pack('<H', len(body)) + body
@@ -91,6 +92,12 @@ def engine_am():
         'cts_to_send': bytes([0x04, 1]) + am(AM_CTS, u64(0) + u64(0) + u64(1000), fix=1) + bytes([0xff]),
         'fin_to_send': bytes([0x05, 6, 1, 1]) + am(AM_FIN, u64(0) + u32(0) + u32(0), fix=3),
         'frag': bytes([0x09, 7, 2, 2, 16]) + am(AM_FRAG, u64(0) + u64(0) + b'chunk', fix=1),
+        # One-sided: the window's id and secret filled in (fix bit 6), in and out of range.
+        'put_get_atomic': bytes([0]) + am(AM_PUT, u64(0) + u64(0) + u64(0) + u64(8) + b'12345678', fix=0x40)
+            + am(AM_GET, u64(0) + u64(0) + u64(0) + u64(4000) + u64(96), fix=0x40)
+            + am(AM_ATOMIC, u64(0) + u64(0) + u64(0) + u64(16) + bytes([0, 8]) + bytes(6) + u64(1) + u64(0), fix=0x40)
+            + am(AM_PUT, u64(0) + u64(0) + u64(0) + u64(4090) + b'12345678', fix=0x40) + bytes([0xff]),
+        'rma_ack_to_recv': bytes([1, 7, 5]) + am(AM_RMA_ACK, u64(0) + u64(8) + u32(0) + u32(0), fix=1),
         'unknown_and_short': bytes([0]) + am(0, b'') + am(9, b'abc') + am(AM_RTS, b'short') + am(AM_FIN, b''),
     }
 

@@ -1,0 +1,164 @@
+// ferry::MemoryRegion, ferry::RemoteKey and the Context's one-sided calls over the engine.
+#include <cstring>
+#include <utility>
+
+#include "proto/engine.hpp"
+
+namespace ferry {
+namespace {
+
+// The packed key: fixed size, little-endian fields as laid out here.
+struct PackedKey {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::int32_t rank;
+  std::uint32_t reserved;
+  std::uint64_t region;
+  std::uint64_t secret;
+  std::uint64_t size;
+};
+constexpr std::uint32_t kKeyMagic = 0x4b524546;  // "FERK"
+constexpr std::uint32_t kKeyVersion = 1;
+
+proto::Engine::RmaTarget target_of(int rank, std::uint64_t region, std::uint64_t secret,
+                                   std::size_t size, std::uint64_t offset) {
+  return proto::Engine::RmaTarget{rank, region, secret, size, offset};
+}
+
+}  // namespace
+
+const char* to_string(AtomicOp op) noexcept {
+  switch (op) {
+    case AtomicOp::kAdd:
+      return "add";
+    case AtomicOp::kSwap:
+      return "swap";
+    case AtomicOp::kCompareSwap:
+      return "compare-swap";
+    case AtomicOp::kAnd:
+      return "and";
+    case AtomicOp::kOr:
+      return "or";
+    case AtomicOp::kXor:
+      return "xor";
+  }
+  return "unknown";
+}
+
+// ---- MemoryRegion ----
+
+MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
+    : engine_(std::move(other.engine_)),
+      id_(std::exchange(other.id_, 0)),
+      secret_(other.secret_),
+      address_(other.address_),
+      size_(other.size_),
+      rank_(other.rank_) {}
+
+MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
+  if (this != &other) {
+    (void)deregister();
+    engine_ = std::move(other.engine_);
+    id_ = std::exchange(other.id_, 0);
+    secret_ = other.secret_;
+    address_ = other.address_;
+    size_ = other.size_;
+    rank_ = other.rank_;
+  }
+  return *this;
+}
+
+MemoryRegion::~MemoryRegion() { (void)deregister(); }
+
+std::vector<std::byte> MemoryRegion::remote_key() const {
+  const PackedKey key{kKeyMagic, kKeyVersion, rank_, 0, id_, secret_, size_};
+  std::vector<std::byte> out(sizeof(key));
+  std::memcpy(out.data(), &key, sizeof(key));
+  return out;
+}
+
+Status MemoryRegion::deregister() {
+  if (id_ == 0) return Status::ok();
+  const std::uint64_t id = std::exchange(id_, 0);
+  if (engine_ == nullptr || *engine_ == nullptr) return Status::ok();  // the Context is gone
+  proto::Engine* engine = *engine_;
+  auto entry = engine->enter();
+  return engine->deregister_region(id);
+}
+
+// ---- RemoteKey ----
+
+Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
+  PackedKey key;
+  if (packed.size() != sizeof(key)) {
+    return Status(Code::kInvalidArgument, "remote key of " + std::to_string(packed.size()) +
+                                              " bytes; a packed key has " +
+                                              std::to_string(sizeof(key)));
+  }
+  std::memcpy(&key, packed.data(), sizeof(key));
+  if (key.magic != kKeyMagic || key.version != kKeyVersion) {
+    return Status(Code::kInvalidArgument, "not a ferry remote key (or one of another version)");
+  }
+  if (key.rank < 0 || key.region == 0 || key.size == 0) {
+    return Status(Code::kInvalidArgument, "corrupt remote key (rank, region or size)");
+  }
+  out->rank_ = key.rank;
+  out->id_ = key.region;
+  out->secret_ = key.secret;
+  out->size_ = key.size;
+  return Status::ok();
+}
+
+// ---- Context ----
+
+Status Context::register_memory(void* address, std::size_t bytes, MemoryRegion* region) {
+  if (region == nullptr) return Status(Code::kInvalidArgument, "register_memory: null region");
+  auto entry = engine_->enter();
+  std::uint64_t id = 0;
+  std::uint64_t secret = 0;
+  Status status = engine_->register_region(address, bytes, &id, &secret);
+  if (!status) return status;
+  MemoryRegion made;
+  made.engine_ = engine_->handle();
+  made.id_ = id;
+  made.secret_ = secret;
+  made.address_ = address;
+  made.size_ = bytes;
+  made.rank_ = engine_->rank();
+  *region = std::move(made);
+  return Status::ok();
+}
+
+Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key,
+                      std::uint64_t offset) {
+  auto entry = engine_->enter();
+  return engine_->iput(local, bytes, target_of(key.rank_, key.id_, key.secret_, key.size_, offset));
+}
+
+Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset) {
+  auto entry = engine_->enter();
+  return engine_->iget(local, bytes, target_of(key.rank_, key.id_, key.secret_, key.size_, offset));
+}
+
+Request Context::iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
+                         std::uint64_t operand, void* result, std::uint64_t compare) {
+  auto entry = engine_->enter();
+  return engine_->iatomic(op, width, target_of(key.rank_, key.id_, key.secret_, key.size_, offset),
+                          operand, result, compare);
+}
+
+Status Context::flush(int rank) {
+  auto entry = engine_->enter();
+  if (rank < 0) {
+    return Status(Code::kInvalidArgument, "flush: rank " + std::to_string(rank) +
+                                              " is not in the job (flush_all for every rank)");
+  }
+  return engine_->flush(rank);
+}
+
+Status Context::flush_all() {
+  auto entry = engine_->enter();
+  return engine_->flush(-1);
+}
+
+}  // namespace ferry

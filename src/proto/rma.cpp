@@ -1,0 +1,396 @@
+// One-sided operations by active messages: the owner of a region applies every put, get and
+// atomic in its own progress, after checking the key and the range against its table of regions.
+// Works over every transport (self, shm, ofi) and needs nothing from them but ordered messages.
+//
+//   put:    PUT(id, region, secret, offset) + bytes, per fragment  ->  RMA_ACK(id, bytes)
+//   get:    GET(id, region, secret, offset, length)  ->  FRAG(id, ...) stream, or RMA_ACK(refusal)
+//   atomic: ATOMIC(id, region, secret, offset, op, width) + operand, compare  ->  RMA_ACK(old)
+//
+// A request completes when the target says the operation is done (puts count the acknowledged
+// bytes); the per-peer count of incomplete operations is what flush waits for.
+#include <atomic>
+#include <cstring>
+
+#include "proto/engine.hpp"
+#include "proto/wire.hpp"
+#include "util/clock.hpp"
+#include "util/copy.hpp"
+#include "util/log.hpp"
+
+namespace ferry::proto {
+namespace {
+
+using Rma = RequestSlot::Rma;
+
+std::string refusal_text(std::uint32_t code, int target) {
+  const std::string who = "rank " + std::to_string(target);
+  switch (code) {
+    case kRmaNoRegion:
+      return who + " has no such memory region (deregistered, or the key is not one of its own)";
+    case kRmaBadKey:
+      return who + " refused the key: it does not match the region (stale or corrupt key)";
+    case kRmaOutOfRange:
+      return who + " refused the access: it reaches outside the region";
+    case kRmaBadAtomic:
+      return who + " refused the atomic: unknown operation, width not 4 or 8, or misaligned";
+    case kRmaCutShort:
+      return who + " deregistered the region while answering the get";
+    default:
+      return who + " refused the operation with unknown code " + std::to_string(code);
+  }
+}
+
+template <typename T>
+T apply_atomic(std::byte* word, AtomicOp op, T operand, T compare) {
+  std::atomic_ref<T> ref(*reinterpret_cast<T*>(word));
+  switch (op) {
+    case AtomicOp::kAdd:
+      return ref.fetch_add(operand);
+    case AtomicOp::kSwap:
+      return ref.exchange(operand);
+    case AtomicOp::kCompareSwap:
+      ref.compare_exchange_strong(compare, operand);
+      return compare;  // the previous value either way
+    case AtomicOp::kAnd:
+      return ref.fetch_and(operand);
+    case AtomicOp::kOr:
+      return ref.fetch_or(operand);
+    case AtomicOp::kXor:
+      return ref.fetch_xor(operand);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* id,
+                               std::uint64_t* secret) {
+  if (address == nullptr || bytes == 0) {
+    return Status(Code::kInvalidArgument, "register_memory: null address or zero bytes");
+  }
+  if (device_memory(address)) {
+    return Status(Code::kUnsupported,
+                  "register_memory: one-sided operations on device memory are not supported yet");
+  }
+  std::uint64_t key = 0;
+  while (key == 0) key = secrets_();
+  *id = next_region_++;
+  *secret = key;
+  regions_.emplace(*id, Region{static_cast<std::byte*>(address), bytes, key});
+  return Status::ok();
+}
+
+Status Engine::deregister_region(std::uint64_t id) {
+  if (regions_.erase(id) == 0) {
+    return Status(Code::kInvalidArgument, "deregister: no memory region " + std::to_string(id));
+  }
+  // Answers to gets still queued from it would read memory the caller is about to release: cut
+  // them short, and tell their initiators (after the fragments already sent, so in order).
+  std::vector<std::pair<int, std::uint64_t>> cut;
+  for (int rank = 0; rank < size_; ++rank) {
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    std::erase_if(peer.pending, [&](const Pending& pending) {
+      if (pending.stream == UINT32_MAX) return false;
+      RequestSlot& slot = requests_[pending.stream];
+      if (slot.rma != Rma::kGetReply || slot.rma_region != id) return false;
+      cut.emplace_back(rank, pending.rreq);
+      complete(pending.stream, Status(Code::kCanceled, "region deregistered"));
+      return true;
+    });
+  }
+  for (const auto& [rank, rreq] : cut) rma_ack(rank, rreq, 0, kRmaCutShort);
+  return Status::ok();
+}
+
+std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
+                             std::uint64_t length, std::uint32_t* refusal) {
+  auto it = regions_.find(region);
+  if (it == regions_.end()) {
+    *refusal = kRmaNoRegion;
+    return nullptr;
+  }
+  const Region& r = it->second;
+  if (r.secret != secret) {
+    *refusal = kRmaBadKey;
+    return nullptr;
+  }
+  if (offset > r.size || length > r.size - offset) {
+    *refusal = kRmaOutOfRange;
+    return nullptr;
+  }
+  return r.base;
+}
+
+std::uint32_t Engine::rma_request(RequestKind kind, Rma rma, const RmaTarget& target,
+                                  const void* local, std::size_t bytes, Status* early) {
+  std::uint32_t index = requests_.allocate(kind);
+  RequestSlot& slot = requests_[index];
+  slot.rma = rma;
+  slot.peer = target.rank;
+  slot.size = bytes;
+  if (kind == RequestKind::kSend) ++outstanding_sends_;
+  const char* what = rma == Rma::kPut ? "put" : rma == Rma::kGet ? "get" : "atomic";
+  if (target.rank < 0 || target.rank >= size_) {
+    *early = Status(Code::kInvalidArgument, std::string(what) + ": the key names rank " +
+                                                std::to_string(target.rank) + ", not in [0, " +
+                                                std::to_string(size_) + ")");
+  } else if (local == nullptr && bytes > 0) {
+    *early = Status(Code::kInvalidArgument, std::string(what) + ": null local buffer");
+  } else if (target.offset > target.size || bytes > target.size - target.offset) {
+    *early = Status(Code::kInvalidArgument,
+                    std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
+                        std::to_string(target.offset) + " reach outside the " +
+                        std::to_string(target.size) + "-byte region");
+  } else if (bytes > 0 && device_memory(local)) {
+    *early = Status(Code::kUnsupported, std::string(what) +
+                                            ": one-sided operations on device memory are not "
+                                            "supported yet");
+  } else {
+    Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
+    if (peer.endpoint == nullptr || peer.failed) {
+      *early = Status(peer.failed ? Code::kPeerFailed : Code::kUnsupported, peer.why);
+    } else {
+      ++peer.rma_outstanding;
+      return index;
+    }
+  }
+  slot.rma = Rma::kNone;  // never counted
+  return index;
+}
+
+void Engine::rma_done(const RequestSlot& slot, const Status& status) {
+  if (slot.rma == Rma::kGetReply) return;
+  Peer& peer = peers_[static_cast<std::size_t>(slot.peer)];
+  --peer.rma_outstanding;
+  if (!status && peer.rma_error.is_ok()) peer.rma_error = status;
+}
+
+Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
+  Status early;
+  std::uint32_t index = rma_request(RequestKind::kSend, Rma::kPut, target, local, bytes, &early);
+  Request request(this, index);
+  if (!early.is_ok() || bytes == 0) {
+    complete(index, std::move(early));
+    return request;
+  }
+  RequestSlot& slot = requests_[index];
+  slot.send_buffer = static_cast<const std::byte*>(local);
+  Pending pending;
+  pending.am = kAmPut;
+  pending.stream = index;
+  pending.rreq = requests_.wire_id(index);
+  pending.length = bytes;
+  pending.region = target.region;
+  pending.secret = target.secret;
+  pending.region_offset = target.offset;
+  send_or_queue(target.rank, std::move(pending));
+  return request;
+}
+
+Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
+  Status early;
+  std::uint32_t index = rma_request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
+  Request request(this, index);
+  if (!early.is_ok() || bytes == 0) {
+    complete(index, std::move(early));
+    return request;
+  }
+  RequestSlot& slot = requests_[index];
+  slot.recv_buffer = static_cast<std::byte*>(local);
+  slot.expected = slot.message_size = bytes;
+  slot.info = {target.rank, 0, bytes};
+  const GetHeader header{requests_.wire_id(index), target.region, target.secret, target.offset,
+                         bytes};
+  send_control(target.rank, kAmGet, as_bytes(header));
+  return request;
+}
+
+Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
+                        std::uint64_t operand, void* result, std::uint64_t compare) {
+  Status early;
+  const bool valid_width = width == 4 || width == 8;
+  std::uint32_t index = rma_request(RequestKind::kSend, Rma::kAtomic, target, &operand,
+                                    valid_width ? width : 0, &early);
+  Request request(this, index);
+  if (early.is_ok() && !valid_width) {
+    early = Status(Code::kInvalidArgument,
+                   "atomic: width " + std::to_string(width) + " is not 4 or 8 bytes");
+  } else if (early.is_ok() && target.offset % width != 0) {
+    early = Status(Code::kInvalidArgument, "atomic: offset " + std::to_string(target.offset) +
+                                               " is not aligned to " + std::to_string(width));
+  } else if (early.is_ok() && static_cast<std::uint8_t>(op) > 5) {
+    early = Status(Code::kInvalidArgument, "atomic: unknown operation");
+  }
+  if (!early.is_ok()) {
+    complete(index, std::move(early));
+    return request;
+  }
+  RequestSlot& slot = requests_[index];
+  slot.rma_width = static_cast<std::uint8_t>(width);
+  slot.rma_result = result;
+  slot.host_copy.resize(16);  // operand, compare: the payload, kept until sent
+  std::memcpy(slot.host_copy.data(), &operand, 8);
+  std::memcpy(slot.host_copy.data() + 8, &compare, 8);
+  AtomicHeader header{requests_.wire_id(index),
+                      target.region,
+                      target.secret,
+                      target.offset,
+                      static_cast<std::uint8_t>(op),
+                      static_cast<std::uint8_t>(width),
+                      {}};
+  Pending pending;
+  pending.am = kAmAtomic;
+  pending.header_size = sizeof(header);
+  static_assert(sizeof(header) <= sizeof(pending.header));
+  std::memcpy(pending.header.data(), &header, sizeof(header));
+  pending.payload = slot.host_copy.data();
+  pending.payload_size = 16;
+  pending.request = index;  // failed if sending fails; completed by the target's answer
+  send_or_queue(target.rank, std::move(pending));
+  return request;
+}
+
+Status Engine::flush(int rank) {
+  if (rank < -1 || rank >= size_) {
+    return Status(Code::kInvalidArgument,
+                  "flush: rank " + std::to_string(rank) + " is not in the job");
+  }
+  auto outstanding = [&] {
+    if (rank >= 0) return peers_[static_cast<std::size_t>(rank)].rma_outstanding > 0;
+    for (const Peer& peer : peers_) {
+      if (peer.rma_outstanding > 0) return true;
+    }
+    return false;
+  };
+  const auto deadline = util::deadline_after(timeout_);
+  int idle = 0;
+  while (outstanding()) {
+    if (timeout_ > 0 && util::Clock::now() >= deadline) {
+      return Status(Code::kTimeout, "flush: one-sided operations still incomplete after " +
+                                        std::to_string(timeout_) + " s (FERRY_TIMEOUT)");
+    }
+    wait_step(&idle);
+  }
+  Status first;
+  for (int r = 0; r < size_; ++r) {
+    if (rank >= 0 && r != rank) continue;
+    Peer& peer = peers_[static_cast<std::size_t>(r)];
+    if (!peer.rma_error.is_ok() && first.is_ok()) first = peer.rma_error;
+    peer.rma_error = Status();
+  }
+  return first;
+}
+
+void Engine::rma_ack(int peer, std::uint64_t id, std::uint64_t value, std::uint32_t code) {
+  send_control(peer, kAmRmaAck, as_bytes(RmaAckHeader{id, value, code, 0}));
+}
+
+void Engine::handle_put(int source, std::span<const std::byte> data) {
+  PutHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short PUT header");
+  auto payload = data.subspan(sizeof(header));
+  std::uint32_t refusal = kRmaOk;
+  std::byte* base =
+      rma_check(header.region, header.secret, header.offset, payload.size(), &refusal);
+  if (base != nullptr) util::copy(base + header.offset, payload.data(), payload.size());
+  rma_ack(source, header.id, payload.size(), refusal);
+}
+
+void Engine::handle_get(int source, std::span<const std::byte> data) {
+  GetHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short GET header");
+  std::uint32_t refusal = kRmaOk;
+  std::byte* base = rma_check(header.region, header.secret, header.offset, header.length, &refusal);
+  if (base == nullptr || header.length == 0) {
+    return rma_ack(source, header.id, 0, base == nullptr ? refusal : kRmaOutOfRange);
+  }
+  // The answer is a stream of fragments into the initiator's request, from the region itself.
+  std::uint32_t index = requests_.allocate(RequestKind::kSend);
+  RequestSlot& slot = requests_[index];
+  slot.handle_alive = false;  // freed when sent
+  slot.rma = Rma::kGetReply;
+  slot.rma_region = header.region;
+  slot.peer = source;
+  slot.send_buffer = base + header.offset;
+  slot.size = header.length;
+  ++outstanding_sends_;
+  Pending pending;
+  pending.am = kAmFrag;
+  pending.stream = index;
+  pending.rreq = header.id;
+  pending.length = header.length;
+  send_or_queue(source, std::move(pending));
+}
+
+void Engine::handle_atomic(int source, std::span<const std::byte> data) {
+  AtomicHeader header;
+  if (!decode(data, &header) || data.size() != sizeof(header) + 16) {
+    return protocol_error(source, "ATOMIC of the wrong size");
+  }
+  std::uint64_t operand = 0;
+  std::uint64_t compare = 0;
+  std::memcpy(&operand, data.data() + sizeof(header), 8);
+  std::memcpy(&compare, data.data() + sizeof(header) + 8, 8);
+  std::uint32_t refusal = kRmaOk;
+  std::byte* base = nullptr;
+  if ((header.width != 4 && header.width != 8) || header.op > 5 ||
+      header.offset % header.width != 0) {
+    refusal = kRmaBadAtomic;
+  } else {
+    base = rma_check(header.region, header.secret, header.offset, header.width, &refusal);
+    if (base != nullptr &&
+        reinterpret_cast<std::uintptr_t>(base + header.offset) % header.width != 0) {
+      base = nullptr;  // a region at an unaligned address
+      refusal = kRmaBadAtomic;
+    }
+  }
+  std::uint64_t previous = 0;
+  if (base != nullptr) {
+    const auto op = static_cast<AtomicOp>(header.op);
+    std::byte* word = base + header.offset;
+    previous = header.width == 4
+                   ? apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
+                                                 static_cast<std::uint32_t>(compare))
+                   : apply_atomic<std::uint64_t>(word, op, operand, compare);
+  }
+  rma_ack(source, header.id, previous, refusal);
+}
+
+void Engine::handle_rma_ack(int source, std::span<const std::byte> data) {
+  RmaAckHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short RMA_ACK header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.id, &index);
+  if (slot == nullptr || slot->state != RequestState::kActive || slot->peer != source ||
+      (slot->rma != Rma::kPut && slot->rma != Rma::kGet && slot->rma != Rma::kAtomic)) {
+    // Also the later acknowledgements of a put that failed on an earlier fragment.
+    FERRY_LOG(kDebug, "RMA_ACK from rank %d for no one-sided operation in progress", source);
+    return;
+  }
+  if (header.code != kRmaOk) {
+    return complete(index, Status(Code::kInvalidArgument, refusal_text(header.code, source)));
+  }
+  switch (slot->rma) {
+    case Rma::kPut:
+      if (header.value > slot->size - slot->received) {
+        return protocol_error(source, "RMA_ACK for more bytes than the put has");
+      }
+      slot->received += header.value;
+      if (slot->received == slot->size) complete(index, Status::ok());
+      return;
+    case Rma::kAtomic:
+      if (slot->rma_result != nullptr) {
+        if (slot->rma_width == 4) {
+          const auto value = static_cast<std::uint32_t>(header.value);
+          std::memcpy(slot->rma_result, &value, 4);
+        } else {
+          std::memcpy(slot->rma_result, &header.value, 8);
+        }
+      }
+      return complete(index, Status::ok());
+    default:  // a get is answered by fragments; an acknowledgement with code 0 is not expected
+      return protocol_error(source, "RMA_ACK without a refusal for a get");
+  }
+}
+
+}  // namespace ferry::proto

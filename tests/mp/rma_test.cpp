@@ -1,0 +1,289 @@
+// One-sided operations between the ranks of a job (run under ferryrun by CTest over shm, ofi and
+// with 1 to 3 ranks): puts and gets of every size, atomics from every rank at once, and keys that
+// are wrong in every way the target must catch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+Context* g_ctx = nullptr;
+Context& ctx() { return *g_ctx; }
+int me() { return ctx().rank(); }
+int nranks() { return ctx().size(); }
+int next() { return (me() + 1) % nranks(); }
+int prev() { return (me() + nranks() - 1) % nranks(); }
+
+std::byte pattern(std::size_t i, int rank, std::size_t seq) {
+  return static_cast<std::byte>((i * 11 + static_cast<std::size_t>(rank) * 29 + seq * 5) & 0xff);
+}
+
+// Every rank's key for its region, by rank.
+std::vector<RemoteKey> exchange_keys(const MemoryRegion& region) {
+  const std::vector<std::byte> mine = region.remote_key();
+  std::vector<std::byte> all(mine.size() * static_cast<std::size_t>(nranks()));
+  EXPECT_TRUE(
+      ctx().world().allgather(mine.data(), all.data(), mine.size(), DataType::kUint8).is_ok());
+  std::vector<RemoteKey> keys(static_cast<std::size_t>(nranks()));
+  for (int r = 0; r < nranks(); ++r) {
+    const std::span<const std::byte> packed(all.data() + r * mine.size(), mine.size());
+    EXPECT_TRUE(RemoteKey::unpack(packed, &keys[static_cast<std::size_t>(r)]).is_ok());
+    EXPECT_EQ(keys[static_cast<std::size_t>(r)].rank(), r);
+  }
+  return keys;
+}
+
+TEST(OneSided, PutThenGetEverySizeWithoutTheTargetPosting) {
+  const std::vector<std::size_t> sizes = {1, 7, 64, 4095, 65536, 100003, (1u << 20) + 3, 4u << 20};
+  const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}) + 64;
+  std::vector<std::byte> window(total, std::byte{0xee});
+  MemoryRegion region;
+  ASSERT_TRUE(ctx().register_memory(window.data(), window.size(), &region).is_ok());
+  auto keys = exchange_keys(region);
+  const RemoteKey& target = keys[static_cast<std::size_t>(next())];
+  EXPECT_EQ(target.size(), total);
+
+  // Puts into the next rank's window, back to back with one byte left between them.
+  std::vector<std::vector<std::byte>> outs;
+  std::vector<Request> puts;
+  std::size_t offset = 0;
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    outs.emplace_back(sizes[s]);
+    for (std::size_t i = 0; i < sizes[s]; ++i) outs.back()[i] = pattern(i, me(), s);
+    puts.push_back(ctx().iput(outs.back().data(), sizes[s], target, offset));
+    offset += sizes[s] + 1;
+  }
+  ASSERT_TRUE(Request::wait_all(puts).is_ok());
+  ASSERT_TRUE(ctx().flush(next()).is_ok());
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  // What the previous rank put here, and nothing between.
+  offset = 0;
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    for (std::size_t i = 0; i < sizes[s]; ++i) {
+      ASSERT_EQ(window[offset + i], pattern(i, prev(), s))
+          << "put of " << sizes[s] << " byte " << i;
+    }
+    ASSERT_EQ(window[offset + sizes[s]], std::byte{0xee}) << "wrote past a put of " << sizes[s];
+    offset += sizes[s] + 1;
+  }
+  // Gets of the same ranges back from the next rank: what this rank put there.
+  offset = 0;
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    std::vector<std::byte> in(sizes[s] + 1, std::byte{0x11});
+    Request get = ctx().iget(in.data(), sizes[s], target, offset);
+    ASSERT_TRUE(get.wait().is_ok()) << get.status().to_string();
+    ASSERT_EQ(std::memcmp(in.data(), outs[s].data(), sizes[s]), 0) << "get of " << sizes[s];
+    ASSERT_EQ(in[sizes[s]], std::byte{0x11}) << "a get of " << sizes[s] << " wrote past it";
+    offset += sizes[s] + 1;
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());  // nobody deregisters while others still get
+}
+
+TEST(OneSided, AtomicsFromEveryRankAtOnce) {
+  // Rank 0's words: [0] 64-bit counter, [1] 32-bit counter (and 32 bits of zero), [2] a word
+  // every rank compare-swaps from 0, [3] bits every rank sets with or, [4] xor, [5] and.
+  alignas(8) std::uint64_t words[6] = {0, 0, 0, 0, 0, ~std::uint64_t{0}};
+  MemoryRegion region;
+  ASSERT_TRUE(ctx().register_memory(words, sizeof(words), &region).is_ok());
+  auto keys = exchange_keys(region);
+  const RemoteKey& zero = keys[0];
+  constexpr int kRounds = 100;
+  std::vector<std::uint64_t> tickets(kRounds);
+  std::vector<std::uint32_t> tickets32(kRounds);
+  std::vector<Request> requests;
+  for (int i = 0; i < kRounds; ++i) {
+    requests.push_back(ctx().iatomic(AtomicOp::kAdd, 8, zero, 0, 1, &tickets[i]));
+    requests.push_back(ctx().iatomic(AtomicOp::kAdd, 4, zero, 8, 1, &tickets32[i]));
+  }
+  std::uint64_t swapped = 99;
+  requests.push_back(ctx().iatomic(AtomicOp::kCompareSwap, 8, zero, 16,
+                                   static_cast<std::uint64_t>(me()) + 1, &swapped, 0));
+  requests.push_back(ctx().iatomic(AtomicOp::kOr, 8, zero, 24, std::uint64_t{1} << me()));
+  requests.push_back(ctx().iatomic(AtomicOp::kXor, 8, zero, 32, std::uint64_t{3} << (2 * me())));
+  requests.push_back(ctx().iatomic(AtomicOp::kAnd, 8, zero, 40, ~(std::uint64_t{1} << me())));
+  ASSERT_TRUE(Request::wait_all(requests).is_ok());
+  // Each fetched value is a ticket: distinct across all ranks, 0 .. ranks*kRounds-1.
+  std::vector<std::uint64_t> all(tickets.size() * static_cast<std::size_t>(nranks()));
+  ASSERT_TRUE(ctx()
+                  .world()
+                  .allgather(tickets.data(), all.data(), tickets.size(), DataType::kUint64)
+                  .is_ok());
+  std::set<std::uint64_t> distinct(all.begin(), all.end());
+  EXPECT_EQ(distinct.size(), all.size()) << "two fetch-adds returned the same value";
+  EXPECT_EQ(*distinct.rbegin(), all.size() - 1);
+  // Exactly one compare-swap found 0; the others saw its value.
+  std::vector<std::uint64_t> seen(static_cast<std::size_t>(nranks()));
+  ASSERT_TRUE(ctx().world().allgather(&swapped, seen.data(), 1, DataType::kUint64).is_ok());
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 0) {
+    const std::uint64_t n = static_cast<std::uint64_t>(nranks());
+    EXPECT_EQ(words[0], n * kRounds);
+    EXPECT_EQ(words[1], n * kRounds) << "the 32-bit adds touched the upper half";
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 0u), 1);
+    EXPECT_GE(words[2], 1u);
+    EXPECT_LE(words[2], n);
+    for (std::uint64_t s : seen) EXPECT_TRUE(s == 0 || s == words[2]);
+    EXPECT_EQ(words[3], (std::uint64_t{1} << n) - 1);
+    EXPECT_EQ(words[4], (std::uint64_t{1} << (2 * n)) - 1);
+    EXPECT_EQ(words[5], ~((std::uint64_t{1} << n) - 1));
+  }
+  // A swap returns what was there.
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == nranks() - 1) {
+    std::uint64_t old = 0;
+    ASSERT_TRUE(ctx().iatomic(AtomicOp::kSwap, 8, zero, 0, 7, &old).wait().is_ok());
+    EXPECT_EQ(old, static_cast<std::uint64_t>(nranks()) * kRounds);
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 0) {
+    EXPECT_EQ(words[0], 7u);
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
+  std::vector<std::byte> window(4096, std::byte{0x5a});
+  std::vector<std::byte> spare(4096, std::byte{0x5a});
+  MemoryRegion region;
+  MemoryRegion other;  // registered, then deregistered: its key goes stale
+  ASSERT_TRUE(ctx().register_memory(window.data(), window.size(), &region).is_ok());
+  ASSERT_TRUE(ctx().register_memory(spare.data(), spare.size(), &other).is_ok());
+  const std::vector<std::byte> stale_packed = other.remote_key();
+  ASSERT_TRUE(other.deregister().is_ok());
+  EXPECT_FALSE(other.valid());
+  // Keys travel to the previous rank, which aims them back here.
+  auto keys = exchange_keys(region);
+  const RemoteKey& good = keys[static_cast<std::size_t>(next())];
+  std::vector<std::byte> stale_all(stale_packed.size() * static_cast<std::size_t>(nranks()));
+  ASSERT_TRUE(
+      ctx()
+          .world()
+          .allgather(stale_packed.data(), stale_all.data(), stale_packed.size(), DataType::kUint8)
+          .is_ok());
+  RemoteKey stale;
+  ASSERT_TRUE(
+      RemoteKey::unpack(std::span<const std::byte>(stale_all.data() + next() * stale_packed.size(),
+                                                   stale_packed.size()),
+                        &stale)
+          .is_ok());
+  // Forged keys for the next rank's region: a bigger size than registered, another secret.
+  const std::vector<std::byte> mine = region.remote_key();
+  const std::size_t n = mine.size();
+  std::vector<std::byte> all(n * static_cast<std::size_t>(nranks()));
+  ASSERT_TRUE(ctx().world().allgather(mine.data(), all.data(), n, DataType::kUint8).is_ok());
+  auto forge = [&](std::size_t field, std::uint64_t value) {
+    std::vector<std::byte> packed(all.begin() + next() * n, all.begin() + (next() + 1) * n);
+    std::memcpy(packed.data() + field, &value, sizeof(value));
+    RemoteKey key;
+    EXPECT_TRUE(RemoteKey::unpack(packed, &key).is_ok());
+    return key;
+  };
+  const RemoteKey too_big = forge(32, 1u << 20);    // size field
+  const RemoteKey wrong_secret = forge(24, 12345);  // secret field
+  std::vector<std::byte> data(8192, std::byte{0x77});
+  std::uint64_t result = 0;
+
+  auto expect_fails = [](Request r, Code code, const char* what, const char* needle) {
+    Status s = r.wait();
+    EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
+    EXPECT_NE(s.to_string().find(needle), std::string::npos) << what << ": " << s.to_string();
+  };
+  // Caught before anything is sent (the key's own size).
+  expect_fails(ctx().iput(data.data(), 16, good, 4090), Code::kInvalidArgument, "past the end",
+               "outside");
+  expect_fails(ctx().iget(data.data(), 4097, good, 0), Code::kInvalidArgument, "too long",
+               "outside");
+  expect_fails(ctx().iatomic(AtomicOp::kAdd, 8, good, 4, 1), Code::kInvalidArgument, "misaligned",
+               "aligned");
+  expect_fails(ctx().iatomic(AtomicOp::kAdd, 2, good, 0, 1), Code::kInvalidArgument, "width",
+               "width");
+  expect_fails(ctx().iput(data.data(), 8, RemoteKey(), 0), Code::kInvalidArgument, "empty key",
+               "rank -1");
+  // Caught by the target.
+  expect_fails(ctx().iput(data.data(), 8192, too_big, 0), Code::kInvalidArgument, "forged size",
+               "outside the region");
+  expect_fails(ctx().iget(data.data(), 16, too_big, 5000), Code::kInvalidArgument,
+               "forged size get", "outside the region");
+  expect_fails(ctx().iatomic(AtomicOp::kSwap, 8, too_big, 8192, 1, &result), Code::kInvalidArgument,
+               "forged size atomic", "outside the region");
+  expect_fails(ctx().iput(data.data(), 8, wrong_secret, 0), Code::kInvalidArgument, "wrong secret",
+               "does not match");
+  expect_fails(ctx().iget(data.data(), 8, wrong_secret, 0), Code::kInvalidArgument,
+               "wrong secret get", "does not match");
+  expect_fails(ctx().iput(data.data(), 8, stale, 0), Code::kInvalidArgument, "stale key",
+               "no such memory region");
+  expect_fails(ctx().iatomic(AtomicOp::kAdd, 4, stale, 0, 1), Code::kInvalidArgument,
+               "stale key atomic", "no such memory region");
+
+  // Each failure above is also flush's to report (the first of them), once.
+  EXPECT_EQ(ctx().flush(next()).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(ctx().flush(next()).is_ok());
+  // A put whose request was dropped: its failure comes out of flush, once.
+  { Request dropped = ctx().iput(data.data(), 8, wrong_secret, 0); }
+  Status flushed = ctx().flush(next());
+  EXPECT_EQ(flushed.code(), Code::kInvalidArgument) << flushed.to_string();
+  EXPECT_TRUE(ctx().flush(next()).is_ok());
+  EXPECT_TRUE(ctx().flush_all().is_ok());
+  EXPECT_EQ(ctx().flush(nranks()).code(), Code::kInvalidArgument);
+
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  for (std::size_t i = 0; i < window.size(); ++i) {
+    ASSERT_EQ(window[i], std::byte{0x5a}) << "a refused access wrote byte " << i;
+  }
+  for (std::size_t i = 0; i < spare.size(); ++i) {
+    ASSERT_EQ(spare[i], std::byte{0x5a}) << "a stale key wrote byte " << i;
+  }
+  // The good key still works after all that (once every rank has looked).
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  ASSERT_TRUE(ctx().iput(data.data(), 4096, good, 0).wait().is_ok());
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  EXPECT_EQ(window[0], std::byte{0x77});
+  EXPECT_EQ(window[4095], std::byte{0x77});
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(OneSided, ZeroBytesAndBadPackedKeys) {
+  std::uint64_t word = 0;
+  MemoryRegion region;
+  ASSERT_TRUE(ctx().register_memory(&word, sizeof(word), &region).is_ok());
+  auto keys = exchange_keys(region);
+  EXPECT_TRUE(ctx().iput(nullptr, 0, keys[static_cast<std::size_t>(next())], 8).wait().is_ok());
+  EXPECT_TRUE(ctx().iget(nullptr, 0, keys[static_cast<std::size_t>(next())], 0).wait().is_ok());
+  std::vector<std::byte> packed = region.remote_key();
+  RemoteKey key;
+  EXPECT_EQ(RemoteKey::unpack(std::span(packed).first(packed.size() - 1), &key).code(),
+            Code::kInvalidArgument);
+  packed[0] ^= std::byte{1};
+  EXPECT_EQ(RemoteKey::unpack(packed, &key).code(), Code::kInvalidArgument);
+  MemoryRegion none;
+  EXPECT_EQ(ctx().register_memory(nullptr, 8, &none).code(), Code::kInvalidArgument);
+  EXPECT_EQ(ctx().register_memory(&word, 0, &none).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(none.valid());
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  try {
+    ferry::Context context = ferry::Context::init();
+    ferry::g_ctx = &context;
+    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
+    int failed = RUN_ALL_TESTS();
+    ferry::g_ctx = nullptr;
+    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
+    return failed;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "rma_test: %s\n", e.what());
+    return 1;
+  }
+}
