@@ -241,7 +241,8 @@ class Context {
                   std::uint64_t operand, void* result = nullptr, std::uint64_t compare = 0);
   // Waits until every one-sided operation this rank started towards `rank` (flush) or towards
   // any rank (flush_all) has completed, including those whose Requests were dropped. Returns the
-  // first failure among them since the last flush, or kPeerFailed / kTimeout (FERRY_TIMEOUT).
+  // first failure among them since the last flush; flush(rank) of a dead rank is kPeerFailed;
+  // kTimeout where FERRY_TIMEOUT runs out first.
   Status flush(int rank);
   Status flush_all();
 

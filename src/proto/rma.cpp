@@ -278,6 +278,9 @@ Status Engine::flush(int rank) {
     if (!peer.rma_error.is_ok() && first.is_ok()) first = peer.rma_error;
     peer.rma_error = Status();
   }
+  if (first.is_ok() && rank >= 0 && peers_[static_cast<std::size_t>(rank)].failed) {
+    return Status(Code::kPeerFailed, peers_[static_cast<std::size_t>(rank)].why);
+  }
   return first;
 }
 

@@ -204,6 +204,59 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "rma-death") {
+    // Rank 2 registers a window, hands out its key, and dies without ever applying what ranks 0
+    // and 1 start on it: their put, get and atomic fail with kPeerFailed (not a hang), flush says
+    // so, new operations fail at once, and one-sided traffic between 0 and 1 goes on.
+    std::vector<std::uint64_t> window(1 << 17, 0);  // 1 MiB
+    ferry::MemoryRegion region;
+    expect(ctx.register_memory(window.data(), window.size() * 8, &region).is_ok(), "register");
+    const std::vector<std::byte> mine = region.remote_key();
+    std::vector<std::byte> all(mine.size() * 3);
+    expect(ctx.world()
+               .allgather(mine.data(), all.data(), mine.size(), ferry::DataType::kUint8)
+               .is_ok(),
+           "keys exchanged");
+    std::vector<ferry::RemoteKey> keys(3);
+    for (int r = 0; r < 3; ++r) {
+      expect(ferry::RemoteKey::unpack(
+                 std::span<const std::byte>(all.data() + r * mine.size(), mine.size()),
+                 &keys[static_cast<std::size_t>(r)])
+                 .is_ok(),
+             "key unpacked");
+    }
+    if (ctx.rank() == 2) {
+      ::usleep(300000);  // no progress: nothing of theirs is applied
+      ::kill(::getpid(), SIGKILL);
+    }
+    std::vector<std::uint64_t> data(1 << 17, 7);
+    std::uint64_t old = 0;
+    const auto t0 = Clock::now();
+    ferry::Request put = ctx.iput(data.data(), data.size() * 8, keys[2], 0);
+    ferry::Request get = ctx.iget(data.data(), 4096, keys[2], 0);
+    ferry::Request add = ctx.iatomic(ferry::AtomicOp::kAdd, 8, keys[2], 0, 1, &old);
+    expect(put.wait().code() == ferry::Code::kPeerFailed, "a put to the dead rank fails");
+    expect(get.wait().code() == ferry::Code::kPeerFailed, "a get from it fails");
+    expect(add.wait().code() == ferry::Code::kPeerFailed, "an atomic on it fails");
+    expect(std::chrono::duration<double>(Clock::now() - t0).count() < 20, "within 20 s");
+    expect(ctx.flush(2).code() == ferry::Code::kPeerFailed, "flush towards it says so");
+    expect(ctx.iput(data.data(), 8, keys[2], 0).wait().code() == ferry::Code::kPeerFailed,
+           "a new put fails at once");
+    // Ranks 0 and 1 go on: each puts into the other's window and adds to its first word.
+    const int other = 1 - ctx.rank();
+    const auto& key = keys[static_cast<std::size_t>(other)];
+    expect(ctx.iput(data.data() + 1, 8, key, 8).wait().is_ok(), "a put to a live rank");
+    expect(ctx.iatomic(ferry::AtomicOp::kAdd, 8, key, 0, 5).wait().is_ok(), "and an atomic");
+    expect(ctx.flush_all().is_ok(), "flush_all: nothing failed since the last flush");
+    int token = 0;
+    expect(ctx.send(&token, sizeof(token), other, 21).is_ok() &&
+               ctx.recv(&token, sizeof(token), other, 21).is_ok(),
+           "handshake");
+    expect(window[0] == 5 && window[1] == 7, "the live rank's put and atomic arrived");
+    std::printf("rank %d: one-sided without rank 2, %d failures\n", ctx.rank(), failures);
+    std::fflush(stdout);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "timeout") {
     // Run with FERRY_TIMEOUT=0.5. Rank 0 sends a rendezvous message rank 1 never receives, and
     // waits for one rank 1 never sends: both give up in time, and the announcement is withdrawn.

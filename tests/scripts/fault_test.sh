@@ -101,6 +101,13 @@ expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
   FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw
 expect "a receive from a rank no transport reaches fails at once" 0 2 "unreachable, 0 failures" \
   FERRY_TRANSPORTS=self -- -n 2 "$program" unreachable
+expect "one-sided operations on a rank that dies fail, and the others go on" 137 2 \
+  "one-sided without rank 2, 0 failures" -- --keep-going -n 3 "$program" rma-death
+if [ "$with_ofi" = ofi ]; then
+  expect "one-sided operations on a rank that dies fail over ofi" 137 2 \
+    "one-sided without rank 2, 0 failures" FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp \
+    -- --keep-going -n 3 "$program" rma-death
+fi
 expect "FERRY_TIMEOUT bounds blocking send, recv and probe" 0 3 "timeouts, 0 failures" \
   FERRY_TIMEOUT=0.5 -- -n 3 "$program" timeout
 expect "a member killed mid-collective fails the collectives of every survivor" 137 3 \

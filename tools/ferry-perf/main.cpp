@@ -4,6 +4,7 @@
 // of one call, the slowest rank's, and NCCL's bus bandwidth.
 // Run under ferryrun: `ferryrun -n 2 ferry-perf [latency|bandwidth|bibw|allreduce|...] [options]`.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +46,10 @@ struct Record {
   std::fprintf(
       error ? stderr : stdout,
       "usage: ferryrun -n 2 ferry-perf [latency|bandwidth|bibw]... [options]\n"
+      "       ferryrun -n 2 ferry-perf [put_lat|get_lat|put_bw|get_bw|atomic_add]... [options]\n"
+      "  (one-sided: put_lat is a ping-pong of puts, each side polling its memory for the\n"
+      "  other's last byte; get_lat a blocking get; the _bw tests a window then a flush;\n"
+      "  atomic_add a window of 8-byte adds: latency_us is the time per add)\n"
       "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter]...\n"
       "  (collectives: SIZE is the bytes of the result; allreduce and reduce_scatter\n"
       "  add float32, broadcast comes from rank 0; -m cuda puts every rank's buffers on its GPU)\n"
@@ -89,6 +94,11 @@ long parse_count(const char* flag, const char* text, long min) {
   return v;
 }
 
+bool is_one_sided(const std::string& test) {
+  return test == "put_lat" || test == "get_lat" || test == "put_bw" || test == "get_bw" ||
+         test == "atomic_add";
+}
+
 bool is_collective(const std::string& test) {
   return test == "allreduce" || test == "broadcast" || test == "allgather" ||
          test == "reduce_scatter";
@@ -102,7 +112,7 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage((a + " needs a value").c_str());
       return argv[++i];
     };
-    if (a == "latency" || a == "bandwidth" || a == "bibw" || is_collective(a)) {
+    if (a == "latency" || a == "bandwidth" || a == "bibw" || is_collective(a) || is_one_sided(a)) {
       args.tests.push_back(a);
     } else if (a == "--sizes") {
       std::string list = value();
@@ -297,9 +307,10 @@ struct Bench {
   long iterations_for(const std::string& test, std::size_t size) const {
     if (args.iterations > 0) return args.iterations;
     const double bytes = static_cast<double>(std::max<std::size_t>(size, 64));
-    if (test == "latency" || is_collective(test)) {
+    if (test == "latency" || test == "put_lat" || test == "get_lat" || is_collective(test)) {
       return std::clamp(static_cast<long>(1e9 / bytes), 20L, 20000L);
     }
+    if (test == "atomic_add") return 2000;
     return std::clamp(static_cast<long>(1e9 / (bytes * args.window)), 2L, 2000L);
   }
 
@@ -332,6 +343,74 @@ struct Bench {
     }
     double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     return us / (2.0 * static_cast<double>(iters));
+  }
+
+  // One-sided tests between ranks 0 and 1 on host memory: each registers a buffer and sends the
+  // other its key. Returns the time per operation in us (put_lat: half a round trip) and fills
+  // *gbps for the bandwidth tests.
+  double one_sided(const std::string& test, std::size_t size, long iters, long warmup,
+                   double* gbps) {
+    if (space.device()) usage("one-sided tests take host memory only");
+    const int window = test == "put_lat" || test == "get_lat" ? 1 : args.window;
+    const std::size_t bytes = std::max<std::size_t>(size, 8);
+    std::vector<std::byte> local(bytes * static_cast<std::size_t>(window));
+    std::vector<std::byte> exposed(bytes * static_cast<std::size_t>(window), std::byte{0});
+    ferry::MemoryRegion region;
+    require(ctx.register_memory(exposed.data(), exposed.size(), &region), "register_memory");
+    std::vector<std::byte> mine = region.remote_key(), theirs(mine.size());
+    require(ctx.send(mine.data(), mine.size(), peer, 5), "key send");
+    require(ctx.recv(theirs.data(), theirs.size(), peer, 5), "key recv");
+    ferry::RemoteKey key;
+    require(ferry::RemoteKey::unpack(theirs, &key), "unpack");
+    fill(local.data(), local.size(), 1);
+    std::vector<ferry::Request> requests;
+    requests.reserve(static_cast<std::size_t>(window));
+    std::vector<std::uint64_t> results(static_cast<std::size_t>(window));
+    // put_lat: the last byte of each message says which iteration it is (1..127, never 0).
+    auto mark = [](long i) { return static_cast<std::uint8_t>((i & 0x7f) + 1); };
+    std::atomic_ref<std::uint8_t> last(*reinterpret_cast<std::uint8_t*>(&exposed[size - 1]));
+    auto await_mark = [&](long i) {
+      while (last.load(std::memory_order_acquire) != mark(i)) ctx.progress();
+    };
+    Clock::time_point start;
+    const bool active = ctx.rank() == 0 || test == "put_lat";
+    for (long i = -warmup; active && i < iters; ++i) {
+      if (i == 0) start = Clock::now();
+      if (test == "put_lat") {
+        if (ctx.rank() == 1) await_mark(i);
+        local[size - 1] = static_cast<std::byte>(mark(i));
+        ctx.iput(local.data(), size, key, 0);  // completes on its own; the peer's reply says so
+        if (ctx.rank() == 0) await_mark(i);
+        continue;
+      }
+      requests.clear();
+      for (int w = 0; w < window; ++w) {
+        const std::size_t offset = static_cast<std::size_t>(w) * bytes;
+        if (test == "get_lat" || test == "get_bw") {
+          requests.push_back(ctx.iget(local.data() + offset, size, key, offset));
+        } else if (test == "put_bw") {
+          requests.push_back(ctx.iput(local.data() + offset, size, key, offset));
+        } else {
+          requests.push_back(ctx.iatomic(ferry::AtomicOp::kAdd, 8, key, offset, 1));
+        }
+      }
+      require(ferry::Request::wait_all(requests), test.c_str());
+    }
+    double us = 0;
+    if (active) {
+      require(ctx.flush(peer), "flush");
+      us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    }
+    // The passive side progresses in this receive until the active side is done.
+    std::uint32_t done = 0;
+    if (ctx.rank() == 0) {
+      require(ctx.send(&done, sizeof(done), peer, 6), "done send");
+    } else {
+      require(ctx.recv(&done, sizeof(done), peer, 6), "done recv");
+    }
+    const double ops = static_cast<double>(iters) * window;
+    *gbps = test == "put_bw" || test == "get_bw" ? static_cast<double>(size) * ops / us / 1e3 : -1;
+    return test == "put_lat" ? us / (2.0 * static_cast<double>(iters)) : us / ops;
   }
 
   // Returns GB/s. `both`: bibw (each side sends and receives a window).
@@ -547,8 +626,14 @@ int main(int argc, char** argv) {
           continue;
         }
         if (ctx.rank() > 1) continue;  // point to point: ranks 0 and 1 only
+        if (is_one_sided(test) && size == 0) continue;
+        if (test == "atomic_add" && size != args.sizes.front()) continue;  // 8 bytes, once
+        if (test == "atomic_add") size = 8;
         Record r{test, size, iters, -1, -1};
-        if (test == "latency") {
+        if (is_one_sided(test)) {
+          r.latency_us = bench.one_sided(test, size, iters, warmup, &r.bandwidth_GBps);
+          if (test == "put_bw" || test == "get_bw") r.latency_us = -1;
+        } else if (test == "latency") {
           r.latency_us = bench.latency(size, iters, warmup);
         } else {
           r.bandwidth_GBps = bench.bandwidth(size, iters, warmup, test == "bibw");

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# ferry's one-sided operations against ucx_perftest (ucx-utils) between two processes of this
+# node, interleaved: each round runs ferry-perf's test and then ucx_perftest's counterpart, back to
+# back, so both see the same vCPU placement. Prints one line per round and test, then medians and
+# the median of the per-round ratios (ferry / ucx: below 1 is faster for latency, above 1 for
+# bandwidth).
+#   put_lat 8 B   <-> ucp_put_lat  (half round trip of a put ping-pong, us)
+#   get_lat 8 B   <-> ucp_get      (time per get, us)
+#   put_bw  4 MiB <-> ucp_put_bw   (GB/s)
+#   get_bw  4 MiB <-> ucp_get      (GB/s)
+#   atomic_add 8  <-> ucp_add      (time per add, us)
+#   bench/rma_compare.sh [ROUNDS]     (default 5; installs ucx-utils where missing)
+set -euo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FERRY_BUILD_DIR:-$top/build}
+rounds=${1:-5}
+
+dpkg-query -W -f='${Status}' ucx-utils 2>/dev/null | grep -q "install ok installed" ||
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ucx-utils >/dev/null; }
+"$top/scripts/setup.sh" ferryrun ferry-perf >/dev/null
+
+# test size iterations ucx-test ucx-column (of ucx_perftest's "Final:" line: 3 = average
+# latency in us, 5 = average bandwidth in MB/s)
+cases=(
+  "put_lat 8 100000 ucp_put_lat 3"
+  "get_lat 8 50000 ucp_get 3"
+  "put_bw 4194304 200 ucp_put_bw 5"
+  "get_bw 4194304 200 ucp_get 5"
+  "atomic_add 8 50000 ucp_add 3"
+)
+ferry() {  # test size iterations -> us per op, or GB/s for *_bw
+  local out
+  out=$("$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
+    --iterations "$3" --csv)
+  case $1 in
+    *_bw) echo "$out" | awk -F, 'NR == 2 { print $5 }' ;;
+    *) echo "$out" | awk -F, 'NR == 2 { print $4 }' ;;
+  esac
+}
+port=$((20000 + RANDOM % 20000))
+ucx() {  # ucx-test size iterations column -> the same unit
+  port=$((port + 1))
+  ucx_perftest -p "$port" >/dev/null 2>&1 &
+  local server=$!
+  sleep 0.3
+  local value
+  value=$(ucx_perftest -p "$port" -t "$1" -s "$2" -n "$3" 127.0.0.1 2>/dev/null |
+    awk -v c="$4" '/Final:/ { print $(c + 1) }')
+  wait "$server" || true
+  if [ "$4" = 5 ]; then value=$(python3 -c "print(${value:-0} * 1048576 / 1e9)"); fi
+  echo "$value"
+}
+
+results=$(mktemp); trap 'rm -f "$results"' EXIT
+for round in $(seq 1 "$rounds"); do
+  for c in "${cases[@]}"; do
+    set -- $c
+    f=$(ferry "$1" "$2" "$3"); u=$(ucx "$4" "$2" "$3" "$5")
+    echo "$round $1 $2 $f $u" | tee -a "$results"
+  done
+done
+echo "# test  size  ferry(median)  ucx(median)  ferry/ucx(median of rounds)   (us per op; GB/s for _bw)"
+python3 - "$results" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 5]
+for test in dict.fromkeys(r[1] for r in rows):
+    mine = [(float(r[3]), float(r[4])) for r in rows if r[1] == test and float(r[4]) > 0]
+    if not mine:
+        continue
+    f = statistics.median(a for a, _ in mine); u = statistics.median(b for _, b in mine)
+    ratio = statistics.median(a / b for a, b in mine)
+    size = next(r[2] for r in rows if r[1] == test)
+    print(f"{test:11s} {size:>8s}  {f:10.3f}  {u:10.3f}  {ratio:6.2f}")
+PY
