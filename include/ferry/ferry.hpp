@@ -159,6 +159,7 @@ class MemoryRegion {
   void* address_ = nullptr;
   std::size_t size_ = 0;
   int rank_ = -1;
+  int fd_ = -1;  // allocate_memory: the descriptor peers on the node map
 };
 
 // A region of another rank (or of this one), as received from its owner.
@@ -175,6 +176,7 @@ class RemoteKey {
   std::uint64_t id_ = 0;
   std::uint64_t secret_ = 0;
   std::size_t size_ = 0;
+  int fd_ = -1;
 };
 
 // Atomic operations on a 4- or 8-byte unsigned word of a region. Each returns the word's previous
@@ -231,6 +233,11 @@ class Context {
   // One-sided communication (see MemoryRegion above). register_memory registers host memory;
   // the region stays accessible until deregistered (or destroyed).
   Status register_memory(void* address, std::size_t bytes, MemoryRegion* region);
+  // Allocates `bytes` of zeroed host memory for one-sided access and registers it (region->
+  // address()); the memory lives until the region is deregistered. Ranks on this node map it
+  // and access it directly (loads, stores, CPU atomics, no progress needed from the owner);
+  // other ranks go through the owner's progress as with register_memory.
+  Status allocate_memory(std::size_t bytes, MemoryRegion* region);
   // Copies `bytes` from `local` to the key's region at `offset`.
   Request iput(const void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset);
   // Copies `bytes` from the key's region at `offset` into `local`.

@@ -12,7 +12,7 @@ struct PackedKey {
   std::uint32_t magic;
   std::uint32_t version;
   std::int32_t rank;
-  std::uint32_t reserved;
+  std::uint32_t fd_plus_one;  // allocated regions: the owner's descriptor + 1; 0: none
   std::uint64_t region;
   std::uint64_t secret;
   std::uint64_t size;
@@ -21,8 +21,8 @@ constexpr std::uint32_t kKeyMagic = 0x4b524546;  // "FERK"
 constexpr std::uint32_t kKeyVersion = 1;
 
 proto::Engine::RmaTarget target_of(int rank, std::uint64_t region, std::uint64_t secret,
-                                   std::size_t size, std::uint64_t offset) {
-  return proto::Engine::RmaTarget{rank, region, secret, size, offset};
+                                   std::size_t size, std::uint64_t offset, int fd) {
+  return proto::Engine::RmaTarget{rank, region, secret, size, offset, fd};
 }
 
 }  // namespace
@@ -53,7 +53,8 @@ MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
       secret_(other.secret_),
       address_(other.address_),
       size_(other.size_),
-      rank_(other.rank_) {}
+      rank_(other.rank_),
+      fd_(other.fd_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
   if (this != &other) {
@@ -64,6 +65,7 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
     address_ = other.address_;
     size_ = other.size_;
     rank_ = other.rank_;
+    fd_ = other.fd_;
   }
   return *this;
 }
@@ -71,7 +73,8 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
 MemoryRegion::~MemoryRegion() { (void)deregister(); }
 
 std::vector<std::byte> MemoryRegion::remote_key() const {
-  const PackedKey key{kKeyMagic, kKeyVersion, rank_, 0, id_, secret_, size_};
+  const PackedKey key{kKeyMagic, kKeyVersion, rank_, static_cast<std::uint32_t>(fd_ + 1),
+                      id_,       secret_,     size_};
   std::vector<std::byte> out(sizeof(key));
   std::memcpy(out.data(), &key, sizeof(key));
   return out;
@@ -99,13 +102,14 @@ Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
   if (key.magic != kKeyMagic || key.version != kKeyVersion) {
     return Status(Code::kInvalidArgument, "not a ferry remote key (or one of another version)");
   }
-  if (key.rank < 0 || key.region == 0 || key.size == 0) {
+  if (key.rank < 0 || key.region == 0 || key.size == 0 || key.fd_plus_one > INT32_MAX) {
     return Status(Code::kInvalidArgument, "corrupt remote key (rank, region or size)");
   }
   out->rank_ = key.rank;
   out->id_ = key.region;
   out->secret_ = key.secret;
   out->size_ = key.size;
+  out->fd_ = static_cast<int>(key.fd_plus_one) - 1;
   return Status::ok();
 }
 
@@ -129,21 +133,45 @@ Status Context::register_memory(void* address, std::size_t bytes, MemoryRegion* 
   return Status::ok();
 }
 
+Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
+  if (region == nullptr) return Status(Code::kInvalidArgument, "allocate_memory: null region");
+  auto entry = engine_->enter();
+  std::uint64_t id = 0;
+  std::uint64_t secret = 0;
+  void* address = nullptr;
+  int fd = -1;
+  Status status = engine_->allocate_region(bytes, &address, &id, &secret, &fd);
+  if (!status) return status;
+  MemoryRegion made;
+  made.engine_ = engine_->handle();
+  made.id_ = id;
+  made.secret_ = secret;
+  made.address_ = address;
+  made.size_ = bytes;
+  made.rank_ = engine_->rank();
+  made.fd_ = fd;
+  *region = std::move(made);
+  return Status::ok();
+}
+
 Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key,
                       std::uint64_t offset) {
   auto entry = engine_->enter();
-  return engine_->iput(local, bytes, target_of(key.rank_, key.id_, key.secret_, key.size_, offset));
+  return engine_->iput(local, bytes,
+                       target_of(key.rank_, key.id_, key.secret_, key.size_, offset, key.fd_));
 }
 
 Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset) {
   auto entry = engine_->enter();
-  return engine_->iget(local, bytes, target_of(key.rank_, key.id_, key.secret_, key.size_, offset));
+  return engine_->iget(local, bytes,
+                       target_of(key.rank_, key.id_, key.secret_, key.size_, offset, key.fd_));
 }
 
 Request Context::iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
                          std::uint64_t operand, void* result, std::uint64_t compare) {
   auto entry = engine_->enter();
-  return engine_->iatomic(op, width, target_of(key.rank_, key.id_, key.secret_, key.size_, offset),
+  return engine_->iatomic(op, width,
+                          target_of(key.rank_, key.id_, key.secret_, key.size_, offset, key.fd_),
                           operand, result, compare);
 }
 

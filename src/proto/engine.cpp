@@ -4,6 +4,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -268,6 +269,16 @@ Engine::~Engine() {
   }
   *handle_ = nullptr;
   finalize();
+  // Allocated regions still registered (their MemoryRegions outlive the Context) and the peers'
+  // regions mapped here.
+  for (auto& [id, region] : regions_) {
+    if (region.fd >= 0) {
+      ::munmap(region.mapping, region.mapping_length);
+      ::close(region.fd);
+    }
+  }
+  regions_.clear();
+  unmap_peer_regions(-1);
   for (std::byte* bounce : bounce_pool_) {
     cuda_->unregister_host(bounce);
     std::free(bounce);

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -123,9 +124,13 @@ class Engine final : public transport::AmHandler {
     std::uint64_t secret = 0;
     std::size_t size = 0;  // of the region, as its key says
     std::uint64_t offset = 0;
+    int fd = -1;  // allocated regions: the owner's descriptor, for mapping on this node
   };
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id,
                          std::uint64_t* secret);
+  // Shared memory for one-sided access: *address is the caller's part of it.
+  Status allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
+                         std::uint64_t* secret, int* fd);
   Status deregister_region(std::uint64_t id);
   Request iput(const void* local, std::size_t bytes, const RmaTarget& target);
   Request iget(void* local, std::size_t bytes, const RmaTarget& target);
@@ -193,6 +198,7 @@ class Engine final : public transport::AmHandler {
     // those completed since the last flush.
     std::uint32_t rma_outstanding = 0;
     Status rma_error;
+    std::string map_refused;  // why its allocated regions cannot be mapped here (empty: they can)
   };
   // A copy in flight on a CUDA stream, polled by progress.
   struct DeviceOp {
@@ -250,7 +256,22 @@ class Engine final : public transport::AmHandler {
     std::byte* base = nullptr;
     std::size_t size = 0;
     std::uint64_t secret = 0;
+    int fd = -1;  // allocated: the memfd, and its mapping (a header page, then base)
+    std::byte* mapping = nullptr;
+    std::size_t mapping_length = 0;
   };
+  // A peer's allocated region mapped here (by (rank, region id)).
+  struct Mapping {
+    std::byte* mapping = nullptr;
+    std::size_t mapping_length = 0;
+  };
+  // Where a one-sided access of `length` bytes goes when it needs no message: this process's own
+  // region, or a peer's allocated region mapped here. Null: by active messages; null with
+  // *refusal set: refused (a RmaRefusal code).
+  std::byte* direct_target(const RmaTarget& target, std::size_t length, std::uint32_t* refusal);
+  std::byte* map_peer_region(const RmaTarget& target, Peer& peer);
+  void unmap_peer_regions(int rank);
+  std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
   // Checks an access against the regions; the region's base, or null with *refusal set.
   std::byte* rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
                        std::uint64_t length, std::uint32_t* refusal);

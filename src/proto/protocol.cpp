@@ -284,6 +284,7 @@ void Engine::peer_failed(int rank, const std::string& why) {
   for (std::uint32_t index : peer.stage_streams) complete_when_idle(index, status);
   peer.stage_streams.clear();
   if (cuda_) cuda_->forget_peer(rank);
+  unmap_peer_regions(rank);
   std::erase_if(descriptors_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase(pending_peers_, rank);
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {

@@ -8,7 +8,22 @@
 //
 // A request completes when the target says the operation is done (puts count the acknowledged
 // bytes); the per-peer count of incomplete operations is what flush waits for.
+//
+// Memory from allocate_memory is a memfd: a header page (SharedHeader), then the caller's bytes.
+// A rank on the same node takes the descriptor with pidfd_getfd (the permission CMA needs),
+// maps it, checks the header against the key, and from then on accesses it directly: copies and
+// CPU atomics, complete at once. The owner clears `live` before it unmaps, and every direct access
+// looks at it first, so a deregistered region is refused; a store racing with the
+// deregistration lands in memory nobody else uses any more (the mapping keeps it), never in the
+// owner's.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "proto/engine.hpp"
@@ -21,6 +36,27 @@ namespace ferry::proto {
 namespace {
 
 using Rma = RequestSlot::Rma;
+
+struct SharedHeader {
+  std::uint64_t magic;
+  std::uint64_t region;
+  std::uint64_t secret;
+  std::uint64_t size;
+  std::uint32_t live;  // 1 while registered (read and written through std::atomic_ref)
+};
+constexpr std::uint64_t kSharedMagic = 0x46455252594d4d31;  // "FERRYMM1"
+constexpr std::size_t kHeaderBytes = 4096;
+
+std::size_t page_round(std::size_t bytes) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+std::uint32_t load_live(SharedHeader* header) {
+  return std::atomic_ref<std::uint32_t>(header->live).load(std::memory_order_acquire);
+}
+
+std::string errno_text(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
 
 std::string refusal_text(std::uint32_t code, int target) {
   const std::string who = "rank " + std::to_string(target);
@@ -80,10 +116,61 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
   return Status::ok();
 }
 
+Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
+                               std::uint64_t* secret, int* fd) {
+  if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_memory: zero bytes");
+  if (bytes > (std::size_t{1} << 46)) {
+    return Status(Code::kInvalidArgument, "allocate_memory: " + std::to_string(bytes) +
+                                              " bytes is more than this machine can map");
+  }
+  const std::size_t length = kHeaderBytes + page_round(bytes);
+  util::Fd memfd(::memfd_create("ferry-rma", MFD_CLOEXEC));
+  if (!memfd.valid())
+    return Status(Code::kNoResources, errno_text("allocate_memory: memfd_create"));
+  // Reserved now, so a full memory or tmpfs limit is this error, not a SIGBUS on first touch.
+  if (::ftruncate(memfd.get(), static_cast<off_t>(length)) != 0 ||
+      ::posix_fallocate(memfd.get(), 0, static_cast<off_t>(length)) != 0) {
+    return Status(Code::kNoResources, "allocate_memory: cannot reserve " + std::to_string(length) +
+                                          " bytes of shared memory");
+  }
+  void* mapping = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+  if (mapping == MAP_FAILED) return Status(Code::kNoResources, errno_text("allocate_memory: mmap"));
+  Status status =
+      register_region(static_cast<std::byte*>(mapping) + kHeaderBytes, bytes, id, secret);
+  if (!status) {
+    ::munmap(mapping, length);
+    return status;
+  }
+  auto* header = static_cast<SharedHeader*>(mapping);
+  header->magic = kSharedMagic;
+  header->region = *id;
+  header->secret = *secret;
+  header->size = bytes;
+  std::atomic_ref<std::uint32_t>(header->live).store(1, std::memory_order_release);
+  Region& region = regions_.at(*id);
+  region.fd = memfd.release();
+  region.mapping = static_cast<std::byte*>(mapping);
+  region.mapping_length = length;
+  *address = region.base;
+  *fd = region.fd;
+  return Status::ok();
+}
+
 Status Engine::deregister_region(std::uint64_t id) {
-  if (regions_.erase(id) == 0) {
+  auto found = regions_.find(id);
+  if (found == regions_.end()) {
     return Status(Code::kInvalidArgument, "deregister: no memory region " + std::to_string(id));
   }
+  if (found->second.fd >= 0) {
+    // Peers that mapped it see `live` cleared before their next access; the memory itself goes
+    // when the last mapping does.
+    const Region& r = found->second;
+    std::atomic_ref<std::uint32_t>(reinterpret_cast<SharedHeader*>(r.mapping)->live)
+        .store(0, std::memory_order_release);
+    ::munmap(r.mapping, r.mapping_length);
+    ::close(r.fd);
+  }
+  regions_.erase(found);
   // Answers to gets still queued from it would read memory the caller is about to release: cut
   // them short, and tell their initiators (after the fragments already sent, so in order).
   std::vector<std::pair<int, std::uint64_t>> cut;
@@ -119,6 +206,94 @@ std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::ui
     return nullptr;
   }
   return r.base;
+}
+
+std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
+                                 std::uint32_t* refusal) {
+  if (target.rank == rank_) {
+    std::byte* base = rma_check(target.region, target.secret, target.offset, length, refusal);
+    return base == nullptr ? nullptr : base + target.offset;
+  }
+  if (target.fd < 0) return nullptr;
+  Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
+  if (!peer.shares_memory || !peer.map_refused.empty()) return nullptr;
+  std::byte* mapping = map_peer_region(target, peer);
+  if (mapping == nullptr) return nullptr;
+  auto* header = reinterpret_cast<SharedHeader*>(mapping);
+  if (load_live(header) == 0) {
+    // Deregistered since: forget the mapping, and let the owner answer (it knows best why).
+    auto it = mappings_.find({target.rank, target.region});
+    ::munmap(it->second.mapping, it->second.mapping_length);
+    mappings_.erase(it);
+    return nullptr;
+  }
+  if (header->secret != target.secret) {  // mapped under this id by another key
+    *refusal = kRmaBadKey;
+    return nullptr;
+  }
+  if (target.offset > header->size || length > header->size - target.offset) {
+    *refusal = kRmaOutOfRange;
+    return nullptr;
+  }
+  return mapping + kHeaderBytes + target.offset;
+}
+
+std::byte* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
+  auto it = mappings_.find({target.rank, target.region});
+  if (it != mappings_.end()) return it->second.mapping;
+  const int pid = peer.endpoint != nullptr ? peer.endpoint->peer_pid() : 0;
+  if (pid <= 0) {
+    peer.map_refused = "its process id is unknown";
+    return nullptr;
+  }
+  util::Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd.valid()) {
+    peer.map_refused = errno_text("pidfd_open");
+    FERRY_LOG(kInfo, "rank %d's allocated memory is reached by messages: %s", target.rank,
+              peer.map_refused.c_str());
+    return nullptr;
+  }
+  util::Fd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target.fd, 0)));
+  if (!fd.valid()) {
+    if (errno == EBADF) return nullptr;  // closed: a stale key (the owner says so)
+    peer.map_refused = errno_text("pidfd_getfd");
+    FERRY_LOG(kInfo, "rank %d's allocated memory is reached by messages: %s", target.rank,
+              peer.map_refused.c_str());
+    return nullptr;
+  }
+  // The descriptor may now be anything the owner opened under that number: check it is the
+  // region the key names before mapping all of it.
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<std::size_t>(st.st_size) < kHeaderBytes) {
+    return nullptr;
+  }
+  void* head = ::mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (head == MAP_FAILED) return nullptr;
+  const SharedHeader header = *static_cast<const SharedHeader*>(head);
+  ::munmap(head, kHeaderBytes);
+  if (header.magic != kSharedMagic || header.region != target.region ||
+      header.secret != target.secret || header.size == 0 ||
+      header.size > static_cast<std::size_t>(st.st_size) - kHeaderBytes) {
+    return nullptr;
+  }
+  const std::size_t length = kHeaderBytes + page_round(header.size);
+  if (length > static_cast<std::size_t>(st.st_size)) return nullptr;
+  void* mapping = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (mapping == MAP_FAILED) return nullptr;
+  mappings_[{target.rank, target.region}] = {static_cast<std::byte*>(mapping), length};
+  return static_cast<std::byte*>(mapping);
+}
+
+void Engine::unmap_peer_regions(int rank) {
+  for (auto it = mappings_.begin(); it != mappings_.end();) {
+    if (rank >= 0 && it->first.first != rank) {
+      ++it;
+      continue;
+    }
+    ::munmap(it->second.mapping, it->second.mapping_length);
+    it = mappings_.erase(it);
+  }
 }
 
 std::uint32_t Engine::rma_request(RequestKind kind, Rma rma, const RmaTarget& target,
@@ -173,6 +348,16 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
     complete(index, std::move(early));
     return request;
   }
+  std::uint32_t refusal = kRmaOk;
+  if (std::byte* destination = direct_target(target, bytes, &refusal)) {
+    util::copy(destination, local, bytes);
+    complete(index, Status::ok());
+    return request;
+  }
+  if (refusal != kRmaOk) {
+    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
+    return request;
+  }
   RequestSlot& slot = requests_[index];
   slot.send_buffer = static_cast<const std::byte*>(local);
   Pending pending;
@@ -193,6 +378,16 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
   Request request(this, index);
   if (!early.is_ok() || bytes == 0) {
     complete(index, std::move(early));
+    return request;
+  }
+  std::uint32_t refusal = kRmaOk;
+  if (const std::byte* source = direct_target(target, bytes, &refusal)) {
+    util::copy(local, source, bytes);
+    complete(index, Status::ok());
+    return request;
+  }
+  if (refusal != kRmaOk) {
+    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
     return request;
   }
   RequestSlot& slot = requests_[index];
@@ -223,6 +418,27 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
   }
   if (!early.is_ok()) {
     complete(index, std::move(early));
+    return request;
+  }
+  std::uint32_t refusal = kRmaOk;
+  if (std::byte* word = direct_target(target, width, &refusal)) {
+    if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
+      complete(index, Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank)));
+      return request;
+    }
+    if (width == 4) {
+      const auto previous = apply_atomic<std::uint32_t>(
+          word, op, static_cast<std::uint32_t>(operand), static_cast<std::uint32_t>(compare));
+      if (result != nullptr) std::memcpy(result, &previous, 4);
+    } else {
+      const auto previous = apply_atomic<std::uint64_t>(word, op, operand, compare);
+      if (result != nullptr) std::memcpy(result, &previous, 8);
+    }
+    complete(index, Status::ok());
+    return request;
+  }
+  if (refusal != kRmaOk) {
+    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
     return request;
   }
   RequestSlot& slot = requests_[index];

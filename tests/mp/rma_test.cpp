@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -20,6 +23,30 @@ int me() { return ctx().rank(); }
 int nranks() { return ctx().size(); }
 int next() { return (me() + 1) % nranks(); }
 int prev() { return (me() + nranks() - 1) % nranks(); }
+
+// RMA_TEST_ALLOCATE=1: every window comes from allocate_memory (ranks of one node then access it
+// directly); otherwise the test's own memory is registered.
+bool g_allocate = false;
+
+struct Window {
+  std::vector<std::byte> own;
+  MemoryRegion region;
+  std::byte* data = nullptr;
+};
+void make_window(std::size_t bytes, std::byte fill, Window* w) {
+  if (g_allocate) {
+    ASSERT_TRUE(ctx().allocate_memory(bytes, &w->region).is_ok());
+    w->data = static_cast<std::byte*>(w->region.address());
+    for (std::size_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(w->data[i], std::byte{0}) << "allocated memory not zeroed at " << i;
+    }
+  } else {
+    w->own.resize(bytes);
+    ASSERT_TRUE(ctx().register_memory(w->own.data(), bytes, &w->region).is_ok());
+    w->data = w->own.data();
+  }
+  std::fill_n(w->data, bytes, fill);
+}
 
 std::byte pattern(std::size_t i, int rank, std::size_t seq) {
   return static_cast<std::byte>((i * 11 + static_cast<std::size_t>(rank) * 29 + seq * 5) & 0xff);
@@ -43,10 +70,10 @@ std::vector<RemoteKey> exchange_keys(const MemoryRegion& region) {
 TEST(OneSided, PutThenGetEverySizeWithoutTheTargetPosting) {
   const std::vector<std::size_t> sizes = {1, 7, 64, 4095, 65536, 100003, (1u << 20) + 3, 4u << 20};
   const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}) + 64;
-  std::vector<std::byte> window(total, std::byte{0xee});
-  MemoryRegion region;
-  ASSERT_TRUE(ctx().register_memory(window.data(), window.size(), &region).is_ok());
-  auto keys = exchange_keys(region);
+  Window w;
+  ASSERT_NO_FATAL_FAILURE(make_window(total, std::byte{0xee}, &w));
+  std::byte* window = w.data;
+  auto keys = exchange_keys(w.region);
   const RemoteKey& target = keys[static_cast<std::size_t>(next())];
   EXPECT_EQ(target.size(), total);
 
@@ -89,10 +116,11 @@ TEST(OneSided, PutThenGetEverySizeWithoutTheTargetPosting) {
 TEST(OneSided, AtomicsFromEveryRankAtOnce) {
   // Rank 0's words: [0] 64-bit counter, [1] 32-bit counter (and 32 bits of zero), [2] a word
   // every rank compare-swaps from 0, [3] bits every rank sets with or, [4] xor, [5] and.
-  alignas(8) std::uint64_t words[6] = {0, 0, 0, 0, 0, ~std::uint64_t{0}};
-  MemoryRegion region;
-  ASSERT_TRUE(ctx().register_memory(words, sizeof(words), &region).is_ok());
-  auto keys = exchange_keys(region);
+  Window w;
+  ASSERT_NO_FATAL_FAILURE(make_window(48, std::byte{0}, &w));
+  auto* words = reinterpret_cast<std::uint64_t*>(w.data);
+  words[5] = ~std::uint64_t{0};
+  auto keys = exchange_keys(w.region);
   const RemoteKey& zero = keys[0];
   constexpr int kRounds = 100;
   std::vector<std::uint64_t> tickets(kRounds);
@@ -149,15 +177,17 @@ TEST(OneSided, AtomicsFromEveryRankAtOnce) {
 }
 
 TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
-  std::vector<std::byte> window(4096, std::byte{0x5a});
-  std::vector<std::byte> spare(4096, std::byte{0x5a});
-  MemoryRegion region;
-  MemoryRegion other;  // registered, then deregistered: its key goes stale
-  ASSERT_TRUE(ctx().register_memory(window.data(), window.size(), &region).is_ok());
-  ASSERT_TRUE(ctx().register_memory(spare.data(), spare.size(), &other).is_ok());
+  Window w;
+  Window gone;  // registered, then deregistered: its key goes stale
+  ASSERT_NO_FATAL_FAILURE(make_window(4096, std::byte{0x5a}, &w));
+  ASSERT_NO_FATAL_FAILURE(make_window(4096, std::byte{0x5a}, &gone));
+  std::vector<std::byte> spare(gone.data, gone.data + 4096);  // what it held
+  MemoryRegion& region = w.region;
+  MemoryRegion& other = gone.region;
   const std::vector<std::byte> stale_packed = other.remote_key();
   ASSERT_TRUE(other.deregister().is_ok());
   EXPECT_FALSE(other.valid());
+  const std::byte* window = w.data;
   // Keys travel to the previous rank, which aims them back here.
   auto keys = exchange_keys(region);
   const RemoteKey& good = keys[static_cast<std::size_t>(next())];
@@ -234,18 +264,75 @@ TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
   EXPECT_EQ(ctx().flush(nranks()).code(), Code::kInvalidArgument);
 
   ASSERT_TRUE(ctx().barrier().is_ok());
-  for (std::size_t i = 0; i < window.size(); ++i) {
+  for (std::size_t i = 0; i < 4096; ++i) {
     ASSERT_EQ(window[i], std::byte{0x5a}) << "a refused access wrote byte " << i;
   }
-  for (std::size_t i = 0; i < spare.size(); ++i) {
-    ASSERT_EQ(spare[i], std::byte{0x5a}) << "a stale key wrote byte " << i;
+  if (!g_allocate) {  // (allocated memory is gone once deregistered)
+    for (std::size_t i = 0; i < 4096; ++i) {
+      ASSERT_EQ(gone.own[i], std::byte{0x5a}) << "a stale key wrote byte " << i;
+    }
   }
+  EXPECT_EQ(spare[0], std::byte{0x5a});
   // The good key still works after all that (once every rank has looked).
   ASSERT_TRUE(ctx().barrier().is_ok());
   ASSERT_TRUE(ctx().iput(data.data(), 4096, good, 0).wait().is_ok());
   ASSERT_TRUE(ctx().barrier().is_ok());
   EXPECT_EQ(window[0], std::byte{0x77});
   EXPECT_EQ(window[4095], std::byte{0x77});
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(OneSided, AllocatedMemoryOfThisNodeNeedsNoProgressFromItsOwner) {
+  // Each rank allocates a window; rank 1 then sleeps without calling ferry while rank 0 puts,
+  // gets and adds there. On one node (shm) that completes at once; through messages (ofi) it
+  // waits for rank 1 to wake up.
+  if (nranks() < 2) GTEST_SKIP() << "needs 2 ranks";
+  MemoryRegion region;
+  ASSERT_TRUE(ctx().allocate_memory(8192, &region).is_ok());
+  EXPECT_EQ(ctx().allocate_memory(0, &region).code(), Code::kInvalidArgument);
+  auto keys = exchange_keys(region);
+  const bool direct = ctx().describe_peer(1).rfind("shm", 0) == 0;
+  if (me() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  } else if (me() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::byte> data(4096, std::byte{0x3c});
+    std::uint64_t old = 1;
+    ASSERT_TRUE(ctx().iput(data.data(), 4096, keys[1], 100).wait().is_ok());
+    ASSERT_TRUE(ctx().iatomic(AtomicOp::kAdd, 8, keys[1], 8000, 9, &old).wait().is_ok());
+    std::vector<std::byte> back(4096);
+    ASSERT_TRUE(ctx().iget(back.data(), 4096, keys[1], 100).wait().is_ok());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(back, data);
+    EXPECT_EQ(old, 0u);
+    if (direct) {
+      EXPECT_LT(ms, 150) << "rank 1's progress was needed";
+    }
+    ASSERT_TRUE(ctx().flush(1).is_ok());
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 1) {
+    const auto* bytes = static_cast<const std::byte*>(region.address());
+    EXPECT_EQ(bytes[99], std::byte{0});
+    EXPECT_EQ(bytes[100], std::byte{0x3c});
+    EXPECT_EQ(bytes[4195], std::byte{0x3c});
+    EXPECT_EQ(bytes[4196], std::byte{0});
+    std::uint64_t word = 0;
+    std::memcpy(&word, bytes + 8000, 8);
+    EXPECT_EQ(word, 9u);
+    ASSERT_TRUE(region.deregister().is_ok());
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 0) {
+    // Mapped here, deregistered there: refused, and nothing is written.
+    std::uint64_t v = 5;
+    Status s = ctx().iput(&v, 8, keys[1], 0).wait();
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.to_string().find("no such memory region"), std::string::npos) << s.to_string();
+    EXPECT_EQ(ctx().iatomic(AtomicOp::kAdd, 8, keys[1], 0, 1).wait().code(),
+              Code::kInvalidArgument);
+  }
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
@@ -277,6 +364,8 @@ int main(int argc, char** argv) {
   try {
     ferry::Context context = ferry::Context::init();
     ferry::g_ctx = &context;
+    const char* allocate = std::getenv("RMA_TEST_ALLOCATE");
+    ferry::g_allocate = allocate != nullptr && std::string(allocate) == "1";
     if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
     int failed = RUN_ALL_TESTS();
     ferry::g_ctx = nullptr;
