@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.hpp"
@@ -153,6 +154,15 @@ class MemoryRegion {
 
  private:
   friend class Context;
+  MemoryRegion(std::shared_ptr<proto::Engine*> engine, std::uint64_t id, std::uint64_t secret,
+               void* address, std::size_t size, int rank, int fd)
+      : engine_(std::move(engine)),
+        id_(id),
+        secret_(secret),
+        address_(address),
+        size_(size),
+        rank_(rank),
+        fd_(fd) {}
   std::shared_ptr<proto::Engine*> engine_;  // null once the Context is gone
   std::uint64_t id_ = 0;
   std::uint64_t secret_ = 0;

@@ -121,16 +121,8 @@ Status Context::register_memory(void* address, std::size_t bytes, MemoryRegion* 
   std::uint64_t id = 0;
   std::uint64_t secret = 0;
   Status status = engine_->register_region(address, bytes, &id, &secret);
-  if (!status) return status;
-  MemoryRegion made;
-  made.engine_ = engine_->handle();
-  made.id_ = id;
-  made.secret_ = secret;
-  made.address_ = address;
-  made.size_ = bytes;
-  made.rank_ = engine_->rank();
-  *region = std::move(made);
-  return Status::ok();
+  if (status) *region = MemoryRegion(engine_->handle(), id, secret, address, bytes, rank(), -1);
+  return status;
 }
 
 Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
@@ -141,17 +133,8 @@ Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
   void* address = nullptr;
   int fd = -1;
   Status status = engine_->allocate_region(bytes, &address, &id, &secret, &fd);
-  if (!status) return status;
-  MemoryRegion made;
-  made.engine_ = engine_->handle();
-  made.id_ = id;
-  made.secret_ = secret;
-  made.address_ = address;
-  made.size_ = bytes;
-  made.rank_ = engine_->rank();
-  made.fd_ = fd;
-  *region = std::move(made);
-  return Status::ok();
+  if (status) *region = MemoryRegion(engine_->handle(), id, secret, address, bytes, rank(), fd);
+  return status;
 }
 
 Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key,

@@ -279,6 +279,12 @@ class Engine final : public transport::AmHandler {
   std::uint32_t rma_request(RequestKind kind, RequestSlot::Rma rma, const RmaTarget& target,
                             const void* local, std::size_t bytes, Status* early);
   void rma_done(const RequestSlot& slot, const Status& status);
+  // Completes a one-sided request that needs no message: failed early, empty, refused, or done
+  // at once by `apply` on the target's bytes where direct_target finds them. False: it goes by
+  // messages. (Defined in rma.cpp, its only user.)
+  template <typename Apply>
+  bool rma_settled(std::uint32_t index, const RmaTarget& target, std::size_t length, Status early,
+                   Apply apply);
   void handle_put(int source, std::span<const std::byte> data);
   void handle_get(int source, std::span<const std::byte> data);
   void handle_atomic(int source, std::span<const std::byte> data);

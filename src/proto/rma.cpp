@@ -56,6 +56,17 @@ std::uint32_t load_live(SharedHeader* header) {
   return std::atomic_ref<std::uint32_t>(header->live).load(std::memory_order_acquire);
 }
 
+// An atomic's previous value, as the caller's uint32_t or uint64_t.
+void store_result(void* result, std::size_t width, std::uint64_t previous) {
+  if (result == nullptr) return;
+  if (width == 4) {
+    const auto value = static_cast<std::uint32_t>(previous);
+    std::memcpy(result, &value, 4);
+  } else {
+    std::memcpy(result, &previous, 8);
+  }
+}
+
 std::string errno_text(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
 
 std::string refusal_text(std::uint32_t code, int target) {
@@ -340,22 +351,33 @@ void Engine::rma_done(const RequestSlot& slot, const Status& status) {
   if (!status && peer.rma_error.is_ok()) peer.rma_error = status;
 }
 
+template <typename Apply>
+bool Engine::rma_settled(std::uint32_t index, const RmaTarget& target, std::size_t length,
+                         Status early, Apply apply) {
+  if (!early.is_ok() || length == 0) {
+    complete(index, std::move(early));
+    return true;
+  }
+  std::uint32_t refusal = kRmaOk;
+  if (std::byte* bytes = direct_target(target, length, &refusal)) {
+    complete(index, apply(bytes));
+    return true;
+  }
+  if (refusal != kRmaOk) {
+    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
+    return true;
+  }
+  return false;
+}
+
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
   Status early;
   std::uint32_t index = rma_request(RequestKind::kSend, Rma::kPut, target, local, bytes, &early);
   Request request(this, index);
-  if (!early.is_ok() || bytes == 0) {
-    complete(index, std::move(early));
-    return request;
-  }
-  std::uint32_t refusal = kRmaOk;
-  if (std::byte* destination = direct_target(target, bytes, &refusal)) {
-    util::copy(destination, local, bytes);
-    complete(index, Status::ok());
-    return request;
-  }
-  if (refusal != kRmaOk) {
-    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
+  if (rma_settled(index, target, bytes, std::move(early), [&](std::byte* destination) {
+        util::copy(destination, local, bytes);
+        return Status::ok();
+      })) {
     return request;
   }
   RequestSlot& slot = requests_[index];
@@ -376,18 +398,10 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
   Status early;
   std::uint32_t index = rma_request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
   Request request(this, index);
-  if (!early.is_ok() || bytes == 0) {
-    complete(index, std::move(early));
-    return request;
-  }
-  std::uint32_t refusal = kRmaOk;
-  if (const std::byte* source = direct_target(target, bytes, &refusal)) {
-    util::copy(local, source, bytes);
-    complete(index, Status::ok());
-    return request;
-  }
-  if (refusal != kRmaOk) {
-    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
+  if (rma_settled(index, target, bytes, std::move(early), [&](const std::byte* source) {
+        util::copy(local, source, bytes);
+        return Status::ok();
+      })) {
     return request;
   }
   RequestSlot& slot = requests_[index];
@@ -416,31 +430,21 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
   } else if (early.is_ok() && static_cast<std::uint8_t>(op) > 5) {
     early = Status(Code::kInvalidArgument, "atomic: unknown operation");
   }
-  if (!early.is_ok()) {
-    complete(index, std::move(early));
-    return request;
-  }
-  std::uint32_t refusal = kRmaOk;
-  if (std::byte* word = direct_target(target, width, &refusal)) {
+  const bool settled = rma_settled(index, target, width, std::move(early), [&](std::byte* word) {
     if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
-      complete(index, Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank)));
-      return request;
+      return Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank));
     }
+    std::uint64_t previous = 0;
     if (width == 4) {
-      const auto previous = apply_atomic<std::uint32_t>(
-          word, op, static_cast<std::uint32_t>(operand), static_cast<std::uint32_t>(compare));
-      if (result != nullptr) std::memcpy(result, &previous, 4);
+      previous = apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
+                                             static_cast<std::uint32_t>(compare));
     } else {
-      const auto previous = apply_atomic<std::uint64_t>(word, op, operand, compare);
-      if (result != nullptr) std::memcpy(result, &previous, 8);
+      previous = apply_atomic<std::uint64_t>(word, op, operand, compare);
     }
-    complete(index, Status::ok());
-    return request;
-  }
-  if (refusal != kRmaOk) {
-    complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
-    return request;
-  }
+    store_result(result, width, previous);
+    return Status::ok();
+  });
+  if (settled) return request;
   RequestSlot& slot = requests_[index];
   slot.rma_width = static_cast<std::uint8_t>(width);
   slot.rma_result = result;
@@ -598,14 +602,7 @@ void Engine::handle_rma_ack(int source, std::span<const std::byte> data) {
       if (slot->received == slot->size) complete(index, Status::ok());
       return;
     case Rma::kAtomic:
-      if (slot->rma_result != nullptr) {
-        if (slot->rma_width == 4) {
-          const auto value = static_cast<std::uint32_t>(header.value);
-          std::memcpy(slot->rma_result, &value, 4);
-        } else {
-          std::memcpy(slot->rma_result, &header.value, 8);
-        }
-      }
+      store_result(slot->rma_result, slot->rma_width, header.value);
       return complete(index, Status::ok());
     default:  // a get is answered by fragments; an acknowledgement with code 0 is not expected
       return protocol_error(source, "RMA_ACK without a refusal for a get");
