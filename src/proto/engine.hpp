@@ -264,12 +264,14 @@ class Engine final : public transport::AmHandler {
   struct Mapping {
     std::byte* mapping = nullptr;
     std::size_t mapping_length = 0;
+    std::size_t size = 0;  // the region's, as its header said when mapped (the header may change)
   };
   // Where a one-sided access of `length` bytes goes when it needs no message: this process's own
   // region, or a peer's allocated region mapped here. Null: by active messages; null with
   // *refusal set: refused (a RmaRefusal code).
   std::byte* direct_target(const RmaTarget& target, std::size_t length, std::uint32_t* refusal);
-  std::byte* map_peer_region(const RmaTarget& target, Peer& peer);
+  // The mapping of a peer's allocated region, made on first use; null: not mappable here.
+  const Mapping* map_peer_region(const RmaTarget& target, Peer& peer);
   void unmap_peer_regions(int rank);
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
   // Checks an access against the regions; the region's base, or null with *refusal set.
@@ -302,6 +304,9 @@ class Engine final : public transport::AmHandler {
   // Asks the sender for a matched rendezvous message: a direct transfer, else fragments.
   void request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length);
   void send_control(int peer, std::uint8_t am, std::span<const std::byte> header);
+  // Sends `length` bytes of request `index`'s send buffer to `peer` as a fragment stream: kAmFrag
+  // into its request `id`, or kAmPut (a Pending the caller completes with the region fields).
+  Pending stream(std::uint8_t am, std::uint32_t index, std::uint64_t id, std::size_t length);
 
   // Device buffers (device.cpp).
   mem::MemoryInfo classify(const void* buffer) {

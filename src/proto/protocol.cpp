@@ -389,6 +389,16 @@ int Engine::drain_pending() {
   return sent;
 }
 
+Engine::Pending Engine::stream(std::uint8_t am, std::uint32_t index, std::uint64_t id,
+                               std::size_t length) {
+  Pending pending;
+  pending.am = am;
+  pending.stream = index;
+  pending.rreq = id;
+  pending.length = length;
+  return pending;
+}
+
 void Engine::send_control(int peer_rank, std::uint8_t am, std::span<const std::byte> header) {
   Pending pending;
   pending.am = am;
@@ -648,12 +658,7 @@ void Engine::handle_cts(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return protocol_error(source, "short CTS header");
   std::uint32_t index = 0;
   if (cts_target(source, header, &index) == nullptr) return;
-  Pending pending;
-  pending.am = kAmFrag;
-  pending.stream = index;
-  pending.rreq = header.rreq;
-  pending.length = header.length;
-  send_or_queue(source, std::move(pending));
+  send_or_queue(source, stream(kAmFrag, index, header.rreq, header.length));
 }
 
 void Engine::handle_cts_direct(int source, std::span<const std::byte> data) {

@@ -58,6 +58,7 @@ struct RequestSlot {
   std::uint8_t rma_width = 0;
   std::uint64_t rma_region = 0;
   void* rma_result = nullptr;
+  std::uint64_t rma_operands[2] = {};  // an atomic's operand and compare: its payload until sent
 };
 
 class RequestPool {

@@ -228,30 +228,30 @@ std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
   if (target.fd < 0) return nullptr;
   Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
   if (!peer.shares_memory || !peer.map_refused.empty()) return nullptr;
-  std::byte* mapping = map_peer_region(target, peer);
-  if (mapping == nullptr) return nullptr;
-  auto* header = reinterpret_cast<SharedHeader*>(mapping);
+  const Mapping* mapped = map_peer_region(target, peer);
+  if (mapped == nullptr) return nullptr;
+  auto* header = reinterpret_cast<SharedHeader*>(mapped->mapping);
   if (load_live(header) == 0) {
     // Deregistered since: forget the mapping, and let the owner answer (it knows best why).
-    auto it = mappings_.find({target.rank, target.region});
-    ::munmap(it->second.mapping, it->second.mapping_length);
-    mappings_.erase(it);
+    ::munmap(mapped->mapping, mapped->mapping_length);
+    mappings_.erase({target.rank, target.region});
     return nullptr;
   }
   if (header->secret != target.secret) {  // mapped under this id by another key
     *refusal = kRmaBadKey;
     return nullptr;
   }
-  if (target.offset > header->size || length > header->size - target.offset) {
+  // The size checked at map time, not the header's now: the owner could change that.
+  if (target.offset > mapped->size || length > mapped->size - target.offset) {
     *refusal = kRmaOutOfRange;
     return nullptr;
   }
-  return mapping + kHeaderBytes + target.offset;
+  return mapped->mapping + kHeaderBytes + target.offset;
 }
 
-std::byte* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
+const Engine::Mapping* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
   auto it = mappings_.find({target.rank, target.region});
-  if (it != mappings_.end()) return it->second.mapping;
+  if (it != mappings_.end()) return &it->second;
   const int pid = peer.endpoint != nullptr ? peer.endpoint->peer_pid() : 0;
   if (pid <= 0) {
     peer.map_refused = "its process id is unknown";
@@ -292,8 +292,8 @@ std::byte* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
   if (length > static_cast<std::size_t>(st.st_size)) return nullptr;
   void* mapping = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (mapping == MAP_FAILED) return nullptr;
-  mappings_[{target.rank, target.region}] = {static_cast<std::byte*>(mapping), length};
-  return static_cast<std::byte*>(mapping);
+  return &(mappings_[{target.rank, target.region}] = {static_cast<std::byte*>(mapping), length,
+                                                      header.size});
 }
 
 void Engine::unmap_peer_regions(int rank) {
@@ -382,11 +382,7 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
   }
   RequestSlot& slot = requests_[index];
   slot.send_buffer = static_cast<const std::byte*>(local);
-  Pending pending;
-  pending.am = kAmPut;
-  pending.stream = index;
-  pending.rreq = requests_.wire_id(index);
-  pending.length = bytes;
+  Pending pending = stream(kAmPut, index, requests_.wire_id(index), bytes);
   pending.region = target.region;
   pending.secret = target.secret;
   pending.region_offset = target.offset;
@@ -448,9 +444,8 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
   RequestSlot& slot = requests_[index];
   slot.rma_width = static_cast<std::uint8_t>(width);
   slot.rma_result = result;
-  slot.host_copy.resize(16);  // operand, compare: the payload, kept until sent
-  std::memcpy(slot.host_copy.data(), &operand, 8);
-  std::memcpy(slot.host_copy.data() + 8, &compare, 8);
+  slot.rma_operands[0] = operand;  // the payload, kept in the slot (it never moves) until sent
+  slot.rma_operands[1] = compare;
   AtomicHeader header{requests_.wire_id(index),
                       target.region,
                       target.secret,
@@ -463,7 +458,7 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
   pending.header_size = sizeof(header);
   static_assert(sizeof(header) <= sizeof(pending.header));
   std::memcpy(pending.header.data(), &header, sizeof(header));
-  pending.payload = slot.host_copy.data();
+  pending.payload = reinterpret_cast<const std::byte*>(slot.rma_operands);
   pending.payload_size = 16;
   pending.request = index;  // failed if sending fails; completed by the target's answer
   send_or_queue(target.rank, std::move(pending));
@@ -537,12 +532,7 @@ void Engine::handle_get(int source, std::span<const std::byte> data) {
   slot.send_buffer = base + header.offset;
   slot.size = header.length;
   ++outstanding_sends_;
-  Pending pending;
-  pending.am = kAmFrag;
-  pending.stream = index;
-  pending.rreq = header.id;
-  pending.length = header.length;
-  send_or_queue(source, std::move(pending));
+  send_or_queue(source, stream(kAmFrag, index, header.id, header.length));
 }
 
 void Engine::handle_atomic(int source, std::span<const std::byte> data) {
