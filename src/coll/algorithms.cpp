@@ -78,6 +78,7 @@ void ring_allgather(Plan& s, int rank, int n, const std::byte* own, int shift,
 
 Status Group::barrier(Plan& p) {
   p.describe({"barrier", 0, DataType::kUint8});
+  if (node_ready(p, 0)) return node_barrier();
   const int n = size();
   for (int k = 1; k < n; k <<= 1) {
     p.send(mod(rank_ + k, n), nullptr, 0);
@@ -100,6 +101,8 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
       broadcast_ == 2 || (broadcast_ == 0 && bytes >= small_ && bytes >= 2 * chunk_ && n > 2);
   if (n == 1 || bytes == 0) {
     // nothing moves
+  } else if (!chain && broadcast_ == 0 && node_ready(p, bytes)) {
+    return node_broadcast(buffer, count, type, root);
   } else if (chain) {
     // The root's data flows down the chain vr 0 -> 1 -> ... in pieces: in round t member vr
     // receives piece t - vr + 1 and passes on piece t - vr.
@@ -224,6 +227,8 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
     // Device buffers of members that share a node: one kernel per GPU, no messages, reducing in
     // the order of the algorithm it stands in for (so the bits are the host path's).
     p.oneshot(result, in, count, next_oneshot(), ring);
+  } else if (!ring && allreduce_ == 0 && node_ready(p, bytes)) {
+    return node_allreduce(send, recv, count, type, op);
   } else if (ring) {
     // Reduce-scatter leaves block r + 1 complete at member r (in the result buffer), and the
     // allgather passes the complete blocks around.
@@ -319,6 +324,8 @@ Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count
       allgather_ == 2 || (allgather_ == 0 && bytes * static_cast<std::size_t>(n) >= small_);
   if (bytes == 0) {
     // nothing moves
+  } else if (!ring && allgather_ == 0 && node_ready(p, bytes)) {
+    return node_allgather(send, recv, count, type);
   } else if (ring || n == 1) {
     ring_allgather(
         p, rank_, n, in, 0, [&](int b) { return result + static_cast<std::size_t>(b) * bytes; },

@@ -32,6 +32,7 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   oneshot_bytes_ =
       config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
+  node_bytes_ = config.get_size(util::Var::kCollNode);
 }
 
 Group::~Group() {

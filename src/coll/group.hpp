@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "coll/node_area.hpp"
 #include "coll/schedule.hpp"
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
@@ -92,6 +93,17 @@ class Group : public std::enable_shared_from_this<Group> {
   void stop_oneshot();
   ~Group();
 
+  // Small blocking collectives of host buffers through the node's shared area (node.cpp, where
+  // the area's rules are): whether this one can go there (set up on the first call that could,
+  // a collective decision with the same answer on every member), and the collectives. Each
+  // stands in for the latency algorithm of its kind and gives the same bits.
+  bool node_ready(const Plan& p, std::size_t bytes);
+  Status node_barrier();
+  Status node_broadcast(void* buffer, std::size_t count, DataType type, int root);
+  Status node_allreduce(const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op);
+  Status node_allgather(const void* send, void* recv, std::size_t count, DataType type);
+
   // Storage an Immediate reuses from one collective to the next.
   std::unique_ptr<Reusable> take_reusable() {
     return reusable_ ? std::move(reusable_) : std::make_unique<Reusable>();
@@ -138,6 +150,15 @@ class Group : public std::enable_shared_from_this<Group> {
     std::uint64_t sequence = 0;
   };
   std::unique_ptr<OneShot> oneshot_;  // set up by the first oneshot_ready() on a device
+  class NodeCall;
+  std::size_t node_bytes_;          // FERRY_COLL_NODE
+  bool node_decided_ = false;       // prepare_node() ran
+  std::unique_ptr<NodeArea> node_;  // null: not used (not decided, not possible, or failed)
+  std::uint64_t node_calls_ = 0;    // calls through the area so far
+  std::vector<std::uint64_t> node_done_seen_;  // each member's `done` word, as last read
+  std::vector<const std::byte*> node_inputs_;  // each member's slot in the current call
+  std::vector<std::byte> node_scratch_;
+  Status prepare_node();
   Status prepare_oneshot(int device);
   [[nodiscard]] std::string peer_label(int m) const;
   void release_oneshot();

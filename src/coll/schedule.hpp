@@ -44,6 +44,8 @@ class Plan {
     placed_ = true;
   }
   [[nodiscard]] bool placed() const { return placed_; }
+  // Whether the collective runs as it is described, the caller waiting (the blocking forms).
+  [[nodiscard]] virtual bool immediate() const { return false; }
   [[nodiscard]] int device() const { return device_; }
   virtual void send(int member, const void* data, std::size_t bytes) = 0;
   virtual void recv(int member, void* data, std::size_t bytes) = 0;
@@ -162,6 +164,7 @@ class Immediate final : public Execution {
   // `timeout`: FERRY_TIMEOUT in seconds (0: none), for the whole collective.
   Immediate(Group* group, Tag tag, double timeout);
   ~Immediate() override;
+  [[nodiscard]] bool immediate() const override { return true; }
   void send(int member, const void* data, std::size_t bytes) override;
   void recv(int member, void* data, std::size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, std::size_t count) override;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 
 #include "proto/address_blob.hpp"
 #include "proto/wire.hpp"
@@ -337,6 +338,26 @@ void Engine::wait_step(int* idle_polls) {
   } else if (pause) {
     ::sched_yield();
   }
+}
+
+void Engine::spin_step(int* idle_polls) {
+  if (progress() > 0) {
+    *idle_polls = 0;
+    return;
+  }
+  constexpr int kYields = 2000;  // before the first nap
+  const int idle = ++*idle_polls;
+  const bool locked =
+      threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  if (locked) unlock();
+  if (idle > spin_count_ + kYields) {
+    const long nap_us = std::min(2000L, 4L * (idle - spin_count_ - kYields));
+    const timespec nap{0, nap_us * 1000};
+    ::nanosleep(&nap, nullptr);
+  } else if (idle > spin_count_ || (locked && waiting_.load(std::memory_order_relaxed) > 0)) {
+    ::sched_yield();
+  }
+  if (locked) lock();
 }
 
 // Sleeping is for waits that only a message can end: not while device copies, queued sends

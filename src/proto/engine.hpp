@@ -46,6 +46,7 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] int local_rank() const { return bootstrap_->local_rank(); }
   [[nodiscard]] int local_size() const { return bootstrap_->local_size(); }
   [[nodiscard]] std::vector<int> local_ranks() const { return bootstrap_->local_ranks(); }
+  [[nodiscard]] std::string job_id() const { return bootstrap_->job_id(); }
   [[nodiscard]] const util::Config& config() const { return config_; }
 
   // Held by the API layer around each call into the engine when the Context may be called from
@@ -113,6 +114,10 @@ class Engine final : public transport::AmHandler {
   // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
   // With several threads, the lock is let go and taken again (yielding to a waiting thread).
   void wait_step(int* idle_polls);
+  // One step of a wait that only another process's store into shared memory can end, which rings
+  // no doorbell: progress, yield after FERRY_SPIN_COUNT empty polls, and after a few thousand more
+  // nap (growing to 2 ms) instead of sleeping on the doorbell, so a long wait costs little CPU.
+  void spin_step(int* idle_polls);
   // Event-driven waiting for the application's own loop (Context::event_fd / arm).
   [[nodiscard]] int event_fd() const;
   bool arm();

@@ -1,7 +1,9 @@
 #include "util/node.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cctype>
 #include <fstream>
 
 namespace ferry::util {
@@ -23,6 +25,19 @@ std::string node_identity() {
                    inode_of("/proc/self/ns/ipc") + "/" + inode_of("/proc/self/ns/pid") + "/" +
                    shm_device;
   return id.substr(0, 127);
+}
+
+std::string pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? std::to_string(st.st_ino) : "0";
+}
+
+std::string shm_name(const std::string& job_id, int rank, const std::string& what) {
+  std::string name = "/ferry-";
+  for (char c : job_id) name += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '_';
+  name += "-" + std::to_string(rank);
+  if (!what.empty()) name += "-" + what;
+  return name + "-p" + std::to_string(::getpid()) + "n" + pid_namespace();
 }
 
 }  // namespace ferry::util

@@ -24,6 +24,7 @@
 #include "util/faults.hpp"
 #include "util/fd.hpp"
 #include "util/log.hpp"
+#include "util/node.hpp"
 
 namespace ferry::transport::shm {
 namespace {
@@ -32,21 +33,6 @@ namespace {
 // sleeper's timer bounds what that costs.
 sockaddr_un doorbell_address(const std::string& job_id, int rank, socklen_t* length) {
   return util::abstract_socket_address("ferry-" + job_id + "-bell-" + std::to_string(rank), length);
-}
-
-// The pid namespace's inode: a pid in a segment name means something only within it.
-std::string pid_namespace() {
-  struct stat st {};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? std::to_string(st.st_ino) : "0";
-}
-
-// "/ferry-<job>-<rank>-p<pid>n<pid namespace>": ferryrun sweeps a job's names by its id; any
-// rank sweeps names whose creator is dead (sweep_dead_segments).
-std::string segment_name(const std::string& job_id, int rank) {
-  std::string clean;
-  for (char c : job_id) clean += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '_';
-  return "/ferry-" + clean + "-" + std::to_string(rank) + "-p" + std::to_string(::getpid()) + "n" +
-         pid_namespace();
 }
 
 // No such process, or a zombie that nobody reaped (a launcher that exits right after killing its
@@ -71,7 +57,7 @@ bool process_gone(pid_t pid) {
 // pid namespace does: names whose creator pid no longer exists. A live process that reused the
 // pid keeps the name (harmless: it is only swept later).
 void sweep_dead_segments() {
-  const std::string suffix = "n" + pid_namespace();
+  const std::string suffix = "n" + util::pid_namespace();
   glob_t found{};
   if (::glob("/dev/shm/ferry-*-p*n*", GLOB_NOSORT, nullptr, &found) != 0) return;
   for (std::size_t i = 0; i < found.gl_pathc; ++i) {
@@ -110,7 +96,7 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
       static_cast<std::uint32_t>(config.get_int(util::Var::kShmBounceCount)), bounce_size, &layout);
   if (!error.empty()) throw Error(Code::kInvalidArgument, "shm: " + error);
   sweep_dead_segments();
-  own_ = Segment::create(segment_name(job_id, rank), layout);
+  own_ = Segment::create(util::shm_name(job_id, rank, ""), layout);
   util::crash_point(config, rank, util::CrashPoint::kSegmentCreated);
   crash_mid_claim_ =
       config.get_int(util::Var::kTestCrashRank) == rank &&

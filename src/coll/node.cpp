@@ -1,0 +1,342 @@
+// Small blocking collectives through the node's shared area (node_area.hpp has its rules): a
+// member copies its data into its slot and raises a word; the others wait for the word and read
+// the slot, with no message, no matching and no progress from the writer. Taken where every
+// member shares this node, the buffers are host memory, the call is blocking and no algorithm is
+// forced; the non-blocking forms keep their messages.
+//
+// Waiting: each poll of a word also makes progress (other traffic goes on, a dead member is
+// noticed), yields after FERRY_SPIN_COUNT empty polls and naps after a while (Engine::spin_step);
+// every 1024 polls it checks the member waited for and FERRY_TIMEOUT. A member that fails a call
+// marks its control line failed, and every member stops using the area when it fails a call or
+// sees a member's mark: the next collectives go by messages.
+#include "util/node.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "coll/group.hpp"
+#include "coll/reduce.hpp"
+#include "proto/engine.hpp"
+#include "util/clock.hpp"
+#include "util/log.hpp"
+
+namespace ferry::coll {
+namespace {
+
+enum Kind : std::uint64_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather };
+constexpr const char* kKindNames[] = {"?", "barrier", "broadcast", "allreduce", "allgather"};
+
+// What a call is, in one word every member can compare: kind, type, op, root and the bytes per
+// member (below 2^24: FERRY_COLL_NODE is at most 1 MiB).
+std::uint64_t signature(Kind kind, std::size_t bytes, DataType type, ReduceOp op, int root) {
+  return kind | (std::uint64_t{static_cast<std::uint8_t>(type)} << 8) |
+         (std::uint64_t{static_cast<std::uint8_t>(op)} << 16) |
+         (std::uint64_t{static_cast<std::uint16_t>(root)} << 24) | (std::uint64_t{bytes} << 40);
+}
+
+std::string describe(std::uint64_t s) {
+  const std::uint64_t kind = s & 0xff;
+  const auto type = static_cast<DataType>((s >> 8) & 0xff);
+  const auto op = static_cast<ReduceOp>((s >> 16) & 0xff);
+  std::string text = kind < std::size(kKindNames) ? kKindNames[kind] : "?";
+  text += " of " + std::to_string(s >> 40) + " bytes";
+  if (kind == kBroadcast) text += " from member " + std::to_string((s >> 24) & 0xffff);
+  if (kind != kBarrier) text += std::string(" of ") + to_string(type);
+  if (kind == kAllreduce) text += std::string(" (") + to_string(op) + ")";
+  return text;
+}
+
+// out = the reduction of the n inputs in recursive doubling's order (Group::allreduce): the first
+// 2 (n - pow2) inputs fold in pairs, lower first, then the pow2 partial results combine at
+// distance 1, 2, 4..., lower first. `scratch` holds pow2 buffers of count elements.
+void reduce_in_doubling_order(std::byte* out, const std::vector<const std::byte*>& x,
+                              std::size_t count, DataType type, ReduceOp op, std::byte* scratch) {
+  const int n = static_cast<int>(x.size());
+  const std::size_t bytes = count * size_of(type);
+  int pow2 = 1;
+  while (pow2 * 2 <= n) pow2 *= 2;
+  const int extra = n - pow2;
+  auto tmp = [&](int k) { return scratch + static_cast<std::size_t>(k) * bytes; };
+  const std::byte* v[64];  // pow2 <= 64: members of one node (checked by prepare_node)
+  for (int k = 0; k < pow2; ++k) {
+    const auto at = static_cast<std::size_t>(k);
+    if (k < extra) {
+      reduce_to(tmp(k), x[2 * at], x[2 * at + 1], count, type, op);
+      v[k] = tmp(k);
+    } else {
+      v[k] = x[at + static_cast<std::size_t>(extra)];
+    }
+  }
+  for (int step = 1; step < pow2; step *= 2) {
+    for (int k = 0; k + step < pow2; k += 2 * step) {
+      std::byte* to = 2 * step == pow2 ? out : tmp(k);  // the last step writes the result
+      reduce_to(to, v[k], v[k + step], count, type, op);
+      v[k] = to;
+    }
+  }
+}
+
+}  // namespace
+
+// One call through the area: its number, its deadline, and the waits.
+class Group::NodeCall {
+ public:
+  static constexpr std::uint64_t kGenerations = NodeArea::kGenerations;
+
+  NodeCall(Group& group, std::uint64_t signature)
+      : g_(group), area_(*group.node_), signature_(signature), call_(++group.node_calls_) {
+    if (g_.timeout_ > 0) deadline_ = util::deadline_after(g_.timeout_);
+  }
+
+  // Waits until every member is done with the call that last used the line or slot that `bytes`
+  // of data for this call go to.
+  Status room(std::size_t bytes) {
+    const std::uint64_t reuse = bytes <= NodeArea::kInlineBytes ? kGenerations : NodeArea::kSlots;
+    if (call_ <= reuse) return Status();
+    for (int m = 0; m < g_.size(); ++m) {
+      std::uint64_t& seen = g_.node_done_seen_[static_cast<std::size_t>(m)];
+      if (seen + reuse >= call_) continue;
+      const NodeArea::Control& c = area_.control(m);
+      for (;;) {
+        // The newest call m posted is in the generation before ours, if m posted it.
+        const std::uint64_t last =
+            area_.generation(m, call_ - 1).call.load(std::memory_order_acquire);
+        if (last > 0) seen = std::max(seen, last - 1);
+        seen = std::max(seen, c.done.load(std::memory_order_acquire));
+        if (seen + reuse >= call_) break;
+        if (Status s = wait(m); !s.is_ok()) return s;
+      }
+    }
+    return Status();
+  }
+
+  // Our data for this call, then the word that announces it (which also says we are done with
+  // the calls before).
+  void post(const void* data, std::size_t bytes) {
+    NodeArea::Generation& generation = area_.generation(g_.rank_, call_);
+    if (bytes > 0) std::memcpy(area_.data(g_.rank_, call_, bytes), data, bytes);
+    generation.signature.store(signature_, std::memory_order_relaxed);
+    generation.call.store(call_, std::memory_order_release);
+    posted_ = true;
+  }
+
+  // Waits for member m's data of this call and checks that m made the same call.
+  Status await(int m, const std::byte** data) {
+    const NodeArea::Generation& generation = area_.generation(m, call_);
+    std::uint64_t posted = 0;
+    while ((posted = generation.call.load(std::memory_order_acquire)) < call_) {
+      if (Status s = wait(m); !s.is_ok()) return s;
+    }
+    // What room() will need, for free.
+    auto& seen = g_.node_done_seen_[static_cast<std::size_t>(m)];
+    seen = std::max(seen, posted - 1);
+    const std::uint64_t theirs = generation.signature.load(std::memory_order_relaxed);
+    if (theirs != signature_) {
+      return Status(Code::kInvalidArgument,
+                    what() + ": " + g_.peer_label(m) + " called " + describe(theirs) +
+                        "; every member must make the same call (same counts, types, ops and "
+                        "root)");
+    }
+    *data = area_.data(m, call_, theirs >> 40);
+    return Status();
+  }
+
+  // Done with this call: or, on a failure, our mark that we use the area no more.
+  Status finish(Status status) {
+    NodeArea::Control& c = area_.control(g_.rank_);
+    if (status.is_ok()) {
+      if (!posted_) c.done.store(call_, std::memory_order_release);
+      return status;
+    }
+    c.failed.store(1, std::memory_order_release);
+    FERRY_LOG(kInfo, "collectives: the shared area is off for this communicator after: %s",
+              status.message().c_str());
+    g_.node_.reset();
+    return status;
+  }
+
+ private:
+  // One poll's wait for member m.
+  Status wait(int m) {
+    ++polls_;
+    if ((polls_ & 7) != 0) return Status();  // the rest every 8 polls: the word is seen sooner
+    if (area_.control(m).failed.load(std::memory_order_acquire) != 0) {
+      return Status(Code::kPeerFailed,
+                    what() + ": " + g_.peer_label(m) +
+                        " failed a collective of this communicator and stopped using the area");
+    }
+    g_.engine_->spin_step(&idle_);
+    if ((polls_ & 1023) != 0) return Status();
+    if (const std::string* why = g_.engine_->peer_failure(g_.member(m))) {
+      return Status(Code::kPeerFailed, what() + ": " + g_.peer_label(m) + " is gone: " + *why);
+    }
+    if (g_.timeout_ > 0 && util::Clock::now() >= deadline_) {
+      return Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
+                                        std::to_string(g_.timeout_) + " s), waiting for " +
+                                        g_.peer_label(m));
+    }
+    return Status();
+  }
+
+  [[nodiscard]] std::string what() const {
+    return describe(signature_) + " over " + std::to_string(g_.size()) +
+           " members (through the node's shared area)";
+  }
+
+  Group& g_;
+  NodeArea& area_;
+  std::uint64_t signature_;
+  std::uint64_t call_;
+  std::chrono::steady_clock::time_point deadline_;
+  int idle_ = 0;
+  std::uint32_t polls_ = 0;
+  bool posted_ = false;
+};
+
+bool Group::node_ready(const Plan& p, std::size_t bytes) {
+  if (node_bytes_ == 0 || bytes > node_bytes_ || size() < 2 || !p.immediate() ||
+      p.device() != Plan::kHost) {
+    return false;
+  }
+  if (!node_decided_) {
+    node_decided_ = true;
+    const Status s = prepare_node();
+    if (s.code() == Code::kUnsupported) {
+      FERRY_LOG(kInfo, "collectives: no shared area for this communicator: %s",
+                s.message().c_str());
+    } else if (!s.is_ok()) {
+      FERRY_LOG(kWarn, "collectives: no shared area for this communicator (messages instead): %s",
+                s.message().c_str());
+    }
+    if (!s.is_ok()) node_.reset();
+  }
+  if (!node_) return false;
+  // A member that failed a call through the area (and so left it) takes the others with it:
+  // this call and the next go by messages on every member.
+  for (int m = 0; m < size(); ++m) {
+    if (node_->control(m).failed.load(std::memory_order_acquire) != 0) {
+      FERRY_LOG(kInfo, "collectives: %s left the shared area; messages from here on",
+                peer_label(m).c_str());
+      node_.reset();
+      return false;
+    }
+  }
+  return true;
+}
+
+// Member 0 creates the area and tells the others its name; they map it; all agree that every
+// member did (else nobody uses it); then the name goes. Every step runs on every member, so their
+// collectives stay in step whatever fails.
+Status Group::prepare_node() {
+  const int n = size();
+  const std::vector<int> local = engine_->local_ranks();
+  for (int m : members_) {
+    if (std::find(local.begin(), local.end(), m) == local.end()) {
+      return Status(Code::kUnsupported, "not every member is on this node");
+    }
+  }
+  if (n > 64) return Status(Code::kUnsupported, "more than 64 members");
+  struct Offer {
+    char name[120];
+    std::int64_t ok;
+  } offer{};
+  Status status;
+  std::unique_ptr<NodeArea> area;  // node_ only once every member has it
+  if (rank_ == 0) {
+    const std::string name =
+        util::shm_name(engine_->job_id(), engine_->rank(), "coll" + std::to_string(id_));
+    try {
+      area = NodeArea::create(name, n, node_bytes_);
+      offer.ok = name.size() < sizeof(offer.name) ? 1 : 0;
+      std::memcpy(offer.name, name.data(), std::min(name.size(), sizeof(offer.name) - 1));
+    } catch (const Error& e) {
+      status = Status(e.code(), e.what());
+    }
+  }
+  Status told =
+      run([&](Plan& p) { return broadcast(p, &offer, sizeof(offer), DataType::kUint8, 0); });
+  if (!told.is_ok()) return told;
+  if (rank_ != 0 && offer.ok == 1) {
+    try {
+      area = NodeArea::attach(std::string(offer.name, strnlen(offer.name, sizeof(offer.name))), n,
+                              node_bytes_);
+    } catch (const Error& e) {
+      status = Status(e.code(), e.what());
+    }
+  }
+  std::int64_t ok = area != nullptr ? 1 : 0;
+  std::int64_t all_ok = 0;
+  Status agreed =
+      run([&](Plan& p) { return allreduce(p, &ok, &all_ok, 1, DataType::kInt64, ReduceOp::kMin); });
+  if (area) area->unlink();
+  if (!agreed.is_ok()) return agreed;
+  if (!status.is_ok()) return status;
+  if (all_ok == 0) return Status(Code::kUnsupported, "a member could not map the area");
+  node_ = std::move(area);
+  node_done_seen_.assign(static_cast<std::size_t>(n), 0);
+  node_inputs_.assign(static_cast<std::size_t>(n), nullptr);
+  FERRY_LOG(kInfo, "collectives: shared area ready (%d members, up to %zu bytes each)", n,
+            node_bytes_);
+  return Status();
+}
+
+Status Group::node_barrier() {
+  NodeCall call(*this, signature(kBarrier, 0, DataType::kUint8, ReduceOp::kSum, 0));
+  Status s = call.room(0);
+  if (s.is_ok()) call.post(nullptr, 0);
+  const std::byte* slot = nullptr;
+  for (int m = 0; m < size() && s.is_ok(); ++m) {
+    if (m != rank_) s = call.await(m, &slot);
+  }
+  return call.finish(std::move(s));
+}
+
+Status Group::node_broadcast(void* buffer, std::size_t count, DataType type, int root) {
+  const std::size_t bytes = count * size_of(type);
+  NodeCall call(*this, signature(kBroadcast, bytes, type, ReduceOp::kSum, root));
+  Status s;
+  if (rank_ == root) {
+    s = call.room(bytes);
+    if (s.is_ok()) call.post(buffer, bytes);
+  } else {
+    const std::byte* slot = nullptr;
+    s = call.await(root, &slot);
+    if (s.is_ok()) std::memcpy(buffer, slot, bytes);
+  }
+  return call.finish(std::move(s));
+}
+
+Status Group::node_allreduce(const void* send, void* recv, std::size_t count, DataType type,
+                             ReduceOp op) {
+  const std::size_t bytes = count * size_of(type);
+  NodeCall call(*this, signature(kAllreduce, bytes, type, op, 0));
+  Status s = call.room(bytes);
+  if (s.is_ok()) call.post(send, bytes);
+  for (int m = 0; m < size() && s.is_ok(); ++m) {
+    s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
+  }
+  if (s.is_ok()) {
+    std::size_t pow2 = 1;
+    while (pow2 * 2 <= static_cast<std::size_t>(size())) pow2 *= 2;
+    if (node_scratch_.size() < pow2 * bytes) node_scratch_.resize(pow2 * bytes);
+    reduce_in_doubling_order(static_cast<std::byte*>(recv), node_inputs_, count, type, op,
+                             node_scratch_.data());
+  }
+  return call.finish(std::move(s));
+}
+
+Status Group::node_allgather(const void* send, void* recv, std::size_t count, DataType type) {
+  const std::size_t bytes = count * size_of(type);
+  auto* out = static_cast<std::byte*>(recv);
+  NodeCall call(*this, signature(kAllgather, bytes, type, ReduceOp::kSum, 0));
+  Status s = call.room(bytes);
+  if (s.is_ok()) call.post(send, bytes);
+  for (int m = 0; m < size() && s.is_ok(); ++m) {
+    const std::byte* from = static_cast<const std::byte*>(send);
+    if (m != rank_) s = call.await(m, &from);
+    if (s.is_ok()) std::memmove(out + static_cast<std::size_t>(m) * bytes, from, bytes);
+  }
+  return call.finish(std::move(s));
+}
+
+}  // namespace ferry::coll
