@@ -34,32 +34,54 @@ Communicator Communicator::split(int color, int key) const {
 }
 
 // The i-forms run a schedule that the engine advances; the blocking forms run it now.
-#define FERRY_COLLECTIVE(name, params, args)                    \
+#define FERRY_NONBLOCKING(name, params, args)                   \
   Request Communicator::i##name params {                        \
     if (!group_) return Request();                              \
     coll::Group& g = *group_;                                   \
     auto entry = g.engine()->enter();                           \
     return g.start([&](coll::Plan& p) { return g.name args; }); \
-  }                                                             \
-  Status Communicator::name params {                            \
-    if (!group_) return invalid();                              \
-    coll::Group& g = *group_;                                   \
-    auto entry = g.engine()->enter();                           \
-    return g.run([&](coll::Plan& p) { return g.name args; });   \
+  }
+#define FERRY_COLLECTIVE(name, params, args)                  \
+  FERRY_NONBLOCKING(name, params, args)                       \
+  Status Communicator::name params {                          \
+    if (!group_) return invalid();                            \
+    coll::Group& g = *group_;                                 \
+    auto entry = g.engine()->enter();                         \
+    return g.run([&](coll::Plan& p) { return g.name args; }); \
+  }
+// Small ones may go through the node's shared area at once (Group::quick), with the same result
+// as through run().
+#define FERRY_SMALL_COLLECTIVE(name, params, quick_args, args) \
+  FERRY_NONBLOCKING(name, params, args)                        \
+  Status Communicator::name params {                           \
+    if (!group_) return invalid();                             \
+    coll::Group& g = *group_;                                  \
+    auto entry = g.engine()->enter();                          \
+    Status quick;                                              \
+    if (g.quick quick_args) return quick;                      \
+    return g.run([&](coll::Plan& p) { return g.name args; });  \
   }
 
-FERRY_COLLECTIVE(barrier, (), (p))
-FERRY_COLLECTIVE(broadcast, (void* buffer, std::size_t count, DataType type, int root),
-                 (p, buffer, count, type, root))
+FERRY_SMALL_COLLECTIVE(barrier, (),
+                       (&quick, coll::Kind::kBarrier, nullptr, nullptr, 0, DataType::kUint8,
+                        ReduceOp::kSum, 0),
+                       (p))
+FERRY_SMALL_COLLECTIVE(broadcast, (void* buffer, std::size_t count, DataType type, int root),
+                       (&quick, coll::Kind::kBroadcast, buffer, buffer, count, type, ReduceOp::kSum,
+                        root),
+                       (p, buffer, count, type, root))
 FERRY_COLLECTIVE(reduce,
                  (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                   int root),
                  (p, send, recv, count, type, op, root))
-FERRY_COLLECTIVE(allreduce,
-                 (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
-                 (p, send, recv, count, type, op))
-FERRY_COLLECTIVE(allgather, (const void* send, void* recv, std::size_t count, DataType type),
-                 (p, send, recv, count, type))
+FERRY_SMALL_COLLECTIVE(allreduce,
+                       (const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op),
+                       (&quick, coll::Kind::kAllreduce, send, recv, count, type, op, 0),
+                       (p, send, recv, count, type, op))
+FERRY_SMALL_COLLECTIVE(allgather, (const void* send, void* recv, std::size_t count, DataType type),
+                       (&quick, coll::Kind::kAllgather, send, recv, count, type, ReduceOp::kSum, 0),
+                       (p, send, recv, count, type))
 FERRY_COLLECTIVE(allgatherv,
                  (const void* send, void* recv, std::span<const std::size_t> counts,
                   std::span<const std::size_t> displacements, DataType type),
@@ -79,7 +101,9 @@ FERRY_COLLECTIVE(alltoallv,
                   std::span<const std::size_t> recv_displacements, DataType type),
                  (p, send, send_counts, send_displacements, recv, recv_counts, recv_displacements,
                   type, "alltoallv"))
+#undef FERRY_SMALL_COLLECTIVE
 #undef FERRY_COLLECTIVE
+#undef FERRY_NONBLOCKING
 
 namespace {
 

@@ -30,6 +30,9 @@ inline constexpr Tag tag_of(std::uint32_t id, std::uint32_t sequence) {
          (Tag{sequence & 0xffffffu} << 16);
 }
 
+// The collectives the node's shared area runs.
+enum class Kind : std::uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather };
+
 class Group : public std::enable_shared_from_this<Group> {
  public:
   // Every rank of the job.
@@ -98,6 +101,12 @@ class Group : public std::enable_shared_from_this<Group> {
   // a collective decision with the same answer on every member), and the collectives. Each
   // stands in for the latency algorithm of its kind and gives the same bits.
   bool node_ready(const Plan& p, std::size_t bytes);
+  // The blocking form's shortcut, once the area is set up: runs the call through the area (and
+  // returns true, *status its outcome) where Group's algorithm would, with arguments it accepts;
+  // returns false for everything else, which then goes through run(). For barrier and
+  // broadcast, `send` is unused (broadcast's buffer is `recv`).
+  bool quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,
+             DataType type, ReduceOp op, int root);
   Status node_barrier();
   Status node_broadcast(void* buffer, std::size_t count, DataType type, int root);
   Status node_allreduce(const void* send, void* recv, std::size_t count, DataType type,
@@ -159,6 +168,8 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<const std::byte*> node_inputs_;  // each member's slot in the current call
   std::vector<std::byte> node_scratch_;
   Status prepare_node();
+  // The area, unless a member left it (then it goes, here too).
+  bool node_usable();
   Status prepare_oneshot(int device);
   [[nodiscard]] std::string peer_label(int m) const;
   void release_oneshot();

@@ -23,26 +23,26 @@
 namespace ferry::coll {
 namespace {
 
-enum Kind : std::uint64_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather };
 constexpr const char* kKindNames[] = {"?", "barrier", "broadcast", "allreduce", "allgather"};
 
 // What a call is, in one word every member can compare: kind, type, op, root and the bytes per
 // member (below 2^24: FERRY_COLL_NODE is at most 1 MiB).
 std::uint64_t signature(Kind kind, std::size_t bytes, DataType type, ReduceOp op, int root) {
-  return kind | (std::uint64_t{static_cast<std::uint8_t>(type)} << 8) |
+  return std::uint64_t{static_cast<std::uint8_t>(kind)} |
+         (std::uint64_t{static_cast<std::uint8_t>(type)} << 8) |
          (std::uint64_t{static_cast<std::uint8_t>(op)} << 16) |
          (std::uint64_t{static_cast<std::uint16_t>(root)} << 24) | (std::uint64_t{bytes} << 40);
 }
 
 std::string describe(std::uint64_t s) {
-  const std::uint64_t kind = s & 0xff;
+  const auto kind = static_cast<Kind>(s & 0xff);
   const auto type = static_cast<DataType>((s >> 8) & 0xff);
   const auto op = static_cast<ReduceOp>((s >> 16) & 0xff);
-  std::string text = kind < std::size(kKindNames) ? kKindNames[kind] : "?";
+  std::string text = (s & 0xff) < std::size(kKindNames) ? kKindNames[s & 0xff] : "?";
   text += " of " + std::to_string(s >> 40) + " bytes";
-  if (kind == kBroadcast) text += " from member " + std::to_string((s >> 24) & 0xffff);
-  if (kind != kBarrier) text += std::string(" of ") + to_string(type);
-  if (kind == kAllreduce) text += std::string(" (") + to_string(op) + ")";
+  if (kind == Kind::kBroadcast) text += " from member " + std::to_string((s >> 24) & 0xffff);
+  if (kind != Kind::kBarrier) text += std::string(" of ") + to_string(type);
+  if (kind == Kind::kAllreduce) text += std::string(" (") + to_string(op) + ")";
   return text;
 }
 
@@ -210,6 +210,10 @@ bool Group::node_ready(const Plan& p, std::size_t bytes) {
     }
     if (!s.is_ok()) node_.reset();
   }
+  return node_usable();
+}
+
+bool Group::node_usable() {
   if (!node_) return false;
   // A member that failed a call through the area (and so left it) takes the others with it:
   // this call and the next go by messages on every member.
@@ -220,6 +224,61 @@ bool Group::node_ready(const Plan& p, std::size_t bytes) {
       node_.reset();
       return false;
     }
+  }
+  return true;
+}
+
+bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,
+                  DataType type, ReduceOp op, int root) {
+  if (!node_) return false;  // the first call sets the area up, through run()
+  const std::size_t element = size_of(type);
+  if (element == 0 || count > node_bytes_ / element) return false;
+  const std::size_t bytes = count * element;
+  const auto n = static_cast<std::size_t>(size());
+  // Where Group's algorithms would take the area (algorithms.cpp), and arguments that check()
+  // accepts: anything else goes through run(), which decides the same way or reports the error.
+  switch (kind) {
+    case Kind::kBarrier:
+      break;
+    case Kind::kBroadcast:
+      if (broadcast_ != 0 || bytes == 0 || recv == nullptr || root < 0 ||
+          root >= static_cast<int>(n)) {
+        return false;
+      }
+      break;
+    case Kind::kAllreduce:
+      if (allreduce_ != 0 || bytes == 0 || (bytes >= small_ && count >= n) || send == nullptr ||
+          recv == nullptr || !check_reduction(type, op).is_ok()) {
+        return false;
+      }
+      break;
+    case Kind::kAllgather:
+      if (allgather_ != 0 || bytes == 0 || bytes * n >= small_ || send == nullptr ||
+          recv == nullptr) {
+        return false;
+      }
+      break;
+  }
+  if (cuda::Cuda* gpu = engine_->cuda()) {
+    for (const void* buffer : {send, static_cast<const void*>(recv)}) {
+      if (buffer != nullptr && gpu->classify(buffer).device_only()) return false;
+    }
+  }
+  if (!node_usable()) return false;
+  next_tag();  // as run() would: every member numbers its collectives alike
+  switch (kind) {
+    case Kind::kBarrier:
+      *status = node_barrier();
+      break;
+    case Kind::kBroadcast:
+      *status = node_broadcast(recv, count, type, root);
+      break;
+    case Kind::kAllreduce:
+      *status = node_allreduce(send, recv, count, type, op);
+      break;
+    case Kind::kAllgather:
+      *status = node_allgather(send, recv, count, type);
+      break;
   }
   return true;
 }
@@ -281,7 +340,7 @@ Status Group::prepare_node() {
 }
 
 Status Group::node_barrier() {
-  NodeCall call(*this, signature(kBarrier, 0, DataType::kUint8, ReduceOp::kSum, 0));
+  NodeCall call(*this, signature(Kind::kBarrier, 0, DataType::kUint8, ReduceOp::kSum, 0));
   Status s = call.room(0);
   if (s.is_ok()) call.post(nullptr, 0);
   const std::byte* slot = nullptr;
@@ -293,7 +352,7 @@ Status Group::node_barrier() {
 
 Status Group::node_broadcast(void* buffer, std::size_t count, DataType type, int root) {
   const std::size_t bytes = count * size_of(type);
-  NodeCall call(*this, signature(kBroadcast, bytes, type, ReduceOp::kSum, root));
+  NodeCall call(*this, signature(Kind::kBroadcast, bytes, type, ReduceOp::kSum, root));
   Status s;
   if (rank_ == root) {
     s = call.room(bytes);
@@ -309,7 +368,7 @@ Status Group::node_broadcast(void* buffer, std::size_t count, DataType type, int
 Status Group::node_allreduce(const void* send, void* recv, std::size_t count, DataType type,
                              ReduceOp op) {
   const std::size_t bytes = count * size_of(type);
-  NodeCall call(*this, signature(kAllreduce, bytes, type, op, 0));
+  NodeCall call(*this, signature(Kind::kAllreduce, bytes, type, op, 0));
   Status s = call.room(bytes);
   if (s.is_ok()) call.post(send, bytes);
   for (int m = 0; m < size() && s.is_ok(); ++m) {
@@ -328,7 +387,7 @@ Status Group::node_allreduce(const void* send, void* recv, std::size_t count, Da
 Status Group::node_allgather(const void* send, void* recv, std::size_t count, DataType type) {
   const std::size_t bytes = count * size_of(type);
   auto* out = static_cast<std::byte*>(recv);
-  NodeCall call(*this, signature(kAllgather, bytes, type, ReduceOp::kSum, 0));
+  NodeCall call(*this, signature(Kind::kAllgather, bytes, type, ReduceOp::kSum, 0));
   Status s = call.room(bytes);
   if (s.is_ok()) call.post(send, bytes);
   for (int m = 0; m < size() && s.is_ok(); ++m) {

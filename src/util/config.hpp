@@ -75,9 +75,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "bounce buffers in each sender's pool")                                                        \
   X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                                \
     "single-copy rendezvous with process_vm_readv when the connect-time probe works")              \
-  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "128m", 0, 1LL << 40, "",                  \
+  X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "-1", -1, 1LL << 40, "",                   \
     "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "    \
-    "buffers (faster on the measured VMs: docs/PERFORMANCE.md)")                                   \
+    "buffers (-1: every rendezvous message where the CPU's rep movsb is fast, 128m where it is "   \
+    "slow, as the kernel's copy then is: docs/PERFORMANCE.md)")                                    \
   X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                                  \
     "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "        \
     "without them)")                                                                               \

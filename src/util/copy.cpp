@@ -3,7 +3,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <vector>
 
 namespace ferry::util {
 namespace {
@@ -34,6 +37,39 @@ __attribute__((target("avx2"), always_inline)) inline void block128(char* d, con
 }  // namespace
 
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+
+namespace {
+
+template <class Copy>
+double best_of_five_us(Copy&& copy) {
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    copy();
+    best = std::min(
+        best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                  .count());
+  }
+  return best;
+}
+
+bool measure_rep_movsb_slow() {
+  if (!kHaveAvx2) return false;
+  constexpr std::size_t kBytes = 64 << 10;
+  std::vector<char> from(kBytes, 1), to(kBytes, 0);
+  const double rep = best_of_five_us([&] {
+    void* d = to.data();
+    const void* s = from.data();
+    std::size_t n = kBytes;
+    asm volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(n) : : "memory");
+  });
+  const double vector = best_of_five_us([&] { copy_vector(to.data(), from.data(), kBytes); });
+  return rep > 3 * vector;
+}
+
+}  // namespace
+
+const bool kRepMovsbSlow = measure_rep_movsb_slow();
 
 __attribute__((target("avx2"))) void copy_vector(void* dst, const void* src,
                                                  std::size_t n) noexcept {

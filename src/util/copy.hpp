@@ -1,7 +1,9 @@
 // Memory copy for the data path. glibc's memcpy switches to `rep movsb` between 2 KiB and its
 // non-temporal threshold; on some virtual machines (seen on this project's AMD EPYC VMs) that
-// instruction runs 13-20x slower than a vector loop (4 KiB: 1.6 us vs 0.12 us), so copies in that
-// range use an AVX2 loop when the CPU has it. docs/PERFORMANCE.md has the measurements.
+// instruction runs 13-20x slower than a vector loop (4 KiB: 1.6 us vs 0.12 us), so there copies
+// in that range use an AVX2 loop; elsewhere (Intel VMs with fast short `rep movsb`) memcpy is as
+// fast or faster. Which of the two holds is timed once, when the library loads (kRepMovsbSlow).
+// docs/PERFORMANCE.md has the measurements.
 #pragma once
 
 #include <cstddef>
@@ -13,11 +15,14 @@ void copy_vector(void* dst, const void* src, std::size_t n) noexcept;
 // Non-temporal stores: the destination lines go to memory, not into this core's cache.
 void copy_stream(void* dst, const void* src, std::size_t n) noexcept;
 extern const bool kHaveAvx2;
+// Whether `rep movsb` runs far (3x or more) slower than the AVX2 loop here: best of five copies of
+// 64 KiB in cache each way. The kernel's copies (process_vm_readv, so CMA) use it too.
+extern const bool kRepMovsbSlow;
 
 [[gnu::always_inline]] inline void copy(void* dst, const void* src, std::size_t n) noexcept {
   constexpr std::size_t kVectorFrom = 1024;
   constexpr std::size_t kVectorUpTo = 1u << 20;  // above, glibc goes non-temporal: fast again
-  if (n >= kVectorFrom && n < kVectorUpTo && kHaveAvx2) {
+  if (n >= kVectorFrom && n < kVectorUpTo && kRepMovsbSlow) {
     copy_vector(dst, src, n);
   } else {
     std::memcpy(dst, src, n);

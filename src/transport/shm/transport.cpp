@@ -21,6 +21,7 @@
 #include "transport/shm/endpoint.hpp"
 #include "util/abstract_socket.hpp"
 #include "util/config.hpp"
+#include "util/copy.hpp"
 #include "util/faults.hpp"
 #include "util/fd.hpp"
 #include "util/log.hpp"
@@ -122,7 +123,10 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   capabilities_.name = "shm";
   capabilities_.max_am = layout.bounce_size;
   capabilities_.max_inline = kInlineCapacity;
-  capabilities_.get_from = config.get_size(util::Var::kShmCmaThreshold);
+  const std::int64_t cma_from = config.get_int(util::Var::kShmCmaThreshold);
+  capabilities_.get_from = cma_from >= 0         ? static_cast<std::size_t>(cma_from)
+                           : util::kRepMovsbSlow ? std::size_t{128} << 20
+                                                 : 0;
   capabilities_.latency_us = 0.2;
   capabilities_.bandwidth_GBps = 10;
   // The doorbell peers ring while this process sleeps in a wait (FERRY_WAIT_MODE). Without one,
