@@ -32,7 +32,10 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   oneshot_bytes_ =
       config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
-  node_bytes_ = config.get_size(util::Var::kCollNode);
+  // The area's slots hold at most 4 MiB in all (NodeArea::kSlots per member), so a communicator
+  // of many members takes smaller calls through it.
+  const std::size_t slot_budget = (std::size_t{4} << 20) / NodeArea::kSlots / members_.size();
+  node_bytes_ = std::min(config.get_size(util::Var::kCollNode), slot_budget / 64 * 64);
 }
 
 Group::~Group() {
