@@ -149,6 +149,7 @@ class Group::NodeCall {
       return status;
     }
     c.failed.store(1, std::memory_order_release);
+    area_.left().store(1, std::memory_order_release);
     FERRY_LOG(kInfo, "collectives: the shared area is off for this communicator after: %s",
               status.message().c_str());
     g_.node_.reset();
@@ -217,15 +218,10 @@ bool Group::node_usable() {
   if (!node_) return false;
   // A member that failed a call through the area (and so left it) takes the others with it:
   // this call and the next go by messages on every member.
-  for (int m = 0; m < size(); ++m) {
-    if (node_->control(m).failed.load(std::memory_order_acquire) != 0) {
-      FERRY_LOG(kInfo, "collectives: %s left the shared area; messages from here on",
-                peer_label(m).c_str());
-      node_.reset();
-      return false;
-    }
-  }
-  return true;
+  if (node_->left().load(std::memory_order_acquire) == 0) return true;
+  FERRY_LOG(kInfo, "collectives: a member left the shared area; messages from here on");
+  node_.reset();
+  return false;
 }
 
 bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,

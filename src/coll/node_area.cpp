@@ -25,6 +25,7 @@ struct alignas(64) Header {
   std::uint32_t members;
   std::uint64_t slot_bytes;
   std::uint64_t total_bytes;
+  std::atomic<std::uint64_t> left;  // NodeArea::left()
 };
 
 [[noreturn]] void fail(Code code, const std::string& name, const std::string& what, int err) {
@@ -121,5 +122,9 @@ void NodeArea::unlink() {
 }
 
 NodeArea::~NodeArea() { unlink(); }
+
+std::atomic<std::uint64_t>& NodeArea::left() const {
+  return reinterpret_cast<Header*>(mapping_.bytes())->left;
+}
 
 }  // namespace ferry::coll

@@ -11,7 +11,7 @@
 // after it finished every call before t), so members that post in every call never write `done`,
 // and a broadcast's root runs up to kGenerations - 1 calls ahead of its readers. A member that
 // fails a call raises its `failed` word for good (what it posted stays), so the others stop
-// waiting for it.
+// waiting for it, and the area's `left` word, which every member reads before each call.
 #pragma once
 
 #include <atomic>
@@ -59,6 +59,8 @@ class NodeArea {
   void unlink();
 
   [[nodiscard]] Control& control(int member) const { return controls_[member]; }
+  // Nonzero once a member has left the area.
+  [[nodiscard]] std::atomic<std::uint64_t>& left() const;
   [[nodiscard]] Generation& generation(int member, std::uint64_t call) const {
     return generations_[static_cast<std::size_t>(member) * kGenerations + call % kGenerations];
   }
