@@ -101,6 +101,10 @@ class Request {
   // The handle keeps its slot alive (the engine frees it only once released), so the index alone
   // names the operation.
   Request(proto::Engine* engine, std::uint32_t index) noexcept : engine_(engine), index_(index) {}
+  // An operation that completed successfully where it was started (a one-sided access to mapped
+  // memory) has no slot: its handle holds kDone, and asking it costs nothing.
+  static constexpr std::uint32_t kDone = 0xffffffffu;
+  [[nodiscard]] bool done_at_start() const noexcept { return index_ == kDone; }
   void release() noexcept;
 
   proto::Engine* engine_ = nullptr;

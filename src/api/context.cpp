@@ -137,7 +137,7 @@ Request& Request::operator=(Request&& other) noexcept {
 Request::~Request() { release(); }
 
 void Request::release() noexcept {
-  if (engine_ != nullptr) {
+  if (engine_ != nullptr && !done_at_start()) {
     auto entry = engine_->enter();
     engine_->release(index_);
   }
@@ -145,38 +145,41 @@ void Request::release() noexcept {
 }
 
 bool Request::test() {
-  if (engine_ == nullptr) return true;
+  if (engine_ == nullptr || done_at_start()) return true;
   auto entry = engine_->enter();
   return engine_->test(index_);
 }
 
 Status Request::wait() {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  if (done_at_start()) return Status();
   auto entry = engine_->enter();
   return engine_->wait(index_);
 }
 
 Status Request::wait_for(double seconds) {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
+  if (done_at_start()) return Status();
   auto entry = engine_->enter();
   return engine_->wait_for(index_, seconds);
 }
 
 bool Request::cancel() {
-  if (engine_ == nullptr) return false;
+  if (engine_ == nullptr || done_at_start()) return false;
   auto entry = engine_->enter();
   return engine_->cancel(index_);
 }
 
 Status Request::status() const {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "status of an empty Request");
+  if (done_at_start()) return Status();
   auto entry = engine_->enter();
   if (!engine_->done(index_)) return Status(Code::kInProgress);
   return engine_->status(index_);
 }
 
 MessageInfo Request::info() const {
-  if (engine_ == nullptr) return {};
+  if (engine_ == nullptr || done_at_start()) return {};
   auto entry = engine_->enter();
   if (!engine_->done(index_)) return {};
   return engine_->info(index_);
@@ -202,7 +205,8 @@ std::size_t Request::wait_any(std::span<Request> requests) {
   int idle = 0;
   for (;;) {
     for (std::size_t i = 0; i < requests.size(); ++i) {
-      if (requests[i].valid() && requests[i].engine_->done(requests[i].index_)) return i;
+      const Request& r = requests[i];
+      if (r.valid() && (r.done_at_start() || r.engine_->done(r.index_))) return i;
     }
     engine->wait_step(&idle);
   }

@@ -131,6 +131,9 @@ class Engine final : public transport::AmHandler {
     std::uint64_t offset = 0;
     int fd = -1;  // allocated regions: the owner's descriptor, for mapping on this node
   };
+  // Where a put or get of `bytes` at `target` can be done now by a copy (mapped memory, valid
+  // arguments), or null: then it goes through a request, which reports what is wrong.
+  std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes);
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id,
                          std::uint64_t* secret);
   // Shared memory for one-sided access: *address is the caller's part of it.

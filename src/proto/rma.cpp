@@ -370,7 +370,22 @@ bool Engine::rma_settled(std::uint32_t index, const RmaTarget& target, std::size
   return false;
 }
 
+std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::size_t bytes) {
+  if (bytes == 0 || local == nullptr || target.rank < 0 || target.rank >= size_ ||
+      target.offset > target.size || bytes > target.size - target.offset) {
+    return nullptr;
+  }
+  const Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
+  if (peer.endpoint == nullptr || peer.failed || device_memory(local)) return nullptr;
+  std::uint32_t refusal = kRmaOk;  // a refusal is reported by the request that follows
+  return direct_target(target, bytes, &refusal);
+}
+
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
+  if (std::byte* destination = direct_now(target, local, bytes)) {
+    util::copy(destination, local, bytes);
+    return Request(this, Request::kDone);
+  }
   Status early;
   std::uint32_t index = rma_request(RequestKind::kSend, Rma::kPut, target, local, bytes, &early);
   Request request(this, index);
@@ -391,6 +406,10 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
 }
 
 Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
+  if (const std::byte* source = direct_now(target, local, bytes)) {
+    util::copy(local, source, bytes);
+    return Request(this, Request::kDone);
+  }
   Status early;
   std::uint32_t index = rma_request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
   Request request(this, index);
