@@ -381,6 +381,24 @@ std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::s
   return direct_target(target, bytes, &refusal);
 }
 
+namespace {
+
+// The atomic on a 4- or 8-byte word; returns the word's previous value.
+std::uint64_t atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint64_t operand,
+                        std::uint64_t compare) {
+  return width == 4 ? apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
+                                                  static_cast<std::uint32_t>(compare))
+                    : apply_atomic<std::uint64_t>(word, op, operand, compare);
+}
+
+// The same, its previous value stored where the caller asked.
+void apply_atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint64_t operand,
+                     std::uint64_t compare, void* result) {
+  store_result(result, width, atomic_at(word, op, width, operand, compare));
+}
+
+}  // namespace
+
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
   if (std::byte* destination = direct_now(target, local, bytes)) {
     util::copy(destination, local, bytes);
@@ -431,6 +449,14 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
 
 Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                         std::uint64_t operand, void* result, std::uint64_t compare) {
+  if ((width == 4 || width == 8) && target.offset % width == 0 &&
+      static_cast<std::uint8_t>(op) <= 5) {
+    std::byte* word = direct_now(target, &operand, width);
+    if (word != nullptr && reinterpret_cast<std::uintptr_t>(word) % width == 0) {
+      apply_atomic_at(word, op, width, operand, compare, result);
+      return Request(this, Request::kDone);
+    }
+  }
   Status early;
   const bool valid_width = width == 4 || width == 8;
   std::uint32_t index = rma_request(RequestKind::kSend, Rma::kAtomic, target, &operand,
@@ -449,14 +475,7 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
     if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
       return Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank));
     }
-    std::uint64_t previous = 0;
-    if (width == 4) {
-      previous = apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
-                                             static_cast<std::uint32_t>(compare));
-    } else {
-      previous = apply_atomic<std::uint64_t>(word, op, operand, compare);
-    }
-    store_result(result, width, previous);
+    apply_atomic_at(word, op, width, operand, compare, result);
     return Status::ok();
   });
   if (settled) return request;
@@ -576,15 +595,10 @@ void Engine::handle_atomic(int source, std::span<const std::byte> data) {
       refusal = kRmaBadAtomic;
     }
   }
-  std::uint64_t previous = 0;
-  if (base != nullptr) {
-    const auto op = static_cast<AtomicOp>(header.op);
-    std::byte* word = base + header.offset;
-    previous = header.width == 4
-                   ? apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
-                                                 static_cast<std::uint32_t>(compare))
-                   : apply_atomic<std::uint64_t>(word, op, operand, compare);
-  }
+  const std::uint64_t previous =
+      base == nullptr ? 0
+                      : atomic_at(base + header.offset, static_cast<AtomicOp>(header.op),
+                                  header.width, operand, compare);
   rma_ack(source, header.id, previous, refusal);
 }
 
