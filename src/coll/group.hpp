@@ -96,10 +96,10 @@ class Group : public std::enable_shared_from_this<Group> {
   void stop_oneshot();
   ~Group();
 
-  // Small blocking collectives of host buffers through the node's shared area (node.cpp, where
-  // the area's rules are): whether this one can go there (set up on the first call that could,
-  // a collective decision with the same answer on every member), and the collectives. Each
-  // stands in for the latency algorithm of its kind and gives the same bits.
+  // Small blocking collectives of host buffers through the node's shared area
+  // (node_collectives.cpp, where the area's rules are): whether this one can go there (set up on
+  // the first call that could, a collective decision with the same answer on every member), and the
+  // collectives. Each stands in for the latency algorithm of its kind and gives the same bits.
   bool node_ready(const Plan& p, std::size_t bytes);
   // The blocking form's shortcut, once the area is set up: runs the call through the area (and
   // returns true, *status its outcome) where Group's algorithm would, with arguments it accepts;

@@ -7,10 +7,9 @@
 // Waiting: each poll of a word also makes progress (other traffic goes on, a dead member is
 // noticed), yields after FERRY_SPIN_COUNT empty polls and naps after a while (Engine::spin_step);
 // every 1024 polls it checks the member waited for and FERRY_TIMEOUT. A member that fails a call
-// marks its control line failed, and every member stops using the area when it fails a call or
-// sees a member's mark: the next collectives go by messages.
-#include "util/node.hpp"
-
+// marks its control line failed and raises the area's `left` word; every member looks at that
+// word before each call and stops using the area when it is up: the next collectives go by
+// messages on every member.
 #include <algorithm>
 #include <cstring>
 
@@ -19,6 +18,7 @@
 #include "proto/engine.hpp"
 #include "util/clock.hpp"
 #include "util/log.hpp"
+#include "util/node.hpp"
 
 namespace ferry::coll {
 namespace {
@@ -238,8 +238,8 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
       break;
     case Kind::kBroadcast:
       if (broadcast_ != 0 || bytes == 0 || recv == nullptr || root < 0 ||
-          root >= static_cast<int>(n)) {
-        return false;
+          root >= static_cast<int>(n) || (bytes >= small_ && bytes >= 2 * chunk_ && n > 2)) {
+        return false;  // ... or the chain's size
       }
       break;
     case Kind::kAllreduce:
