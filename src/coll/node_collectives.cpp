@@ -301,6 +301,11 @@ Status Group::prepare_node() {
     const std::string name =
         util::shm_name(engine_->job_id(), engine_->rank(), "coll" + std::to_string(id_));
     try {
+      if (engine_->config().get_bool(util::Var::kTestCollAreaFail)) {
+        throw Error(Code::kNoResources, "collective area /dev/shm" + name +
+                                            ": reserving its bytes failed (injected by "
+                                            "FERRY_TEST_COLL_AREA_FAIL)");
+      }
       area = NodeArea::create(name, n, node_bytes_);
       offer.ok = name.size() < sizeof(offer.name) ? 1 : 0;
       std::memcpy(offer.name, name.data(), std::min(name.size(), sizeof(offer.name) - 1));
@@ -311,7 +316,9 @@ Status Group::prepare_node() {
   Status told =
       run([&](Plan& p) { return broadcast(p, &offer, sizeof(offer), DataType::kUint8, 0); });
   if (!told.is_ok()) return told;
-  if (rank_ != 0 && offer.ok == 1) {
+  if (rank_ != 0 && offer.ok != 1) {
+    status = Status(Code::kUnsupported, "member 0 could not create the area");
+  } else if (rank_ != 0) {
     try {
       area = NodeArea::attach(std::string(offer.name, strnlen(offer.name, sizeof(offer.name))), n,
                               node_bytes_);
