@@ -194,8 +194,13 @@ util::Fd StoreBootstrap::connect_store(store::Clock::time_point until) {
     for (;; ++tries) {
       for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
         socket.reset(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0));
-        if (socket.valid() && ::connect(socket.get(), a->ai_addr, a->ai_addrlen) == 0) break;
-        last = std::strerror(errno);
+        if (socket.valid() && ::connect(socket.get(), a->ai_addr, a->ai_addrlen) == 0) {
+          if (!store::connected_to_itself(socket.get())) break;
+          last = "the connection reached itself (nobody listens on that port)";
+          store::close_without_time_wait(socket.get());
+        } else {
+          last = std::strerror(errno);
+        }
         socket.reset();
       }
       if (socket.valid()) break;

@@ -360,4 +360,21 @@ Status receive_frame(int fd, FrameReader* reader, Frame* frame, Clock::time_poin
   }
 }
 
+bool connected_to_itself(int fd) {
+  sockaddr_storage self{}, peer{};
+  socklen_t self_length = sizeof(self), peer_length = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_length) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
+    return false;
+  }
+  return self_length == peer_length && std::memcmp(&self, &peer, self_length) == 0;
+}
+
+void close_without_time_wait(int fd) {
+  linger reset{};
+  reset.l_onoff = 1;
+  reset.l_linger = 0;
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+}
+
 }  // namespace ferry::bootstrap::store

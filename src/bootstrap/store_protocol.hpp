@@ -143,4 +143,13 @@ Status send_all(int fd, std::span<const std::byte> bytes, Clock::time_point dead
 Status receive_frame(int fd, FrameReader* reader, Frame* frame, Clock::time_point deadline,
                      const std::function<void()>& idle = {});
 
+// Whether a connected TCP socket reached itself: a connection to a port nobody listens on succeeds
+// that way when the kernel picks that same port for the connecting side (a port in the ephemeral
+// range). The store's clients treat it as refused.
+bool connected_to_itself(int fd);
+
+// Makes the coming close() of `fd` reset the connection instead of holding its port in TIME_WAIT,
+// so that rank 0 can still listen on the port a connection to itself used.
+void close_without_time_wait(int fd);
+
 }  // namespace ferry::bootstrap::store

@@ -19,6 +19,25 @@ skip() { skipped=$((skipped + 1)); echo "SKIP $1"; }
 leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
 before=$(leftovers)
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# free_ports: a port P such that P and P+1 are free on 127.0.0.1, below the kernel's ephemeral
+# range, so no connection made meanwhile (another program's, or the client's own retries) is given
+# one of them.
+free_ports() {
+  python3 -c 'import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    p = random.randrange(10000, max(low - 2, 10001))
+    try:
+        for q in (p, p + 1):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", q))
+            s.close()
+        print(p)
+        break
+    except OSError:
+        pass'
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -137,7 +156,7 @@ fi
 tcp_job() {
   local n=$1 port pids=() worst=0 r rc
   shift
-  port=$((20000 + RANDOM % 30000))
+  port=$(free_ports)
   for ((r = 0; r < n; r++)); do
     FERRY_RANK=$r FERRY_SIZE=$n FERRY_STORE=127.0.0.1:$port timeout 120 "$@" >"$work/rank$r" 2>&1 &
     pids+=($!)
@@ -273,7 +292,7 @@ if [[ " $sections " == *" errors "* ]]; then
       bad "$name: exit $rc after ${ms} ms, expected '$pattern' within $max ms" "$out"
     fi
   }
-  port=$((20000 + RANDOM % 30000))
+  port=$(free_ports)
   expect_error "TCP store: no rank 0 listening is an error naming the address, after the timeout" \
     "TCP store 127.0.0.1:$port: cannot connect after .* (FERRY_BOOTSTRAP_TIMEOUT)" 5000 \
     FERRY_BOOTSTRAP_TIMEOUT=1 FERRY_RANK=1 FERRY_SIZE=2 FERRY_STORE=127.0.0.1:$port -- "$info"

@@ -1,6 +1,7 @@
 // Tests of ferryrun's store: the frame codec, the server with ranks on threads (put/get, barrier,
 // allgather, abort), malformed and refused clients, timeouts, and the single-process bootstrap.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -217,6 +218,51 @@ TEST(StoreProtocol, OversizedAndEmptyFramesAreProtocolErrors) {
     Status status = store::receive_frame(b.get(), &reader, &frame, store::Clock::now() + 5s);
     EXPECT_EQ(status.code(), Code::kProtocolError) << length;
   }
+}
+
+// The store's clients retry a refused connection; one that reached itself is refused too, and is
+// closed so that the port stays free for rank 0 to listen on.
+TEST(StoreProtocol, AConnectionToItselfIsSeenAndLeavesThePortFree) {
+  auto bound_socket = [](std::uint16_t port) {
+    util::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0)
+        << std::strerror(errno);
+    return fd;
+  };
+  auto port_of = [](int fd) {
+    sockaddr_in address{};
+    socklen_t length = sizeof(address);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    return ntohs(address.sin_port);
+  };
+  auto connect_to = [](int fd, std::uint16_t port) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  };
+
+  // What the kernel does when it gives the connecting side the port it connects to.
+  util::Fd self = bound_socket(0);
+  const std::uint16_t port = port_of(self.get());
+  ASSERT_EQ(connect_to(self.get(), port), 0) << std::strerror(errno);
+  EXPECT_TRUE(store::connected_to_itself(self.get()));
+  store::close_without_time_wait(self.get());
+  self.reset();
+  util::Fd listener = bound_socket(port);  // no SO_REUSEADDR: the port must be wholly free
+  ASSERT_EQ(::listen(listener.get(), 1), 0);
+
+  // An ordinary connection, to that listener, is not one.
+  util::Fd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_EQ(connect_to(client.get(), port), 0) << std::strerror(errno);
+  EXPECT_FALSE(store::connected_to_itself(client.get()));
+  util::Fd unconnected(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_FALSE(store::connected_to_itself(unconnected.get()));
 }
 
 TEST_F(StoreFixture, RanksExchangeThroughPutGetBarrierAndAllgather) {
