@@ -97,8 +97,7 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
   const int vr = mod(rank_ - root, n);  // rank relative to the root
   auto real = [&](int v) { return mod(v + root, n); };
   // A chain of one piece is n - 1 hops where the tree takes log2 n: the chain needs pieces.
-  const bool chain =
-      broadcast_ == 2 || (broadcast_ == 0 && bytes >= small_ && bytes >= 2 * chunk_ && n > 2);
+  const bool chain = broadcast_by_chain(bytes);
   if (n == 1 || bytes == 0) {
     // nothing moves
   } else if (!chain && broadcast_ == 0 && node_ready(p, bytes)) {
@@ -155,7 +154,7 @@ Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, D
   const std::size_t bytes = count * element;
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
-  const bool ring = reduce_ == 2 || (reduce_ == 0 && bytes >= small_ && n > 2);
+  const bool ring = reduce_by_ring(bytes);
   if (bytes == 0) {
     // nothing to reduce
   } else if (n == 1) {
@@ -216,8 +215,7 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
   const std::size_t bytes = count * element;
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
-  const bool ring =
-      allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= std::size_t(n));
+  const bool ring = allreduce_by_ring(bytes, count);
   if (bytes == 0) {
     // nothing to reduce
   } else if (n == 1) {
@@ -320,8 +318,7 @@ Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count
   const std::size_t bytes = count * size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
-  const bool ring =
-      allgather_ == 2 || (allgather_ == 0 && bytes * static_cast<std::size_t>(n) >= small_);
+  const bool ring = allgather_by_ring(bytes);
   if (bytes == 0) {
     // nothing moves
   } else if (!ring && allgather_ == 0 && node_ready(p, bytes)) {

@@ -133,6 +133,23 @@ class Group : public std::enable_shared_from_this<Group> {
                std::size_t elements, DataType type, int root = 0);
   // "host memory", "on cuda:1"
   static std::string where(int device);
+  // The algorithms' choices by size (FERRY_COLL_SMALL, FERRY_COLL_CHUNK) or by a forced algorithm
+  // (FERRY_COLL_<KIND>=2): the bandwidth algorithm against the latency one, which the node's area
+  // may stand in for. One place for both the algorithms and the blocking shortcut (quick).
+  bool broadcast_by_chain(std::size_t bytes) const {
+    return broadcast_ == 2 ||
+           (broadcast_ == 0 && bytes >= small_ && bytes >= 2 * chunk_ && members_.size() > 2);
+  }
+  bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
+    return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());
+  }
+  bool reduce_by_ring(std::size_t bytes) const {
+    return reduce_ == 2 || (reduce_ == 0 && bytes >= small_ && members_.size() > 2);
+  }
+  // `bytes` is one member's contribution.
+  bool allgather_by_ring(std::size_t bytes) const {
+    return allgather_ == 2 || (allgather_ == 0 && bytes * members_.size() >= small_);
+  }
 
   proto::Engine* engine_;
   std::vector<int> members_;

@@ -237,19 +237,19 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
     case Kind::kBarrier:
       break;
     case Kind::kBroadcast:
-      if (broadcast_ != 0 || bytes == 0 || recv == nullptr || root < 0 ||
-          root >= static_cast<int>(n) || (bytes >= small_ && bytes >= 2 * chunk_ && n > 2)) {
-        return false;  // ... or the chain's size
+      if (broadcast_ != 0 || broadcast_by_chain(bytes) || bytes == 0 || recv == nullptr ||
+          root < 0 || root >= static_cast<int>(n)) {
+        return false;
       }
       break;
     case Kind::kAllreduce:
-      if (allreduce_ != 0 || bytes == 0 || (bytes >= small_ && count >= n) || send == nullptr ||
+      if (allreduce_ != 0 || allreduce_by_ring(bytes, count) || bytes == 0 || send == nullptr ||
           recv == nullptr || !check_reduction(type, op).is_ok()) {
         return false;
       }
       break;
     case Kind::kAllgather:
-      if (allgather_ != 0 || bytes == 0 || bytes * n >= small_ || send == nullptr ||
+      if (allgather_ != 0 || allgather_by_ring(bytes) || bytes == 0 || send == nullptr ||
           recv == nullptr) {
         return false;
       }
