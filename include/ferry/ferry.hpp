@@ -135,7 +135,11 @@ class Communicator;
 //   race with them.
 // - Keys are checked at the target on every use: an unknown or deregistered region, a key that
 //   does not match, an out-of-range or misaligned access fail the request (never a stray write).
-// - Host memory only for now: a device buffer (local or registered) fails with kUnsupported.
+// - Device memory (CUDA) may be registered and may be the local buffer. A registered device region
+//   is reached through its owner, which copies with CUDA (waited for, in its progress); a local
+//   device buffer is moved through a host copy. Atomics on a device region are read, changed and
+//   written back by the owner: atomic with respect to the other one-sided atomics on it, not to
+//   kernels or copies that touch the word meanwhile. An atomic's result must be host memory.
 
 // A registered range of this process's memory. Movable; deregisters when destroyed.
 class MemoryRegion {

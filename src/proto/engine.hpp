@@ -131,9 +131,11 @@ class Engine final : public transport::AmHandler {
     std::uint64_t offset = 0;
     int fd = -1;  // allocated regions: the owner's descriptor, for mapping on this node
   };
-  // Where a put or get of `bytes` at `target` can be done now by a copy (mapped memory, valid
-  // arguments), or null: then it goes through a request, which reports what is wrong.
-  std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes);
+  // Where a put or get of `bytes` at `target` can be done now by a CPU copy (mapped host memory,
+  // a local buffer in host memory, valid arguments), or null: then it goes through a request,
+  // which reports what is wrong.
+  std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
+                        bool local_device);
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id,
                          std::uint64_t* secret);
   // Shared memory for one-sided access: *address is the caller's part of it.
@@ -267,6 +269,7 @@ class Engine final : public transport::AmHandler {
     int fd = -1;  // allocated: the memfd, and its mapping (a header page, then base)
     std::byte* mapping = nullptr;
     std::size_t mapping_length = 0;
+    int device = -1;  // device memory: its CUDA ordinal (reached by CUDA copies, never mapped)
   };
   // A peer's allocated region mapped here (by (rank, region id)).
   struct Mapping {
@@ -275,19 +278,30 @@ class Engine final : public transport::AmHandler {
     std::size_t size = 0;  // the region's, as its header said when mapped (the header may change)
   };
   // Where a one-sided access of `length` bytes goes when it needs no message: this process's own
-  // region, or a peer's allocated region mapped here. Null: by active messages; null with
-  // *refusal set: refused (a RmaRefusal code).
-  std::byte* direct_target(const RmaTarget& target, std::size_t length, std::uint32_t* refusal);
+  // region, or a peer's allocated region mapped here; *device says whether it is device memory.
+  // Null: by active messages; null with *refusal set: refused (a RmaRefusal code).
+  std::byte* direct_target(const RmaTarget& target, std::size_t length, std::uint32_t* refusal,
+                           bool* device);
   // The mapping of a peer's allocated region, made on first use; null: not mappable here.
   const Mapping* map_peer_region(const RmaTarget& target, Peer& peer);
   void unmap_peer_regions(int rank);
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
-  // Checks an access against the regions; the region's base, or null with *refusal set.
+  // Checks an access against the regions; the region's base (*device: whether in device memory),
+  // or null with *refusal set.
   std::byte* rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
-                       std::uint64_t length, std::uint32_t* refusal);
+                       std::uint64_t length, std::uint32_t* refusal, bool* device);
+  // Moves the bytes of a one-sided access where either end may be device memory (`device`): by
+  // CUDA, waited for, else by the CPU.
+  Status rma_move(void* destination, const void* source, std::size_t bytes, bool device);
+  // An atomic on a word of a region; one in device memory is read, changed and written back by
+  // CUDA copies (atomic only against the other one-sided atomics, which all run here).
+  Status rma_atomic(std::byte* word, bool device, AtomicOp op, std::size_t width,
+                    std::uint64_t operand, std::uint64_t compare, std::uint64_t* previous);
   // A request for a one-sided operation towards `target`, or a failed one (*early).
   std::uint32_t rma_request(RequestKind kind, RequestSlot::Rma rma, const RmaTarget& target,
                             const void* local, std::size_t bytes, Status* early);
+  // A put from, or a get into, device memory by messages goes through the slot's host copy.
+  Status rma_bounce(RequestSlot& slot, const void* local, std::size_t bytes, bool put);
   void rma_done(const RequestSlot& slot, const Status& status);
   // Completes a one-sided request that needs no message: failed early, empty, refused, or done
   // at once by `apply` on the target's bytes where direct_target finds them. False: it goes by

@@ -310,6 +310,11 @@ void Engine::complete(std::uint32_t index, Status status) {
     peers_[static_cast<std::size_t>(slot.peer)].endpoint->unexpose(requests_.wire_id(index),
                                                                    !status);
   }
+  if (slot.rma_device != nullptr) {
+    // A get into device memory by messages: the fragments came to the host copy.
+    if (status) status = cuda_->copy(slot.rma_device, slot.host_copy.data(), slot.size);
+    slot.rma_device = nullptr;
+  }
   if (slot.rma != RequestSlot::Rma::kNone) rma_done(slot, status);
   slot.status = std::move(status);
   slot.state = RequestState::kDone;

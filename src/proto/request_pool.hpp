@@ -59,6 +59,7 @@ struct RequestSlot {
   std::uint64_t rma_region = 0;
   void* rma_result = nullptr;
   std::uint64_t rma_operands[2] = {};  // an atomic's operand and compare: its payload until sent
+  std::byte* rma_device = nullptr;  // a get into device memory by messages: where host_copy goes
 };
 
 class RequestPool {
@@ -93,6 +94,7 @@ class RequestPool {
     slot.deferred = false;
     slot.staged = 0;
     slot.rma = RequestSlot::Rma::kNone;
+    slot.rma_device = nullptr;
     return index;
   }
   void free(std::uint32_t index) {

@@ -82,6 +82,8 @@ std::string refusal_text(std::uint32_t code, int target) {
       return who + " refused the atomic: unknown operation, width not 4 or 8, or misaligned";
     case kRmaCutShort:
       return who + " deregistered the region while answering the get";
+    case kRmaDeviceCopy:
+      return who + " could not copy to or from the region's device memory (its log says why)";
     default:
       return who + " refused the operation with unknown code " + std::to_string(code);
   }
@@ -108,6 +110,21 @@ T apply_atomic(std::byte* word, AtomicOp op, T operand, T compare) {
   return 0;
 }
 
+// The atomic on a 4- or 8-byte word; returns the word's previous value.
+std::uint64_t atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint64_t operand,
+                        std::uint64_t compare) {
+  return width == 4 ? apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
+                                                  static_cast<std::uint32_t>(compare))
+                    : apply_atomic<std::uint64_t>(word, op, operand, compare);
+}
+
+// The same, its previous value stored where the caller asked.
+void apply_atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint64_t operand,
+                     std::uint64_t compare, void* result) {
+  store_result(result, width, atomic_at(word, op, width, operand, compare));
+}
+
+
 }  // namespace
 
 Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* id,
@@ -115,15 +132,29 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
   if (address == nullptr || bytes == 0) {
     return Status(Code::kInvalidArgument, "register_memory: null address or zero bytes");
   }
-  if (device_memory(address)) {
-    return Status(Code::kUnsupported,
-                  "register_memory: one-sided operations on device memory are not supported yet");
+  int device = -1;
+  if (cuda_) {
+    const mem::MemoryInfo info = cuda_->classify(address);
+    if (info.device_only()) {
+      // Reached by CUDA copies, which stay inside one allocation.
+      const auto start = reinterpret_cast<std::uint64_t>(address);
+      if (info.extent != 0 && (start < info.base || bytes > info.base + info.extent - start)) {
+        return Status(Code::kInvalidArgument,
+                      "register_memory: " + std::to_string(bytes) + " bytes at " +
+                          mem::to_string(info) + " address " + std::to_string(start) +
+                          " reach past the end of its allocation (" +
+                          std::to_string(info.extent) + " bytes)");
+      }
+      device = info.device < 0 ? 0 : info.device;
+    }
   }
   std::uint64_t key = 0;
   while (key == 0) key = secrets_();
   *id = next_region_++;
   *secret = key;
-  regions_.emplace(*id, Region{static_cast<std::byte*>(address), bytes, key});
+  Region region{static_cast<std::byte*>(address), bytes, key};
+  region.device = device;
+  regions_.emplace(*id, region);
   return Status::ok();
 }
 
@@ -201,7 +232,7 @@ Status Engine::deregister_region(std::uint64_t id) {
 }
 
 std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
-                             std::uint64_t length, std::uint32_t* refusal) {
+                             std::uint64_t length, std::uint32_t* refusal, bool* device) {
   auto it = regions_.find(region);
   if (it == regions_.end()) {
     *refusal = kRmaNoRegion;
@@ -216,13 +247,46 @@ std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::ui
     *refusal = kRmaOutOfRange;
     return nullptr;
   }
+  *device = r.device >= 0;
   return r.base;
 }
 
+Status Engine::rma_move(void* destination, const void* source, std::size_t bytes, bool device) {
+  if (!device) {
+    util::copy(destination, source, bytes);
+    return Status::ok();
+  }
+  return cuda_->copy(destination, source, bytes);
+}
+
+Status Engine::rma_atomic(std::byte* word, bool device, AtomicOp op, std::size_t width,
+                          std::uint64_t operand, std::uint64_t compare, std::uint64_t* previous) {
+  if (!device) {
+    *previous = atomic_at(word, op, width, operand, compare);
+    return Status::ok();
+  }
+  alignas(8) std::byte copy[8];
+  Status status = cuda_->copy(copy, word, width);
+  if (!status) return status;
+  *previous = atomic_at(copy, op, width, operand, compare);
+  return cuda_->copy(word, copy, width);
+}
+
+Status Engine::rma_bounce(RequestSlot& slot, const void* local, std::size_t bytes, bool put) {
+  slot.host_copy.resize(bytes);
+  if (!put) {
+    slot.rma_device = static_cast<std::byte*>(const_cast<void*>(local));
+    return Status::ok();
+  }
+  return cuda_->copy(slot.host_copy.data(), local, bytes);
+}
+
 std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
-                                 std::uint32_t* refusal) {
+                                 std::uint32_t* refusal, bool* device) {
+  *device = false;
   if (target.rank == rank_) {
-    std::byte* base = rma_check(target.region, target.secret, target.offset, length, refusal);
+    std::byte* base =
+        rma_check(target.region, target.secret, target.offset, length, refusal, device);
     return base == nullptr ? nullptr : base + target.offset;
   }
   if (target.fd < 0) return nullptr;
@@ -327,10 +391,6 @@ std::uint32_t Engine::rma_request(RequestKind kind, Rma rma, const RmaTarget& ta
                     std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
                         std::to_string(target.offset) + " reach outside the " +
                         std::to_string(target.size) + "-byte region");
-  } else if (bytes > 0 && device_memory(local)) {
-    *early = Status(Code::kUnsupported, std::string(what) +
-                                            ": one-sided operations on device memory are not "
-                                            "supported yet");
   } else {
     Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
     if (peer.endpoint == nullptr || peer.failed) {
@@ -359,8 +419,9 @@ bool Engine::rma_settled(std::uint32_t index, const RmaTarget& target, std::size
     return true;
   }
   std::uint32_t refusal = kRmaOk;
-  if (std::byte* bytes = direct_target(target, length, &refusal)) {
-    complete(index, apply(bytes));
+  bool device = false;
+  if (std::byte* bytes = direct_target(target, length, &refusal, &device)) {
+    complete(index, apply(bytes, device));
     return true;
   }
   if (refusal != kRmaOk) {
@@ -370,51 +431,44 @@ bool Engine::rma_settled(std::uint32_t index, const RmaTarget& target, std::size
   return false;
 }
 
-std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::size_t bytes) {
-  if (bytes == 0 || local == nullptr || target.rank < 0 || target.rank >= size_ ||
+std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
+                              bool local_device) {
+  if (bytes == 0 || local == nullptr || local_device || target.rank < 0 || target.rank >= size_ ||
       target.offset > target.size || bytes > target.size - target.offset) {
     return nullptr;
   }
   const Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
-  if (peer.endpoint == nullptr || peer.failed || device_memory(local)) return nullptr;
+  if (peer.endpoint == nullptr || peer.failed) return nullptr;
   std::uint32_t refusal = kRmaOk;  // a refusal is reported by the request that follows
-  return direct_target(target, bytes, &refusal);
+  bool device = false;
+  std::byte* bytes_there = direct_target(target, bytes, &refusal, &device);
+  return device ? nullptr : bytes_there;
 }
 
-namespace {
-
-// The atomic on a 4- or 8-byte word; returns the word's previous value.
-std::uint64_t atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint64_t operand,
-                        std::uint64_t compare) {
-  return width == 4 ? apply_atomic<std::uint32_t>(word, op, static_cast<std::uint32_t>(operand),
-                                                  static_cast<std::uint32_t>(compare))
-                    : apply_atomic<std::uint64_t>(word, op, operand, compare);
-}
-
-// The same, its previous value stored where the caller asked.
-void apply_atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint64_t operand,
-                     std::uint64_t compare, void* result) {
-  store_result(result, width, atomic_at(word, op, width, operand, compare));
-}
-
-}  // namespace
 
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
-  if (std::byte* destination = direct_now(target, local, bytes)) {
+  const bool local_device = bytes > 0 && device_memory(local);
+  if (std::byte* destination = direct_now(target, local, bytes, local_device)) {
     util::copy(destination, local, bytes);
     return Request(this, Request::kDone);
   }
   Status early;
   std::uint32_t index = rma_request(RequestKind::kSend, Rma::kPut, target, local, bytes, &early);
   Request request(this, index);
-  if (rma_settled(index, target, bytes, std::move(early), [&](std::byte* destination) {
-        util::copy(destination, local, bytes);
-        return Status::ok();
+  if (rma_settled(index, target, bytes, std::move(early), [&](std::byte* destination, bool device) {
+        return rma_move(destination, local, bytes, device || local_device);
       })) {
     return request;
   }
   RequestSlot& slot = requests_[index];
   slot.send_buffer = static_cast<const std::byte*>(local);
+  if (local_device) {
+    if (Status status = rma_bounce(slot, local, bytes, true); !status) {
+      complete(index, Status(status.code(), "put: from device memory: " + status.message()));
+      return request;
+    }
+    slot.send_buffer = slot.host_copy.data();
+  }
   Pending pending = stream(kAmPut, index, requests_.wire_id(index), bytes);
   pending.region = target.region;
   pending.secret = target.secret;
@@ -424,21 +478,25 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
 }
 
 Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
-  if (const std::byte* source = direct_now(target, local, bytes)) {
+  const bool local_device = bytes > 0 && device_memory(local);
+  if (const std::byte* source = direct_now(target, local, bytes, local_device)) {
     util::copy(local, source, bytes);
     return Request(this, Request::kDone);
   }
   Status early;
   std::uint32_t index = rma_request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
   Request request(this, index);
-  if (rma_settled(index, target, bytes, std::move(early), [&](const std::byte* source) {
-        util::copy(local, source, bytes);
-        return Status::ok();
+  if (rma_settled(index, target, bytes, std::move(early), [&](const std::byte* source, bool device) {
+        return rma_move(local, source, bytes, device || local_device);
       })) {
     return request;
   }
   RequestSlot& slot = requests_[index];
   slot.recv_buffer = static_cast<std::byte*>(local);
+  if (local_device) {
+    (void)rma_bounce(slot, local, bytes, false);  // the copy to `local` runs at completion
+    slot.recv_buffer = slot.host_copy.data();
+  }
   slot.expected = slot.message_size = bytes;
   slot.info = {target.rank, 0, bytes};
   const GetHeader header{requests_.wire_id(index), target.region, target.secret, target.offset,
@@ -449,9 +507,11 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
 
 Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                         std::uint64_t operand, void* result, std::uint64_t compare) {
+  // The result is stored by the CPU: it must be host memory (checked where CUDA is loaded).
+  const bool result_device = result != nullptr && device_memory(result);
   if ((width == 4 || width == 8) && target.offset % width == 0 &&
-      static_cast<std::uint8_t>(op) <= 5) {
-    std::byte* word = direct_now(target, &operand, width);
+      static_cast<std::uint8_t>(op) <= 5 && !result_device) {
+    std::byte* word = direct_now(target, &operand, width, false);
     if (word != nullptr && reinterpret_cast<std::uintptr_t>(word) % width == 0) {
       apply_atomic_at(word, op, width, operand, compare, result);
       return Request(this, Request::kDone);
@@ -470,14 +530,21 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                                                " is not aligned to " + std::to_string(width));
   } else if (early.is_ok() && static_cast<std::uint8_t>(op) > 5) {
     early = Status(Code::kInvalidArgument, "atomic: unknown operation");
+  } else if (early.is_ok() && result_device) {
+    early = Status(Code::kInvalidArgument,
+                   "atomic: the result must be in host memory (it is " +
+                       mem::to_string(cuda_->classify(result)) + ")");
   }
-  const bool settled = rma_settled(index, target, width, std::move(early), [&](std::byte* word) {
-    if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
-      return Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank));
-    }
-    apply_atomic_at(word, op, width, operand, compare, result);
-    return Status::ok();
-  });
+  const bool settled =
+      rma_settled(index, target, width, std::move(early), [&](std::byte* word, bool device) {
+        if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
+          return Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank));
+        }
+        std::uint64_t previous = 0;
+        Status status = rma_atomic(word, device, op, width, operand, compare, &previous);
+        if (status) store_result(result, width, previous);
+        return status;
+      });
   if (settled) return request;
   RequestSlot& slot = requests_[index];
   slot.rma_width = static_cast<std::uint8_t>(width);
@@ -546,9 +613,17 @@ void Engine::handle_put(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return protocol_error(source, "short PUT header");
   auto payload = data.subspan(sizeof(header));
   std::uint32_t refusal = kRmaOk;
+  bool device = false;
   std::byte* base =
-      rma_check(header.region, header.secret, header.offset, payload.size(), &refusal);
-  if (base != nullptr) util::copy(base + header.offset, payload.data(), payload.size());
+      rma_check(header.region, header.secret, header.offset, payload.size(), &refusal, &device);
+  if (base != nullptr) {
+    Status status = rma_move(base + header.offset, payload.data(), payload.size(), device);
+    if (!status) {
+      FERRY_LOG(kWarn, "a put from rank %d into device memory failed: %s", source,
+                status.message().c_str());
+      refusal = kRmaDeviceCopy;
+    }
+  }
   rma_ack(source, header.id, payload.size(), refusal);
 }
 
@@ -556,9 +631,21 @@ void Engine::handle_get(int source, std::span<const std::byte> data) {
   GetHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short GET header");
   std::uint32_t refusal = kRmaOk;
-  std::byte* base = rma_check(header.region, header.secret, header.offset, header.length, &refusal);
+  bool device = false;
+  std::byte* base =
+      rma_check(header.region, header.secret, header.offset, header.length, &refusal, &device);
   if (base == nullptr || header.length == 0) {
     return rma_ack(source, header.id, 0, base == nullptr ? refusal : kRmaOutOfRange);
+  }
+  // Device memory is sent from a host copy, taken now.
+  std::vector<std::byte> copy;
+  if (device) {
+    copy.resize(header.length);
+    if (Status status = cuda_->copy(copy.data(), base + header.offset, header.length); !status) {
+      FERRY_LOG(kWarn, "a get by rank %d from device memory failed: %s", source,
+                status.message().c_str());
+      return rma_ack(source, header.id, 0, kRmaDeviceCopy);
+    }
   }
   // The answer is a stream of fragments into the initiator's request, from the region itself.
   std::uint32_t index = requests_.allocate(RequestKind::kSend);
@@ -568,6 +655,10 @@ void Engine::handle_get(int source, std::span<const std::byte> data) {
   slot.rma_region = header.region;
   slot.peer = source;
   slot.send_buffer = base + header.offset;
+  if (device) {
+    slot.host_copy = std::move(copy);
+    slot.send_buffer = slot.host_copy.data();
+  }
   slot.size = header.length;
   ++outstanding_sends_;
   send_or_queue(source, stream(kAmFrag, index, header.id, header.length));
@@ -584,21 +675,28 @@ void Engine::handle_atomic(int source, std::span<const std::byte> data) {
   std::memcpy(&compare, data.data() + sizeof(header) + 8, 8);
   std::uint32_t refusal = kRmaOk;
   std::byte* base = nullptr;
+  bool device = false;
   if ((header.width != 4 && header.width != 8) || header.op > 5 ||
       header.offset % header.width != 0) {
     refusal = kRmaBadAtomic;
   } else {
-    base = rma_check(header.region, header.secret, header.offset, header.width, &refusal);
+    base = rma_check(header.region, header.secret, header.offset, header.width, &refusal, &device);
     if (base != nullptr &&
         reinterpret_cast<std::uintptr_t>(base + header.offset) % header.width != 0) {
       base = nullptr;  // a region at an unaligned address
       refusal = kRmaBadAtomic;
     }
   }
-  const std::uint64_t previous =
-      base == nullptr ? 0
-                      : atomic_at(base + header.offset, static_cast<AtomicOp>(header.op),
-                                  header.width, operand, compare);
+  std::uint64_t previous = 0;
+  if (base != nullptr) {
+    Status status = rma_atomic(base + header.offset, device, static_cast<AtomicOp>(header.op),
+                               header.width, operand, compare, &previous);
+    if (!status) {
+      FERRY_LOG(kWarn, "an atomic by rank %d on device memory failed: %s", source,
+                status.message().c_str());
+      refusal = kRmaDeviceCopy;
+    }
+  }
   rma_ack(source, header.id, previous, refusal);
 }
 

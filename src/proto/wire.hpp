@@ -141,6 +141,7 @@ enum RmaRefusal : std::uint32_t {
   kRmaOutOfRange = 3,  // offset and length reach outside the region
   kRmaBadAtomic = 4,   // unknown op, width not 4 or 8, or a misaligned word
   kRmaCutShort = 5,    // the region was deregistered while a get was answered from it
+  kRmaDeviceCopy = 6,  // the region is device memory and the owner's CUDA copy failed
 };
 
 template <typename H>

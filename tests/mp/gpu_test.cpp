@@ -4,11 +4,13 @@
 // moves the same data. Without a GPU it exits 77 (CTest: skipped) and says why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -401,6 +403,130 @@ TEST(Gpu, FreedCuMemAllocationsKeepGpuMemoryFlat) {
       "rank %d: GPU memory in use grew by %.0f MiB over %d cuMem allocate/send/free rounds\n", me(),
       grown_mib, rounds);
   EXPECT_LT(grown_mib, 512.0) << "freed cuMem allocations stay mapped by the peer";
+}
+
+// Every rank's key for `region`, by rank.
+std::vector<RemoteKey> exchange_keys(const MemoryRegion& region) {
+  const std::vector<std::byte> mine = region.remote_key();
+  std::vector<std::byte> all(mine.size() * 2);
+  EXPECT_TRUE(
+      ctx().world().allgather(mine.data(), all.data(), mine.size(), DataType::kUint8).is_ok());
+  std::vector<RemoteKey> keys(2);
+  for (int r = 0; r < 2; ++r) {
+    const std::span<const std::byte> packed(all.data() + r * mine.size(), mine.size());
+    EXPECT_TRUE(RemoteKey::unpack(packed, &keys[static_cast<std::size_t>(r)]).is_ok());
+  }
+  return keys;
+}
+
+// Puts and gets between every pair of local and region memory (host, cuMemAlloc, cuMem), to the
+// other rank's region (through its owner) and to this rank's own, at sizes across the fragment
+// size; every byte checked, and nothing written around the range.
+TEST(Gpu, OneSidedPutAndGetOnDeviceMemory) {
+  const std::vector<std::size_t> sizes = {1, 8, 4095, 65536 + 3, (std::size_t{1} << 20) + 7};
+  constexpr std::size_t kGuard = 64;
+  const std::size_t window = (std::size_t{1} << 20) + 7 + 2 * kGuard;
+  std::uint64_t seq = 5000;
+  for (Mem region_mem : {Mem::kDevice, Mem::kCuMem, Mem::kHost}) {
+    Buffer memory(region_mem, window);
+    MemoryRegion region;
+    ASSERT_TRUE(ctx().register_memory(memory.data(), window, &region).is_ok());
+    const auto keys = exchange_keys(region);
+    for (Mem local_mem : {Mem::kHost, Mem::kDevice}) {
+      for (int target : {other(), me()}) {
+        for (std::size_t bytes : sizes) {
+          ++seq;
+          // The target's owner clears its window; the initiator puts, reads back by get, and
+          // the owner checks what landed.
+          const int initiator = (target == me()) ? me() : 0;  // to another: rank 0 writes
+          ASSERT_TRUE(ctx().barrier().is_ok());
+          memory.write(std::vector<std::uint8_t>(window, 0xee));
+          ASSERT_TRUE(ctx().barrier().is_ok());
+          const std::string what = std::to_string(bytes) + " bytes from " +
+                                   (local_mem == Mem::kHost ? "host" : "cuda") + " to rank " +
+                                   std::to_string(target) + "'s " +
+                                   (region_mem == Mem::kHost ? "host" : "cuda") + " region";
+          if (target == me() || me() == initiator) {
+            Buffer out(local_mem, bytes);
+            out.write(pattern(bytes, seq));
+            Request put = ctx().iput(out.data(), bytes, keys[target], kGuard);
+            ASSERT_TRUE(put.wait().is_ok()) << what << ": " << put.status().to_string();
+            Buffer back(local_mem, bytes);
+            back.write(std::vector<std::uint8_t>(bytes, 0));
+            Request get = ctx().iget(back.data(), bytes, keys[target], kGuard);
+            ASSERT_TRUE(get.wait().is_ok()) << what << ": " << get.status().to_string();
+            ASSERT_EQ(first_difference(back.read(bytes), pattern(bytes, seq), bytes), SIZE_MAX)
+                << what << ": the get";
+          }
+          ASSERT_TRUE(ctx().barrier().is_ok());  // progress for the owner, then it looks
+          if (target == me() || me() != initiator) {
+            const std::vector<std::uint8_t> got = memory.read(window);
+            std::vector<std::uint8_t> expected(window, 0xee);
+            std::memcpy(expected.data() + kGuard, pattern(bytes, seq).data(), bytes);
+            ASSERT_EQ(first_difference(got, expected, window), SIZE_MAX) << what;
+          }
+        }
+      }
+    }
+    ASSERT_TRUE(ctx().barrier().is_ok());
+  }
+}
+
+// Atomics on a device region are applied by its owner one at a time: both ranks adding to one
+// word lose no update, and every old value is seen exactly once.
+TEST(Gpu, OneSidedAtomicsOnDeviceMemoryLoseNoUpdate) {
+  Buffer memory(Mem::kDevice, 64);
+  memory.write(std::vector<std::uint8_t>(64, 0));
+  MemoryRegion region;
+  ASSERT_TRUE(ctx().register_memory(memory.data(), 64, &region).is_ok());
+  const auto keys = exchange_keys(region);
+  constexpr int kRounds = 300;
+  std::vector<std::uint64_t> old(kRounds);
+  std::vector<std::uint32_t> old32(kRounds);
+  std::vector<Request> requests;
+  for (int i = 0; i < kRounds; ++i) {
+    requests.push_back(ctx().iatomic(AtomicOp::kAdd, 8, keys[0], 0, 1, &old[i]));
+    requests.push_back(ctx().iatomic(AtomicOp::kAdd, 4, keys[0], 8, 1, &old32[i]));
+  }
+  for (Request& r : requests) ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
+  // A result in device memory is refused, not written by the CPU.
+  Buffer device_result(Mem::kDevice, 8);
+  Request refused = ctx().iatomic(AtomicOp::kAdd, 8, keys[0], 16, 1, device_result.data());
+  EXPECT_EQ(refused.wait().code(), Code::kInvalidArgument) << refused.status().to_string();
+  // Old values from both ranks: each of 0 .. 2 * kRounds - 1 exactly once.
+  std::vector<std::uint64_t> all(2 * kRounds), all32(2 * kRounds);
+  ASSERT_TRUE(ctx()
+                  .world()
+                  .allgather(old.data(), all.data(), kRounds, DataType::kUint64)
+                  .is_ok());
+  std::vector<std::uint32_t> gathered32(2 * kRounds);
+  ASSERT_TRUE(ctx()
+                  .world()
+                  .allgather(old32.data(), gathered32.data(), kRounds, DataType::kUint32)
+                  .is_ok());
+  std::sort(all.begin(), all.end());
+  std::sort(gathered32.begin(), gathered32.end());
+  for (int i = 0; i < 2 * kRounds; ++i) {
+    ASSERT_EQ(all[i], static_cast<std::uint64_t>(i));
+    ASSERT_EQ(gathered32[i], static_cast<std::uint32_t>(i));
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 0) {
+    std::vector<std::uint8_t> words = memory.read(24);
+    std::uint64_t sum = 0, untouched = 0;
+    std::uint32_t sum32 = 0;
+    std::memcpy(&sum, words.data(), 8);
+    std::memcpy(&sum32, words.data() + 8, 4);
+    std::memcpy(&untouched, words.data() + 16, 8);
+    EXPECT_EQ(sum, 2u * kRounds);
+    EXPECT_EQ(sum32, 2u * kRounds);
+    EXPECT_EQ(untouched, 0u) << "the refused atomic was applied";
+  }
+  // A device range past its allocation's end cannot be registered.
+  MemoryRegion too_long;
+  EXPECT_EQ(ctx().register_memory(memory.data(), 1 << 30, &too_long).code(),
+            Code::kInvalidArgument);
+  ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
 TEST(Gpu, PeerPathIsReported) {
