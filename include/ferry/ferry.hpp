@@ -135,11 +135,17 @@ class Communicator;
 //   race with them.
 // - Keys are checked at the target on every use: an unknown or deregistered region, a key that
 //   does not match, an out-of-range or misaligned access fail the request (never a stray write).
-// - Device memory (CUDA) may be registered and may be the local buffer. A registered device region
-//   is reached through its owner, which copies with CUDA (waited for, in its progress); a local
-//   device buffer is moved through a host copy. Atomics on a device region are read, changed and
-//   written back by the owner: atomic with respect to the other one-sided atomics on it, not to
-//   kernels or copies that touch the word meanwhile. An atomic's result must be host memory.
+// - Peers on the owner's node put to and get from registered memory without the owner: host
+//   memory by CMA (process_vm_writev/readv), device memory by CUDA IPC and a CUDA copy, each done
+//   when the call returns. deregister() waits for such accesses already begun. Where that is not
+//   possible (another node, CMA or IPC refused, more than 256 ranks on the node, more than 1024
+//   regions registered at once) the owner's progress applies them.
+// - Device memory (CUDA) may be registered and may be the local buffer. Otherwise a registered
+//   device region is reached through its owner, which copies with CUDA (waited for, in its
+//   progress); a local device buffer is moved through a host copy. Atomics on a device region are
+//   read, changed and written back by the owner: atomic with respect to the other one-sided atomics
+//   on it, not to kernels or copies that touch the word meanwhile. An atomic's result must be host
+//   memory.
 
 // A registered range of this process's memory. Movable; deregisters when destroyed.
 class MemoryRegion {
@@ -157,20 +163,24 @@ class MemoryRegion {
   // The key to hand to the ranks that may access the region (a few dozen bytes).
   [[nodiscard]] std::vector<std::byte> remote_key() const;
   // Accesses that arrive afterwards fail at their initiator; gets still being answered from the
-  // region are cut short (their initiators get an error). Returns at once.
+  // region are cut short (their initiators get an error). Waits only for direct accesses by peers
+  // on this node that have begun (each a single copy); kTimeout after FERRY_TIMEOUT if a peer
+  // stays inside one, which may then still write to the memory.
   Status deregister();
 
  private:
   friend class Context;
   MemoryRegion(std::shared_ptr<proto::Engine*> engine, std::uint64_t id, std::uint64_t secret,
-               void* address, std::size_t size, int rank, int fd)
+               void* address, std::size_t size, int rank, int fd, int guard_fd = -1, int slot = -1)
       : engine_(std::move(engine)),
         id_(id),
         secret_(secret),
         address_(address),
         size_(size),
         rank_(rank),
-        fd_(fd) {}
+        fd_(fd),
+        guard_fd_(guard_fd),
+        slot_(slot) {}
   std::shared_ptr<proto::Engine*> engine_;  // null once the Context is gone
   std::uint64_t id_ = 0;
   std::uint64_t secret_ = 0;
@@ -178,6 +188,9 @@ class MemoryRegion {
   std::size_t size_ = 0;
   int rank_ = -1;
   int fd_ = -1;  // allocate_memory: the descriptor peers on the node map
+  // register_memory: where peers on the node find the region without the owner (-1: they do not)
+  int guard_fd_ = -1;
+  int slot_ = -1;
 };
 
 // A region of another rank (or of this one), as received from its owner.
@@ -195,6 +208,8 @@ class RemoteKey {
   std::uint64_t secret_ = 0;
   std::size_t size_ = 0;
   int fd_ = -1;
+  int guard_fd_ = -1;
+  int slot_ = -1;
 };
 
 // Atomic operations on a 4- or 8-byte unsigned word of a region. Each returns the word's previous

@@ -16,13 +16,22 @@ struct PackedKey {
   std::uint64_t region;
   std::uint64_t secret;
   std::uint64_t size;
+  std::uint32_t guard_fd_plus_one;  // registered regions: the owner's guard table + 1; 0: none
+  std::uint32_t slot_plus_one;      // and the region's slot in it + 1
 };
 constexpr std::uint32_t kKeyMagic = 0x4b524546;  // "FERK"
-constexpr std::uint32_t kKeyVersion = 1;
+constexpr std::uint32_t kKeyVersion = 2;
 
-proto::Engine::RmaTarget target_of(int rank, std::uint64_t region, std::uint64_t secret,
-                                   std::size_t size, std::uint64_t offset, int fd) {
-  return proto::Engine::RmaTarget{rank, region, secret, size, offset, fd};
+// What the engine needs of a key (RemoteKey's fields, which Context reads), for one access.
+struct KeyFields {
+  int rank;
+  std::uint64_t id, secret;
+  std::size_t size;
+  int fd, guard_fd, slot;
+};
+proto::Engine::RmaTarget target_of(const KeyFields& key, std::uint64_t offset) {
+  return proto::Engine::RmaTarget{key.rank, key.id, key.secret,   key.size,
+                                  offset,   key.fd, key.guard_fd, key.slot};
 }
 
 }  // namespace
@@ -54,7 +63,9 @@ MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
       address_(other.address_),
       size_(other.size_),
       rank_(other.rank_),
-      fd_(other.fd_) {}
+      fd_(other.fd_),
+      guard_fd_(other.guard_fd_),
+      slot_(other.slot_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
   if (this != &other) {
@@ -66,6 +77,8 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
     size_ = other.size_;
     rank_ = other.rank_;
     fd_ = other.fd_;
+    guard_fd_ = other.guard_fd_;
+    slot_ = other.slot_;
   }
   return *this;
 }
@@ -73,8 +86,15 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
 MemoryRegion::~MemoryRegion() { (void)deregister(); }
 
 std::vector<std::byte> MemoryRegion::remote_key() const {
-  const PackedKey key{kKeyMagic, kKeyVersion, rank_, static_cast<std::uint32_t>(fd_ + 1),
-                      id_,       secret_,     size_};
+  const PackedKey key{kKeyMagic,
+                      kKeyVersion,
+                      rank_,
+                      static_cast<std::uint32_t>(fd_ + 1),
+                      id_,
+                      secret_,
+                      size_,
+                      static_cast<std::uint32_t>(guard_fd_ + 1),
+                      static_cast<std::uint32_t>(slot_ + 1)};
   std::vector<std::byte> out(sizeof(key));
   std::memcpy(out.data(), &key, sizeof(key));
   return out;
@@ -102,14 +122,17 @@ Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
   if (key.magic != kKeyMagic || key.version != kKeyVersion) {
     return Status(Code::kInvalidArgument, "not a ferry remote key (or one of another version)");
   }
-  if (key.rank < 0 || key.region == 0 || key.size == 0 || key.fd_plus_one > INT32_MAX) {
-    return Status(Code::kInvalidArgument, "corrupt remote key (rank, region or size)");
+  if (key.rank < 0 || key.region == 0 || key.size == 0 || key.fd_plus_one > INT32_MAX ||
+      key.guard_fd_plus_one > INT32_MAX || key.slot_plus_one > INT32_MAX) {
+    return Status(Code::kInvalidArgument, "corrupt remote key (rank, region, size or slot)");
   }
   out->rank_ = key.rank;
   out->id_ = key.region;
   out->secret_ = key.secret;
   out->size_ = key.size;
   out->fd_ = static_cast<int>(key.fd_plus_one) - 1;
+  out->guard_fd_ = static_cast<int>(key.guard_fd_plus_one) - 1;
+  out->slot_ = static_cast<int>(key.slot_plus_one) - 1;
   return Status::ok();
 }
 
@@ -120,8 +143,13 @@ Status Context::register_memory(void* address, std::size_t bytes, MemoryRegion* 
   auto entry = engine_->enter();
   std::uint64_t id = 0;
   std::uint64_t secret = 0;
-  Status status = engine_->register_region(address, bytes, &id, &secret);
-  if (status) *region = MemoryRegion(engine_->handle(), id, secret, address, bytes, rank(), -1);
+  int guard_fd = -1;
+  int slot = -1;
+  Status status = engine_->register_region(address, bytes, &id, &secret, &guard_fd, &slot);
+  if (status) {
+    *region =
+        MemoryRegion(engine_->handle(), id, secret, address, bytes, rank(), -1, guard_fd, slot);
+  }
   return status;
 }
 
@@ -140,22 +168,28 @@ Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
 Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key,
                       std::uint64_t offset) {
   auto entry = engine_->enter();
-  return engine_->iput(local, bytes,
-                       target_of(key.rank_, key.id_, key.secret_, key.size_, offset, key.fd_));
+  return engine_->iput(
+      local, bytes,
+      target_of({key.rank_, key.id_, key.secret_, key.size_, key.fd_, key.guard_fd_, key.slot_},
+                offset));
 }
 
 Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset) {
   auto entry = engine_->enter();
-  return engine_->iget(local, bytes,
-                       target_of(key.rank_, key.id_, key.secret_, key.size_, offset, key.fd_));
+  return engine_->iget(
+      local, bytes,
+      target_of({key.rank_, key.id_, key.secret_, key.size_, key.fd_, key.guard_fd_, key.slot_},
+                offset));
 }
 
 Request Context::iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
                          std::uint64_t operand, void* result, std::uint64_t compare) {
   auto entry = engine_->enter();
-  return engine_->iatomic(op, width,
-                          target_of(key.rank_, key.id_, key.secret_, key.size_, offset, key.fd_),
-                          operand, result, compare);
+  return engine_->iatomic(
+      op, width,
+      target_of({key.rank_, key.id_, key.secret_, key.size_, key.fd_, key.guard_fd_, key.slot_},
+                offset),
+      operand, result, compare);
 }
 
 Status Context::flush(int rank) {

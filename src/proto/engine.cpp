@@ -277,9 +277,11 @@ Engine::~Engine() {
       ::munmap(region.mapping, region.mapping_length);
       ::close(region.fd);
     }
+    if (region.ipc_fd >= 0) ::close(region.ipc_fd);
   }
   regions_.clear();
   unmap_peer_regions(-1);
+  release_guard();
   for (std::byte* bounce : bounce_pool_) {
     cuda_->unregister_host(bounce);
     std::free(bounce);

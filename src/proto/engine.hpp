@@ -130,14 +130,19 @@ class Engine final : public transport::AmHandler {
     std::size_t size = 0;  // of the region, as its key says
     std::uint64_t offset = 0;
     int fd = -1;  // allocated regions: the owner's descriptor, for mapping on this node
+    // Registered regions: the owner's guard table (its descriptor) and the region's slot in it,
+    // through which peers on this node reach it directly; -1: through the owner.
+    int guard_fd = -1;
+    int slot = -1;
   };
   // Where a put or get of `bytes` at `target` can be done now by a CPU copy (mapped host memory,
   // a local buffer in host memory, valid arguments), or null: then it goes through a request,
   // which reports what is wrong.
   std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
                         bool local_device);
-  Status register_region(void* address, std::size_t bytes, std::uint64_t* id,
-                         std::uint64_t* secret);
+  // *guard_fd and *slot: where peers on this node find the region (-1: they do not).
+  Status register_region(void* address, std::size_t bytes, std::uint64_t* id, std::uint64_t* secret,
+                         int* guard_fd = nullptr, int* slot = nullptr);
   // Shared memory for one-sided access: *address is the caller's part of it.
   Status allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
                          std::uint64_t* secret, int* fd);
@@ -208,6 +213,8 @@ class Engine final : public transport::AmHandler {
     // those completed since the last flush.
     std::uint32_t rma_outstanding = 0;
     Status rma_error;
+    std::string cma_rma_refused;     // why its registered host memory is not reached by CMA
+    std::string device_rma_refused;  // why its registered device memory is not mapped here
     std::string map_refused;  // why its allocated regions cannot be mapped here (empty: they can)
   };
   // A copy in flight on a CUDA stream, polled by progress.
@@ -270,7 +277,35 @@ class Engine final : public transport::AmHandler {
     std::byte* mapping = nullptr;
     std::size_t mapping_length = 0;
     int device = -1;  // device memory: its CUDA ordinal (reached by CUDA copies, never mapped)
+    int slot = -1;    // its slot in the guard table (registered regions peers reach directly)
+    int ipc_fd = -1;  // device memory exported as a file descriptor, for those peers
   };
+  // Registered regions that peers on this node reach without the owner's progress: host memory
+  // by CMA, device memory by CUDA IPC. Each access is bracketed by the accessing rank's counters
+  // in the owner's guard table, and deregistration waits for the accesses already begun, so none
+  // lands after it returns. (Layout and rules in rma.cpp.)
+  struct GuardTable;
+  GuardTable* guard_ = nullptr;  // this process's table (made on first registration)
+  int guard_fd_ = -1;
+  std::vector<int> guard_free_;  // free slots
+  Status make_guard();
+  void release_guard();  // unmaps and closes this process's table
+  // Gives `region` a slot where peers find it (none where they cannot reach it directly).
+  void guard_region(Region* region, std::uint64_t id, const mem::MemoryInfo& info);
+  // Clears the slot, waits for the accesses begun, then frees it (and closes `ipc_fd`).
+  Status release_guard_slot(int index, int ipc_fd);
+  // A peer's table mapped here (by rank), made on first use.
+  std::map<int, GuardTable*> peer_guards_;
+  // A peer's descriptor `fd`, taken with pidfd_getfd; invalid if it cannot be (then
+  // peer.map_refused says why, unless the descriptor is simply closed: a stale key).
+  util::Fd peer_descriptor(int rank, Peer& peer, int fd);
+  GuardTable* peer_guard(const RmaTarget& target, Peer& peer);
+  // This rank's counters in the tables of this node's ranks; -1: none (too many ranks).
+  int guard_index_ = -2;  // -2: not computed yet
+  // A put or get on a peer's registered region through its guard table: true, *status its
+  // outcome, when done here; false when it goes through the owner.
+  bool guarded_access(const RmaTarget& target, void* local, std::size_t bytes, bool put,
+                      bool local_device, Status* status);
   // A peer's allocated region mapped here (by (rank, region id)).
   struct Mapping {
     std::byte* mapping = nullptr;

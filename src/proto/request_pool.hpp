@@ -59,7 +59,7 @@ struct RequestSlot {
   std::uint64_t rma_region = 0;
   void* rma_result = nullptr;
   std::uint64_t rma_operands[2] = {};  // an atomic's operand and compare: its payload until sent
-  std::byte* rma_device = nullptr;  // a get into device memory by messages: where host_copy goes
+  std::byte* rma_device = nullptr;     // a get into device memory by messages: where host_copy goes
 };
 
 class RequestPool {

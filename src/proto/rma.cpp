@@ -16,12 +16,22 @@
 // looks at it first, so a deregistered region is refused; a store racing with the
 // deregistration lands in memory nobody else uses any more (the mapping keeps it), never in the
 // owner's.
+//
+// Registered memory (the caller's own) is reached by peers on the node through the owner's guard
+// table, a memfd they map like allocated memory: a slot per region says where it is (an address
+// for CMA, or a CUDA IPC handle) and whether it is live, and each accessing rank has two counters.
+// An access adds one to its `begun`, checks the slot, copies once (process_vm_writev/readv, or a
+// CUDA copy waited for), then adds one to its `ended`. Deregistration clears `live`, then waits
+// until every rank's `ended` reaches the `begun` it read afterwards. Both sides order their write
+// before their read (sequentially consistent), so an access either sees `live` cleared or is
+// waited for: none lands after deregister returns, and the slot is reused only then.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -29,6 +39,7 @@
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
 #include "util/clock.hpp"
+#include "util/cma.hpp"
 #include "util/copy.hpp"
 #include "util/log.hpp"
 
@@ -46,6 +57,32 @@ struct SharedHeader {
 };
 constexpr std::uint64_t kSharedMagic = 0x46455252594d4d31;  // "FERRYMM1"
 constexpr std::size_t kHeaderBytes = 4096;
+
+constexpr std::uint64_t kGuardMagic = 0x3154475952524546;  // "FERRYGT1"
+constexpr int kGuardSlots = 1024;
+constexpr int kGuardRanks = 256;  // accessing ranks of the node, by their place in local_ranks()
+
+struct alignas(64) GuardCounters {
+  std::uint64_t begun;
+  std::uint64_t ended;
+};
+
+struct GuardSlot {
+  std::uint32_t live;   // 1 while registered (std::atomic_ref)
+  std::int32_t device;  // -1: host memory, at `address` in the owner (CMA); else device memory
+  std::uint64_t region;
+  std::uint64_t secret;
+  std::uint64_t size;
+  std::uint64_t address;
+  std::int32_t ipc_fd;  // device memory exported as a descriptor: the owner's number; else -1
+  std::uint32_t reserved;
+  cuda::IpcKey ipc;  // device memory: the allocation, offset at the region's start
+};
+
+template <typename T>
+std::atomic_ref<T> shared(T& word) {
+  return std::atomic_ref<T>(word);
+}
 
 std::size_t page_round(std::size_t bytes) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -124,26 +161,127 @@ void apply_atomic_at(std::byte* word, AtomicOp op, std::size_t width, std::uint6
   store_result(result, width, atomic_at(word, op, width, operand, compare));
 }
 
-
 }  // namespace
 
+struct Engine::GuardTable {
+  std::uint64_t magic;
+  std::int32_t pid;
+  std::uint32_t reserved;
+  GuardCounters counters[kGuardRanks];
+  GuardSlot slots[kGuardSlots];
+};
+
+Status Engine::make_guard() {
+  if (guard_ != nullptr) return Status::ok();
+  util::Fd memfd(::memfd_create("ferry-rma-guard", MFD_CLOEXEC));
+  if (!memfd.valid()) return Status(Code::kNoResources, errno_text("memfd_create"));
+  if (::ftruncate(memfd.get(), sizeof(GuardTable)) != 0 ||
+      ::posix_fallocate(memfd.get(), 0, sizeof(GuardTable)) != 0) {
+    return Status(Code::kNoResources, "cannot reserve the guard table's " +
+                                          std::to_string(sizeof(GuardTable)) + " bytes");
+  }
+  void* mapping =
+      ::mmap(nullptr, sizeof(GuardTable), PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+  if (mapping == MAP_FAILED) return Status(Code::kNoResources, errno_text("mmap"));
+  guard_ = static_cast<GuardTable*>(mapping);  // zeroed: no slot live, every counter 0
+  guard_->pid = static_cast<std::int32_t>(::getpid());
+  shared(guard_->magic).store(kGuardMagic, std::memory_order_release);
+  guard_fd_ = memfd.release();
+  for (int slot = kGuardSlots - 1; slot >= 0; --slot) guard_free_.push_back(slot);
+  return Status::ok();
+}
+
+void Engine::release_guard() {
+  if (guard_ == nullptr) return;
+  ::munmap(guard_, sizeof(GuardTable));
+  ::close(guard_fd_);
+  guard_ = nullptr;
+  guard_fd_ = -1;
+  guard_free_.clear();
+}
+
+void Engine::guard_region(Region* region, std::uint64_t id, const mem::MemoryInfo& info) {
+  if (local_ranks().size() < 2) return;  // no peer on this node
+  cuda::IpcKey ipc;
+  util::Fd exported;
+  if (region->device >= 0) {
+    if (!cuda_ipc_) return;
+    if (Status status = cuda_->export_ipc(region->base, info, &ipc, &exported); !status) {
+      FERRY_LOG(kDebug, "device region %llu is reached through its owner: %s",
+                static_cast<unsigned long long>(id), status.message().c_str());
+      return;
+    }
+  }
+  if (Status status = make_guard(); !status) {
+    FERRY_LOG(kInfo, "registered memory is reached through its owner: guard table: %s",
+              status.message().c_str());
+    return;
+  }
+  if (guard_free_.empty()) return;  // kGuardSlots regions at once: the rest by messages
+  region->slot = guard_free_.back();
+  guard_free_.pop_back();
+  GuardSlot& slot = guard_->slots[region->slot];
+  slot.device = region->device;
+  slot.region = id;
+  slot.secret = region->secret;
+  slot.size = region->size;
+  slot.address = reinterpret_cast<std::uint64_t>(region->base);
+  slot.ipc = ipc;
+  slot.ipc_fd = exported.valid() ? exported.get() : -1;
+  region->ipc_fd = exported.release();
+  shared(slot.live).store(1, std::memory_order_release);
+}
+
+Status Engine::release_guard_slot(int index, int ipc_fd) {
+  GuardSlot& slot = guard_->slots[index];
+  shared(slot.live).store(0, std::memory_order_seq_cst);
+  const std::vector<int> local = local_ranks();
+  const std::size_t ranks = std::min<std::size_t>(local.size(), kGuardRanks);
+  const auto deadline = util::deadline_after(timeout_);
+  int idle = 0;
+  bool reusable = true;
+  for (std::size_t i = 0; i < ranks; ++i) {
+    const std::uint64_t begun = shared(guard_->counters[i].begun).load(std::memory_order_seq_cst);
+    const int rank = local[i];
+    while (shared(guard_->counters[i].ended).load(std::memory_order_acquire) < begun) {
+      if (rank == rank_ || peers_[static_cast<std::size_t>(rank)].failed) break;
+      if (timeout_ > 0 && util::Clock::now() >= deadline) {
+        FERRY_LOG(kWarn,
+                  "deregister: rank %d has been inside an access to region %llu for %g s "
+                  "(FERRY_TIMEOUT); it may still write to the memory",
+                  rank, static_cast<unsigned long long>(slot.region), timeout_);
+        reusable = false;
+        break;
+      }
+      wait_step(&idle);
+    }
+  }
+  if (ipc_fd >= 0) ::close(ipc_fd);
+  if (reusable) guard_free_.push_back(index);  // else lost: that rank may still use it
+  return reusable ? Status::ok()
+                  : Status(Code::kTimeout,
+                           "deregister: a rank on this node was still inside an access to the "
+                           "region after FERRY_TIMEOUT; it may still write to the memory");
+}
+
 Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* id,
-                               std::uint64_t* secret) {
+                               std::uint64_t* secret, int* guard_fd, int* slot) {
   if (address == nullptr || bytes == 0) {
     return Status(Code::kInvalidArgument, "register_memory: null address or zero bytes");
   }
   int device = -1;
+  mem::MemoryInfo info;
   if (cuda_) {
-    const mem::MemoryInfo info = cuda_->classify(address);
+    info = cuda_->classify(address);
     if (info.device_only()) {
       // Reached by CUDA copies, which stay inside one allocation.
       const auto start = reinterpret_cast<std::uint64_t>(address);
       if (info.extent != 0 && (start < info.base || bytes > info.base + info.extent - start)) {
-        return Status(Code::kInvalidArgument,
-                      "register_memory: " + std::to_string(bytes) + " bytes at " +
-                          mem::to_string(info) + " address " + std::to_string(start) +
-                          " reach past the end of its allocation (" +
-                          std::to_string(info.extent) + " bytes)");
+        return Status(Code::kInvalidArgument, "register_memory: " + std::to_string(bytes) +
+                                                  " bytes at " + mem::to_string(info) +
+                                                  " address " + std::to_string(start) +
+                                                  " reach past the end of its allocation (" +
+                                                  std::to_string(info.extent) + " bytes)");
       }
       device = info.device < 0 ? 0 : info.device;
     }
@@ -154,6 +292,14 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
   *secret = key;
   Region region{static_cast<std::byte*>(address), bytes, key};
   region.device = device;
+  if (guard_fd != nullptr) {
+    *guard_fd = *slot = -1;
+    guard_region(&region, *id, info);
+    if (region.slot >= 0) {
+      *guard_fd = guard_fd_;
+      *slot = region.slot;
+    }
+  }
   regions_.emplace(*id, region);
   return Status::ok();
 }
@@ -203,6 +349,14 @@ Status Engine::deregister_region(std::uint64_t id) {
   if (found == regions_.end()) {
     return Status(Code::kInvalidArgument, "deregister: no memory region " + std::to_string(id));
   }
+  Status waited;
+  if (found->second.slot >= 0) {
+    // Waiting lets other threads in (and their registrations move the table): look it up again.
+    const int slot = std::exchange(found->second.slot, -1);
+    waited = release_guard_slot(slot, std::exchange(found->second.ipc_fd, -1));
+    found = regions_.find(id);
+    if (found == regions_.end()) return waited;
+  }
   if (found->second.fd >= 0) {
     // Peers that mapped it see `live` cleared before their next access; the memory itself goes
     // when the last mapping does.
@@ -228,7 +382,7 @@ Status Engine::deregister_region(std::uint64_t id) {
     });
   }
   for (const auto& [rank, rreq] : cut) rma_ack(rank, rreq, 0, kRmaCutShort);
-  return Status::ok();
+  return waited;
 }
 
 std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
@@ -313,29 +467,33 @@ std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
   return mapped->mapping + kHeaderBytes + target.offset;
 }
 
-const Engine::Mapping* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
-  auto it = mappings_.find({target.rank, target.region});
-  if (it != mappings_.end()) return &it->second;
+util::Fd Engine::peer_descriptor(int rank, Peer& peer, int fd) {
   const int pid = peer.endpoint != nullptr ? peer.endpoint->peer_pid() : 0;
   if (pid <= 0) {
     peer.map_refused = "its process id is unknown";
-    return nullptr;
+    return {};
   }
   util::Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (!pidfd.valid()) {
     peer.map_refused = errno_text("pidfd_open");
-    FERRY_LOG(kInfo, "rank %d's allocated memory is reached by messages: %s", target.rank,
+    FERRY_LOG(kInfo, "rank %d's one-sided memory is reached by messages: %s", rank,
               peer.map_refused.c_str());
-    return nullptr;
+    return {};
   }
-  util::Fd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target.fd, 0)));
-  if (!fd.valid()) {
-    if (errno == EBADF) return nullptr;  // closed: a stale key (the owner says so)
+  util::Fd taken(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), fd, 0)));
+  if (!taken.valid() && errno != EBADF) {  // EBADF: closed, a stale key (the owner says so)
     peer.map_refused = errno_text("pidfd_getfd");
-    FERRY_LOG(kInfo, "rank %d's allocated memory is reached by messages: %s", target.rank,
+    FERRY_LOG(kInfo, "rank %d's one-sided memory is reached by messages: %s", rank,
               peer.map_refused.c_str());
-    return nullptr;
   }
+  return taken;
+}
+
+const Engine::Mapping* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
+  auto it = mappings_.find({target.rank, target.region});
+  if (it != mappings_.end()) return &it->second;
+  util::Fd fd = peer_descriptor(target.rank, peer, target.fd);
+  if (!fd.valid()) return nullptr;
   // The descriptor may now be anything the owner opened under that number: check it is the
   // region the key names before mapping all of it.
   struct stat st {};
@@ -360,6 +518,104 @@ const Engine::Mapping* Engine::map_peer_region(const RmaTarget& target, Peer& pe
                                                       header.size});
 }
 
+Engine::GuardTable* Engine::peer_guard(const RmaTarget& target, Peer& peer) {
+  auto it = peer_guards_.find(target.rank);
+  if (it != peer_guards_.end()) return it->second;
+  util::Fd fd = peer_descriptor(target.rank, peer, target.guard_fd);
+  if (!fd.valid()) return nullptr;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<std::size_t>(st.st_size) != sizeof(GuardTable)) {
+    return nullptr;  // not the table: a stale or forged key
+  }
+  void* mapping =
+      ::mmap(nullptr, sizeof(GuardTable), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (mapping == MAP_FAILED) return nullptr;
+  auto* table = static_cast<GuardTable*>(mapping);
+  if (shared(table->magic).load(std::memory_order_acquire) != kGuardMagic ||
+      table->pid != peer.endpoint->peer_pid()) {
+    ::munmap(mapping, sizeof(GuardTable));
+    return nullptr;
+  }
+  return peer_guards_[target.rank] = table;
+}
+
+bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t bytes, bool put,
+                            bool local_device, Status* status) {
+  if (target.slot < 0 || target.slot >= kGuardSlots || target.guard_fd < 0 ||
+      target.rank == rank_) {
+    return false;
+  }
+  Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
+  if (!peer.shares_memory || !peer.map_refused.empty() || peer.endpoint == nullptr || peer.failed) {
+    return false;
+  }
+  if (guard_index_ == -2) {
+    const std::vector<int> local_list = local_ranks();
+    auto me = std::find(local_list.begin(), local_list.end(), rank_);
+    guard_index_ =
+        me - local_list.begin() < kGuardRanks ? static_cast<int>(me - local_list.begin()) : -1;
+  }
+  if (guard_index_ < 0) return false;
+  GuardTable* table = peer_guard(target, peer);
+  if (table == nullptr) return false;
+  GuardSlot& slot = table->slots[target.slot];
+  GuardCounters& mine = table->counters[guard_index_];
+  shared(mine.begun).fetch_add(1, std::memory_order_seq_cst);
+  bool done = false;
+  // The slot's fields stay as they are until the owner has waited for this access.
+  if (shared(slot.live).load(std::memory_order_seq_cst) == 1 && slot.region == target.region &&
+      slot.secret == target.secret && target.offset <= slot.size &&
+      bytes <= slot.size - target.offset) {
+    if (slot.device < 0) {
+      // Host memory by CMA, where the transport's probe found it allowed.
+      if (!local_device && peer.endpoint->has_get() && peer.cma_rma_refused.empty()) {
+        const int pid = peer.endpoint->peer_pid();
+        const std::uint64_t remote = slot.address + target.offset;
+        Status moved = put ? util::cma_write(pid, remote, local, bytes)
+                           : util::cma_read(pid, local, remote, bytes);
+        if (moved) {
+          done = true;
+        } else {
+          peer.cma_rma_refused = moved.message();
+          FERRY_LOG(kInfo, "rank %d's registered memory is reached by messages: %s", target.rank,
+                    peer.cma_rma_refused.c_str());
+        }
+      }
+    } else if (cuda_ && cuda_ipc_ && peer.device_rma_refused.empty()) {
+      // Device memory mapped by CUDA IPC, moved by a CUDA copy on the local buffer's GPU (or
+      // the first one for host memory), waited for.
+      cuda::IpcKey key = slot.ipc;
+      key.offset += target.offset;
+      const int device = local_device ? cuda_->classify(local).device : 0;
+      std::string refused = cuda_->ipc_refusal(key.uuid, device);
+      util::Fd descriptor;
+      if (refused.empty() && key.kind == mem::IpcKind::kPosixFd) {
+        descriptor = peer_descriptor(target.rank, peer, slot.ipc_fd);
+        if (!descriptor.valid()) refused = "its allocation's descriptor could not be taken";
+      }
+      void* mapped = nullptr;
+      Status moved = refused.empty()
+                         ? cuda_->import_ipc(target.rank, key, device, &descriptor, &mapped)
+                         : Status(Code::kUnsupported, refused);
+      if (moved) {
+        moved = put ? cuda_->copy(mapped, local, bytes) : cuda_->copy(local, mapped, bytes);
+        cuda_->unpin(target.rank, device, key);
+      }
+      if (moved) {
+        done = true;
+      } else {
+        peer.device_rma_refused = moved.message();
+        FERRY_LOG(kInfo, "rank %d's registered device memory is reached by messages: %s",
+                  target.rank, peer.device_rma_refused.c_str());
+      }
+    }
+  }
+  shared(mine.ended).fetch_add(1, std::memory_order_release);
+  if (done) *status = Status::ok();
+  return done;
+}
+
 void Engine::unmap_peer_regions(int rank) {
   for (auto it = mappings_.begin(); it != mappings_.end();) {
     if (rank >= 0 && it->first.first != rank) {
@@ -368,6 +624,14 @@ void Engine::unmap_peer_regions(int rank) {
     }
     ::munmap(it->second.mapping, it->second.mapping_length);
     it = mappings_.erase(it);
+  }
+  for (auto it = peer_guards_.begin(); it != peer_guards_.end();) {
+    if (rank >= 0 && it->first != rank) {
+      ++it;
+      continue;
+    }
+    ::munmap(it->second, sizeof(GuardTable));
+    it = peer_guards_.erase(it);
   }
 }
 
@@ -445,7 +709,6 @@ std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::s
   return device ? nullptr : bytes_there;
 }
 
-
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
   const bool local_device = bytes > 0 && device_memory(local);
   if (std::byte* destination = direct_now(target, local, bytes, local_device)) {
@@ -458,6 +721,11 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
   if (rma_settled(index, target, bytes, std::move(early), [&](std::byte* destination, bool device) {
         return rma_move(destination, local, bytes, device || local_device);
       })) {
+    return request;
+  }
+  if (Status done;
+      guarded_access(target, const_cast<void*>(local), bytes, true, local_device, &done)) {
+    complete(index, std::move(done));
     return request;
   }
   RequestSlot& slot = requests_[index];
@@ -486,9 +754,14 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
   Status early;
   std::uint32_t index = rma_request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
   Request request(this, index);
-  if (rma_settled(index, target, bytes, std::move(early), [&](const std::byte* source, bool device) {
-        return rma_move(local, source, bytes, device || local_device);
-      })) {
+  if (rma_settled(index, target, bytes, std::move(early),
+                  [&](const std::byte* source, bool device) {
+                    return rma_move(local, source, bytes, device || local_device);
+                  })) {
+    return request;
+  }
+  if (Status done; guarded_access(target, local, bytes, false, local_device, &done)) {
+    complete(index, std::move(done));
     return request;
   }
   RequestSlot& slot = requests_[index];
@@ -531,9 +804,8 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
   } else if (early.is_ok() && static_cast<std::uint8_t>(op) > 5) {
     early = Status(Code::kInvalidArgument, "atomic: unknown operation");
   } else if (early.is_ok() && result_device) {
-    early = Status(Code::kInvalidArgument,
-                   "atomic: the result must be in host memory (it is " +
-                       mem::to_string(cuda_->classify(result)) + ")");
+    early = Status(Code::kInvalidArgument, "atomic: the result must be in host memory (it is " +
+                                               mem::to_string(cuda_->classify(result)) + ")");
   }
   const bool settled =
       rma_settled(index, target, width, std::move(early), [&](std::byte* word, bool device) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/cuda.hpp"
@@ -472,6 +474,49 @@ TEST(Gpu, OneSidedPutAndGetOnDeviceMemory) {
   }
 }
 
+// With CUDA IPC, a peer on the node puts to and gets from a registered device region without its
+// owner: rank 1 sleeps without calling ferry meanwhile. Otherwise rank 1's progress does it.
+TEST(Gpu, OneSidedDeviceMemoryNeedsNoProgressFromItsOwnerWithIpc) {
+  for (Mem mem : {Mem::kDevice, Mem::kCuMem}) {
+    constexpr std::size_t kBytes = (std::size_t{1} << 20) + 5;
+    Buffer memory(mem, kBytes);
+    memory.write(std::vector<std::uint8_t>(kBytes, 0));
+    MemoryRegion region;
+    ASSERT_TRUE(ctx().register_memory(memory.data(), kBytes, &region).is_ok());
+    const auto keys = exchange_keys(region);
+    if (me() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (Mem local : {Mem::kHost, Mem::kDevice}) {
+        Buffer out(local, kBytes - 1);
+        out.write(pattern(kBytes - 1, 77));
+        ASSERT_TRUE(ctx().iput(out.data(), kBytes - 1, keys[1], 1).wait().is_ok());
+        Buffer back(local, kBytes - 1);
+        Request get = ctx().iget(back.data(), kBytes - 1, keys[1], 1);
+        ASSERT_TRUE(get.wait().is_ok()) << get.status().to_string();
+        ASSERT_EQ(first_difference(back.read(kBytes - 1), pattern(kBytes - 1, 77), kBytes - 1),
+                  SIZE_MAX);
+      }
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("rank 0: puts and gets on rank 1's %s region took %.1f ms\n",
+                  mem == Mem::kDevice ? "cuMemAlloc" : "cuMem", ms);
+      if (ipc_expected()) {
+        EXPECT_LT(ms, 300) << "rank 1's progress was needed";
+      }
+    }
+    ASSERT_TRUE(ctx().barrier().is_ok());
+    if (me() == 1) {
+      std::vector<std::uint8_t> expected(kBytes, 0);
+      std::memcpy(expected.data() + 1, pattern(kBytes - 1, 77).data(), kBytes - 1);
+      ASSERT_EQ(first_difference(memory.read(kBytes), expected, kBytes), SIZE_MAX);
+      ASSERT_TRUE(region.deregister().is_ok());
+    }
+    ASSERT_TRUE(ctx().barrier().is_ok());
+  }
+}
+
 // Atomics on a device region are applied by its owner one at a time: both ranks adding to one
 // word lose no update, and every old value is seen exactly once.
 TEST(Gpu, OneSidedAtomicsOnDeviceMemoryLoseNoUpdate) {
@@ -495,15 +540,10 @@ TEST(Gpu, OneSidedAtomicsOnDeviceMemoryLoseNoUpdate) {
   EXPECT_EQ(refused.wait().code(), Code::kInvalidArgument) << refused.status().to_string();
   // Old values from both ranks: each of 0 .. 2 * kRounds - 1 exactly once.
   std::vector<std::uint64_t> all(2 * kRounds), all32(2 * kRounds);
-  ASSERT_TRUE(ctx()
-                  .world()
-                  .allgather(old.data(), all.data(), kRounds, DataType::kUint64)
-                  .is_ok());
+  ASSERT_TRUE(ctx().world().allgather(old.data(), all.data(), kRounds, DataType::kUint64).is_ok());
   std::vector<std::uint32_t> gathered32(2 * kRounds);
-  ASSERT_TRUE(ctx()
-                  .world()
-                  .allgather(old32.data(), gathered32.data(), kRounds, DataType::kUint32)
-                  .is_ok());
+  ASSERT_TRUE(
+      ctx().world().allgather(old32.data(), gathered32.data(), kRounds, DataType::kUint32).is_ok());
   std::sort(all.begin(), all.end());
   std::sort(gathered32.begin(), gathered32.end());
   for (int i = 0; i < 2 * kRounds; ++i) {

@@ -1,7 +1,6 @@
 // shm endpoint (see endpoint.hpp).
 #include "transport/shm/endpoint.hpp"
 
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +9,7 @@
 
 #include "transport/shm/segment.hpp"
 #include "transport/shm/transport.hpp"
+#include "util/cma.hpp"
 #include "util/copy.hpp"
 
 namespace ferry::transport::shm {
@@ -99,33 +99,11 @@ bool ShmEndpoint::was_withdrawn(std::uint64_t sreq) const {
   return false;
 }
 
-Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length) {
-  auto* dst = static_cast<char*>(local);
-  std::size_t done = 0;
-  while (done < length) {
-    iovec local_iov{dst + done, length - done};
-    iovec remote_iov{reinterpret_cast<void*>(remote + done), length - done};
-    ssize_t n = ::process_vm_readv(pid, &local_iov, 1, &remote_iov, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status(Code::kIoError, std::string("process_vm_readv of ") + std::to_string(length) +
-                                        " bytes from pid " + std::to_string(pid) +
-                                        " failed: " + std::strerror(errno));
-    }
-    if (n == 0) {
-      return Status(Code::kIoError,
-                    "process_vm_readv from pid " + std::to_string(pid) + " made no progress");
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
-
 Status ShmEndpoint::get(void* local, std::uint64_t remote, std::size_t length) {
   if (!cma_ok_)
     return Status(Code::kUnsupported,
                   "shm to rank " + std::to_string(peer_rank_) + ": no CMA (" + cma_reason_ + ")");
-  return cma_read(peer_pid_, local, remote, length);
+  return util::cma_read(peer_pid_, local, remote, length);
 }
 
 std::string ShmEndpoint::describe() const {

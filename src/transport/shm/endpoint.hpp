@@ -36,8 +36,4 @@ class ShmEndpoint final : public Endpoint {
   std::string cma_reason_;
 };
 
-// Reads `length` bytes at `remote` in process `pid` with process_vm_readv, looping over partial
-// reads. Exposed for the connect-time probe.
-Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length);
-
 }  // namespace ferry::transport::shm

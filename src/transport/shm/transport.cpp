@@ -20,6 +20,7 @@
 
 #include "transport/shm/endpoint.hpp"
 #include "util/abstract_socket.hpp"
+#include "util/cma.hpp"
 #include "util/config.hpp"
 #include "util/copy.hpp"
 #include "util/faults.hpp"
@@ -181,7 +182,7 @@ std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
     reason = "CMA disabled by FERRY_SHM_CMA=0";
   } else {
     std::uint64_t seen = 0;
-    Status probe = cma_read(address.pid, &seen, address.cookie_address, sizeof(seen));
+    Status probe = util::cma_read(address.pid, &seen, address.cookie_address, sizeof(seen));
     if (!probe) {
       reason = "CMA probe failed: " + probe.message();
     } else if (seen != address.cookie) {
