@@ -47,7 +47,8 @@ struct Record {
       error ? stderr : stdout,
       "usage: ferryrun -n 2 ferry-perf [latency|bandwidth|bibw]... [options]\n"
       "       ferryrun -n 2 ferry-perf [put_lat|get_lat|put_bw|get_bw|atomic_add]... [options]\n"
-      "  (one-sided, on memory from allocate_memory: put_lat is a ping-pong of puts, each\n"
+      "  (one-sided, on memory from allocate_memory, or with -m cuda on registered device\n"
+      "  memory: put_lat (host only) is a ping-pong of puts, each\n"
       "  side polling its memory for the\n"
       "  other's last byte; get_lat a blocking get; the _bw tests a window then a flush;\n"
       "  atomic_add a window of 8-byte adds: latency_us is the time per add)\n"
@@ -346,26 +347,38 @@ struct Bench {
     return us / (2.0 * static_cast<double>(iters));
   }
 
-  // One-sided tests between ranks 0 and 1 on host memory: each registers a buffer and sends the
-  // other its key. Returns the time per operation in us (put_lat: half a round trip) and fills
-  // *gbps for the bandwidth tests.
+  // One-sided tests between ranks 0 and 1: each exposes a buffer and sends the other its key. On
+  // host memory the exposed buffer comes from allocate_memory (a peer on this node maps it); on
+  // device memory (all but put_lat, which polls the buffer with the CPU) it is a cuMemAlloc
+  // buffer given to register_memory, and the local buffers are device memory too. Returns the
+  // time per operation in us (put_lat: half a round trip) and fills *gbps for the bandwidth tests.
   double one_sided(const std::string& test, std::size_t size, long iters, long warmup,
                    double* gbps) {
-    if (space.device()) usage("one-sided tests take host memory only");
+    if (space.device() && test == "put_lat") usage("put_lat takes host memory only");
     const int window = test == "put_lat" || test == "get_lat" ? 1 : args.window;
     const std::size_t bytes = std::max<std::size_t>(size, 8);
-    std::vector<std::byte> local(bytes * static_cast<std::size_t>(window));  // (atomics: words)
-    // The exposed buffer comes from allocate_memory (a peer on this node maps it).
+    const std::size_t total = bytes * static_cast<std::size_t>(window);  // (atomics: words)
+    std::vector<std::byte> host_local(space.device() ? 0 : total);
+    Buffer device_local(space, space.device() ? total : 0),
+        device_window(space, space.device() ? total : 0);
+    std::byte* local = space.device() ? device_local.data() : host_local.data();
     ferry::MemoryRegion region;
-    require(ctx.allocate_memory(bytes * static_cast<std::size_t>(window), &region),
-            "allocate_memory");
+    if (space.device()) {
+      require(ctx.register_memory(device_window.data(), total, &region), "register_memory");
+    } else {
+      require(ctx.allocate_memory(total, &region), "allocate_memory");
+    }
     auto* exposed = static_cast<std::byte*>(region.address());
     std::vector<std::byte> mine = region.remote_key(), theirs(mine.size());
     require(ctx.send(mine.data(), mine.size(), peer, 5), "key send");
     require(ctx.recv(theirs.data(), theirs.size(), peer, 5), "key recv");
     ferry::RemoteKey key;
     require(ferry::RemoteKey::unpack(theirs, &key), "unpack");
-    fill(local.data(), local.size(), 1);
+    {
+      std::vector<std::byte> pattern(total);
+      fill(pattern.data(), total, 1);
+      space.put(local, pattern.data(), total);
+    }
     std::vector<ferry::Request> requests;
     requests.reserve(static_cast<std::size_t>(window));
     std::vector<std::uint64_t> results(static_cast<std::size_t>(window));
@@ -382,7 +395,7 @@ struct Bench {
       if (test == "put_lat") {
         if (ctx.rank() == 1) await_mark(i);
         local[size - 1] = static_cast<std::byte>(mark(i));
-        ctx.iput(local.data(), size, key, 0);  // completes on its own; the peer's reply says so
+        ctx.iput(local, size, key, 0);  // completes on its own; the peer's reply says so
         if (ctx.rank() == 0) await_mark(i);
         continue;
       }
@@ -392,9 +405,9 @@ struct Bench {
         // so memory bandwidth is not what is measured; atomics on words of their own.
         const std::size_t offset = test == "atomic_add" ? static_cast<std::size_t>(w) * bytes : 0;
         if (test == "get_lat" || test == "get_bw") {
-          requests.push_back(ctx.iget(local.data() + offset, size, key, offset));
+          requests.push_back(ctx.iget(local + offset, size, key, offset));
         } else if (test == "put_bw") {
-          requests.push_back(ctx.iput(local.data() + offset, size, key, offset));
+          requests.push_back(ctx.iput(local + offset, size, key, offset));
         } else {
           requests.push_back(ctx.iatomic(ferry::AtomicOp::kAdd, 8, key, offset, 1));
         }
