@@ -10,6 +10,8 @@
 #   get_bw  4 MiB <-> ucp_get      (GB/s)
 #   atomic_add 8  <-> ucp_add      (time per add, us)
 #   bench/rma_compare.sh [ROUNDS]     (default 5; installs ucx-utils where missing)
+# RMA_REGISTER=1: ferry's exposed buffer is the program's own memory given to register_memory
+# (reached by CMA on this node) instead of memory from allocate_memory.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
@@ -31,7 +33,7 @@ cases=(
 ferry() {  # test size iterations -> us per op, or GB/s for *_bw
   local out
   out=$("$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
-    --iterations "$3" --csv)
+    --iterations "$3" --csv ${RMA_REGISTER:+--register})
   case $1 in
     *_bw) echo "$out" | awk -F, 'NR == 2 { print $5 }' ;;
     *) echo "$out" | awk -F, 'NR == 2 { print $4 }' ;;

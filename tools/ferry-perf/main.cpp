@@ -29,6 +29,7 @@ struct Args {
   long warmup = -1;     // -1: a tenth of the iterations
   int window = 64;
   bool check = false;
+  bool register_host = false;  // one-sided on host memory: register_memory, not allocate_memory
   enum { kTable, kJson, kCsv } format = kTable;
   std::string mem[2] = {"host", "host"};  // where rank 0's and rank 1's buffers live
 };
@@ -60,6 +61,8 @@ struct Record {
       "  --warmup N         untimed iterations first (default: a tenth)\n"
       "  --window W         sends in flight in bandwidth tests (default 64)\n"
       "  --check            verify every byte received\n"
+      "  --register         one-sided on host memory: the exposed buffer is the program's own,\n"
+      "                     given to register_memory (reached by CMA on this node)\n"
       "  -m, --mem A[:B]    buffers in host or cuda memory on rank 0 (A) and rank 1\n"
       "                     (B, default A; in collectives every rank after 0 uses B); cuda uses\n"
       "                     GPU local_rank %% device count\n"
@@ -143,6 +146,8 @@ Args parse(int argc, char** argv) {
       }
     } else if (a == "--check") {
       args.check = true;
+    } else if (a == "--register") {
+      args.register_host = true;
     } else if (a == "--json") {
       args.format = Args::kJson;
     } else if (a == "--csv") {
@@ -359,12 +364,15 @@ struct Bench {
     const std::size_t bytes = std::max<std::size_t>(size, 8);
     const std::size_t total = bytes * static_cast<std::size_t>(window);  // (atomics: words)
     std::vector<std::byte> host_local(space.device() ? 0 : total);
+    std::vector<std::byte> host_window(args.register_host && !space.device() ? total : 0);
     Buffer device_local(space, space.device() ? total : 0),
         device_window(space, space.device() ? total : 0);
     std::byte* local = space.device() ? device_local.data() : host_local.data();
     ferry::MemoryRegion region;
     if (space.device()) {
       require(ctx.register_memory(device_window.data(), total, &region), "register_memory");
+    } else if (args.register_host) {
+      require(ctx.register_memory(host_window.data(), total, &region), "register_memory");
     } else {
       require(ctx.allocate_memory(total, &region), "allocate_memory");
     }
