@@ -397,10 +397,13 @@ struct Bench {
       while (last.load(std::memory_order_acquire) != mark(i)) ctx.progress();
     };
     Clock::time_point start;
-    const bool active = ctx.rank() == 0 || test == "put_lat";
+    // Decided once: string comparisons in the loop would be timed with the operations.
+    const bool put_lat = test == "put_lat", atomic = test == "atomic_add";
+    const bool get = test == "get_lat" || test == "get_bw", put_bw = test == "put_bw";
+    const bool active = ctx.rank() == 0 || put_lat;
     for (long i = -warmup; active && i < iters; ++i) {
       if (i == 0) start = Clock::now();
-      if (test == "put_lat") {
+      if (put_lat) {
         if (ctx.rank() == 1) await_mark(i);
         local[size - 1] = static_cast<std::byte>(mark(i));
         ctx.iput(local, size, key, 0);  // completes on its own; the peer's reply says so
@@ -411,10 +414,10 @@ struct Bench {
       for (int w = 0; w < window; ++w) {
         // Bandwidth: every operation of the window on the same bytes (as ucx_perftest does),
         // so memory bandwidth is not what is measured; atomics on words of their own.
-        const std::size_t offset = test == "atomic_add" ? static_cast<std::size_t>(w) * bytes : 0;
-        if (test == "get_lat" || test == "get_bw") {
+        const std::size_t offset = atomic ? static_cast<std::size_t>(w) * bytes : 0;
+        if (get) {
           requests.push_back(ctx.iget(local + offset, size, key, offset));
-        } else if (test == "put_bw") {
+        } else if (put_bw) {
           requests.push_back(ctx.iput(local + offset, size, key, offset));
         } else {
           requests.push_back(ctx.iatomic(ferry::AtomicOp::kAdd, 8, key, offset, 1));
