@@ -321,6 +321,10 @@ class Engine final : public transport::AmHandler {
   const Mapping* map_peer_region(const RmaTarget& target, Peer& peer);
   void unmap_peer_regions(int rank);
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
+  // The mapping used last and its key (an 8-byte get is a few dozen instructions: the tree's
+  // lookup was a tenth of them).
+  const Mapping* last_mapping_ = nullptr;
+  std::pair<int, std::uint64_t> last_mapped_{-1, 0};
   // Checks an access against the regions; the region's base (*device: whether in device memory),
   // or null with *refusal set.
   std::byte* rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,

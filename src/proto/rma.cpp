@@ -453,6 +453,7 @@ std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
     // Deregistered since: forget the mapping, and let the owner answer (it knows best why).
     ::munmap(mapped->mapping, mapped->mapping_length);
     mappings_.erase({target.rank, target.region});
+    last_mapping_ = nullptr;
     return nullptr;
   }
   if (header->secret != target.secret) {  // mapped under this id by another key
@@ -490,8 +491,15 @@ util::Fd Engine::peer_descriptor(int rank, Peer& peer, int fd) {
 }
 
 const Engine::Mapping* Engine::map_peer_region(const RmaTarget& target, Peer& peer) {
+  if (last_mapping_ != nullptr && last_mapped_.first == target.rank &&
+      last_mapped_.second == target.region) {
+    return last_mapping_;  // the common case: the same region again
+  }
   auto it = mappings_.find({target.rank, target.region});
-  if (it != mappings_.end()) return &it->second;
+  if (it != mappings_.end()) {
+    last_mapped_ = it->first;
+    return last_mapping_ = &it->second;
+  }
   util::Fd fd = peer_descriptor(target.rank, peer, target.fd);
   if (!fd.valid()) return nullptr;
   // The descriptor may now be anything the owner opened under that number: check it is the
@@ -617,6 +625,7 @@ bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t by
 }
 
 void Engine::unmap_peer_regions(int rank) {
+  last_mapping_ = nullptr;
   for (auto it = mappings_.begin(); it != mappings_.end();) {
     if (rank >= 0 && it->first.first != rank) {
       ++it;
@@ -712,7 +721,7 @@ std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::s
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
   const bool local_device = bytes > 0 && device_memory(local);
   if (std::byte* destination = direct_now(target, local, bytes, local_device)) {
-    util::copy(destination, local, bytes);
+    util::copy_large(destination, local, bytes);
     return Request(this, Request::kDone);
   }
   Status early;

@@ -2,6 +2,7 @@
 #include "util/copy.hpp"
 
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -70,6 +71,12 @@ bool measure_rep_movsb_slow() {
 }  // namespace
 
 const bool kRepMovsbSlow = measure_rep_movsb_slow();
+
+const std::size_t kStreamFrom = [] {
+  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return std::max<std::size_t>(l2 > 0 ? static_cast<std::size_t>(l2) : std::size_t{2} << 20,
+                               std::size_t{1} << 20);
+}();
 
 __attribute__((target("avx2"))) void copy_vector(void* dst, const void* src,
                                                  std::size_t n) noexcept {

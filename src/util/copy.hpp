@@ -29,4 +29,18 @@ extern const bool kRepMovsbSlow;
   }
 }
 
+// Copies of more than this core's L2 cache (sysconf; 2 MiB where unknown, at least 1 MiB) into
+// memory this process does not read next go around the cache: direct one-sided puts of 4 MiB ran
+// 2-10% faster with non-temporal stores on the Intel VM (gets, whose destination the caller reads
+// next, ran slower, so they keep cached stores).
+extern const std::size_t kStreamFrom;
+
+inline void copy_large(void* dst, const void* src, std::size_t n) noexcept {
+  if (n >= kStreamFrom && kHaveAvx2) {
+    copy_stream(dst, src, n);
+  } else {
+    copy(dst, src, n);
+  }
+}
+
 }  // namespace ferry::util
