@@ -193,6 +193,8 @@ class MemoryRegion {
   int slot_ = -1;
 };
 
+struct KeyAccess;  // api/rma.cpp: what the engine needs of a key
+
 // A region of another rank (or of this one), as received from its owner.
 class RemoteKey {
  public:
@@ -203,6 +205,7 @@ class RemoteKey {
 
  private:
   friend class Context;
+  friend struct KeyAccess;
   int rank_ = -1;
   std::uint64_t id_ = 0;
   std::uint64_t secret_ = 0;

@@ -22,19 +22,15 @@ struct PackedKey {
 constexpr std::uint32_t kKeyMagic = 0x4b524546;  // "FERK"
 constexpr std::uint32_t kKeyVersion = 2;
 
-// What the engine needs of a key (RemoteKey's fields, which Context reads), for one access.
-struct KeyFields {
-  int rank;
-  std::uint64_t id, secret;
-  std::size_t size;
-  int fd, guard_fd, slot;
-};
-proto::Engine::RmaTarget target_of(const KeyFields& key, std::uint64_t offset) {
-  return proto::Engine::RmaTarget{key.rank, key.id, key.secret,   key.size,
-                                  offset,   key.fd, key.guard_fd, key.slot};
-}
-
 }  // namespace
+
+// The target of one access through `key`, as the engine takes it.
+struct KeyAccess {
+  static proto::Engine::RmaTarget target(const RemoteKey& key, std::uint64_t offset) {
+    return proto::Engine::RmaTarget{key.rank_, key.id_, key.secret_,   key.size_,
+                                    offset,    key.fd_, key.guard_fd_, key.slot_};
+  }
+};
 
 const char* to_string(AtomicOp op) noexcept {
   switch (op) {
@@ -168,28 +164,18 @@ Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
 Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key,
                       std::uint64_t offset) {
   auto entry = engine_->enter();
-  return engine_->iput(
-      local, bytes,
-      target_of({key.rank_, key.id_, key.secret_, key.size_, key.fd_, key.guard_fd_, key.slot_},
-                offset));
+  return engine_->iput(local, bytes, KeyAccess::target(key, offset));
 }
 
 Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset) {
   auto entry = engine_->enter();
-  return engine_->iget(
-      local, bytes,
-      target_of({key.rank_, key.id_, key.secret_, key.size_, key.fd_, key.guard_fd_, key.slot_},
-                offset));
+  return engine_->iget(local, bytes, KeyAccess::target(key, offset));
 }
 
 Request Context::iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
                          std::uint64_t operand, void* result, std::uint64_t compare) {
   auto entry = engine_->enter();
-  return engine_->iatomic(
-      op, width,
-      target_of({key.rank_, key.id_, key.secret_, key.size_, key.fd_, key.guard_fd_, key.slot_},
-                offset),
-      operand, result, compare);
+  return engine_->iatomic(op, width, KeyAccess::target(key, offset), operand, result, compare);
 }
 
 Status Context::flush(int rank) {
