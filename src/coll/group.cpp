@@ -32,6 +32,8 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   oneshot_bytes_ =
       config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
+  resident_us_ = static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident));
+  resident_shared_ = config.get_bool(util::Var::kCollDeviceResidentShared);
   // The area's slots hold at most 4 MiB in all (NodeArea::kSlots per member), so a communicator
   // of many members takes smaller calls through it.
   const std::size_t slot_budget = (std::size_t{4} << 20) / NodeArea::kSlots / members_.size();
@@ -134,7 +136,38 @@ Status Group::prepare_oneshot(int device) {
   o.usable = true;
   FERRY_LOG(kInfo, "collectives: one-shot device allreduce ready on cuda:%d (%d members, %zu B)",
             device, n, oneshot_bytes_);
+  prepare_resident(offers[static_cast<std::size_t>(rank_)].key.uuid, [&](int m) {
+    return offers[static_cast<std::size_t>(m)].key.uuid;
+  });
   return Status();
+}
+
+// The resident kernel is a choice each member makes for itself (a call of one block is the same
+// on the wire either way). Members that share a GPU do without unless told otherwise
+// (FERRY_COLL_DEVICE_RESIDENT_SHARED, for MPS): without MPS their kernels take turns on it, and
+// one that stays would hold the others off for its time slice.
+template <class UuidOf>
+void Group::prepare_resident(const std::array<std::byte, 16>& mine, UuidOf uuid_of) {
+  OneShot& o = *oneshot_;
+  if (resident_us_ == 0 || oneshot_slice_ == 0) return;
+  for (int m = 0; m < size(); ++m) {
+    if (m != rank_ && uuid_of(m) == mine && !resident_shared_) {
+      FERRY_LOG(kInfo, "collectives: no resident one-shot kernel: %s shares this GPU",
+                peer_label(m).c_str());
+      return;
+    }
+  }
+  cuda::Cuda::OneShot shape;
+  shape.members = size();
+  shape.me = rank_;
+  shape.slot_bytes = oneshot_bytes_;
+  shape.areas = o.areas;
+  shape.words = o.words_device;
+  if (Status s = engine_->cuda()->resident_open(o.device, shape, resident_us_, &o.resident);
+      !s.is_ok()) {
+    o.resident = -1;
+    FERRY_LOG(kInfo, "collectives: no resident one-shot kernel: %s", s.message().c_str());
+  }
 }
 
 std::string Group::peer_label(int m) const {
@@ -148,6 +181,8 @@ void Group::release_oneshot() {
   // A kernel of a collective that was never completed (its Request dropped) stops waiting for
   // its peers before its memory goes.
   if (o.words != nullptr) __atomic_store_n(&o.words[0], 1u, __ATOMIC_RELEASE);
+  if (o.resident >= 0) gpu->resident_close(o.resident);
+  o.resident = -1;
   for (const auto& [rank, key] : o.mapped) gpu->unpin(rank, o.device, key);
   o.mapped.clear();
   if (o.area != nullptr) gpu->release(o.device, o.area);
@@ -158,7 +193,7 @@ void Group::release_oneshot() {
 }
 
 Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp op, int lane,
-                             cuda::Ticket* ticket) {
+                             bool blocking, cuda::Ticket* ticket) {
   OneShot& o = *oneshot_;
   cuda::Cuda::OneShot call;
   call.out = a.to;
@@ -174,11 +209,37 @@ Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp
   call.block_bytes = oneshot_slice_;
   call.areas = o.areas;
   call.words = o.words_device;
-  return engine_->cuda()->allreduce_oneshot_async(o.device, lane, call, ticket);
+  cuda::Cuda* gpu = engine_->cuda();
+  // The resident kernel takes a blocking call of one block once the launched calls before it are
+  // done (it runs beside them, and a member runs one call at a time). Blocking calls are finished
+  // before the next begins, so it never holds two.
+  if (blocking && o.resident >= 0 && a.size * size_of(type) <= oneshot_slice_ &&
+      (!o.launched || gpu->done(o.last_launch))) {
+    o.launched = false;
+    Status s = gpu->resident_post(o.resident, call, ticket);
+    if (s.is_ok()) return s;
+    FERRY_LOG(kWarn, "collectives: the resident one-shot kernel is off for this communicator: %s",
+              s.message().c_str());
+    gpu->resident_close(o.resident);
+    o.resident = -1;
+  }
+  Status s = gpu->allreduce_oneshot_async(o.device, lane, call, ticket);
+  if (s.is_ok()) {
+    o.last_launch = *ticket;
+    o.launched = true;
+  }
+  return s;
 }
 
 Status Group::oneshot_outcome() {
   if (!oneshot_ || oneshot_->words == nullptr) return Status();
+  if (oneshot_->resident >= 0) {
+    if (Status s = engine_->cuda()->resident_outcome(oneshot_->resident); !s.is_ok()) {
+      stop_oneshot();
+      return Status(s.code(), "the resident one-shot kernel could not be started again: " +
+                                  s.message());
+    }
+  }
   if (__atomic_load_n(&oneshot_->words[0], __ATOMIC_ACQUIRE) != 0) {
     // Stopped (maybe before this kernel ran): its result is not complete.
     return Status(Code::kPeerFailed,

@@ -89,6 +89,7 @@ class Group : public std::enable_shared_from_this<Group> {
   bool oneshot_ready(int device, std::size_t count, DataType type);
   std::uint64_t next_oneshot() { return ++oneshot_->sequence; }
   Status launch_oneshot(const Execution::Action& action, DataType type, ReduceOp op, int lane,
+                        bool blocking,
                         cuda::Ticket* ticket);
   // After a one-shot kernel finished: a mismatch it saw between the members' calls, or ok.
   Status oneshot_outcome();
@@ -164,6 +165,8 @@ class Group : public std::enable_shared_from_this<Group> {
   double timeout_;             // FERRY_TIMEOUT
   std::size_t oneshot_bytes_;  // FERRY_COLL_DEVICE_ONESHOT
   std::size_t oneshot_slice_;  // FERRY_COLL_DEVICE_ONESHOT_SLICE
+  std::uint64_t resident_us_;  // FERRY_COLL_DEVICE_RESIDENT
+  bool resident_shared_;       // FERRY_COLL_DEVICE_RESIDENT_SHARED
   struct OneShot {
     bool usable = false;
     int device = -1;
@@ -174,6 +177,10 @@ class Group : public std::enable_shared_from_this<Group> {
     unsigned* words = nullptr;                               // host side of the stop words
     void* words_device = nullptr;
     std::uint64_t sequence = 0;
+    // The resident kernel (cuda.hpp, resident_open) for blocking calls of one block, or -1.
+    int resident = -1;
+    cuda::Ticket last_launch;  // of the last launched one-shot kernel, if `launched`
+    bool launched = false;
   };
   std::unique_ptr<OneShot> oneshot_;  // set up by the first oneshot_ready() on a device
   class NodeCall;
@@ -188,6 +195,8 @@ class Group : public std::enable_shared_from_this<Group> {
   // The area, unless a member left it (then it goes, here too).
   bool node_usable();
   Status prepare_oneshot(int device);
+  template <class UuidOf>
+  void prepare_resident(const std::array<std::byte, 16>& mine, UuidOf uuid_of);
   [[nodiscard]] std::string peer_label(int m) const;
   void release_oneshot();
 };

@@ -56,7 +56,7 @@ Status Execution::run_local(const Action& a) {
     s = gpu->reduce_async(device_, kLane, a.to, a.a, a.from, a.size, what_.type, what_.op,
                           &gpu_work_);
   } else if (a.kind == Action::kOneShot) {
-    s = group_->launch_oneshot(a, what_.type, what_.op, kLane, &gpu_work_);
+    s = group_->launch_oneshot(a, what_.type, what_.op, kLane, blocking_, &gpu_work_);
     oneshot_queued_ = s.is_ok();
   } else {
     s = gpu->copy_async(device_, kLane, a.to, a.from, a.size, &gpu_work_);
@@ -293,6 +293,7 @@ bool Schedule::advance(Status* status) {
 
 Immediate::Immediate(Group* group, Tag tag, double timeout)
     : Execution(group, tag), timeout_(timeout) {
+  blocking_ = true;
   if (timeout_ > 0) deadline_ = util::deadline_after(timeout_);
   reusable_ = group_->take_reusable();
   std::swap(in_flight_, reusable_->in_flight);

@@ -123,6 +123,7 @@ class Execution : public Plan {
   cuda::Ticket gpu_work_;          // the last reduction or copy queued on the GPU
   bool gpu_busy_ = false;
   bool oneshot_queued_ = false;  // a one-shot kernel is part of gpu_work_
+  bool blocking_ = false;        // an Immediate: its GPU work is waited for before it returns
   std::vector<void*> device_scratch_;
 };
 

@@ -9,10 +9,12 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 
 #include "cuda/driver.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 #ifdef FERRY_HAVE_KERNELS
@@ -389,6 +391,9 @@ class CudaImpl final : public Cuda {
   }
 
   bool done(const Ticket& ticket) override {
+    if ((ticket.stream & kResidentTicket) != 0) {
+      return resident_done(*residents_[ticket.stream & ~kResidentTicket], ticket.sequence);
+    }
     Device& dev = devices_[ticket.stream / kLanesPerDevice];
     Lane& lane = dev.lanes[ticket.stream % kLanesPerDevice];
     if (dev.flags != nullptr) {
@@ -424,6 +429,10 @@ class CudaImpl final : public Cuda {
     } else {
       if (d_->cuModuleGetFunction(&dev.copy, dev.module, "ferry_copy") != CUDA_SUCCESS) {
         dev.copy = nullptr;  // copies stay with the copy engine
+      }
+      if (d_->cuModuleGetFunction(&dev.resident, dev.module, "ferry_allreduce_resident") !=
+          CUDA_SUCCESS) {
+        dev.resident = nullptr;  // small one-shot calls are launched
       }
       d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                                dev.handle);
@@ -565,6 +574,100 @@ class CudaImpl final : public Cuda {
     return Status::ok();
   }
 
+  Status resident_open(int device_ordinal, const OneShot& shape, std::uint64_t idle_us,
+                       int* id) override {
+    Device& dev = device(device_ordinal);
+    if (dev.resident == nullptr) {
+      return Status(Code::kUnsupported, "the module has no resident kernel");
+    }
+    auto r = std::make_unique<Resident>();
+    r->device = device_ordinal;
+    r->shape = shape;
+    r->idle_ns = idle_us * 1000;
+    void* box = nullptr;
+    void* box_device = nullptr;
+    Status status = map_host(device_ordinal, sizeof(ResidentBox), &box, &box_device);
+    if (!status.is_ok()) return status;
+    r->box = static_cast<ResidentBox*>(box);
+    r->box_device = box_device;
+    ScopedContext scope(d_, dev.context);
+    // A stream of its own: a kernel that stays would hold up whatever came after it on a lane.
+    if (CUresult result = d_->cuStreamCreate(&r->stream, CU_STREAM_NON_BLOCKING);
+        result != CUDA_SUCCESS) {
+      unmap_host(device_ordinal, box);
+      return driver_error("cuStreamCreate", result);
+    }
+    for (std::size_t i = 0; i < residents_.size(); ++i) {
+      if (residents_[i] == nullptr) {
+        residents_[i] = std::move(r);
+        *id = static_cast<int>(i);
+        return Status::ok();
+      }
+    }
+    residents_.push_back(std::move(r));
+    *id = static_cast<int>(residents_.size() - 1);
+    return Status::ok();
+  }
+
+  Status resident_post(int id, const OneShot& call, Ticket* ticket) override {
+    Resident& r = *residents_[static_cast<std::size_t>(id)];
+    ResidentBox* box = r.box;
+    // Each field carries the call's number in its top byte (kernels.cu): the kernel takes the
+    // call once every field has the next one. Addresses and counts stay below 2^56.
+    const std::uint64_t tag = (++r.posted & 0xff) << 56;
+    const std::uint64_t fields[] = {
+        reinterpret_cast<std::uintptr_t>(call.out), reinterpret_cast<std::uintptr_t>(call.in),
+        call.count,
+        static_cast<std::uint64_t>(call.type) | static_cast<std::uint64_t>(call.op) << 8 |
+            static_cast<std::uint64_t>(call.ring ? 1 : 0) << 16,
+        call.sequence & kFieldMask};
+    for (std::size_t i = 0; i < std::size(fields); ++i) {
+      __atomic_store_n(&box->field[i], (fields[i] & kFieldMask) | tag, __ATOMIC_RELEASE);
+    }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    // Not running: launch it. If it is just leaving, resident_done() sees it left with the call
+    // untaken and launches it again.
+    if (r.epoch == 0 || __atomic_load_n(&box->exited, __ATOMIC_ACQUIRE) == r.epoch) {
+      if (Status s = resident_launch(r); !s.is_ok()) {
+        // Nothing runs to take it; the next launch expects the number again.
+        --r.posted;
+        return s;
+      }
+    }
+    ticket->stream = kResidentTicket | static_cast<std::uint32_t>(id);
+    ticket->sequence = static_cast<std::uint32_t>(r.posted);
+    return Status::ok();
+  }
+
+  Status resident_outcome(int id) override {
+    Resident& r = *residents_[static_cast<std::size_t>(id)];
+    Status failure = std::move(r.failure);
+    r.failure = Status::ok();
+    return failure;
+  }
+
+  void resident_close(int id) override {
+    std::unique_ptr<Resident> r = std::move(residents_[static_cast<std::size_t>(id)]);
+    if (r == nullptr) return;
+    Device& dev = device(r->device);
+    ScopedContext scope(d_, dev.context);
+    // It leaves within a few thousand polls of its stop word (raised by the caller), or when idle.
+    const auto deadline = util::deadline_after(10.0 + static_cast<double>(r->idle_ns) * 1e-9);
+    while (r->epoch != 0 && __atomic_load_n(&r->box->exited, __ATOMIC_ACQUIRE) != r->epoch) {
+      if (util::Clock::now() >= deadline) {
+        // Still running after that: its mailbox stays (it may write there), the rest goes.
+        FERRY_LOG(kWarn, "cuda: the resident one-shot kernel on cuda:%d did not leave; its "
+                  "mailbox is not freed", r->device);
+        d_->cuStreamDestroy(r->stream);
+        return;
+      }
+      std::this_thread::yield();
+    }
+    d_->cuStreamSynchronize(r->stream);
+    d_->cuStreamDestroy(r->stream);
+    unmap_host(r->device, r->box);
+  }
+
   Status map_host(int device_ordinal, std::size_t bytes, void** host, void** device_view) override {
     Device& dev = device(device_ordinal);
     ScopedContext scope(d_, dev.context);
@@ -668,6 +771,7 @@ class CudaImpl final : public Cuda {
     CUfunction reduce = nullptr;
     CUfunction copy = nullptr;
     CUfunction oneshot = nullptr;
+    CUfunction resident = nullptr;
     std::string kernels_error;  // why the module could not be loaded
     int multiprocessors = 0;
     std::unordered_map<void*, std::size_t> sizes;  // allocate()'d, in use
@@ -694,6 +798,68 @@ class CudaImpl final : public Cuda {
     int pins;
     mem::IpcKind kind;
   };
+
+  // The resident kernel's mailbox in host memory (kernels.cu, Mailbox): the first line written by
+  // the host, the second by the kernel.
+  struct alignas(64) ResidentBox {
+    std::uint64_t field[8];  // out, in, count, shape, sequence; the call's number in the top byte
+    std::uint64_t done;
+    std::uint64_t exited;
+    std::uint64_t spare[6];
+  };
+  static_assert(sizeof(ResidentBox) == 128);
+  struct Resident {
+    int device = 0;
+    OneShot shape;
+    std::uint64_t idle_ns = 0;
+    ResidentBox* box = nullptr;
+    void* box_device = nullptr;
+    CUstream stream = nullptr;
+    std::uint64_t epoch = 0;   // launches so far
+    std::uint64_t posted = 0;  // calls posted so far
+    Status failure;            // a relaunch that failed, for resident_outcome
+  };
+  static constexpr std::uint32_t kResidentTicket = 0x80000000u;
+  static constexpr std::uint64_t kFieldMask = (std::uint64_t{1} << 56) - 1;
+
+  Status resident_launch(Resident& r) {
+    Device& dev = device(r.device);
+    ScopedContext scope(d_, dev.context);
+    void* box = r.box_device;
+    unsigned long long taken = __atomic_load_n(&r.box->done, __ATOMIC_ACQUIRE);
+    unsigned long long epoch = r.epoch + 1;
+    unsigned long long idle_ns = r.idle_ns;
+    int members = r.shape.members;
+    int me = r.shape.me;
+    unsigned long long slot_bytes = r.shape.slot_bytes;
+    std::array<void*, kOneShotMembers> areas = r.shape.areas;
+    void* words = r.shape.words;
+    void* params[] = {&box, &taken, &epoch, &idle_ns, &members, &me, &slot_bytes, areas.data(),
+                      &words};
+    CUresult result =
+        d_->cuLaunchKernel(dev.resident, 1, 1, 1, 512, 1, 1, 0, r.stream, params, nullptr);
+    if (result != CUDA_SUCCESS) {
+      return driver_error("cuLaunchKernel(ferry_allreduce_resident)", result);
+    }
+    r.epoch = epoch;
+    return Status::ok();
+  }
+
+  bool resident_done(Resident& r, std::uint32_t sequence) {
+    auto finished = [&] {
+      const auto seen = static_cast<std::uint32_t>(__atomic_load_n(&r.box->done, __ATOMIC_ACQUIRE));
+      return static_cast<std::int32_t>(seen - sequence) >= 0;
+    };
+    if (finished()) return true;
+    // It stores `done` before `exited`: gone without the call means it left as the call came.
+    if (__atomic_load_n(&r.box->exited, __ATOMIC_ACQUIRE) != r.epoch) return false;
+    if (finished()) return true;
+    if (Status s = resident_launch(r); !s.is_ok()) {
+      r.failure = s;
+      return true;
+    }
+    return false;
+  }
 
   // The device's primary context and streams, made on first use.
   Device& device(int ordinal) {
@@ -834,6 +1000,7 @@ class CudaImpl final : public Cuda {
   bool inject_ipc_failure_;
   std::vector<Device> devices_;
   std::unordered_map<std::uint64_t, CUipcMemHandle> exported_;  // by buffer id
+  std::vector<std::unique_ptr<Resident>> residents_;  // by resident_open's id; null: closed
   std::list<Mapping> mappings_;                                 // most recently used first
   std::map<Key, std::list<Mapping>::iterator> index_;
   std::uint64_t bytes_ = 0;

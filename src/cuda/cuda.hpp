@@ -128,6 +128,18 @@ class Cuda {
   };
   virtual Status allreduce_oneshot_async(int device, int lane, const OneShot& call,
                                          Ticket* ticket) = 0;
+  // The resident one-shot kernel (kernels.cu, ferry_allreduce_resident): one block that stays on
+  // the GPU between one communicator's calls of one block (data up to its block_bytes), so such a
+  // call costs no launch. resident_open makes its mailbox and stream (nothing runs yet; `shape`
+  // gives members, me, slot_bytes, areas and words); resident_post hands it a call and launches it
+  // when it is not running (it leaves after `idle_us` without calls, or when words[0] is raised),
+  // with a ticket that done() follows; resident_outcome says (once) why a call could not run;
+  // resident_close waits for it to leave (raise words[0] first) and frees what open made.
+  virtual Status resident_open(int device, const OneShot& shape, std::uint64_t idle_us,
+                               int* id) = 0;
+  virtual Status resident_post(int id, const OneShot& call, Ticket* ticket) = 0;
+  virtual Status resident_outcome(int id) = 0;
+  virtual void resident_close(int id) = 0;
   // Host memory that kernels on `device` read (device_view), for stop words.
   virtual Status map_host(int device, std::size_t bytes, void** host, void** device_view) = 0;
   virtual void unmap_host(int device, void* host) = 0;

@@ -385,19 +385,15 @@ __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std:
 
 }  // namespace
 
-// out = the reduction of every member's `in` over `count` elements; see above. words[0] is a
-// host word: nonzero makes a block stop waiting (a member died, or the call timed out); the kernel
-// sets words[1] when a peer's call differs in count, type or op. The grid (at most kMaxBlocks
-// blocks) follows the size, the same on every member for the same call; block b waits for block
-// b of each peer.
-//
-// When `lane_flag` is set the last block to finish stores `done` there (host memory the CPU polls
-// for completion), after the others counted themselves in `blocks_done` (reset for the next call).
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_allreduce_oneshot(void* out, const void* in, unsigned long long count, int type, int op,
-                            int members, int me, int ring, unsigned long long sequence,
-                            unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
-                            unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+// Block `block` of `blocks` of one member's one-shot call: out = the reduction of every member's
+// `in` over `count` elements; see above. words[0] is a host word: nonzero makes a block stop
+// waiting (a member died, or the call timed out); a block sets words[1] when a peer's call differs
+// in count, type or op. The grid (at most kMaxBlocks blocks) follows the size, the same on every
+// member for the same call; block b waits for block b of each peer.
+__device__ void oneshot_block(void* out, const void* in, unsigned long long count, int type,
+                              int op, int members, int me, int ring, unsigned long long sequence,
+                              unsigned long long slot_bytes, const Areas& areas,
+                              volatile unsigned* words, unsigned block, unsigned blocks) {
   const std::size_t size =
       type == kInt8 || type == kUint8                                              ? 1
       : type == kInt16 || type == kUint16 || type == kFloat16 || type == kBfloat16 ? 2
@@ -405,9 +401,9 @@ extern "C" __global__ void __launch_bounds__(512)
                                                                                    : 8;
   // Block b's slice: whole 16-byte units of elements.
   const std::size_t unit = 16 / size;
-  const std::size_t per_block = (count + gridDim.x - 1) / gridDim.x;
+  const std::size_t per_block = (count + blocks - 1) / blocks;
   const std::size_t span = (per_block + unit - 1) / unit * unit;
-  const std::size_t start = span * blockIdx.x;
+  const std::size_t start = span * block;
   const std::size_t first = start < count ? start : count;
   const std::size_t last = first + span < count ? first + span : count;
   const std::size_t generation = sequence & 1;
@@ -446,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int j = 0; j < members; ++j) {
       if (j == me) continue;
       auto* flag = reinterpret_cast<unsigned long long*>(areas.area[j] + flags_offset) +
-                   2 * (static_cast<std::size_t>(me) * kMaxBlocks + blockIdx.x);
+                   2 * (static_cast<std::size_t>(me) * kMaxBlocks + block);
       flag[1] = signature;
       store_release(flag, sequence);
     }
@@ -454,14 +450,14 @@ extern "C" __global__ void __launch_bounds__(512)
       if (j == me) continue;
       const auto* flag =
           reinterpret_cast<const unsigned long long*>(areas.area[me] + flags_offset) +
-          2 * (static_cast<std::size_t>(j) * kMaxBlocks + blockIdx.x);
+          2 * (static_cast<std::size_t>(j) * kMaxBlocks + block);
       // The grid follows the size, so a peer whose call differs may not run this block; its
       // block 0, which always runs, shows the difference. The stop word is host memory, a slow
       // read: look at it once in a while.
-      const auto* block0 = flag - 2 * static_cast<std::size_t>(blockIdx.x);
+      const auto* block0 = flag - 2 * static_cast<std::size_t>(block);
       bool differs = false;
       for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
-        if ((spins & 63) == 0 && blockIdx.x != 0 && load_relaxed(block0) == sequence) {
+        if ((spins & 63) == 0 && block != 0 && load_relaxed(block0) == sequence) {
           asm volatile("fence.acq_rel.sys;" ::: "memory");
           if (block0[1] != signature) {
             differs = true;
@@ -505,6 +501,18 @@ extern "C" __global__ void __launch_bounds__(512)
         break;
     }
   }
+}
+
+// One launch of a one-shot call (a block per slice, see oneshot_block). When `lane_flag` is set
+// the last block to finish stores `done` there (host memory the CPU polls for completion), after
+// the others counted themselves in `blocks_done` (reset for the next call).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_oneshot(void* out, const void* in, unsigned long long count, int type, int op,
+                            int members, int me, int ring, unsigned long long sequence,
+                            unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                            unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+  oneshot_block(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words,
+                blockIdx.x, gridDim.x);
   if (lane_flag == nullptr) return;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -514,5 +522,88 @@ extern "C" __global__ void __launch_bounds__(512)
       __threadfence_system();
       *lane_flag = done;
     }
+  }
+}
+
+// ---- The resident one-shot kernel ----
+//
+// One block that stays on the GPU between one communicator's small calls (one block's worth of
+// data, so the grid is the one ferry_allreduce_oneshot would have and members may mix the two),
+// so a call costs no launch. The host writes the call into `box` (host memory), each field with
+// the call's number (mod 256) in its top byte; lanes of the first warp read the fields side by
+// side and take the call when every field carries the next number, so seeing the call and its
+// arguments costs one round trip over the bus. The block runs it as block 0 of 1, then stores
+// `done`. It leaves when no call came for `idle_ns` (so a cudaDeviceSynchronize of the
+// application waits at most that long) or when words[0] is raised, and stores `exited` = `epoch`
+// as its last act. The host launches it again for a call posted after that (cuda.cpp).
+namespace {
+
+constexpr int kMailboxFields = 5;  // out, in, count, shape (type | op << 8 | ring << 16), sequence
+constexpr unsigned long long kFieldMask = (1ull << 56) - 1;
+
+struct Mailbox {
+  unsigned long long field[8];  // written by the host
+  unsigned long long done;      // calls finished so far
+  unsigned long long exited;    // the epoch of the last launch that has left
+  unsigned long long spare[6];
+};
+
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_resident(Mailbox* box, unsigned long long taken, unsigned long long epoch,
+                             unsigned long long idle_ns, int members, int me,
+                             unsigned long long slot_bytes, Areas areas, volatile unsigned* words) {
+  __shared__ unsigned long long call[kMailboxFields];
+  __shared__ int leave;
+  const unsigned lane = threadIdx.x;
+  for (;;) {
+    if (lane < 32) {
+      const unsigned long long want = (taken + 1) & 0xff;
+      const unsigned long long since = now_ns();
+      for (unsigned spins = 1;; ++spins) {
+        const unsigned long long v = lane < kMailboxFields ? load_acquire(&box->field[lane]) : 0;
+        if (__all_sync(0xffffffffu, lane >= kMailboxFields || v >> 56 == want)) {
+          if (lane < kMailboxFields) call[lane] = v & kFieldMask;
+          if (lane == 0) leave = 0;
+          break;
+        }
+        if ((spins & 15) == 0) {
+          int out = 0;
+          if (lane == 0) out = words[0] != 0 || now_ns() - since > idle_ns;
+          if (__shfl_sync(0xffffffffu, out, 0) != 0) {
+            if (lane == 0) leave = 1;
+            break;
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (leave != 0) break;
+    const unsigned long long shape = call[3];
+    oneshot_block(reinterpret_cast<void*>(call[0]), reinterpret_cast<const void*>(call[1]),
+                  call[2], static_cast<int>(shape & 0xff), static_cast<int>(shape >> 8 & 0xff),
+                  members, me, static_cast<int>(shape >> 16 & 1), call[4], slot_bytes, areas,
+                  words, 0, 1);
+    ++taken;
+    // The block's results, then `done` (a release after the barrier covers every thread's).
+    __syncthreads();
+    if (lane == 0) store_release(&box->done, taken);
+  }
+  if (lane == 0) {
+    __threadfence_system();
+    store_release(&box->exited, epoch);
   }
 }

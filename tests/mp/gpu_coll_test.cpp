@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -385,6 +387,74 @@ TEST_F(GpuColl, DifferentCountsFailOnEveryMemberInsteadOfHanging) {
       world_.allreduce(send_.data(), recv_.data(), same_count, DataType::kFloat32, ReduceOp::kSum);
   ASSERT_TRUE(again.is_ok()) << again.to_string();
   EXPECT_TRUE(same(host, from_device(recv_.data(), in.size()), DataType::kFloat32));
+}
+
+// Blocking allreduces of up to FERRY_COLL_DEVICE_ONESHOT_SLICE bytes go to a kernel that stays on
+// the GPU between calls where every member has a GPU of its own. Chains of calls (each input the
+// previous result, so nothing synchronizes the context between them) mixed with launched calls
+// (non-blocking, or two blocks) and pauses longer than its idle time (it leaves and comes back),
+// checked against the values the chain must reach; then a context synchronization after a call
+// waits for it to leave, and only about as long as its idle time.
+TEST_F(GpuColl, ResidentKernelTakesSmallBlockingCallsAndLeavesWhenIdle) {
+  int devices = 0;
+  check(g_cuda->cuDeviceGetCount(&devices), "cuDeviceGetCount");
+  const bool resident = oneshot_expected() &&
+                        (devices >= world_.size() ||
+                         env_is("FERRY_COLL_DEVICE_RESIDENT_SHARED", "1")) &&
+                        !env_is("FERRY_COLL_DEVICE_RESIDENT", "0") &&
+                        !env_is("FERRY_COLL_DEVICE_ONESHOT_SLICE", "0") && world_.size() > 1;
+  const auto n = static_cast<std::uint32_t>(world_.size());
+  // Every member holds y after the first call, so each later call multiplies by n (mod 2^32).
+  for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{2048},
+                                  std::size_t{2049}}) {
+    std::vector<std::uint32_t> start(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      start[i] = static_cast<std::uint32_t>((world_.rank() + 1) * (i + 1));
+    }
+    std::vector<std::byte> bytes(count * 4);
+    std::memcpy(bytes.data(), start.data(), bytes.size());
+    to_device(send_.data(), bytes);
+    std::uint32_t factor = n * (n + 1) / 2;  // after the first call
+    std::byte* from = send_.data();
+    std::byte* to = recv_.data();
+    constexpr int kCalls = 600;
+    for (int call = 1; call <= kCalls; ++call) {
+      Status s;
+      if (call % 50 == 0) {
+        s = world_.iallreduce(from, to, count, DataType::kUint32, ReduceOp::kSum).wait();
+      } else if (call % 7 == 0) {
+        to = from;  // in place
+        s = world_.allreduce(from, to, count, DataType::kUint32, ReduceOp::kSum);
+      } else {
+        s = world_.allreduce(from, to, count, DataType::kUint32, ReduceOp::kSum);
+      }
+      ASSERT_TRUE(s.is_ok()) << "count " << count << " call " << call << ": " << s.message();
+      if (call > 1) factor *= n;
+      if (call % 100 == 0 || call == kCalls) {
+        std::vector<std::byte> got = from_device(to, count * 4);
+        for (std::size_t i = 0; i < count; ++i) {
+          std::uint32_t value = 0;
+          std::memcpy(&value, got.data() + 4 * i, 4);
+          ASSERT_EQ(value, factor * static_cast<std::uint32_t>(i + 1))
+              << "count " << count << " call " << call << " element " << i;
+        }
+      }
+      if (call % 150 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      from = to;  // the next call reduces this result
+      to = to == send_.data() ? recv_.data() : send_.data();
+    }
+  }
+  if (!resident) GTEST_SKIP() << "no resident kernel in this configuration (the chains passed)";
+  ASSERT_TRUE(
+      world_.allreduce(send_.data(), recv_.data(), 2, DataType::kFloat32, ReduceOp::kSum).is_ok());
+  const auto before = std::chrono::steady_clock::now();
+  check(g_cuda->cuCtxSynchronize(), "cuCtxSynchronize");
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+  std::printf("rank %d: a context synchronization after a small allreduce waited %.0f us\n",
+              world_.rank(), waited * 1e6);
+  EXPECT_GT(waited, 200e-6) << "no kernel stayed on the GPU after the call";
+  EXPECT_LT(waited, 2.0) << "the resident kernel did not leave when idle";
 }
 
 TEST_F(GpuColl, RepeatedCollectivesKeepGpuMemoryFlat) {
