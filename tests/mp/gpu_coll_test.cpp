@@ -444,6 +444,19 @@ TEST_F(GpuColl, ResidentKernelTakesSmallBlockingCallsAndLeavesWhenIdle) {
       to = to == send_.data() ? recv_.data() : send_.data();
     }
   }
+  {
+    // A communicator of its own gets a kernel of its own, which leaves when it is destroyed.
+    Communicator copy = world_.split(0, world_.rank());
+    const std::vector<std::byte> in = input(DataType::kInt64, 9, world_.rank(), 77);
+    std::vector<std::byte> host(in.size());
+    ASSERT_TRUE(copy.allreduce(in.data(), host.data(), 9, DataType::kInt64, ReduceOp::kMax).is_ok());
+    to_device(send_.data(), in);
+    for (int call = 0; call < 20; ++call) {
+      Status s = copy.allreduce(send_.data(), recv_.data(), 9, DataType::kInt64, ReduceOp::kMax);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      EXPECT_TRUE(same(host, from_device(recv_.data(), in.size()), DataType::kInt64));
+    }
+  }
   if (!resident) GTEST_SKIP() << "no resident kernel in this configuration (the chains passed)";
   ASSERT_TRUE(
       world_.allreduce(send_.data(), recv_.data(), 2, DataType::kFloat32, ReduceOp::kSum).is_ok());
