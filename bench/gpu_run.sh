@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare check
+# Steps: info probe tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare resident check
 # sanitizer ofi ofi_perf kill (default: info tests perf).
 # The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
 # source .devlibs/env.sh first.
@@ -70,6 +70,38 @@ for step in $steps; do
           "$bin/nccl_perf" --allreduce --sizes "$sizes" 2>&1 | grep -v "^NCCL INFO" \
           | tee -a "$out/coll_compare_nccl.txt"
       done ;;
+    resident)
+      # Small device allreduces, interleaved: the resident kernel (default), every call launched
+      # (FERRY_COLL_DEVICE_RESIDENT=0), then NCCL where there is a GPU per rank. With one GPU,
+      # GPU_RUN_MPS=1 starts MPS so the ranks' kernels run side by side, and keeps the resident
+      # kernel there (FERRY_COLL_DEVICE_RESIDENT_SHARED=1).
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-8,1k,8k,64k}
+      ngpu=$(nvidia-smi -L | wc -l)
+      n=$ngpu; [ "$n" -lt 2 ] && n=2
+      if [ -n "${GPU_RUN_MPS:-}" ]; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferry-mps CUDA_MPS_LOG_DIRECTORY=/tmp/ferry-mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        nvidia-cuda-mps-control -d && echo "MPS started"
+        export FERRY_COLL_DEVICE_RESIDENT_SHARED=1
+      fi
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
+        echo "--- round $round: resident"
+        "$bin/ferryrun" --timeout 120 -n "$n" "$bin/ferry-perf" allreduce -m cuda --check \
+          --sizes "$sizes" 2>&1 | tee -a "$out/resident_ferry.txt"
+        echo "--- round $round: launched (FERRY_COLL_DEVICE_RESIDENT=0)"
+        FERRY_COLL_DEVICE_RESIDENT=0 "$bin/ferryrun" --timeout 120 -n "$n" "$bin/ferry-perf" \
+          allreduce -m cuda --check --sizes "$sizes" 2>&1 | tee -a "$out/resident_launched.txt"
+        if [ "$ngpu" -ge 2 ]; then
+          LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/ferryrun" --timeout 120 -n "$n" \
+            "$bin/nccl_perf" --allreduce --sizes "$sizes" 2>&1 | grep -v "^NCCL INFO" \
+            | tee -a "$out/resident_nccl.txt"
+        fi
+      done
+      if [ -n "${GPU_RUN_MPS:-}" ]; then
+        echo quit | nvidia-cuda-mps-control
+        unset FERRY_COLL_DEVICE_RESIDENT_SHARED
+      fi ;;
     perf)
       for mem in cuda:cuda host:cuda cuda:host; do
         "${run[@]}" "$bin/ferry-perf" latency bandwidth -m $mem \
