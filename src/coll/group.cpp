@@ -136,9 +136,8 @@ Status Group::prepare_oneshot(int device) {
   o.usable = true;
   FERRY_LOG(kInfo, "collectives: one-shot device allreduce ready on cuda:%d (%d members, %zu B)",
             device, n, oneshot_bytes_);
-  prepare_resident(offers[static_cast<std::size_t>(rank_)].key.uuid, [&](int m) {
-    return offers[static_cast<std::size_t>(m)].key.uuid;
-  });
+  prepare_resident(offers[static_cast<std::size_t>(rank_)].key.uuid,
+                   [&](int m) { return offers[static_cast<std::size_t>(m)].key.uuid; });
   return Status();
 }
 
@@ -236,8 +235,8 @@ Status Group::oneshot_outcome() {
   if (oneshot_->resident >= 0) {
     if (Status s = engine_->cuda()->resident_outcome(oneshot_->resident); !s.is_ok()) {
       stop_oneshot();
-      return Status(s.code(), "the resident one-shot kernel could not be started again: " +
-                                  s.message());
+      return Status(s.code(),
+                    "the resident one-shot kernel could not be started again: " + s.message());
     }
   }
   if (__atomic_load_n(&oneshot_->words[0], __ATOMIC_ACQUIRE) != 0) {

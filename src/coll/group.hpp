@@ -89,8 +89,7 @@ class Group : public std::enable_shared_from_this<Group> {
   bool oneshot_ready(int device, std::size_t count, DataType type);
   std::uint64_t next_oneshot() { return ++oneshot_->sequence; }
   Status launch_oneshot(const Execution::Action& action, DataType type, ReduceOp op, int lane,
-                        bool blocking,
-                        cuda::Ticket* ticket);
+                        bool blocking, cuda::Ticket* ticket);
   // After a one-shot kernel finished: a mismatch it saw between the members' calls, or ok.
   Status oneshot_outcome();
   // Tells a one-shot kernel to stop waiting for its peers, and stops using the path.

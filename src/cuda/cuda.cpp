@@ -615,12 +615,12 @@ class CudaImpl final : public Cuda {
     // Each field carries the call's number in its top byte (kernels.cu): the kernel takes the
     // call once every field has the next one. Addresses and counts stay below 2^56.
     const std::uint64_t tag = (++r.posted & 0xff) << 56;
-    const std::uint64_t fields[] = {
-        reinterpret_cast<std::uintptr_t>(call.out), reinterpret_cast<std::uintptr_t>(call.in),
-        call.count,
-        static_cast<std::uint64_t>(call.type) | static_cast<std::uint64_t>(call.op) << 8 |
-            static_cast<std::uint64_t>(call.ring ? 1 : 0) << 16,
-        call.sequence & kFieldMask};
+    const std::uint64_t fields[] = {reinterpret_cast<std::uintptr_t>(call.out),
+                                    reinterpret_cast<std::uintptr_t>(call.in), call.count,
+                                    static_cast<std::uint64_t>(call.type) |
+                                        static_cast<std::uint64_t>(call.op) << 8 |
+                                        static_cast<std::uint64_t>(call.ring ? 1 : 0) << 16,
+                                    call.sequence & kFieldMask};
     for (std::size_t i = 0; i < std::size(fields); ++i) {
       __atomic_store_n(&box->field[i], (fields[i] & kFieldMask) | tag, __ATOMIC_RELEASE);
     }
@@ -656,8 +656,10 @@ class CudaImpl final : public Cuda {
     while (r->epoch != 0 && __atomic_load_n(&r->box->exited, __ATOMIC_ACQUIRE) != r->epoch) {
       if (util::Clock::now() >= deadline) {
         // Still running after that: its mailbox stays (it may write there), the rest goes.
-        FERRY_LOG(kWarn, "cuda: the resident one-shot kernel on cuda:%d did not leave; its "
-                  "mailbox is not freed", r->device);
+        FERRY_LOG(kWarn,
+                  "cuda: the resident one-shot kernel on cuda:%d did not leave; its "
+                  "mailbox is not freed",
+                  r->device);
         d_->cuStreamDestroy(r->stream);
         return;
       }
@@ -834,8 +836,8 @@ class CudaImpl final : public Cuda {
     unsigned long long slot_bytes = r.shape.slot_bytes;
     std::array<void*, kOneShotMembers> areas = r.shape.areas;
     void* words = r.shape.words;
-    void* params[] = {&box, &taken, &epoch, &idle_ns, &members, &me, &slot_bytes, areas.data(),
-                      &words};
+    void* params[] = {&box, &taken,      &epoch,       &idle_ns, &members,
+                      &me,  &slot_bytes, areas.data(), &words};
     CUresult result =
         d_->cuLaunchKernel(dev.resident, 1, 1, 1, 512, 1, 1, 0, r.stream, params, nullptr);
     if (result != CUDA_SUCCESS) {
@@ -1001,7 +1003,7 @@ class CudaImpl final : public Cuda {
   std::vector<Device> devices_;
   std::unordered_map<std::uint64_t, CUipcMemHandle> exported_;  // by buffer id
   std::vector<std::unique_ptr<Resident>> residents_;  // by resident_open's id; null: closed
-  std::list<Mapping> mappings_;                                 // most recently used first
+  std::list<Mapping> mappings_;                       // most recently used first
   std::map<Key, std::list<Mapping>::iterator> index_;
   std::uint64_t bytes_ = 0;
 };

@@ -156,13 +156,13 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kCollDeviceOneshotSlice, "FERRY_COLL_DEVICE_ONESHOT_SLICE", kSize, "8k", 0, 1 << 30, "",       \
     "bytes per thread block of the one-shot device allreduce, up to 128 blocks (0: always 128; "   \
     "must be the same on every member)")                                                           \
-  X(kCollDeviceResident, "FERRY_COLL_DEVICE_RESIDENT", kInt, "1000", 0, 10000000, "",            \
+  X(kCollDeviceResident, "FERRY_COLL_DEVICE_RESIDENT", kInt, "1000", 0, 10000000, "",              \
     "microseconds a one-block kernel stays on the GPU after a blocking one-shot allreduce of up "  \
     "to FERRY_COLL_DEVICE_ONESHOT_SLICE bytes, taking the next such call without a launch, where " \
     "every member has a GPU of its own (0: launch every call)")                                    \
   X(kCollDeviceResidentShared, "FERRY_COLL_DEVICE_RESIDENT_SHARED", kBool, "0", 0, 0, "",          \
     "keep the resident kernel also where members share a GPU (worth it under MPS, where their "    \
-    "kernels run side by side; without it they take turns on the GPU)")                           \
+    "kernels run side by side; without it they take turns on the GPU)")                            \
   X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                  \
     "device allreduces up to this size, where every member is on this node and the automatic "     \
     "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "       \

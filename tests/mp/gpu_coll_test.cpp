@@ -8,13 +8,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coll/reduce.hpp"
@@ -398,15 +398,15 @@ TEST_F(GpuColl, DifferentCountsFailOnEveryMemberInsteadOfHanging) {
 TEST_F(GpuColl, ResidentKernelTakesSmallBlockingCallsAndLeavesWhenIdle) {
   int devices = 0;
   check(g_cuda->cuDeviceGetCount(&devices), "cuDeviceGetCount");
-  const bool resident = oneshot_expected() &&
-                        (devices >= world_.size() ||
-                         env_is("FERRY_COLL_DEVICE_RESIDENT_SHARED", "1")) &&
-                        !env_is("FERRY_COLL_DEVICE_RESIDENT", "0") &&
-                        !env_is("FERRY_COLL_DEVICE_ONESHOT_SLICE", "0") && world_.size() > 1;
+  const bool resident =
+      oneshot_expected() &&
+      (devices >= world_.size() || env_is("FERRY_COLL_DEVICE_RESIDENT_SHARED", "1")) &&
+      !env_is("FERRY_COLL_DEVICE_RESIDENT", "0") &&
+      !env_is("FERRY_COLL_DEVICE_ONESHOT_SLICE", "0") && world_.size() > 1;
   const auto n = static_cast<std::uint32_t>(world_.size());
   // Every member holds y after the first call, so each later call multiplies by n (mod 2^32).
-  for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{2048},
-                                  std::size_t{2049}}) {
+  for (const std::size_t count :
+       {std::size_t{1}, std::size_t{7}, std::size_t{2048}, std::size_t{2049}}) {
     std::vector<std::uint32_t> start(count);
     for (std::size_t i = 0; i < count; ++i) {
       start[i] = static_cast<std::uint32_t>((world_.rank() + 1) * (i + 1));
@@ -449,7 +449,8 @@ TEST_F(GpuColl, ResidentKernelTakesSmallBlockingCallsAndLeavesWhenIdle) {
     Communicator copy = world_.split(0, world_.rank());
     const std::vector<std::byte> in = input(DataType::kInt64, 9, world_.rank(), 77);
     std::vector<std::byte> host(in.size());
-    ASSERT_TRUE(copy.allreduce(in.data(), host.data(), 9, DataType::kInt64, ReduceOp::kMax).is_ok());
+    ASSERT_TRUE(
+        copy.allreduce(in.data(), host.data(), 9, DataType::kInt64, ReduceOp::kMax).is_ok());
     to_device(send_.data(), in);
     for (int call = 0; call < 20; ++call) {
       Status s = copy.allreduce(send_.data(), recv_.data(), 9, DataType::kInt64, ReduceOp::kMax);
