@@ -48,8 +48,10 @@ for step in $steps; do
       done ;;
     coll)
       # Collectives on device buffers against host buffers: 2 ranks, 3 ranks (two share a GPU
-      # where there are two), the bandwidth algorithms forced, and IPC refused (so no one-shot).
-      for case in "2" "3" "2 FERRY_COLL_SMALL=0 FERRY_COLL_CHUNK=64k" "2 FERRY_TEST_CUDA_IPC_FAIL=1"; do
+      # where there are two, so no one-shot kernel unless FERRY_COLL_DEVICE_SHARED_GPU=1), the
+      # bandwidth algorithms forced, and IPC refused (so no one-shot).
+      for case in "2" "3" "3 FERRY_COLL_DEVICE_SHARED_GPU=1" "2 FERRY_COLL_SMALL=0 FERRY_COLL_CHUNK=64k" \
+          "2 FERRY_TEST_CUDA_IPC_FAIL=1"; do
         set -- $case
         n=$1; shift
         echo "--- gpu.coll -n $n $*"
@@ -74,7 +76,7 @@ for step in $steps; do
       # Small device allreduces, interleaved: the resident kernel (default), every call launched
       # (FERRY_COLL_DEVICE_RESIDENT=0), then NCCL where there is a GPU per rank. With one GPU,
       # GPU_RUN_MPS=1 starts MPS so the ranks' kernels run side by side, and keeps the resident
-      # kernel there (FERRY_COLL_DEVICE_RESIDENT_SHARED=1).
+      # kernel there (FERRY_COLL_DEVICE_SHARED_GPU=1).
       nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
       sizes=${GPU_RUN_SIZES:-8,1k,8k,64k}
       ngpu=$(nvidia-smi -L | wc -l)
@@ -83,7 +85,7 @@ for step in $steps; do
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/ferry-mps CUDA_MPS_LOG_DIRECTORY=/tmp/ferry-mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         nvidia-cuda-mps-control -d && echo "MPS started"
-        export FERRY_COLL_DEVICE_RESIDENT_SHARED=1
+        export FERRY_COLL_DEVICE_SHARED_GPU=1
       fi
       for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
         echo "--- round $round: resident"
@@ -100,7 +102,7 @@ for step in $steps; do
       done
       if [ -n "${GPU_RUN_MPS:-}" ]; then
         echo quit | nvidia-cuda-mps-control
-        unset FERRY_COLL_DEVICE_RESIDENT_SHARED
+        unset FERRY_COLL_DEVICE_SHARED_GPU
       fi ;;
     perf)
       for mem in cuda:cuda host:cuda cuda:host; do
@@ -171,10 +173,15 @@ for step in $steps; do
         2>&1 | tee "$out/memcheck_coll.txt" | grep -E "ERROR SUMMARY|^\[  |Failure"
       echo "exit ${PIPESTATUS[0]}" ;;
     coll_kill)
-      # A member SIGKILLed while the others run one-shot device allreduces (3 ranks).
-      "$bin/ferryrun" --timeout 60 --keep-going -n 3 "$bin/ferry_fault_test" coll-death-device \
-        2>&1 | tee -a "$out/gpu_coll_kill.log" | grep -E "rank|FAIL|SKIP"
-      echo "exit ${PIPESTATUS[0]}" ;;
+      # A member SIGKILLed while the others run small device allreduces (3 ranks): by the ring
+      # where two share a GPU, then by the one-shot kernels all the same.
+      for shared in 0 1; do
+        echo "--- coll_kill FERRY_COLL_DEVICE_SHARED_GPU=$shared"
+        FERRY_COLL_DEVICE_SHARED_GPU=$shared "$bin/ferryrun" --timeout 60 --keep-going -n 3 \
+          "$bin/ferry_fault_test" coll-death-device 2>&1 | tee -a "$out/gpu_coll_kill.log" \
+          | grep -E "rank|FAIL|SKIP"
+        echo "exit ${PIPESTATUS[0]}"
+      done ;;
     ofi)
       # Two processes as if on two nodes: libfabric over tcp, device data through host memory;
       # then FI_HMEM assumed (the provider's real refusal of GPU memory) and a refusal injected.

@@ -33,7 +33,7 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
       config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
   resident_us_ = static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident));
-  resident_shared_ = config.get_bool(util::Var::kCollDeviceResidentShared);
+  shared_gpu_ = config.get_bool(util::Var::kCollDeviceSharedGpu);
   // The area's slots hold at most 4 MiB in all (NodeArea::kSlots per member), so a communicator
   // of many members takes smaller calls through it.
   const std::size_t slot_budget = (std::size_t{4} << 20) / NodeArea::kSlots / members_.size();
@@ -65,9 +65,13 @@ bool Group::oneshot_ready(int device, std::size_t count, DataType type) {
       if (std::find(local.begin(), local.end(), m) == local.end()) return false;
     }
     if (Status s = prepare_oneshot(device); !s.is_ok()) {
-      FERRY_LOG(kWarn,
-                "collectives: the one-shot device allreduce is off for this communicator: %s",
-                s.message().c_str());
+      if (oneshot_->shared) {
+        FERRY_LOG(kInfo, "collectives: no one-shot device allreduce here: %s", s.message().c_str());
+      } else {
+        FERRY_LOG(kWarn,
+                  "collectives: the one-shot device allreduce is off for this communicator: %s",
+                  s.message().c_str());
+      }
       release_oneshot();
       oneshot_->usable = false;
     }
@@ -106,6 +110,23 @@ Status Group::prepare_oneshot(int device) {
   Status exchanged = run(
       [&](Plan& p) { return allgather(p, &mine, offers.data(), sizeof(Offer), DataType::kUint8); });
   if (!exchanged.is_ok()) return exchanged;
+  // Members that share a GPU without MPS take turns on it by time slices, and blocks that wait
+  // for each other then cost milliseconds a call (2.5 ms for 8 B on one H100, against 0.4-0.5 ms
+  // by the ring): the one-shot path is for a GPU per member (FERRY_COLL_DEVICE_SHARED_GPU
+  // overrides, for MPS). Every member sees the same offers, so all decide alike.
+  for (int m = 0; m < n && status.is_ok() && !shared_gpu_; ++m) {
+    for (int k = m + 1; k < n; ++k) {
+      const Offer& a = offers[static_cast<std::size_t>(m)];
+      const Offer& b = offers[static_cast<std::size_t>(k)];
+      if (a.ok != 0 && b.ok != 0 && a.key.uuid == b.key.uuid) {
+        o.shared = true;
+        status = Status(Code::kUnsupported, peer_label(m) + " and " + peer_label(k) +
+                                                " share a GPU (FERRY_COLL_DEVICE_SHARED_GPU=1 "
+                                                "keeps it, for MPS)");
+        break;
+      }
+    }
+  }
   for (int m = 0; m < n && status.is_ok(); ++m) {
     const Offer& offer = offers[static_cast<std::size_t>(m)];
     if (m == rank_) {
@@ -136,26 +157,15 @@ Status Group::prepare_oneshot(int device) {
   o.usable = true;
   FERRY_LOG(kInfo, "collectives: one-shot device allreduce ready on cuda:%d (%d members, %zu B)",
             device, n, oneshot_bytes_);
-  prepare_resident(offers[static_cast<std::size_t>(rank_)].key.uuid,
-                   [&](int m) { return offers[static_cast<std::size_t>(m)].key.uuid; });
+  prepare_resident();
   return Status();
 }
 
 // The resident kernel is a choice each member makes for itself (a call of one block is the same
-// on the wire either way). Members that share a GPU do without unless told otherwise
-// (FERRY_COLL_DEVICE_RESIDENT_SHARED, for MPS): without MPS their kernels take turns on it, and
-// one that stays would hold the others off for its time slice.
-template <class UuidOf>
-void Group::prepare_resident(const std::array<std::byte, 16>& mine, UuidOf uuid_of) {
+// on the wire either way).
+void Group::prepare_resident() {
   OneShot& o = *oneshot_;
   if (resident_us_ == 0 || oneshot_slice_ == 0) return;
-  for (int m = 0; m < size(); ++m) {
-    if (m != rank_ && uuid_of(m) == mine && !resident_shared_) {
-      FERRY_LOG(kInfo, "collectives: no resident one-shot kernel: %s shares this GPU",
-                peer_label(m).c_str());
-      return;
-    }
-  }
   cuda::Cuda::OneShot shape;
   shape.members = size();
   shape.me = rank_;

@@ -165,7 +165,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::size_t oneshot_bytes_;  // FERRY_COLL_DEVICE_ONESHOT
   std::size_t oneshot_slice_;  // FERRY_COLL_DEVICE_ONESHOT_SLICE
   std::uint64_t resident_us_;  // FERRY_COLL_DEVICE_RESIDENT
-  bool resident_shared_;       // FERRY_COLL_DEVICE_RESIDENT_SHARED
+  bool shared_gpu_;            // FERRY_COLL_DEVICE_SHARED_GPU
   struct OneShot {
     bool usable = false;
     int device = -1;
@@ -178,6 +178,7 @@ class Group : public std::enable_shared_from_this<Group> {
     std::uint64_t sequence = 0;
     // The resident kernel (cuda.hpp, resident_open) for blocking calls of one block, or -1.
     int resident = -1;
+    bool shared = false;       // off because members share a GPU
     cuda::Ticket last_launch;  // of the last launched one-shot kernel, if `launched`
     bool launched = false;
   };
@@ -194,8 +195,7 @@ class Group : public std::enable_shared_from_this<Group> {
   // The area, unless a member left it (then it goes, here too).
   bool node_usable();
   Status prepare_oneshot(int device);
-  template <class UuidOf>
-  void prepare_resident(const std::array<std::byte, 16>& mine, UuidOf uuid_of);
+  void prepare_resident();
   [[nodiscard]] std::string peer_label(int m) const;
   void release_oneshot();
 };

@@ -160,9 +160,11 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "microseconds a one-block kernel stays on the GPU after a blocking one-shot allreduce of up "  \
     "to FERRY_COLL_DEVICE_ONESHOT_SLICE bytes, taking the next such call without a launch, where " \
     "every member has a GPU of its own (0: launch every call)")                                    \
-  X(kCollDeviceResidentShared, "FERRY_COLL_DEVICE_RESIDENT_SHARED", kBool, "0", 0, 0, "",          \
-    "keep the resident kernel also where members share a GPU (worth it under MPS, where their "    \
-    "kernels run side by side; without it they take turns on the GPU)")                            \
+  X(kCollDeviceSharedGpu, "FERRY_COLL_DEVICE_SHARED_GPU", kBool, "0", 0, 0, "",                    \
+    "use the device kernels whose blocks wait for each other (the one-shot allreduce and its "     \
+    "resident kernel) also where members share a GPU: worth it under MPS, where their kernels "    \
+    "run "                                                                                         \
+    "side by side; without MPS they take turns by time slices and a call costs milliseconds")      \
   X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                  \
     "device allreduces up to this size, where every member is on this node and the automatic "     \
     "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "       \

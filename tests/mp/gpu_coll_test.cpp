@@ -186,10 +186,14 @@ bool env_is(const char* name, const char* value) {
   return v != nullptr && std::string(v) == value;
 }
 
-// Small device allreduces go by the one-shot kernel unless the configuration rules it out.
-bool oneshot_expected() {
+// Small device allreduces go by the one-shot kernel unless the configuration rules it out (or
+// members share a GPU: rank r uses GPU r mod the GPU count).
+bool oneshot_expected(int members) {
+  int devices = 0;
+  check(g_cuda->cuDeviceGetCount(&devices), "cuDeviceGetCount");
   return !env_is("FERRY_CUDA_IPC", "0") && !env_is("FERRY_TEST_CUDA_IPC_FAIL", "1") &&
-         !env_is("FERRY_COLL_DEVICE_ONESHOT", "0") && !env_is("FERRY_COLL_ALLREDUCE", "ring");
+         !env_is("FERRY_COLL_DEVICE_ONESHOT", "0") && !env_is("FERRY_COLL_ALLREDUCE", "ring") &&
+         (devices >= members || env_is("FERRY_COLL_DEVICE_SHARED_GPU", "1"));
 }
 
 class GpuColl : public ::testing::Test {
@@ -360,7 +364,8 @@ TEST_F(GpuColl, DifferentCountsFailOnEveryMemberInsteadOfHanging) {
   // Small device allreduces among GPUs of one node run as one kernel per GPU; members whose calls
   // differ find out from each other's flags. (Where the members' choices of algorithm differ, the
   // wait is bounded by FERRY_TIMEOUT, as for host buffers.)
-  if (!oneshot_expected()) GTEST_SKIP() << "the one-shot path is off in this configuration";
+  if (!oneshot_expected(world_.size()))
+    GTEST_SKIP() << "the one-shot path is off in this configuration";
   // The kernel's grid follows the size: counts 100 and 101 run one block each, counts 100 and
   // 100100 one block and 49.
   for (const std::size_t spread : {std::size_t{1}, std::size_t{100000}}) {
@@ -396,13 +401,9 @@ TEST_F(GpuColl, DifferentCountsFailOnEveryMemberInsteadOfHanging) {
 // checked against the values the chain must reach; then a context synchronization after a call
 // waits for it to leave, and only about as long as its idle time.
 TEST_F(GpuColl, ResidentKernelTakesSmallBlockingCallsAndLeavesWhenIdle) {
-  int devices = 0;
-  check(g_cuda->cuDeviceGetCount(&devices), "cuDeviceGetCount");
-  const bool resident =
-      oneshot_expected() &&
-      (devices >= world_.size() || env_is("FERRY_COLL_DEVICE_RESIDENT_SHARED", "1")) &&
-      !env_is("FERRY_COLL_DEVICE_RESIDENT", "0") &&
-      !env_is("FERRY_COLL_DEVICE_ONESHOT_SLICE", "0") && world_.size() > 1;
+  const bool resident = oneshot_expected(world_.size()) &&
+                        !env_is("FERRY_COLL_DEVICE_RESIDENT", "0") &&
+                        !env_is("FERRY_COLL_DEVICE_ONESHOT_SLICE", "0") && world_.size() > 1;
   const auto n = static_cast<std::uint32_t>(world_.size());
   // Every member holds y after the first call, so each later call multiplies by n (mod 2^32).
   for (const std::size_t count :
