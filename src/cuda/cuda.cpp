@@ -239,6 +239,10 @@ class CudaImpl final : public Cuda {
     return {};
   }
 
+  [[nodiscard]] bool ipc_cached(int peer, const IpcKey& key, int local) const override {
+    return index_.count(Key{peer, local, key.base, key.kind, key.buffer_id}) != 0;
+  }
+
   Status import_ipc(int peer, const IpcKey& key, int local, util::Fd* fd, void** mapped) override {
     if (key.extent == 0 || key.offset >= key.extent || local < 0 || local >= d_->device_count ||
         (key.kind != mem::IpcKind::kLegacy && key.kind != mem::IpcKind::kPosixFd)) {

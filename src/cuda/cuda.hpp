@@ -69,6 +69,8 @@ class Cuda {
   virtual Status import_ipc(int peer, const IpcKey& key, int device, util::Fd* fd,
                             void** mapped) = 0;
   virtual void unpin(int peer, int device, const IpcKey& key) = 0;
+  // Whether import_ipc would find `key` in the cache (so a kPosixFd key needs no descriptor).
+  [[nodiscard]] virtual bool ipc_cached(int peer, const IpcKey& key, int device) const = 0;
   // Drops every mapping of a peer (it died or finalized).
   virtual void forget_peer(int peer) = 0;
 

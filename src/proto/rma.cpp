@@ -598,7 +598,10 @@ bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t by
       const int device = local_device ? cuda_->classify(local).device : 0;
       std::string refused = cuda_->ipc_refusal(key.uuid, device);
       util::Fd descriptor;
-      if (refused.empty() && key.kind == mem::IpcKind::kPosixFd) {
+      // The owner's descriptor of a cuMem allocation only for a first mapping (the cache knows
+      // the allocation by its id, which a freed and remade one does not share).
+      if (refused.empty() && key.kind == mem::IpcKind::kPosixFd &&
+          !cuda_->ipc_cached(target.rank, key, device)) {
         descriptor = peer_descriptor(target.rank, peer, slot.ipc_fd);
         if (!descriptor.valid()) refused = "its allocation's descriptor could not be taken";
       }
