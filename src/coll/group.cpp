@@ -29,8 +29,12 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   allgather_ = static_cast<int>(config.get_int(util::Var::kCollAllgather));
   chunk_ = config.get_size(util::Var::kCollChunk);
   timeout_ = engine_->timeout();
-  oneshot_bytes_ =
-      config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kCollDeviceOneshot) : 0;
+  // Each member of a one-shot call pushes its data to the n - 1 others, so the size limit
+  // shrinks with the members (and so does the exchange area: 2 * n slots of that size).
+  const std::size_t peers = members_.size() > 1 ? members_.size() - 1 : 1;
+  oneshot_bytes_ = config.get_bool(util::Var::kCudaIpc)
+                       ? config.get_size(util::Var::kCollDeviceOneshot) / peers / 256 * 256
+                       : 0;
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
   resident_us_ = static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident));
   shared_gpu_ = config.get_bool(util::Var::kCollDeviceSharedGpu);

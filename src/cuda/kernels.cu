@@ -289,64 +289,122 @@ __device__ __forceinline__ void store_release(unsigned long long* p, unsigned lo
 // The order of the host algorithm the call stands in for: recursive doubling (a tree), or the
 // ring's reduce-scatter, where block b of n (count / n elements, the first count % n blocks one
 // more) is reduced along the chain of members b, b + 1, ... (mod n), the partial result first.
+struct Order {
+  __device__ Order(std::size_t count, int members, bool ring)
+      : members(members),
+        ring(ring),
+        base(count / static_cast<std::size_t>(members)),
+        longer(count % static_cast<std::size_t>(members)) {
+    pow2 = 1;
+    while (pow2 * 2 <= members) pow2 *= 2;
+    extra = members - pow2;
+  }
+  int members;
+  bool ring;
+  std::size_t base, longer;
+  int pow2, extra;
+};
+
+// Element i reduced over the members' values x[0..members) in the order's sequence.
+template <class E, int kOp>
+__device__ __forceinline__ typename E::Storage combine_members(
+    const typename E::Storage (&x)[kMaxMembers], const Order& order, std::size_t i) {
+  using T = typename E::Storage;
+  if (order.ring) {
+    const std::size_t head = order.longer * (order.base + 1);
+    const int b = static_cast<int>(i < head ? i / (order.base + 1)
+                                            : order.longer + (i - head) / order.base);
+    T acc = x[0];
+#pragma unroll
+    for (int m = 1; m < kMaxMembers; ++m) {
+      if (m == b) acc = x[m];
+    }
+    for (int k = 1; k < order.members; ++k) {
+      const int j = b + k < order.members ? b + k : b + k - order.members;
+#pragma unroll
+      for (int m = 0; m < kMaxMembers; ++m) {
+        if (m == j) acc = E::template combine<kOp>(acc, x[m]);
+      }
+    }
+    return acc;
+  }
+  // Members below 2 * extra fold in pairs (the lower one's data first); then the pow2
+  // survivors combine like recursive doubling: at distance 1, 2, 4..., lower index first.
+  T v[kMaxMembers];
+#pragma unroll
+  for (int k = 0; k < kMaxMembers; ++k) {
+    if (k < order.pow2) {
+      v[k] = k < order.extra ? E::template combine<kOp>(x[2 * k], x[2 * k + 1])
+                             : x[k + order.extra];
+    }
+  }
+#pragma unroll
+  for (int step = 1; step < kMaxMembers; step *= 2) {
+#pragma unroll
+    for (int k = 0; k + step < kMaxMembers; k += 2 * step) {
+      if (k + step < order.pow2) v[k] = E::template combine<kOp>(v[k], v[k + step]);
+    }
+  }
+  return v[0];
+}
+
+// out[first, last) = the members' data reduced in the order's sequence: this member's from `in`,
+// the others' from their slots in this member's area. first is a whole number of 16-byte units
+// into the buffers. With two members, where every buffer is 16-byte aligned, the body goes in
+// 16-byte loads (either order is one combine: member 0's value first, or with the ring's order
+// member 1's first in the second block); otherwise element by element.
 template <class E, int kOp>
 __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::size_t count,
                                std::size_t first, std::size_t last, int members, int me, bool ring,
                                const Areas& areas, std::size_t slot_offset,
                                std::size_t slot_bytes) {
   using T = typename E::Storage;
+  constexpr std::size_t kVector = 16 / sizeof(T);
   auto* out = static_cast<T*>(out_buffer);
-  const auto* in = static_cast<const T*>(in_buffer);
-  int pow2 = 1;
-  while (pow2 * 2 <= members) pow2 *= 2;
-  const int extra = members - pow2;
-  const std::size_t base = count / static_cast<std::size_t>(members);
-  const std::size_t longer = count % static_cast<std::size_t>(members);
-  for (std::size_t i = first + threadIdx.x; i < last; i += blockDim.x) {
-    T x[kMaxMembers];
+  const T* source[kMaxMembers];
+  std::uintptr_t alignment =
+      reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(in_buffer);
+#pragma unroll
+  for (int j = 0; j < kMaxMembers; ++j) {
+    source[j] = nullptr;
+    if (j < members) {
+      source[j] = j == me ? static_cast<const T*>(in_buffer)
+                          : reinterpret_cast<const T*>(areas.area[me] + slot_offset +
+                                                       static_cast<std::size_t>(j) * slot_bytes);
+      alignment |= reinterpret_cast<std::uintptr_t>(source[j]);
+    }
+  }
+  const Order order(count, members, ring);
+  std::size_t tail = first;
+  if (members == 2 && (alignment & 15) == 0) {
+    union Lanes {
+      uint4 whole;
+      T item[kVector];
+    };
+    // The ring's first block (member 0's value first) is the longer half.
+    const std::size_t split = ring ? (count + 1) / 2 : count;
+    const std::size_t end = last / kVector;
+    for (std::size_t v = first / kVector + threadIdx.x; v < end; v += blockDim.x) {
+      Lanes x, y, z;
+      x.whole = reinterpret_cast<const uint4*>(source[0])[v];
+      y.whole = reinterpret_cast<const uint4*>(source[1])[v];
+#pragma unroll
+      for (std::size_t e = 0; e < kVector; ++e) {
+        const bool zero_first = v * kVector + e < split;
+        z.item[e] = E::template combine<kOp>(zero_first ? x.item[e] : y.item[e],
+                                             zero_first ? y.item[e] : x.item[e]);
+      }
+      reinterpret_cast<uint4*>(out)[v] = z.whole;
+    }
+    tail = end * kVector > first ? end * kVector : first;
+  }
+  for (std::size_t i = tail + threadIdx.x; i < last; i += blockDim.x) {
+    T item[kMaxMembers];
 #pragma unroll
     for (int j = 0; j < kMaxMembers; ++j) {
-      if (j < members) {
-        x[j] = j == me ? in[i]
-                       : reinterpret_cast<const T*>(areas.area[me] + slot_offset +
-                                                    static_cast<std::size_t>(j) * slot_bytes)[i];
-      }
+      if (j < members) item[j] = source[j][i];
     }
-    if (ring) {
-      const std::size_t head = longer * (base + 1);
-      const int b = static_cast<int>(i < head ? i / (base + 1) : longer + (i - head) / base);
-      T acc = x[0];
-#pragma unroll
-      for (int m = 1; m < kMaxMembers; ++m) {
-        if (m == b) acc = x[m];
-      }
-      for (int k = 1; k < members; ++k) {
-        const int j = b + k < members ? b + k : b + k - members;
-#pragma unroll
-        for (int m = 0; m < kMaxMembers; ++m) {
-          if (m == j) acc = E::template combine<kOp>(acc, x[m]);
-        }
-      }
-      out[i] = acc;
-      continue;
-    }
-    // Members below 2 * extra fold in pairs (the lower one's data first); then the pow2
-    // survivors combine like recursive doubling: at distance 1, 2, 4..., lower index first.
-    T v[kMaxMembers];
-#pragma unroll
-    for (int k = 0; k < kMaxMembers; ++k) {
-      if (k < pow2) {
-        v[k] = k < extra ? E::template combine<kOp>(x[2 * k], x[2 * k + 1]) : x[k + extra];
-      }
-    }
-#pragma unroll
-    for (int step = 1; step < kMaxMembers; step *= 2) {
-#pragma unroll
-      for (int k = 0; k + step < kMaxMembers; k += 2 * step) {
-        if (k + step < pow2) v[k] = E::template combine<kOp>(v[k], v[k + step]);
-      }
-    }
-    out[i] = v[0];
+    out[i] = combine_members<E, kOp>(item, order, i);
   }
 }
 
@@ -414,23 +472,56 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   const unsigned long long signature =
       count << 8 | static_cast<unsigned long long>(type) << 4 | static_cast<unsigned>(op);
 
-  // Push the slice to every peer.
+  // Push the slice to every peer: each thread loads four 16-byte units before storing them to
+  // every peer, so loads stay in flight while stores cross the links.
   const auto* source = static_cast<const unsigned char*>(in) + first * size;
   const std::size_t bytes = (last - first) * size;
-  for (int j = 0; j < members; ++j) {
-    if (j == me) continue;
-    unsigned char* target =
-        areas.area[j] + slot_offset + static_cast<std::size_t>(me) * slot_bytes + first * size;
-    if (((reinterpret_cast<std::uintptr_t>(source) | reinterpret_cast<std::uintptr_t>(target)) &
-         15) == 0) {
-      for (std::size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) {
-        reinterpret_cast<uint4*>(target)[k] = reinterpret_cast<const uint4*>(source)[k];
+  unsigned char* target[kMaxMembers];
+  std::uintptr_t alignment = reinterpret_cast<std::uintptr_t>(source);
+#pragma unroll
+  for (int j = 0; j < kMaxMembers; ++j) {
+    target[j] = nullptr;
+    if (j < members && j != me) {
+      target[j] =
+          areas.area[j] + slot_offset + static_cast<std::size_t>(me) * slot_bytes + first * size;
+      alignment |= reinterpret_cast<std::uintptr_t>(target[j]);
+    }
+  }
+  std::size_t tail = 0;
+  if ((alignment & 15) == 0) {
+    const std::size_t units = bytes / 16;
+    const std::size_t stride = blockDim.x;
+    const auto* from = reinterpret_cast<const uint4*>(source);
+    std::size_t k = threadIdx.x;
+    for (; k + 3 * stride < units; k += 4 * stride) {
+      const uint4 a = from[k];
+      const uint4 b = from[k + stride];
+      const uint4 c = from[k + 2 * stride];
+      const uint4 d = from[k + 3 * stride];
+#pragma unroll
+      for (int j = 0; j < kMaxMembers; ++j) {
+        if (target[j] == nullptr) continue;
+        auto* to = reinterpret_cast<uint4*>(target[j]);
+        to[k] = a;
+        to[k + stride] = b;
+        to[k + 2 * stride] = c;
+        to[k + 3 * stride] = d;
       }
-      for (std::size_t k = bytes / 16 * 16 + threadIdx.x; k < bytes; k += blockDim.x) {
-        target[k] = source[k];
+    }
+    for (; k < units; k += stride) {
+      const uint4 a = from[k];
+#pragma unroll
+      for (int j = 0; j < kMaxMembers; ++j) {
+        if (target[j] != nullptr) reinterpret_cast<uint4*>(target[j])[k] = a;
       }
-    } else {
-      for (std::size_t k = threadIdx.x; k < bytes; k += blockDim.x) target[k] = source[k];
+    }
+    tail = units * 16;
+  }
+  for (std::size_t k = tail + threadIdx.x; k < bytes; k += blockDim.x) {
+    const unsigned char c = source[k];
+#pragma unroll
+    for (int j = 0; j < kMaxMembers; ++j) {
+      if (target[j] != nullptr) target[j][k] = c;
     }
   }
   // The block's pushes, then (by thread 0, cumulatively for the block) the flags.

@@ -165,10 +165,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "resident kernel) also where members share a GPU: worth it under MPS, where their kernels "    \
     "run "                                                                                         \
     "side by side; without MPS they take turns by time slices and a call costs milliseconds")      \
-  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "4m", 0, 1 << 30, "",                  \
-    "device allreduces up to this size, where every member is on this node and the automatic "     \
-    "choice is recursive doubling, run as one kernel per GPU that pushes its data to every "       \
-    "member through CUDA IPC (0: never)")                                                          \
+  X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "16m", 0, 1 << 30, "",                 \
+    "device allreduces up to this size divided by (members - 1), where every member is on this "   \
+    "node and has a GPU of its own and no algorithm is forced, run as one kernel per GPU that "    \
+    "pushes its data to every member through CUDA IPC (0: never)")                                 \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",              \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "     \
     "(FERRY_STORE set), else a single process")                                                    \
