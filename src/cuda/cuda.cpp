@@ -713,7 +713,11 @@ class CudaImpl final : public Cuda {
   Status copy(void* dst, const void* src, std::size_t bytes) override {
     mem::MemoryInfo info = classify(dst);
     if (info.device < 0) info = classify(src);
-    Device& dev = device(info.device < 0 ? 0 : info.device);
+    return copy_on(info.device < 0 ? 0 : info.device, dst, src, bytes);
+  }
+
+  Status copy_on(int device_ordinal, void* dst, const void* src, std::size_t bytes) override {
+    Device& dev = device(device_ordinal);
     ScopedContext scope(d_, dev.context);
     // Not cuMemcpy: from pageable host memory it returns before the data reaches the device, and
     // work on other streams (the application's, or a collective's kernels) could then read the

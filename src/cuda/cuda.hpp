@@ -84,8 +84,12 @@ class Cuda {
   virtual Status copy_device_async(int device, int lane, void* dst, const void* src,
                                    std::size_t bytes, bool streaming, Ticket* ticket) = 0;
   [[nodiscard]] virtual bool done(const Ticket& ticket) = 0;
-  // Synchronous copy (small eager messages into device memory, tools, tests).
+  // Synchronous copy (small eager messages into device memory, tools, tests), by the context of
+  // the GPU that holds dst (else src).
   virtual Status copy(void* dst, const void* src, std::size_t bytes) = 0;
+  // As copy, by `device`'s context: where one end is a peer's allocation mapped for `device`
+  // only (a cuMem import), which the GPU that holds it may not reach at that address.
+  virtual Status copy_on(int device, void* dst, const void* src, std::size_t bytes) = 0;
 
   // ---- Collectives on device buffers ----
   // Empty when `device` can run the reduction kernels (kernels.cu, loaded on first use), else why

@@ -227,7 +227,8 @@ extern "C" __global__ void __launch_bounds__(512)
 }
 
 // dst = src over `bytes` bytes of device memory (either may be a peer's IPC mapping): the copy
-// engine's work done by the SMs, where the engine's start-up per copy shows (FERRY_CUDA_IPC_KERNEL_COPY).
+// engine's work done by the SMs, where the engine's start-up per copy shows
+// (FERRY_CUDA_IPC_KERNEL_COPY).
 extern "C" __global__ void __launch_bounds__(512)
     ferry_copy(void* dst, const void* src, unsigned long long bytes) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -312,8 +313,8 @@ __device__ __forceinline__ typename E::Storage combine_members(
   using T = typename E::Storage;
   if (order.ring) {
     const std::size_t head = order.longer * (order.base + 1);
-    const int b = static_cast<int>(i < head ? i / (order.base + 1)
-                                            : order.longer + (i - head) / order.base);
+    const int b =
+        static_cast<int>(i < head ? i / (order.base + 1) : order.longer + (i - head) / order.base);
     T acc = x[0];
 #pragma unroll
     for (int m = 1; m < kMaxMembers; ++m) {
@@ -334,8 +335,8 @@ __device__ __forceinline__ typename E::Storage combine_members(
 #pragma unroll
   for (int k = 0; k < kMaxMembers; ++k) {
     if (k < order.pow2) {
-      v[k] = k < order.extra ? E::template combine<kOp>(x[2 * k], x[2 * k + 1])
-                             : x[k + order.extra];
+      v[k] =
+          k < order.extra ? E::template combine<kOp>(x[2 * k], x[2 * k + 1]) : x[k + order.extra];
     }
   }
 #pragma unroll
@@ -350,10 +351,12 @@ __device__ __forceinline__ typename E::Storage combine_members(
 
 // out[first, last) = the members' data reduced in the order's sequence: this member's from `in`,
 // the others' from their slots in this member's area. first is a whole number of 16-byte units
-// into the buffers. With two members, where every buffer is 16-byte aligned, the body goes in
-// 16-byte loads (either order is one combine: member 0's value first, or with the ring's order
-// member 1's first in the second block); otherwise element by element.
-template <class E, int kOp>
+// into the buffers. kWide (the launched kernel): with two members, where every buffer is 16-byte
+// aligned, the body goes in 16-byte loads (either order is one combine: member 0's value first,
+// or with the ring's order member 1's first in the second block). Otherwise, and always in the
+// resident kernel (whose calls are small, and whose registers the wide path would crowd onto the
+// stack: 3 us more per 8-byte call), element by element.
+template <class E, int kOp, bool kWide>
 __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::size_t count,
                                std::size_t first, std::size_t last, int members, int me, bool ring,
                                const Areas& areas, std::size_t slot_offset,
@@ -376,7 +379,7 @@ __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::siz
   }
   const Order order(count, members, ring);
   std::size_t tail = first;
-  if (members == 2 && (alignment & 15) == 0) {
+  if (kWide && members == 2 && (alignment & 15) == 0) {
     union Lanes {
       uint4 whole;
       T item[kVector];
@@ -408,13 +411,13 @@ __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::siz
   }
 }
 
-template <class E>
+template <class E, bool kWide>
 __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std::size_t count,
                            std::size_t first, std::size_t last, int members, int me, bool ring,
                            const Areas& areas, std::size_t slot_offset, std::size_t slot_bytes) {
-#define FERRY_ONESHOT(kOp)                                                             \
-  return oneshot_reduce<E, kOp>(out, in, count, first, last, members, me, ring, areas, \
-                                slot_offset, slot_bytes)
+#define FERRY_ONESHOT(kOp)                                                                    \
+  return oneshot_reduce<E, kOp, kWide>(out, in, count, first, last, members, me, ring, areas, \
+                                       slot_offset, slot_bytes)
   switch (op) {
     case kSum:
       FERRY_ONESHOT(kSum);
@@ -448,8 +451,9 @@ __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std:
 // waiting (a member died, or the call timed out); a block sets words[1] when a peer's call differs
 // in count, type or op. The grid (at most kMaxBlocks blocks) follows the size, the same on every
 // member for the same call; block b waits for block b of each peer.
-__device__ void oneshot_block(void* out, const void* in, unsigned long long count, int type,
-                              int op, int members, int me, int ring, unsigned long long sequence,
+template <bool kWide>
+__device__ void oneshot_block(void* out, const void* in, unsigned long long count, int type, int op,
+                              int members, int me, int ring, unsigned long long sequence,
                               unsigned long long slot_bytes, const Areas& areas,
                               volatile unsigned* words, unsigned block, unsigned blocks) {
   const std::size_t size =
@@ -472,56 +476,75 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   const unsigned long long signature =
       count << 8 | static_cast<unsigned long long>(type) << 4 | static_cast<unsigned>(op);
 
-  // Push the slice to every peer: each thread loads four 16-byte units before storing them to
-  // every peer, so loads stay in flight while stores cross the links.
+  // Push the slice to every peer. kWide: each thread loads four 16-byte units before storing
+  // them to every peer, so loads stay in flight while stores cross the links (8 MiB between two
+  // H200s: 44-46 against 55-56 us a call); else a unit at a time, peer by peer (what a call of
+  // one block needs, in the fewest registers).
   const auto* source = static_cast<const unsigned char*>(in) + first * size;
   const std::size_t bytes = (last - first) * size;
-  unsigned char* target[kMaxMembers];
-  std::uintptr_t alignment = reinterpret_cast<std::uintptr_t>(source);
-#pragma unroll
-  for (int j = 0; j < kMaxMembers; ++j) {
-    target[j] = nullptr;
-    if (j < members && j != me) {
-      target[j] =
-          areas.area[j] + slot_offset + static_cast<std::size_t>(me) * slot_bytes + first * size;
-      alignment |= reinterpret_cast<std::uintptr_t>(target[j]);
-    }
-  }
-  std::size_t tail = 0;
-  if ((alignment & 15) == 0) {
-    const std::size_t units = bytes / 16;
-    const std::size_t stride = blockDim.x;
-    const auto* from = reinterpret_cast<const uint4*>(source);
-    std::size_t k = threadIdx.x;
-    for (; k + 3 * stride < units; k += 4 * stride) {
-      const uint4 a = from[k];
-      const uint4 b = from[k + stride];
-      const uint4 c = from[k + 2 * stride];
-      const uint4 d = from[k + 3 * stride];
-#pragma unroll
-      for (int j = 0; j < kMaxMembers; ++j) {
-        if (target[j] == nullptr) continue;
-        auto* to = reinterpret_cast<uint4*>(target[j]);
-        to[k] = a;
-        to[k + stride] = b;
-        to[k + 2 * stride] = c;
-        to[k + 3 * stride] = d;
-      }
-    }
-    for (; k < units; k += stride) {
-      const uint4 a = from[k];
-#pragma unroll
-      for (int j = 0; j < kMaxMembers; ++j) {
-        if (target[j] != nullptr) reinterpret_cast<uint4*>(target[j])[k] = a;
-      }
-    }
-    tail = units * 16;
-  }
-  for (std::size_t k = tail + threadIdx.x; k < bytes; k += blockDim.x) {
-    const unsigned char c = source[k];
+  if constexpr (kWide) {
+    unsigned char* target[kMaxMembers];
+    std::uintptr_t alignment = reinterpret_cast<std::uintptr_t>(source);
 #pragma unroll
     for (int j = 0; j < kMaxMembers; ++j) {
-      if (target[j] != nullptr) target[j][k] = c;
+      target[j] = nullptr;
+      if (j < members && j != me) {
+        target[j] =
+            areas.area[j] + slot_offset + static_cast<std::size_t>(me) * slot_bytes + first * size;
+        alignment |= reinterpret_cast<std::uintptr_t>(target[j]);
+      }
+    }
+    std::size_t tail = 0;
+    if ((alignment & 15) == 0) {
+      const std::size_t units = bytes / 16;
+      const std::size_t stride = blockDim.x;
+      const auto* from = reinterpret_cast<const uint4*>(source);
+      std::size_t k = threadIdx.x;
+      for (; k + 3 * stride < units; k += 4 * stride) {
+        const uint4 a = from[k];
+        const uint4 b = from[k + stride];
+        const uint4 c = from[k + 2 * stride];
+        const uint4 d = from[k + 3 * stride];
+#pragma unroll
+        for (int j = 0; j < kMaxMembers; ++j) {
+          if (target[j] == nullptr) continue;
+          auto* to = reinterpret_cast<uint4*>(target[j]);
+          to[k] = a;
+          to[k + stride] = b;
+          to[k + 2 * stride] = c;
+          to[k + 3 * stride] = d;
+        }
+      }
+      for (; k < units; k += stride) {
+        const uint4 a = from[k];
+#pragma unroll
+        for (int j = 0; j < kMaxMembers; ++j) {
+          if (target[j] != nullptr) reinterpret_cast<uint4*>(target[j])[k] = a;
+        }
+      }
+      tail = units * 16;
+    }
+    for (std::size_t k = tail + threadIdx.x; k < bytes; k += blockDim.x) {
+      const unsigned char c = source[k];
+#pragma unroll
+      for (int j = 0; j < kMaxMembers; ++j) {
+        if (target[j] != nullptr) target[j][k] = c;
+      }
+    }
+  } else {
+    for (int j = 0; j < members; ++j) {
+      if (j == me) continue;
+      unsigned char* target =
+          areas.area[j] + slot_offset + static_cast<std::size_t>(me) * slot_bytes + first * size;
+      std::size_t tail = 0;
+      if (((reinterpret_cast<std::uintptr_t>(source) | reinterpret_cast<std::uintptr_t>(target)) &
+           15) == 0) {
+        for (std::size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) {
+          reinterpret_cast<uint4*>(target)[k] = reinterpret_cast<const uint4*>(source)[k];
+        }
+        tail = bytes / 16 * 16;
+      }
+      for (std::size_t k = tail + threadIdx.x; k < bytes; k += blockDim.x) target[k] = source[k];
     }
   }
   // The block's pushes, then (by thread 0, cumulatively for the block) the flags.
@@ -570,10 +593,10 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   __syncthreads();
   if (stop == 0) {
     switch (type) {
-#define FERRY_TYPE(kType, E, bitwise)                                                      \
-  case kType:                                                                              \
-    oneshot_op<E>(op, bitwise, out, in, count, first, last, members, me, ring != 0, areas, \
-                  slot_offset, slot_bytes);                                                \
+#define FERRY_TYPE(kType, E, bitwise)                                                             \
+  case kType:                                                                                     \
+    oneshot_op<E, kWide>(op, bitwise, out, in, count, first, last, members, me, ring != 0, areas, \
+                         slot_offset, slot_bytes);                                                \
     break;
       FERRY_TYPE(kInt8, Element<std::int8_t>, true)
       FERRY_TYPE(kInt16, Element<std::int16_t>, true)
@@ -602,8 +625,8 @@ extern "C" __global__ void __launch_bounds__(512)
                             int members, int me, int ring, unsigned long long sequence,
                             unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
                             unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
-  oneshot_block(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words,
-                blockIdx.x, gridDim.x);
+  oneshot_block<true>(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas,
+                      words, blockIdx.x, gridDim.x);
   if (lane_flag == nullptr) return;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -684,10 +707,10 @@ extern "C" __global__ void __launch_bounds__(512)
     __syncthreads();
     if (leave != 0) break;
     const unsigned long long shape = call[3];
-    oneshot_block(reinterpret_cast<void*>(call[0]), reinterpret_cast<const void*>(call[1]),
-                  call[2], static_cast<int>(shape & 0xff), static_cast<int>(shape >> 8 & 0xff),
-                  members, me, static_cast<int>(shape >> 16 & 1), call[4], slot_bytes, areas,
-                  words, 0, 1);
+    oneshot_block<false>(
+        reinterpret_cast<void*>(call[0]), reinterpret_cast<const void*>(call[1]), call[2],
+        static_cast<int>(shape & 0xff), static_cast<int>(shape >> 8 & 0xff), members, me,
+        static_cast<int>(shape >> 16 & 1), call[4], slot_bytes, areas, words, 0, 1);
     ++taken;
     // The block's results, then `done` (a release after the barrier covers every thread's).
     __syncthreads();

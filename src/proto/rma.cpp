@@ -610,7 +610,9 @@ bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t by
                          ? cuda_->import_ipc(target.rank, key, device, &descriptor, &mapped)
                          : Status(Code::kUnsupported, refused);
       if (moved) {
-        moved = put ? cuda_->copy(mapped, local, bytes) : cuda_->copy(local, mapped, bytes);
+        // By the GPU the mapping was made for: a cuMem import is mapped for that one only.
+        moved = put ? cuda_->copy_on(device, mapped, local, bytes)
+                    : cuda_->copy_on(device, local, mapped, bytes);
         cuda_->unpin(target.rank, device, key);
       }
       if (moved) {
