@@ -131,6 +131,19 @@ Status Group::prepare_oneshot(int device) {
       }
     }
   }
+  // Every member sees the same offers, so all choose the same grid limit.
+  int sharing = 1;
+  for (int m = 0; m < n; ++m) {
+    int same = 0;
+    for (int k = 0; k < n; ++k) {
+      same += offers[static_cast<std::size_t>(k)].key.uuid ==
+                      offers[static_cast<std::size_t>(m)].key.uuid
+                  ? 1
+                  : 0;
+    }
+    sharing = std::max(sharing, same);
+  }
+  o.max_blocks = static_cast<unsigned>(std::max(1, cuda::Cuda::kOneShotBlocks / sharing));
   for (int m = 0; m < n && status.is_ok(); ++m) {
     const Offer& offer = offers[static_cast<std::size_t>(m)];
     if (m == rank_) {
@@ -220,6 +233,7 @@ Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp
   call.sequence = a.sequence;
   call.slot_bytes = oneshot_bytes_;
   call.block_bytes = oneshot_slice_;
+  call.max_blocks = o.max_blocks;
   call.areas = o.areas;
   call.words = o.words_device;
   cuda::Cuda* gpu = engine_->cuda();

@@ -178,7 +178,10 @@ class Group : public std::enable_shared_from_this<Group> {
     std::uint64_t sequence = 0;
     // The resident kernel (cuda.hpp, resident_open) for blocking calls of one block, or -1.
     int resident = -1;
-    bool shared = false;       // off because members share a GPU
+    bool shared = false;  // off because members share a GPU
+    // Blocks per launched call: kOneShotBlocks divided by the most members on one GPU (so where
+    // they share one under MPS, every member's blocks fit on it at once).
+    unsigned max_blocks = cuda::Cuda::kOneShotBlocks;
     cuda::Ticket last_launch;  // of the last launched one-shot kernel, if `launched`
     bool launched = false;
   };

@@ -536,11 +536,11 @@ class CudaImpl final : public Cuda {
     // A block per call.block_bytes, up to kOneShotBlocks: a small call is one block with one
     // flag per peer. Block b waits for block b of each peer.
     const std::size_t data = call.count * size_of(call.type);
+    const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, kOneShotBlocks);
     const auto blocks = static_cast<unsigned>(
         call.block_bytes == 0
-            ? kOneShotBlocks
-            : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1,
-                                      kOneShotBlocks));
+            ? most
+            : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1, most));
     void* out = call.out;
     const void* in = call.in;
     unsigned long long count = call.count;

@@ -127,6 +127,11 @@ class Cuda {
     // Bytes per thread block, up to kOneShotBlocks blocks (0: always kOneShotBlocks). Every member
     // must compute the same grid for the same call.
     std::size_t block_bytes = 0;
+    // At most this many blocks (1..kOneShotBlocks), the same on every member. Block b spins until
+    // block b of every peer has pushed, so where members share a GPU (under MPS) all their blocks
+    // must fit on it at once: 3 members of 128 blocks of 512 threads do not fit on an H100
+    // (2 such blocks per multiprocessor, 132 of them) and waited for each other until the timeout.
+    unsigned max_blocks = kOneShotBlocks;
     std::array<void*, kOneShotMembers> areas{};  // every member's area as mapped here
     // Device view of two host words: [0] nonzero ends the waiting; the kernel sets [1] when a
     // member's call differs in count, type or op.
