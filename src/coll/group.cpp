@@ -114,36 +114,37 @@ Status Group::prepare_oneshot(int device) {
   Status exchanged = run(
       [&](Plan& p) { return allgather(p, &mine, offers.data(), sizeof(Offer), DataType::kUint8); });
   if (!exchanged.is_ok()) return exchanged;
-  // Members that share a GPU without MPS take turns on it by time slices, and blocks that wait
-  // for each other then cost milliseconds a call (2.5 ms for 8 B on one H100, against 0.4-0.5 ms
-  // by the ring): the one-shot path is for a GPU per member (FERRY_COLL_DEVICE_SHARED_GPU
-  // overrides, for MPS). Every member sees the same offers, so all decide alike.
-  for (int m = 0; m < n && status.is_ok() && !shared_gpu_; ++m) {
-    for (int k = m + 1; k < n; ++k) {
-      const Offer& a = offers[static_cast<std::size_t>(m)];
-      const Offer& b = offers[static_cast<std::size_t>(k)];
-      if (a.ok != 0 && b.ok != 0 && a.key.uuid == b.key.uuid) {
-        o.shared = true;
-        status = Status(Code::kUnsupported, peer_label(m) + " and " + peer_label(k) +
-                                                " share a GPU (FERRY_COLL_DEVICE_SHARED_GPU=1 "
-                                                "keeps it, for MPS)");
-        break;
-      }
-    }
-  }
-  // Every member sees the same offers, so all choose the same grid limit.
+  // The most members on one GPU, from the device UUIDs in the offers: every member sees the same
+  // offers, so all decide alike. Members that share a GPU without MPS take turns on it by time
+  // slices, and blocks that wait for each other then cost milliseconds a call (2.5 ms for 8 B on
+  // one H100, against 0.4-0.5 ms by the ring): the one-shot path is for a GPU per member
+  // (FERRY_COLL_DEVICE_SHARED_GPU overrides, for MPS, where a call's blocks are divided among
+  // the members of a GPU so that all fit on it at once).
   int sharing = 1;
+  int first = -1;  // the first pair of members on one GPU
+  int second = -1;
   for (int m = 0; m < n; ++m) {
-    int same = 0;
-    for (int k = 0; k < n; ++k) {
-      same += offers[static_cast<std::size_t>(k)].key.uuid ==
-                      offers[static_cast<std::size_t>(m)].key.uuid
-                  ? 1
-                  : 0;
+    const Offer& a = offers[static_cast<std::size_t>(m)];
+    if (a.ok == 0) continue;
+    int same = 1;
+    for (int k = m + 1; k < n; ++k) {
+      const Offer& b = offers[static_cast<std::size_t>(k)];
+      if (b.ok == 0 || b.key.uuid != a.key.uuid) continue;
+      ++same;
+      if (first < 0) {
+        first = m;
+        second = k;
+      }
     }
     sharing = std::max(sharing, same);
   }
   o.max_blocks = static_cast<unsigned>(std::max(1, cuda::Cuda::kOneShotBlocks / sharing));
+  if (sharing > 1 && !shared_gpu_ && status.is_ok()) {
+    o.shared = true;
+    status = Status(Code::kUnsupported, peer_label(first) + " and " + peer_label(second) +
+                                            " share a GPU (FERRY_COLL_DEVICE_SHARED_GPU=1 "
+                                            "keeps it, for MPS)");
+  }
   for (int m = 0; m < n && status.is_ok(); ++m) {
     const Offer& offer = offers[static_cast<std::size_t>(m)];
     if (m == rank_) {
