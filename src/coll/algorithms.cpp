@@ -228,8 +228,8 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
     // Device buffers of members that share a node: one kernel per GPU, no messages, reducing in
     // the order of the algorithm it stands in for (so the bits are the host path's).
     p.oneshot(result, in, count, next_oneshot(), ring);
-  } else if (!ring && allreduce_ == 0 && node_ready(p, bytes)) {
-    return node_allreduce(send, recv, count, type, op);
+  } else if (allreduce_ == 0 && node_ready(p, bytes)) {
+    return node_allreduce(send, recv, count, type, op, ring);
   } else if (ring) {
     // Reduce-scatter leaves block r + 1 complete at member r (in the result buffer), and the
     // allgather passes the complete blocks around.

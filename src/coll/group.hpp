@@ -109,8 +109,11 @@ class Group : public std::enable_shared_from_this<Group> {
              DataType type, ReduceOp op, int root);
   Status node_barrier();
   Status node_broadcast(void* buffer, std::size_t count, DataType type, int root);
-  Status node_allreduce(const void* send, void* recv, std::size_t count, DataType type,
-                        ReduceOp op);
+  // In the order of the ring's reduce-scatter where `ring_order`, else of recursive doubling.
+  // With 3 or more members and kNodeSplitBytes or more, each member reduces a block only.
+  Status node_allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                        bool ring_order);
+  static constexpr std::size_t kNodeSplitBytes = 16384;
   Status node_allgather(const void* send, void* recv, std::size_t count, DataType type);
 
   // Storage an Immediate reuses from one collective to the next.

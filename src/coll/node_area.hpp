@@ -30,7 +30,7 @@ class NodeArea {
 
   static constexpr int kGenerations = 64;
   static constexpr int kSlots = 4;
-  static constexpr std::size_t kInlineBytes = 48;
+  static constexpr std::size_t kInlineBytes = 40;
   struct alignas(64) Control {
     std::atomic<std::uint64_t> done;    // the last call finished without posting
     std::atomic<std::uint64_t> failed;  // 1: this member stopped using the area
@@ -40,6 +40,9 @@ class NodeArea {
     // What the call was (Group's signature of it), written before `call`; readers compare it
     // with their own.
     std::atomic<std::uint64_t> signature;
+    // An allreduce split among the members: the call whose block of the result this member has
+    // written over its own data in its slot (Group::node_allreduce).
+    std::atomic<std::uint64_t> reduced;
     unsigned char data[kInlineBytes];  // the data when it fits
   };
   static_assert(sizeof(Control) == 64 && sizeof(Generation) == 64);

@@ -48,9 +48,11 @@ std::string describe(std::uint64_t s) {
 
 // out = the reduction of the n inputs in recursive doubling's order (Group::allreduce): the first
 // 2 (n - pow2) inputs fold in pairs, lower first, then the pow2 partial results combine at
-// distance 1, 2, 4..., lower first. `scratch` holds pow2 buffers of count elements.
+// distance 1, 2, 4..., lower first; the inputs start `offset` bytes in. `scratch` holds pow2
+// buffers of count elements.
 void reduce_in_doubling_order(std::byte* out, const std::vector<const std::byte*>& x,
-                              std::size_t count, DataType type, ReduceOp op, std::byte* scratch) {
+                              std::size_t offset, std::size_t count, DataType type, ReduceOp op,
+                              std::byte* scratch) {
   const int n = static_cast<int>(x.size());
   const std::size_t bytes = count * size_of(type);
   int pow2 = 1;
@@ -61,10 +63,10 @@ void reduce_in_doubling_order(std::byte* out, const std::vector<const std::byte*
   for (int k = 0; k < pow2; ++k) {
     const auto at = static_cast<std::size_t>(k);
     if (k < extra) {
-      reduce_to(tmp(k), x[2 * at], x[2 * at + 1], count, type, op);
+      reduce_to(tmp(k), x[2 * at] + offset, x[2 * at + 1] + offset, count, type, op);
       v[k] = tmp(k);
     } else {
-      v[k] = x[at + static_cast<std::size_t>(extra)];
+      v[k] = x[at + static_cast<std::size_t>(extra)] + offset;
     }
   }
   for (int step = 1; step < pow2; step *= 2) {
@@ -75,6 +77,36 @@ void reduce_in_doubling_order(std::byte* out, const std::vector<const std::byte*
     }
   }
 }
+
+// out = block b of the n inputs (starting `offset` bytes in, `count` elements) in the ring's
+// order (Group::allreduce's reduce-scatter): the block passes from member b to b + 1, b + 2...,
+// each adding its own data on the right, so the result is x_b op x_b+1 op ... op x_b-1, from the
+// left. out may be one of the inputs' own block (the reduction goes element by element).
+void reduce_in_ring_order(std::byte* out, const std::vector<const std::byte*>& x, int b,
+                          std::size_t offset, std::size_t count, DataType type, ReduceOp op) {
+  const int n = static_cast<int>(x.size());
+  const std::byte* left = x[static_cast<std::size_t>(b)] + offset;
+  for (int t = 1; t < n; ++t) {
+    const std::byte* right = x[static_cast<std::size_t>((b + t) % n)] + offset;
+    reduce_to(out, left, right, count, type, op);
+    left = out;
+  }
+}
+
+// Member b's share of an allreduce split among the members: block b of the ring's blocks (the
+// first count % n blocks have one element more), as Group::allreduce's ring cuts them.
+struct Share {
+  Share(std::size_t count, int n, int b, std::size_t element) {
+    const auto un = static_cast<std::size_t>(n);
+    const auto ub = static_cast<std::size_t>(b);
+    const std::size_t base = count / un;
+    const std::size_t extra = count % un;
+    elements = base + (ub < extra ? 1 : 0);
+    offset = (ub * base + std::min(ub, extra)) * element;
+    bytes = elements * element;
+  }
+  std::size_t elements, offset, bytes;
+};
 
 }  // namespace
 
@@ -138,6 +170,23 @@ class Group::NodeCall {
                         "root)");
     }
     *data = area_.data(m, call_, theirs >> 40);
+    return Status();
+  }
+
+  // Our data's slot for this call (after post()).
+  [[nodiscard]] std::byte* slot(std::size_t bytes) const {
+    return area_.data(g_.rank_, call_, bytes);
+  }
+
+  // A split allreduce: our block of the result is in our slot; then wait for member m's.
+  void announce_reduced() {
+    area_.generation(g_.rank_, call_).reduced.store(call_, std::memory_order_release);
+  }
+  Status await_reduced(int m) {
+    const NodeArea::Generation& generation = area_.generation(m, call_);
+    while (generation.reduced.load(std::memory_order_acquire) < call_) {
+      if (Status s = wait(m); !s.is_ok()) return s;
+    }
     return Status();
   }
 
@@ -243,8 +292,8 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
       }
       break;
     case Kind::kAllreduce:
-      if (allreduce_ != 0 || allreduce_by_ring(bytes, count) || bytes == 0 || send == nullptr ||
-          recv == nullptr || !check_reduction(type, op).is_ok()) {
+      if (allreduce_ != 0 || bytes == 0 || send == nullptr || recv == nullptr ||
+          !check_reduction(type, op).is_ok()) {
         return false;
       }
       break;
@@ -270,7 +319,7 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
       *status = node_broadcast(recv, count, type, root);
       break;
     case Kind::kAllreduce:
-      *status = node_allreduce(send, recv, count, type, op);
+      *status = node_allreduce(send, recv, count, type, op, allreduce_by_ring(bytes, count));
       break;
     case Kind::kAllgather:
       *status = node_allgather(send, recv, count, type);
@@ -369,20 +418,59 @@ Status Group::node_broadcast(void* buffer, std::size_t count, DataType type, int
 }
 
 Status Group::node_allreduce(const void* send, void* recv, std::size_t count, DataType type,
-                             ReduceOp op) {
-  const std::size_t bytes = count * size_of(type);
+                             ReduceOp op, bool ring_order) {
+  const std::size_t element = size_of(type);
+  const std::size_t bytes = count * element;
+  const int n = size();
+  auto* out = static_cast<std::byte*>(recv);
   NodeCall call(*this, signature(Kind::kAllreduce, bytes, type, op, 0));
   Status s = call.room(bytes);
   if (s.is_ok()) call.post(send, bytes);
-  for (int m = 0; m < size() && s.is_ok(); ++m) {
+  for (int m = 0; m < n && s.is_ok(); ++m) {
     s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
   }
-  if (s.is_ok()) {
+  if (!s.is_ok()) return call.finish(std::move(s));
+  // Reduces member b's block into `to` (at the block's offset).
+  auto reduce_block = [&](int b, std::byte* to) {
+    const Share share(count, n, b, element);
+    if (share.elements == 0) return;
+    if (ring_order) {
+      reduce_in_ring_order(to + share.offset, node_inputs_, b, share.offset, share.elements, type,
+                           op);
+      return;
+    }
     std::size_t pow2 = 1;
-    while (pow2 * 2 <= static_cast<std::size_t>(size())) pow2 *= 2;
-    if (node_scratch_.size() < pow2 * bytes) node_scratch_.resize(pow2 * bytes);
-    reduce_in_doubling_order(static_cast<std::byte*>(recv), node_inputs_, count, type, op,
-                             node_scratch_.data());
+    while (pow2 * 2 <= static_cast<std::size_t>(n)) pow2 *= 2;
+    if (node_scratch_.size() < pow2 * share.bytes) node_scratch_.resize(pow2 * share.bytes);
+    reduce_in_doubling_order(to + share.offset, node_inputs_, share.offset, share.elements, type,
+                             op, node_scratch_.data());
+  };
+  if (n < 3 || bytes < kNodeSplitBytes) {
+    // Every member reduces the whole call.
+    if (ring_order) {
+      for (int b = 0; b < n; ++b) reduce_block(b, out);
+    } else {
+      std::size_t pow2 = 1;
+      while (pow2 * 2 <= static_cast<std::size_t>(n)) pow2 *= 2;
+      if (node_scratch_.size() < pow2 * bytes) node_scratch_.resize(pow2 * bytes);
+      reduce_in_doubling_order(out, node_inputs_, 0, count, type, op, node_scratch_.data());
+    }
+    return call.finish(std::move(s));
+  }
+  // Split: each member reduces its block (what the others read of its data was only that
+  // block's), writes it over its own data in its slot, and copies the others' blocks from
+  // theirs. The bits are those of the whole reduction: the same operands in the same order.
+  reduce_block(rank_, out);
+  const Share mine(count, n, rank_, element);
+  std::memcpy(call.slot(bytes) + mine.offset, out + mine.offset, mine.bytes);
+  call.announce_reduced();
+  for (int k = 1; k < n && s.is_ok(); ++k) {
+    const int m = (rank_ + k) % n;
+    s = call.await_reduced(m);
+    if (!s.is_ok()) break;
+    const Share theirs(count, n, m, element);
+    std::memcpy(out + theirs.offset, node_inputs_[static_cast<std::size_t>(m)] + theirs.offset,
+                theirs.bytes);
   }
   return call.finish(std::move(s));
 }

@@ -607,7 +607,7 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
         << "broadcast " << j;
   }
   for (int i = 0; i < 600; ++i) {
-    const bool large = (i / 3) % 2 == 1;  // 8 or 48 B in the line; 1000 B or more in a slot
+    const bool large = (i / 3) % 2 == 1;  // 8 or 40 B in the line; 1000 B or more in a slot
     switch (i % 4) {
       case 0: {
         const int root = (i / 4) % n;
@@ -622,7 +622,7 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
         break;
       }
       case 1: {
-        const std::size_t count = large ? 300 : 6;
+        const std::size_t count = large ? 300 : 5;
         std::vector<std::int64_t> in(count), out(count, -1);
         for (std::size_t k = 0; k < count; ++k) in[k] = (me() + 1) * 1000 + i + k;
         ASSERT_TRUE(world()
@@ -652,6 +652,39 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
       default:
         ASSERT_TRUE(world().barrier().is_ok());
     }
+  }
+}
+
+TEST(Collectives, TheSharedAreaGivesTheBitsOfTheMessages) {
+  // A blocking allreduce among the members of one node goes through the shared area (each member
+  // reducing a block of it from 16 KiB with 3 or more members); the non-blocking one always
+  // goes by messages. Both must combine the same operands in the same order: recursive doubling's
+  // below FERRY_COLL_SMALL, the ring's from there (64 KiB here, which still fits the area).
+  for (std::size_t count :
+       {std::size_t{3}, std::size_t{1000}, std::size_t{6000}, std::size_t{16384}}) {
+    std::vector<float> in(count);
+    std::uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(me() + 1) + count;
+    for (float& v : in) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<double>(state >> 11) * 0x1p-53 * 2 - 1) * 1000.0f;
+    }
+    std::vector<float> area(count, -1), messages(count, -2);
+    ASSERT_TRUE(world()
+                    .allreduce(in.data(), area.data(), count, DataType::kFloat32, ReduceOp::kSum)
+                    .is_ok());
+    Request r =
+        world().iallreduce(in.data(), messages.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(r.wait().is_ok());
+    EXPECT_EQ(std::memcmp(area.data(), messages.data(), count * sizeof(float)), 0)
+        << count << " floats";
+    // In place through the area too.
+    std::vector<float> inout = in;
+    ASSERT_TRUE(
+        world()
+            .allreduce(inout.data(), inout.data(), count, DataType::kFloat32, ReduceOp::kSum)
+            .is_ok());
+    EXPECT_EQ(std::memcmp(inout.data(), messages.data(), count * sizeof(float)), 0)
+        << count << " floats in place";
   }
 }
 
