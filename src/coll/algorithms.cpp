@@ -36,22 +36,49 @@ struct Blocks {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// Ring reduce-scatter over n - 1 rounds: member r ends with block (r + shift + 1) mod n reduced
-// over all members, written by the last round to out(n - 2, block). out(t, block) is where round
-// t writes its partial result; round t + 1 sends it on.
+// Ring reduce-scatter over n - 1 steps: member r ends with block (r + shift + 1) mod n reduced
+// over all members, written by the last step to out(n - 2, block). out(t, block) is where step
+// t writes its partial result; step t + 1 sends it on. Each step moves its blocks in pieces of
+// `piece` bytes or less, a round each, so a received piece is reduced while it is in the cache
+// (pieces change no operand's order: the bits are the same for any piece size).
 void ring_reduce_scatter(Plan& s, int rank, int n, const Blocks& blocks, const std::byte* in,
-                         int shift, const std::function<std::byte*(int, int)>& out) {
-  std::byte* tmp = s.scratch(blocks.bytes(0));
+                         int shift, const std::function<std::byte*(int, int)>& out,
+                         std::size_t piece) {
+  const std::size_t piece_elements = std::max<std::size_t>(1, piece / blocks.element);
+  const std::size_t piece_bytes = piece_elements * blocks.element;
+  std::byte* tmp = s.scratch(std::min(blocks.bytes(0), piece_bytes));
   const int next = mod(rank + 1, n);
   const int prev = mod(rank - 1, n);
+  auto pieces = [&](int b) {
+    const std::size_t elements = blocks.elements(b);
+    return elements == 0 ? 0 : 1 + (elements - 1) / piece_elements;
+  };
   for (int t = 0; t + 1 < n; ++t) {
     const int send_block = mod(rank + shift - t, n);
     const int recv_block = mod(rank + shift - t - 1, n);
     const std::byte* from = t == 0 ? in + blocks.offset(send_block) : out(t - 1, send_block);
-    s.recv(prev, tmp, blocks.bytes(recv_block));
-    s.send(next, from, blocks.bytes(send_block));
-    s.reduce(out(t, recv_block), tmp, in + blocks.offset(recv_block), blocks.elements(recv_block));
-    s.next_round();
+    std::byte* to = out(t, recv_block);
+    const std::byte* own = in + blocks.offset(recv_block);
+    const std::size_t rounds =
+        std::max<std::size_t>(1, std::max(pieces(send_block), pieces(recv_block)));
+    for (std::size_t k = 0; k < rounds; ++k) {
+      const std::size_t first = k * piece_elements;
+      const std::size_t at = first * blocks.element;
+      if (first < blocks.elements(recv_block) || k == 0) {
+        const std::size_t elements =
+            std::min(piece_elements,
+                     blocks.elements(recv_block) - std::min(first, blocks.elements(recv_block)));
+        s.recv(prev, tmp, elements * blocks.element);
+        s.reduce(to + at, tmp, own + at, elements);
+      }
+      if (first < blocks.elements(send_block) || k == 0) {
+        const std::size_t elements =
+            std::min(piece_elements,
+                     blocks.elements(send_block) - std::min(first, blocks.elements(send_block)));
+        s.send(next, from + at, elements * blocks.element);
+      }
+      s.next_round();
+    }
   }
 }
 
@@ -167,8 +194,9 @@ Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, D
     const Blocks blocks(count, n, element);
     std::byte* alternate[2] = {p.scratch(blocks.bytes(0)), p.scratch(blocks.bytes(0))};
     std::byte* last = rank_ == root ? result + blocks.offset(rank_) : p.scratch(blocks.bytes(0));
-    ring_reduce_scatter(p, rank_, n, blocks, in, n - 1,
-                        [&](int t, int) { return t == n - 2 ? last : alternate[t % 2]; });
+    ring_reduce_scatter(
+        p, rank_, n, blocks, in, n - 1,
+        [&](int t, int) { return t == n - 2 ? last : alternate[t % 2]; }, ring_piece(p));
     for (int m = 0; m < n; ++m) {
       if (rank_ == root && m != root) p.recv(m, result + blocks.offset(m), blocks.bytes(m));
     }
@@ -234,8 +262,9 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
     // Reduce-scatter leaves block r + 1 complete at member r (in the result buffer), and the
     // allgather passes the complete blocks around.
     const Blocks blocks(count, n, element);
-    ring_reduce_scatter(p, rank_, n, blocks, in, 0,
-                        [&](int, int block) { return result + blocks.offset(block); });
+    ring_reduce_scatter(
+        p, rank_, n, blocks, in, 0, [&](int, int block) { return result + blocks.offset(block); },
+        ring_piece(p));
     ring_allgather(
         p, rank_, n, result + blocks.offset(mod(rank_ + 1, n)), 1,
         [&](int b) { return result + blocks.offset(b); }, [&](int b) { return blocks.bytes(b); });
@@ -308,8 +337,9 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
   } else {
     const Blocks blocks(count * static_cast<std::size_t>(n), n, size_of(type));
     std::byte* alternate[2] = {p.scratch(bytes), p.scratch(bytes)};
-    ring_reduce_scatter(p, rank_, n, blocks, in, n - 1,
-                        [&](int t, int) { return t == n - 2 ? result : alternate[t % 2]; });
+    ring_reduce_scatter(
+        p, rank_, n, blocks, in, n - 1,
+        [&](int t, int) { return t == n - 2 ? result : alternate[t % 2]; }, ring_piece(p));
   }
   return Status();
 }

@@ -152,7 +152,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "through a shared-memory area with no messages (0: never; must be the same on every member)")  \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                              \
     "a chain broadcast forwards pieces of at least this many bytes (an eighth of the message, "    \
-    "up to 4 MiB, where larger; the chain is taken from two pieces up)")                           \
+    "up to 4 MiB, where larger; the chain is taken from two pieces up); on the host, a ring "      \
+    "reduce-scatter (allreduce, reduce, reduce_scatter) moves its blocks in pieces of this size")  \
   X(kCollDeviceOneshotSlice, "FERRY_COLL_DEVICE_ONESHOT_SLICE", kSize, "8k", 0, 1 << 30, "",       \
     "bytes per thread block of the one-shot device allreduce, up to 128 blocks (0: always 128; "   \
     "must be the same on every member)")                                                           \
