@@ -129,6 +129,8 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
     // nothing moves
   } else if (!chain && broadcast_ == 0 && node_ready(p, bytes)) {
     return node_broadcast(buffer, count, type, root);
+  } else if (broadcast_by_stream(bytes) && node_ready(p, 0)) {
+    return node_stream_broadcast(buffer, count, type, root);
   } else if (chain) {
     // The root's data flows down the chain vr 0 -> 1 -> ... in pieces: in round t member vr
     // receives piece t - vr + 1 and passes on piece t - vr. Pieces of FERRY_COLL_CHUNK, or an

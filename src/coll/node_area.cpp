@@ -37,7 +37,8 @@ struct alignas(64) Header {
 std::size_t NodeArea::total_bytes(int members, std::size_t slot_bytes) {
   const auto n = static_cast<std::size_t>(members);
   return sizeof(Header) +
-         n * (sizeof(Control) + kGenerations * sizeof(Generation) + kSlots * slot_bytes);
+         n * (sizeof(Control) + kGenerations * sizeof(Generation) + kSlots * slot_bytes) +
+         kStreamPieces * kStreamPiece;
 }
 
 NodeArea::NodeArea(std::string name, util::Mapping mapping, int members, std::size_t slot_bytes,
@@ -48,7 +49,8 @@ NodeArea::NodeArea(std::string name, util::Mapping mapping, int members, std::si
       owner_(owner),
       controls_(reinterpret_cast<Control*>(mapping_.bytes() + sizeof(Header))),
       generations_(reinterpret_cast<Generation*>(controls_ + members)),
-      slots_(reinterpret_cast<std::byte*>(generations_ + members * kGenerations)) {}
+      slots_(reinterpret_cast<std::byte*>(generations_ + members * kGenerations)),
+      stream_(slots_ + static_cast<std::size_t>(members) * kSlots * slot_bytes) {}
 
 std::unique_ptr<NodeArea> NodeArea::create(const std::string& name, int members,
                                            std::size_t slot_bytes) {

@@ -31,6 +31,16 @@ class NodeArea {
   static constexpr int kGenerations = 64;
   static constexpr int kSlots = 4;
   static constexpr std::size_t kInlineBytes = 40;
+  // Broadcasts larger than a slot stream through a ring of kStreamPieces pieces of
+  // kStreamPiece bytes that every member can read (Group::node_stream_broadcast).
+  static constexpr std::size_t kStreamPiece = 256 << 10;
+  static constexpr std::uint64_t kStreamPieces = 8;
+  // Generation::progress is (call << kStageBits) + a stage below kReduced.
+  static constexpr int kStageBits = 24;
+  static constexpr std::uint64_t kReduced = (std::uint64_t{1} << kStageBits) - 1;
+  static constexpr std::uint64_t progress(std::uint64_t call, std::uint64_t stage) {
+    return (call << kStageBits) + stage;
+  }
   struct alignas(64) Control {
     std::atomic<std::uint64_t> done;    // the last call finished without posting
     std::atomic<std::uint64_t> failed;  // 1: this member stopped using the area
@@ -40,9 +50,12 @@ class NodeArea {
     // What the call was (Group's signature of it), written before `call`; readers compare it
     // with their own.
     std::atomic<std::uint64_t> signature;
-    // An allreduce split among the members: the call whose block of the result this member has
-    // written over its own data in its slot (Group::node_allreduce).
-    std::atomic<std::uint64_t> reduced;
+    // How far this member is within a call, progress(call, stage), so a value left by an older
+    // call is below every value of a newer one: in a streamed broadcast the pieces the root has
+    // written or a reader has copied out; in an allreduce split among the members kReduced once
+    // this member's block of the result is in its slot (Group::node_stream_broadcast,
+    // node_allreduce).
+    std::atomic<std::uint64_t> progress;
     unsigned char data[kInlineBytes];  // the data when it fits
   };
   static_assert(sizeof(Control) == 64 && sizeof(Generation) == 64);
@@ -73,6 +86,10 @@ class NodeArea {
     return slots_ + (static_cast<std::size_t>(member) * kSlots + call % kSlots) * slot_bytes_;
   }
   [[nodiscard]] std::size_t slot_bytes() const { return slot_bytes_; }
+  // Piece k of a streamed broadcast in pieces of `piece` bytes (at most kStreamPiece).
+  [[nodiscard]] std::byte* stream_piece(std::uint64_t k, std::size_t piece) const {
+    return stream_ + (k % kStreamPieces) * piece;
+  }
 
  private:
   NodeArea(std::string name, util::Mapping mapping, int members, std::size_t slot_bytes,
@@ -86,6 +103,7 @@ class NodeArea {
   Control* controls_;
   Generation* generations_;
   std::byte* slots_;
+  std::byte* stream_;
 };
 
 }  // namespace ferry::coll

@@ -26,8 +26,11 @@ namespace {
 constexpr const char* kKindNames[] = {"?", "barrier", "broadcast", "allreduce", "allgather"};
 
 // What a call is, in one word every member can compare: kind, type, op, root and the bytes per
-// member (below 2^24: FERRY_COLL_NODE is at most 1 MiB).
+// member (below 2^24: FERRY_COLL_NODE is at most 1 MiB; a streamed broadcast, which may be
+// larger, gives its exact size beside the word).
+constexpr std::size_t kStreamed = (std::size_t{1} << 24) - 1;
 std::uint64_t signature(Kind kind, std::size_t bytes, DataType type, ReduceOp op, int root) {
+  bytes = std::min<std::size_t>(bytes, kStreamed);  // a streamed broadcast's size goes apart
   return std::uint64_t{static_cast<std::uint8_t>(kind)} |
          (std::uint64_t{static_cast<std::uint8_t>(type)} << 8) |
          (std::uint64_t{static_cast<std::uint8_t>(op)} << 16) |
@@ -39,7 +42,8 @@ std::string describe(std::uint64_t s) {
   const auto type = static_cast<DataType>((s >> 8) & 0xff);
   const auto op = static_cast<ReduceOp>((s >> 16) & 0xff);
   std::string text = (s & 0xff) < std::size(kKindNames) ? kKindNames[s & 0xff] : "?";
-  text += " of " + std::to_string(s >> 40) + " bytes";
+  text += (s >> 40) == kStreamed ? std::string(" of 16 MiB or more")
+                                 : " of " + std::to_string(s >> 40) + " bytes";
   if (kind == Kind::kBroadcast) text += " from member " + std::to_string((s >> 24) & 0xffff);
   if (kind != Kind::kBarrier) text += std::string(" of ") + to_string(type);
   if (kind == Kind::kAllreduce) text += std::string(" (") + to_string(op) + ")";
@@ -163,15 +167,20 @@ class Group::NodeCall {
     auto& seen = g_.node_done_seen_[static_cast<std::size_t>(m)];
     seen = std::max(seen, posted - 1);
     const std::uint64_t theirs = generation.signature.load(std::memory_order_relaxed);
-    if (theirs != signature_) {
-      return Status(Code::kInvalidArgument,
-                    what() + ": " + g_.peer_label(m) + " called " + describe(theirs) +
-                        "; every member must make the same call (same counts, types, ops and "
-                        "root)");
-    }
+    if (Status s = check_signature(m, theirs); !s.is_ok()) return s;
     *data = area_.data(m, call_, theirs >> 40);
     return Status();
   }
+
+  [[nodiscard]] Status check_signature(int m, std::uint64_t theirs) const {
+    if (theirs == signature_) return Status();
+    return Status(Code::kInvalidArgument,
+                  what() + ": " + g_.peer_label(m) + " called " + describe(theirs) +
+                      "; every member must make the same call (same counts, types, ops and "
+                      "root)");
+  }
+
+  [[nodiscard]] std::uint64_t number() const { return call_; }
 
   // Our data's slot for this call (after post()).
   [[nodiscard]] std::byte* slot(std::size_t bytes) const {
@@ -179,15 +188,61 @@ class Group::NodeCall {
   }
 
   // A split allreduce: our block of the result is in our slot; then wait for member m's.
-  void announce_reduced() {
-    area_.generation(g_.rank_, call_).reduced.store(call_, std::memory_order_release);
+  void announce_reduced() { set_stage(NodeArea::kReduced); }
+  Status await_reduced(int m) { return await_stage(m, NodeArea::kReduced); }
+
+  // Our progress within this call, and a wait for member m's (whose line for this call holds
+  // nothing older: a stage of an earlier call is below every stage of this one).
+  void set_stage(std::uint64_t stage) {
+    area_.generation(g_.rank_, call_)
+        .progress.store(NodeArea::progress(call_, stage), std::memory_order_release);
   }
-  Status await_reduced(int m) {
+  Status await_stage(int m, std::uint64_t stage) {
     const NodeArea::Generation& generation = area_.generation(m, call_);
-    while (generation.reduced.load(std::memory_order_acquire) < call_) {
+    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call_, stage)) {
       if (Status s = wait(m); !s.is_ok()) return s;
     }
     return Status();
+  }
+
+  // Waits until member m's line of an earlier call (less than kGenerations calls ago) shows
+  // `stage`.
+  Status await_stage_of(int m, std::uint64_t earlier, std::uint64_t stage) {
+    const NodeArea::Generation& generation = area_.generation(m, earlier);
+    while (generation.progress.load(std::memory_order_acquire) <
+           NodeArea::progress(earlier, stage)) {
+      if (Status s = wait(m); !s.is_ok()) return s;
+    }
+    return Status();
+  }
+
+  // A streamed broadcast's reader: waits until the root has written `stage` pieces, or posted
+  // (a root that made another call posts it, and the first wait then reports the mismatch).
+  Status await_root_stage(int root, std::uint64_t stage, std::size_t bytes) {
+    const NodeArea::Generation& generation = area_.generation(root, call_);
+    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call_, stage) &&
+           generation.call.load(std::memory_order_acquire) < call_) {
+      if (Status s = wait(root); !s.is_ok()) return s;
+    }
+    if (stage > 1) return Status();
+    if (Status s = check_signature(root, generation.signature.load(std::memory_order_relaxed));
+        !s.is_ok()) {
+      return s;
+    }
+    std::uint64_t theirs = 0;
+    std::memcpy(&theirs, generation.data, sizeof(theirs));
+    if (theirs == bytes) return Status();
+    return Status(Code::kInvalidArgument, what() + ": " + g_.peer_label(root) + " broadcasts " +
+                                              std::to_string(theirs) +
+                                              " bytes; every member must make the same call");
+  }
+
+  // A streamed broadcast's root: the signature and the exact size, before the first piece.
+  void announce_stream(std::size_t bytes) {
+    NodeArea::Generation& generation = area_.generation(g_.rank_, call_);
+    const std::uint64_t exact = bytes;
+    std::memcpy(generation.data, &exact, sizeof(exact));
+    generation.signature.store(signature_, std::memory_order_relaxed);
   }
 
   // Done with this call: or, on a failure, our mark that we use the area no more.
@@ -413,6 +468,59 @@ Status Group::node_broadcast(void* buffer, std::size_t count, DataType type, int
     const std::byte* slot = nullptr;
     s = call.await(root, &slot);
     if (s.is_ok()) std::memcpy(buffer, slot, bytes);
+  }
+  return call.finish(std::move(s));
+}
+
+// Larger than a slot: the root writes its data piece by piece into the area's ring of
+// kStreamPieces pieces, each reader copies each piece out once it is there and counts it in its
+// own line, and the root writes piece k only when every reader has copied piece k - kStreamPieces
+// (so root and readers copy at once, and a piece moves through the cache twice, where a
+// message's single copy by process_vm_readv goes through the kernel). Before the first piece,
+// the root waits until every member is done with the last streamed broadcast, which used the
+// same ring: its line of that call shows all its pieces written or copied out, or, 64 calls
+// later, room() has already waited for more.
+Status Group::node_stream_broadcast(void* buffer, std::size_t count, DataType type, int root) {
+  const std::size_t bytes = count * size_of(type);
+  // Eight pieces or more, so root and readers overlap, of 16 KiB up to the ring's piece.
+  const std::size_t piece = std::clamp<std::size_t>(
+      (bytes / NodeArea::kStreamPieces + 4095) / 4096 * 4096, 16 << 10, NodeArea::kStreamPiece);
+  const std::uint64_t pieces = (bytes + piece - 1) / piece;
+  NodeCall call(*this, signature(Kind::kBroadcast, bytes, type, ReduceOp::kSum, root));
+  auto* data = static_cast<std::byte*>(buffer);
+  const std::uint64_t last = node_stream_call_;
+  const std::uint64_t last_pieces = node_stream_pieces_;
+  node_stream_call_ = call.number();
+  node_stream_pieces_ = pieces;
+  Status s;
+  if (rank_ == root) {
+    s = call.room(0);
+    if (last > 0 && call.number() - last < NodeArea::kGenerations) {
+      for (int m = 0; m < size() && s.is_ok(); ++m) {
+        if (m != rank_) s = call.await_stage_of(m, last, last_pieces);
+      }
+    }
+    if (s.is_ok()) call.announce_stream(bytes);
+    for (std::uint64_t k = 0; k < pieces && s.is_ok(); ++k) {
+      if (k >= NodeArea::kStreamPieces) {
+        for (int m = 0; m < size() && s.is_ok(); ++m) {
+          if (m != rank_) s = call.await_stage(m, k - NodeArea::kStreamPieces + 1);
+        }
+        if (!s.is_ok()) break;
+      }
+      const std::size_t at = k * piece;
+      std::memcpy(node_->stream_piece(k, piece), data + at, std::min(piece, bytes - at));
+      call.set_stage(k + 1);
+    }
+    if (s.is_ok()) call.post(nullptr, 0);
+    return call.finish(std::move(s));
+  }
+  for (std::uint64_t k = 0; k < pieces && s.is_ok(); ++k) {
+    s = call.await_root_stage(root, k + 1, bytes);
+    if (!s.is_ok()) break;
+    const std::size_t at = k * piece;
+    std::memcpy(data + at, node_->stream_piece(k, piece), std::min(piece, bytes - at));
+    call.set_stage(k + 1);
   }
   return call.finish(std::move(s));
 }

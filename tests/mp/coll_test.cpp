@@ -590,6 +590,97 @@ TEST(Collectives, SharedAreaTimeoutLeavesTheCommunicatorUsable) {
   }
 }
 
+TEST(Collectives, LargeBroadcastsStreamThroughTheAreaFromEveryRoot) {
+  // Blocking broadcasts above the area's slots (3 or more members) or from 2 MiB (2 members)
+  // stream through the area's ring of 8 pieces: 3 MiB + 5 bytes is 12 pieces of 256 KiB, so the
+  // ring wraps and the root waits for its readers; 300 KiB + 7 is 8 pieces of 40 KiB. Roots
+  // change every three calls, with small collectives between, so a root that reuses the ring
+  // while a reader still copies the last call's pieces shows up as wrong bytes.
+  const int n = nranks();
+  for (std::size_t bytes : {std::size_t{300 << 10} + 7, std::size_t{3 << 20} + 5}) {
+    for (int i = 0; i < 3 * n; ++i) {
+      const int root = (i / 3) % n;  // three calls in a row from each: the ring's next call
+      std::vector<std::uint8_t> data(bytes, 0);
+      // Differs from piece to piece (a period of 256 bytes would hide a piece in the wrong place).
+      auto expect = [&](std::size_t k) {
+        return static_cast<std::uint8_t>(k + (k >> 12) * 31 + (k >> 18) * 7 +
+                                         static_cast<std::size_t>(i) * 13);
+      };
+      if (me() == root) {
+        for (std::size_t k = 0; k < bytes; ++k) data[k] = expect(k);
+      }
+      // Late readers: a root that did not wait for them would overwrite pieces they have not
+      // copied yet.
+      if (me() != root && i % 2 == 1) ::usleep(20000);
+      ASSERT_TRUE(world().broadcast(data.data(), bytes, DataType::kUint8, root).is_ok());
+      for (std::size_t k = 0; k < bytes; ++k) {
+        ASSERT_EQ(data[k], expect(k)) << bytes << " bytes from rank " << root << ", byte " << k;
+      }
+      if (i % 3 == 2) {
+        std::int64_t one = 1, sum = 0;
+        ASSERT_TRUE(world().allreduce(&one, &sum, 1, DataType::kInt64, ReduceOp::kSum).is_ok());
+        ASSERT_EQ(sum, n);
+      }
+    }
+  }
+}
+
+TEST(Collectives, MismatchedStreamedBroadcastIsAnErrorNotAHang) {
+  if (nranks() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
+  // A communicator of its own, whose area no earlier failure has turned off. Rank 1 expects 8
+  // bytes more than rank 0 sends: it sees the root's call differ, and the root, waiting for room
+  // in the ring, sees rank 1 leave the area (by messages, FERRY_COLL_NODE=0, only the receiver
+  // can tell).
+  Communicator comm = world().split(0, me());
+  const char* node = std::getenv("FERRY_COLL_NODE");
+  const bool area = node == nullptr || std::string(node) != "0";
+  const std::size_t bytes = (3 << 20) + (me() == 1 ? 8 : 0);
+  std::vector<std::uint8_t> data(bytes, 1);
+  Status s = comm.broadcast(data.data(), bytes, DataType::kUint8, 0);
+  if (me() == 1) {
+    EXPECT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("same c"), std::string::npos) << s.message();
+    if (area) EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  } else if (area) {
+    EXPECT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  }
+  // Both go on, by messages.
+  std::int64_t one = 1, sum = 0;
+  ASSERT_TRUE(comm.barrier().is_ok());
+  ASSERT_TRUE(comm.allreduce(&one, &sum, 1, DataType::kInt64, ReduceOp::kSum).is_ok());
+  EXPECT_EQ(sum, 2);
+  std::vector<std::uint8_t> again(3 << 20, me() == 0 ? 9 : 0);
+  ASSERT_TRUE(comm.broadcast(again.data(), again.size(), DataType::kUint8, 0).is_ok());
+  EXPECT_EQ(std::count(again.begin(), again.end(), 9), static_cast<long>(again.size()));
+}
+
+TEST(Collectives, StreamedBroadcastTimeoutLeavesTheCommunicatorUsable) {
+  // Run by CTest with FERRY_TIMEOUT=0.5 (coll.timeout), on a communicator of its own (a fresh
+  // area). Rank 0 streams 3 MiB (12 pieces), fills the ring of 8 and waits for rank 1, which
+  // comes 1.5 s late: rank 0 gives up after 0.5 s and leaves the area; rank 1's call then goes by
+  // messages that nobody answers and times out too; after that both use messages, in step.
+  const char* timeout = std::getenv("FERRY_TIMEOUT");
+  if (timeout == nullptr || std::string(timeout) != "0.5" || nranks() != 2) {
+    GTEST_SKIP() << "needs FERRY_TIMEOUT=0.5 and 2 ranks (ctest -R coll.timeout)";
+  }
+  Communicator comm = world().split(0, me());
+  ASSERT_TRUE(comm.barrier().is_ok());  // sets the area up (collectively, on the first call)
+  std::vector<std::uint8_t> data(3 << 20, me() == 0 ? 5 : 0);
+  if (me() == 1) ::usleep(1500000);
+  Status s = comm.broadcast(data.data(), data.size(), DataType::kUint8, 0);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.to_string();
+  if (me() == 0) {
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("shared area"), std::string::npos) << s.message();
+    ::usleep(1400000);  // until rank 1 is about to give up too
+  }
+  ASSERT_TRUE(comm.barrier().is_ok());
+  std::fill(data.begin(), data.end(), me() == 0 ? 6 : 0);
+  ASSERT_TRUE(comm.broadcast(data.data(), data.size(), DataType::kUint8, 0).is_ok());
+  EXPECT_EQ(std::count(data.begin(), data.end(), 6), static_cast<long>(data.size()));
+}
+
 TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
   // Small blocking collectives go through the node's shared area, whose lines and slots are
   // reused every 64 and 4 calls: hundreds of calls of every kind, roots and sizes (inline and
