@@ -12,6 +12,10 @@
 #   bench/rma_compare.sh [ROUNDS]     (default 5; installs ucx-utils where missing)
 # RMA_REGISTER=1: ferry's exposed buffer is the program's own memory given to register_memory
 # (reached by CMA on this node) instead of memory from allocate_memory.
+# RMA_THREADS (default single): ferry's FERRY_THREADS. ucx_perftest's worker runs at its default
+# thread level, single (-M single: only the thread that made it calls it), so ferry's like-for-like
+# setting is FERRY_THREADS=single; RMA_THREADS=multi measures ferry's default, which takes a lock
+# on every call.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
@@ -32,7 +36,7 @@ cases=(
 )
 ferry() {  # test size iterations -> us per op, or GB/s for *_bw
   local out
-  out=$("$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
+  out=$(FERRY_THREADS=${RMA_THREADS:-single} "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
     --iterations "$3" --csv ${RMA_REGISTER:+--register})
   case $1 in
     *_bw) echo "$out" | awk -F, 'NR == 2 { print $5 }' ;;

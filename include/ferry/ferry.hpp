@@ -64,19 +64,31 @@ struct MessageInfo {
 // the operation: a send still goes out and a receive stays posted (like MPI_Request_free).
 class Request {
  public:
+  // The handling of a request that completed where it started (kDone below) is inline: a
+  // one-sided access to mapped memory then costs no call into the library after it.
   Request() noexcept = default;
-  Request(Request&& other) noexcept;
-  Request& operator=(Request&& other) noexcept;
+  Request(Request&& other) noexcept : engine_(other.engine_), index_(other.index_) {
+    other.engine_ = nullptr;
+  }
+  Request& operator=(Request&& other) noexcept {
+    if (this != &other) {
+      release();
+      engine_ = other.engine_;
+      index_ = other.index_;
+      other.engine_ = nullptr;
+    }
+    return *this;
+  }
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
-  ~Request();
+  ~Request() { release(); }
 
   [[nodiscard]] bool valid() const noexcept { return engine_ != nullptr; }
   // Drives progress once; true when the operation has completed (successfully or not).
-  bool test();
+  bool test() { return engine_ == nullptr || done_at_start() || test_slot(); }
   // Drives progress until the operation completes (or FERRY_TIMEOUT passes: kTimeout, and the
   // operation stays pending); returns its status.
-  Status wait();
+  Status wait() { return engine_ != nullptr && done_at_start() ? Status() : wait_slot(); }
   // Like wait, but gives up after `seconds` with Code::kTimeout; the operation stays pending
   // (wait again, or cancel a receive).
   Status wait_for(double seconds);
@@ -105,7 +117,13 @@ class Request {
   // memory) has no slot: its handle holds kDone, and asking it costs nothing.
   static constexpr std::uint32_t kDone = 0xffffffffu;
   [[nodiscard]] bool done_at_start() const noexcept { return index_ == kDone; }
-  void release() noexcept;
+  void release() noexcept {
+    if (engine_ != nullptr && !done_at_start()) release_slot();
+    engine_ = nullptr;
+  }
+  void release_slot() noexcept;
+  bool test_slot();
+  Status wait_slot();
 
   proto::Engine* engine_ = nullptr;
   std::uint32_t index_ = 0;

@@ -122,37 +122,18 @@ std::vector<std::string> Context::describe_transports() const {
 
 // ---- Request ----
 
-Request::Request(Request&& other) noexcept
-    : engine_(std::exchange(other.engine_, nullptr)), index_(other.index_) {}
-
-Request& Request::operator=(Request&& other) noexcept {
-  if (this != &other) {
-    release();
-    engine_ = std::exchange(other.engine_, nullptr);
-    index_ = other.index_;
-  }
-  return *this;
+void Request::release_slot() noexcept {
+  auto entry = engine_->enter();
+  engine_->release(index_);
 }
 
-Request::~Request() { release(); }
-
-void Request::release() noexcept {
-  if (engine_ != nullptr && !done_at_start()) {
-    auto entry = engine_->enter();
-    engine_->release(index_);
-  }
-  engine_ = nullptr;
-}
-
-bool Request::test() {
-  if (engine_ == nullptr || done_at_start()) return true;
+bool Request::test_slot() {
   auto entry = engine_->enter();
   return engine_->test(index_);
 }
 
-Status Request::wait() {
+Status Request::wait_slot() {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
-  if (done_at_start()) return Status();
   auto entry = engine_->enter();
   return engine_->wait(index_);
 }
