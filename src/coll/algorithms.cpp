@@ -17,23 +17,6 @@
 namespace ferry::coll {
 namespace {
 
-// `count` elements cut into n blocks whose sizes differ by at most one.
-struct Blocks {
-  Blocks(std::size_t count, int n, std::size_t element)
-      : base(count / static_cast<std::size_t>(n)),
-        extra(count % static_cast<std::size_t>(n)),
-        element(element) {}
-  [[nodiscard]] std::size_t elements(int b) const {
-    return base + (static_cast<std::size_t>(b) < extra ? 1 : 0);
-  }
-  [[nodiscard]] std::size_t bytes(int b) const { return elements(b) * element; }
-  [[nodiscard]] std::size_t offset(int b) const {
-    const auto ub = static_cast<std::size_t>(b);
-    return (ub * base + std::min(ub, extra)) * element;
-  }
-  std::size_t base, extra, element;
-};
-
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Ring reduce-scatter over n - 1 steps: member r ends with block (r + shift + 1) mod n reduced

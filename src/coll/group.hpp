@@ -3,6 +3,7 @@
 // schedule.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -29,6 +30,24 @@ inline constexpr Tag tag_of(std::uint32_t id, std::uint32_t sequence) {
   return kReservedTagBit | (Tag{id & ((1u << kIdBits) - 1)} << 40) |
          (Tag{sequence & 0xffffffu} << 16);
 }
+
+// `count` elements cut into n blocks whose sizes differ by at most one (the first count % n have
+// one more): the ring's blocks, and the shares of an allreduce split in the node's area.
+struct Blocks {
+  Blocks(std::size_t count, int n, std::size_t element)
+      : base(count / static_cast<std::size_t>(n)),
+        extra(count % static_cast<std::size_t>(n)),
+        element(element) {}
+  [[nodiscard]] std::size_t elements(int b) const {
+    return base + (static_cast<std::size_t>(b) < extra ? 1 : 0);
+  }
+  [[nodiscard]] std::size_t bytes(int b) const { return elements(b) * element; }
+  [[nodiscard]] std::size_t offset(int b) const {
+    const auto ub = static_cast<std::size_t>(b);
+    return (ub * base + std::min(ub, extra)) * element;
+  }
+  std::size_t base, extra, element;
+};
 
 // The collectives the node's shared area runs.
 enum class Kind : std::uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather };

@@ -97,21 +97,6 @@ void reduce_in_ring_order(std::byte* out, const std::vector<const std::byte*>& x
   }
 }
 
-// Member b's share of an allreduce split among the members: block b of the ring's blocks (the
-// first count % n blocks have one element more), as Group::allreduce's ring cuts them.
-struct Share {
-  Share(std::size_t count, int n, int b, std::size_t element) {
-    const auto un = static_cast<std::size_t>(n);
-    const auto ub = static_cast<std::size_t>(b);
-    const std::size_t base = count / un;
-    const std::size_t extra = count % un;
-    elements = base + (ub < extra ? 1 : 0);
-    offset = (ub * base + std::min(ub, extra)) * element;
-    bytes = elements * element;
-  }
-  std::size_t elements, offset, bytes;
-};
-
 }  // namespace
 
 // One call through the area: its number, its deadline, and the waits.
@@ -197,20 +182,13 @@ class Group::NodeCall {
     area_.generation(g_.rank_, call_)
         .progress.store(NodeArea::progress(call_, stage), std::memory_order_release);
   }
-  Status await_stage(int m, std::uint64_t stage) {
-    const NodeArea::Generation& generation = area_.generation(m, call_);
-    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call_, stage)) {
-      if (Status s = wait(m); !s.is_ok()) return s;
-    }
-    return Status();
-  }
+  Status await_stage(int m, std::uint64_t stage) { return await_stage_of(m, call_, stage); }
 
-  // Waits until member m's line of an earlier call (less than kGenerations calls ago) shows
-  // `stage`.
-  Status await_stage_of(int m, std::uint64_t earlier, std::uint64_t stage) {
-    const NodeArea::Generation& generation = area_.generation(m, earlier);
-    while (generation.progress.load(std::memory_order_acquire) <
-           NodeArea::progress(earlier, stage)) {
+  // The same in member m's line of this call or of an earlier one (less than kGenerations calls
+  // ago, so the line still holds it).
+  Status await_stage_of(int m, std::uint64_t call, std::uint64_t stage) {
+    const NodeArea::Generation& generation = area_.generation(m, call);
+    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call, stage)) {
       if (Status s = wait(m); !s.is_ok()) return s;
     }
     return Status();
@@ -538,47 +516,41 @@ Status Group::node_allreduce(const void* send, void* recv, std::size_t count, Da
     s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
   }
   if (!s.is_ok()) return call.finish(std::move(s));
-  // Reduces member b's block into `to` (at the block's offset).
-  auto reduce_block = [&](int b, std::byte* to) {
-    const Share share(count, n, b, element);
-    if (share.elements == 0) return;
+  const bool split = n >= 3 && bytes >= kNodeSplitBytes;
+  // Every member reduces the whole call, or (split) only its block of the ring's blocks.
+  const Blocks blocks(count, split || ring_order ? n : 1, element);
+  std::size_t pow2 = 1;
+  while (pow2 * 2 <= static_cast<std::size_t>(n)) pow2 *= 2;
+  if (!ring_order && node_scratch_.size() < pow2 * blocks.bytes(0)) {
+    node_scratch_.resize(pow2 * blocks.bytes(0));
+  }
+  auto reduce_block = [&](int b) {
+    const std::size_t at = blocks.offset(b);
+    if (blocks.elements(b) == 0) return;
     if (ring_order) {
-      reduce_in_ring_order(to + share.offset, node_inputs_, b, share.offset, share.elements, type,
-                           op);
-      return;
-    }
-    std::size_t pow2 = 1;
-    while (pow2 * 2 <= static_cast<std::size_t>(n)) pow2 *= 2;
-    if (node_scratch_.size() < pow2 * share.bytes) node_scratch_.resize(pow2 * share.bytes);
-    reduce_in_doubling_order(to + share.offset, node_inputs_, share.offset, share.elements, type,
-                             op, node_scratch_.data());
-  };
-  if (n < 3 || bytes < kNodeSplitBytes) {
-    // Every member reduces the whole call.
-    if (ring_order) {
-      for (int b = 0; b < n; ++b) reduce_block(b, out);
+      reduce_in_ring_order(out + at, node_inputs_, b, at, blocks.elements(b), type, op);
     } else {
-      std::size_t pow2 = 1;
-      while (pow2 * 2 <= static_cast<std::size_t>(n)) pow2 *= 2;
-      if (node_scratch_.size() < pow2 * bytes) node_scratch_.resize(pow2 * bytes);
-      reduce_in_doubling_order(out, node_inputs_, 0, count, type, op, node_scratch_.data());
+      reduce_in_doubling_order(out + at, node_inputs_, at, blocks.elements(b), type, op,
+                               node_scratch_.data());
     }
+  };
+  if (!split) {
+    for (int b = 0; b < (ring_order ? n : 1); ++b) reduce_block(b);
     return call.finish(std::move(s));
   }
   // Split: each member reduces its block (what the others read of its data was only that
   // block's), writes it over its own data in its slot, and copies the others' blocks from
   // theirs. The bits are those of the whole reduction: the same operands in the same order.
-  reduce_block(rank_, out);
-  const Share mine(count, n, rank_, element);
-  std::memcpy(call.slot(bytes) + mine.offset, out + mine.offset, mine.bytes);
+  reduce_block(rank_);
+  std::memcpy(call.slot(bytes) + blocks.offset(rank_), out + blocks.offset(rank_),
+              blocks.bytes(rank_));
   call.announce_reduced();
   for (int k = 1; k < n && s.is_ok(); ++k) {
     const int m = (rank_ + k) % n;
     s = call.await_reduced(m);
     if (!s.is_ok()) break;
-    const Share theirs(count, n, m, element);
-    std::memcpy(out + theirs.offset, node_inputs_[static_cast<std::size_t>(m)] + theirs.offset,
-                theirs.bytes);
+    std::memcpy(out + blocks.offset(m),
+                node_inputs_[static_cast<std::size_t>(m)] + blocks.offset(m), blocks.bytes(m));
   }
   return call.finish(std::move(s));
 }
