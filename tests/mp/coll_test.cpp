@@ -640,7 +640,9 @@ TEST(Collectives, MismatchedStreamedBroadcastIsAnErrorNotAHang) {
   if (me() == 1) {
     EXPECT_FALSE(s.is_ok());
     EXPECT_NE(s.message().find("same c"), std::string::npos) << s.message();
-    if (area) EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+    if (area) {
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+    }
   } else if (area) {
     EXPECT_FALSE(s.is_ok());
     EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
