@@ -16,10 +16,19 @@
 # thread level, single (-M single: only the thread that made it calls it), so ferry's like-for-like
 # setting is FERRY_THREADS=single; RMA_THREADS=multi measures ferry's default, which takes a lock
 # on every call.
+# RMA_NET=tcp: both sides over TCP on the loopback instead of shared memory: ferry through
+# libfabric's tcp provider (FERRY_TRANSPORTS=self,ofi, FERRY_OFI_RMA=$RMA_OFI, default native),
+# ucx_perftest with UCX_TLS=tcp.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
 rounds=${1:-5}
+ferry_env=(FERRY_THREADS="${RMA_THREADS:-single}")
+ucx_env=()
+if [ "${RMA_NET:-}" = tcp ]; then
+  ferry_env+=(FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_OFI_RMA="${RMA_OFI:-native}")
+  ucx_env+=(UCX_TLS=tcp)
+fi
 
 dpkg-query -W -f='${Status}' ucx-utils 2>/dev/null | grep -q "install ok installed" ||
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ucx-utils >/dev/null; }
@@ -36,7 +45,7 @@ cases=(
 )
 ferry() {  # test size iterations -> us per op, or GB/s for *_bw
   local out
-  out=$(FERRY_THREADS=${RMA_THREADS:-single} "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
+  out=$(env "${ferry_env[@]}" "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
     --iterations "$3" --csv ${RMA_REGISTER:+--register})
   case $1 in
     *_bw) echo "$out" | awk -F, 'NR == 2 { print $5 }' ;;
@@ -46,11 +55,11 @@ ferry() {  # test size iterations -> us per op, or GB/s for *_bw
 port=$((20000 + RANDOM % 20000))
 ucx() {  # ucx-test size iterations column -> the same unit
   port=$((port + 1))
-  ucx_perftest -p "$port" >/dev/null 2>&1 &
+  env "${ucx_env[@]}" ucx_perftest -p "$port" >/dev/null 2>&1 &
   local server=$!
   sleep 0.3
   local value
-  value=$(ucx_perftest -p "$port" -t "$1" -s "$2" -n "$3" 127.0.0.1 2>/dev/null |
+  value=$(env "${ucx_env[@]}" ucx_perftest -p "$port" -t "$1" -s "$2" -n "$3" 127.0.0.1 2>/dev/null |
     awk -v c="$4" '/Final:/ { print $(c + 1) }')
   wait "$server" || true
   if [ "$4" = 5 ]; then value=$(python3 -c "print(${value:-0} * 1048576 / 1e9)"); fi

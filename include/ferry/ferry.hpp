@@ -153,6 +153,8 @@ class Communicator;
 //   race with them.
 // - Keys are checked at the target on every use: an unknown or deregistered region, a key that
 //   does not match, an out-of-range or misaligned access fail the request (never a stray write).
+//   With FERRY_OFI_RMA=native, puts and gets over ofi are checked by the provider instead: such
+//   an access still fails and writes nothing, but tcp also closes the connection to the owner.
 // - Peers on the owner's node put to and get from registered memory without the owner: host
 //   memory by CMA (process_vm_writev/readv), device memory by CUDA IPC and a CUDA copy, each done
 //   when the call returns. deregister() waits for such accesses already begun. Where that is not
@@ -166,6 +168,8 @@ class Communicator;
 //   memory.
 
 // A registered range of this process's memory. Movable; deregisters when destroyed.
+struct KeyAccess;  // api/rma.cpp: what the engine needs of a key
+
 class MemoryRegion {
  public:
   MemoryRegion() = default;
@@ -188,17 +192,16 @@ class MemoryRegion {
 
  private:
   friend class Context;
+  friend struct KeyAccess;
   MemoryRegion(std::shared_ptr<proto::Engine*> engine, std::uint64_t id, std::uint64_t secret,
-               void* address, std::size_t size, int rank, int fd, int guard_fd = -1, int slot = -1)
+               void* address, std::size_t size, int rank, int fd)
       : engine_(std::move(engine)),
         id_(id),
         secret_(secret),
         address_(address),
         size_(size),
         rank_(rank),
-        fd_(fd),
-        guard_fd_(guard_fd),
-        slot_(slot) {}
+        fd_(fd) {}
   std::shared_ptr<proto::Engine*> engine_;  // null once the Context is gone
   std::uint64_t id_ = 0;
   std::uint64_t secret_ = 0;
@@ -209,9 +212,12 @@ class MemoryRegion {
   // register_memory: where peers on the node find the region without the owner (-1: they do not)
   int guard_fd_ = -1;
   int slot_ = -1;
+  // Where the network transport reaches it by itself (FERRY_OFI_RMA=native), and the key it
+  // checks (the secret, where the provider took the one asked for).
+  bool native_ = false;
+  std::uint64_t native_address_ = 0;
+  std::uint64_t native_key_ = 0;
 };
-
-struct KeyAccess;  // api/rma.cpp: what the engine needs of a key
 
 // A region of another rank (or of this one), as received from its owner.
 class RemoteKey {
@@ -231,6 +237,9 @@ class RemoteKey {
   int fd_ = -1;
   int guard_fd_ = -1;
   int slot_ = -1;
+  bool native_ = false;
+  std::uint64_t native_address_ = 0;
+  std::uint64_t native_key_ = 0;
 };
 
 // Atomic operations on a 4- or 8-byte unsigned word of a region. Each returns the word's previous

@@ -176,6 +176,7 @@ void Engine::setup_ofi(std::size_t local_count) {
   try {
     auto ofi = std::make_unique<transport::ofi::OfiTransport>(config_, rank_, size_, this);
     transport_notes_.push_back("ofi: " + ofi->provider());
+    if (ofi->has_native_rma()) native_rma_ = ofi.get();
     transports_.push_back(std::move(ofi));
     polled_.push_back(transports_.back().get());
   } catch (const Error& e) {
@@ -273,6 +274,7 @@ Engine::~Engine() {
   // Allocated regions still registered (their MemoryRegions outlive the Context) and the peers'
   // regions mapped here.
   for (auto& [id, region] : regions_) {
+    if (region.native != nullptr) native_rma_->release_region(region.native);
     if (region.fd >= 0) {
       ::munmap(region.mapping, region.mapping_length);
       ::close(region.fd);

@@ -134,18 +134,32 @@ class Engine final : public transport::AmHandler {
     // through which peers on this node reach it directly; -1: through the owner.
     int guard_fd = -1;
     int slot = -1;
+    // Registered with the network transport (FERRY_OFI_RMA=native): where peers it reaches
+    // write and read the region by themselves. The key is the region's secret where the
+    // provider takes ours, else the provider's own.
+    bool native = false;
+    std::uint64_t native_address = 0;
+    std::uint64_t native_key = 0;
   };
   // Where a put or get of `bytes` at `target` can be done now by a CPU copy (mapped host memory,
   // a local buffer in host memory, valid arguments), or null: then it goes through a request,
   // which reports what is wrong.
   std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
                         bool local_device);
-  // *guard_fd and *slot: where peers on this node find the region (-1: they do not).
+  // What a region's key carries besides its id and secret: where peers on this node find it
+  // (-1: they do not), and where the network transport reaches it (RmaTarget's fields).
+  struct RegionAccess {
+    int guard_fd = -1;
+    int slot = -1;
+    bool native = false;
+    std::uint64_t native_address = 0;
+    std::uint64_t native_key = 0;
+  };
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id, std::uint64_t* secret,
-                         int* guard_fd = nullptr, int* slot = nullptr);
+                         RegionAccess* access = nullptr);
   // Shared memory for one-sided access: *address is the caller's part of it.
   Status allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
-                         std::uint64_t* secret, int* fd);
+                         std::uint64_t* secret, int* fd, RegionAccess* access);
   Status deregister_region(std::uint64_t id);
   Request iput(const void* local, std::size_t bytes, const RmaTarget& target);
   Request iget(void* local, std::size_t bytes, const RmaTarget& target);
@@ -215,6 +229,7 @@ class Engine final : public transport::AmHandler {
     Status rma_error;
     std::string cma_rma_refused;     // why its registered host memory is not reached by CMA
     std::string device_rma_refused;  // why its registered device memory is not mapped here
+    std::string native_rma_refused;  // why native puts and gets to it go by messages instead
     std::string map_refused;  // why its allocated regions cannot be mapped here (empty: they can)
   };
   // A copy in flight on a CUDA stream, polled by progress.
@@ -279,6 +294,7 @@ class Engine final : public transport::AmHandler {
     int device = -1;  // device memory: its CUDA ordinal (reached by CUDA copies, never mapped)
     int slot = -1;    // its slot in the guard table (registered regions peers reach directly)
     int ipc_fd = -1;  // device memory exported as a file descriptor, for those peers
+    void* native = nullptr;  // its registration with native_rma_ (host memory only)
   };
   // Registered regions that peers on this node reach without the owner's progress: host memory
   // by CMA, device memory by CUDA IPC. Each access is bracketed by the accessing rank's counters
@@ -306,6 +322,15 @@ class Engine final : public transport::AmHandler {
   // outcome, when done here; false when it goes through the owner.
   bool guarded_access(const RmaTarget& target, void* local, std::size_t bytes, bool put,
                       bool local_device, Status* status);
+  // Registers a host region with native_rma_ where there is one (access: what its key says).
+  void register_native(Region* region, std::uint64_t id, RegionAccess* access);
+  // A put or get started by the network transport itself (FERRY_OFI_RMA=native) on request
+  // `index`, completed through on_direct; false when it goes through the owner.
+  bool native_access(std::uint32_t index, const RmaTarget& target, void* local, std::size_t bytes,
+                     bool put, bool local_device);
+  // The transport that registers regions for native one-sided access (ofi with
+  // FERRY_OFI_RMA=native), or null.
+  transport::Transport* native_rma_ = nullptr;
   // A peer's allocated region mapped here (by (rank, region id)).
   struct Mapping {
     std::byte* mapping = nullptr;

@@ -723,6 +723,13 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
       return request_data(index, source, slot->read_sreq, slot->info.bytes);
     }
   }
+  if (!status && slot->rma != RequestSlot::Rma::kNone && status.code() != Code::kPeerFailed) {
+    // A native put or get (FERRY_OFI_RMA=native): the owner's provider checked the key.
+    status = Status(status.code(), status.message() +
+                                       " (a one-sided access the provider refused or lost: a key "
+                                       "that is stale, forged or outside its region is refused "
+                                       "there, and tcp then closes the connection)");
+  }
   if (!status || slot->kind == RequestKind::kSend) return complete(index, std::move(status));
   complete(index, slot->message_size > slot->size
                       ? truncation(slot->info.source, slot->message_size, slot->size)

@@ -265,7 +265,7 @@ Status Engine::release_guard_slot(int index, int ipc_fd) {
 }
 
 Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* id,
-                               std::uint64_t* secret, int* guard_fd, int* slot) {
+                               std::uint64_t* secret, RegionAccess* access) {
   if (address == nullptr || bytes == 0) {
     return Status(Code::kInvalidArgument, "register_memory: null address or zero bytes");
   }
@@ -292,20 +292,38 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
   *secret = key;
   Region region{static_cast<std::byte*>(address), bytes, key};
   region.device = device;
-  if (guard_fd != nullptr) {
-    *guard_fd = *slot = -1;
+  if (access != nullptr) {
+    *access = RegionAccess{};
     guard_region(&region, *id, info);
     if (region.slot >= 0) {
-      *guard_fd = guard_fd_;
-      *slot = region.slot;
+      access->guard_fd = guard_fd_;
+      access->slot = region.slot;
     }
+    register_native(&region, *id, access);
   }
   regions_.emplace(*id, region);
   return Status::ok();
 }
 
+void Engine::register_native(Region* region, std::uint64_t id, RegionAccess* access) {
+  if (native_rma_ == nullptr || region->device >= 0) return;
+  // The secret is the key asked for, so a key forged or gone stale is the provider's to refuse
+  // as it is ours.
+  transport::Endpoint::RemoteRegion remote;
+  Status status = native_rma_->register_region(region->base, region->size, region->secret, &remote,
+                                               &region->native);
+  if (!status) {
+    FERRY_LOG(kInfo, "region %llu is reached by other nodes through its owner: %s",
+              static_cast<unsigned long long>(id), status.message().c_str());
+    return;
+  }
+  access->native = true;
+  access->native_address = remote.address;
+  access->native_key = remote.key;
+}
+
 Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
-                               std::uint64_t* secret, int* fd) {
+                               std::uint64_t* secret, int* fd, RegionAccess* access) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "allocate_memory: zero bytes");
   if (bytes > (std::size_t{1} << 46)) {
     return Status(Code::kInvalidArgument, "allocate_memory: " + std::to_string(bytes) +
@@ -323,6 +341,7 @@ Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t*
   }
   void* mapping = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   if (mapping == MAP_FAILED) return Status(Code::kNoResources, errno_text("allocate_memory: mmap"));
+  // Peers on this node map it whole (no guard slot); other nodes may reach it natively.
   Status status =
       register_region(static_cast<std::byte*>(mapping) + kHeaderBytes, bytes, id, secret);
   if (!status) {
@@ -336,6 +355,8 @@ Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t*
   header->size = bytes;
   std::atomic_ref<std::uint32_t>(header->live).store(1, std::memory_order_release);
   Region& region = regions_.at(*id);
+  *access = RegionAccess{};
+  register_native(&region, *id, access);
   region.fd = memfd.release();
   region.mapping = static_cast<std::byte*>(mapping);
   region.mapping_length = length;
@@ -350,6 +371,10 @@ Status Engine::deregister_region(std::uint64_t id) {
     return Status(Code::kInvalidArgument, "deregister: no memory region " + std::to_string(id));
   }
   Status waited;
+  if (found->second.native != nullptr) {
+    // Closed first: the provider refuses every access that arrives afterwards.
+    native_rma_->release_region(std::exchange(found->second.native, nullptr));
+  }
   if (found->second.slot >= 0) {
     // Waiting lets other threads in (and their registrations move the table): look it up again.
     const int slot = std::exchange(found->second.slot, -1);
@@ -629,6 +654,37 @@ bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t by
   return done;
 }
 
+bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* local,
+                           std::size_t bytes, bool put, bool local_device) {
+  if (!target.native || local_device) return false;
+  Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
+  if (!peer.endpoint->has_native_rma() || !peer.native_rma_refused.empty()) return false;
+  // The range was checked against the key's size (rma_request); the provider checks it against
+  // the registration.
+  const transport::Endpoint::RemoteRegion remote{target.native_address + target.offset,
+                                                 target.native_key};
+  const std::uint64_t cookie = requests_.wire_id(index);
+  Status started = put ? peer.endpoint->write_direct(local, bytes, remote, cookie)
+                       : peer.endpoint->read_direct(local, bytes, remote, cookie);
+  if (!started) {
+    if (started.code() == Code::kPeerFailed) {
+      complete(index, std::move(started));
+      return true;
+    }
+    peer.native_rma_refused = started.message();
+    FERRY_LOG(kWarn, "%s: a one-sided %s to rank %d failed to start (%s); by messages from now on",
+              peer.transport.c_str(), put ? "write" : "read", target.rank,
+              started.to_string().c_str());
+    return false;
+  }
+  RequestSlot& slot = requests_[index];
+  slot.direct = true;
+  slot.message_size = bytes;
+  if (!put) slot.info = {target.rank, 0, bytes};  // (a peer's failure finds gets by their source)
+  ++slot.device_ops;  // the buffer is the transport's until on_direct
+  return true;
+}
+
 void Engine::unmap_peer_regions(int rank) {
   last_mapping_ = nullptr;
   for (auto it = mappings_.begin(); it != mappings_.end();) {
@@ -742,6 +798,9 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
     complete(index, std::move(done));
     return request;
   }
+  if (native_access(index, target, const_cast<void*>(local), bytes, true, local_device)) {
+    return request;
+  }
   RequestSlot& slot = requests_[index];
   slot.send_buffer = static_cast<const std::byte*>(local);
   if (local_device) {
@@ -778,6 +837,7 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
     complete(index, std::move(done));
     return request;
   }
+  if (native_access(index, target, local, bytes, false, local_device)) return request;
   RequestSlot& slot = requests_[index];
   slot.recv_buffer = static_cast<std::byte*>(local);
   if (local_device) {

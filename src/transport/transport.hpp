@@ -109,6 +109,15 @@ class Endpoint {
                              std::uint64_t /*cookie*/) {
     return Status(Code::kUnsupported, "no one-sided reads");
   }
+  // One-sided access to a peer's registered region by the transport itself (FERRY_OFI_RMA=
+  // native), where the peer registered it with Transport::register_region: write_direct copies
+  // `length` bytes at `buffer` there and reports (AmHandler::on_direct(cookie)) once they are
+  // in the peer's memory; gets use read_direct. Host memory only.
+  [[nodiscard]] virtual bool has_native_rma() const { return false; }
+  virtual Status write_direct(const void* /*buffer*/, std::size_t /*length*/,
+                              RemoteRegion /*region*/, std::uint64_t /*cookie*/) {
+    return Status(Code::kUnsupported, "no one-sided writes");
+  }
   // A rendezvous send whose buffer the caller may reuse now (withdrawn after FERRY_TIMEOUT) is
   // marked where the peer can see it; a receiver that fetched `sreq` with get() asks afterwards
   // whether it was withdrawn (then what it read may be garbage). Marking comes before the send
@@ -137,6 +146,14 @@ class Transport {
   virtual void check_peers(std::vector<std::pair<int, std::string>>* /*failed*/) {}
   // Delivers arrived messages to the handler; returns how many.
   virtual int progress() = 0;
+  // Registers this process's host memory for the peers' Endpoint::write_direct / read_direct
+  // (FERRY_OFI_RMA=native). `key` is the key asked for (a provider that chooses its own says
+  // which in region->key); `region` is what the peers need; released by release_region(*handle).
+  virtual Status register_region(void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
+                                 Endpoint::RemoteRegion* /*region*/, void** /*handle*/) {
+    return Status(Code::kUnsupported, "no one-sided access by the transport");
+  }
+  virtual void release_region(void* /*handle*/) {}
 
   // Event-driven waiting. arm() asks the peers to wake wait_fd() (readable) when they next send
   // here; false when something has arrived already (then progress, do not sleep). disarm() ends

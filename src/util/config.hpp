@@ -30,10 +30,12 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "GPU memory over ofi: auto (registered with the NIC where the provider offers FI_HMEM and "    \
     "a trial registration of each GPU's memory succeeds, else staged) or off (always staged "      \
     "through pinned host memory)")                                                                 \
-  X(kOfiRma, "FERRY_OFI_RMA", kEnum, "auto", 0, 0, "auto|off",                                     \
-    "rendezvous of host buffers over ofi: auto (the receiver reads the sender's registered "       \
-    "buffer with fi_read where the provider offers FI_RMA), off (a tagged transfer after the "     \
-    "receiver's clear-to-send)")                                                                   \
+  X(kOfiRma, "FERRY_OFI_RMA", kEnum, "auto", 0, 0, "auto|native|off",                              \
+    "one-sided transfers over ofi: auto (rendezvous of host buffers by fi_read where the "         \
+    "provider offers FI_RMA; puts and gets by messages the owner checks), native (also puts and "  \
+    "gets of registered host memory by fi_write and fi_read, no owner involved; an access with a " \
+    "stale or forged key is refused by the provider, which on tcp also closes the connection), "   \
+    "off (rendezvous by a tagged transfer after the receiver's clear-to-send)")                    \
   X(kOfiMrCache, "FERRY_OFI_MR_CACHE", kInt, "1024", 0, 1 << 20, "",                               \
     "ofi memory registrations kept for reuse (least recently used dropped first; unmapped or "     \
     "freed memory dropped as the kernel reports it; 0: register for every transfer)")              \

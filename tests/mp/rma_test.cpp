@@ -29,6 +29,17 @@ int prev() { return (me() + nranks() - 1) % nranks(); }
 // RMA_TEST_ALLOCATE=1: every window comes from allocate_memory (ranks of one node then access it
 // directly); otherwise the test's own memory is registered.
 bool g_allocate = false;
+// RMA_TEST_NATIVE=1: the job runs with FERRY_OFI_RMA=native over ofi, and puts and gets between
+// ranks must go by the provider's own one-sided calls.
+bool g_native = false;
+
+// Whether puts and gets to `peer` go by the network transport's one-sided calls: then the
+// provider, not the owner, checks keys (and tcp closes the connection on a bad one).
+bool native_to(int peer) {
+  return ctx().describe_peer(peer).find("puts and gets by fi_write/fi_read") != std::string::npos;
+}
+// The same for the job (every rank is configured alike): asked of a rank other than this one.
+bool native_job() { return nranks() > 1 && native_to(me() == 0 ? 1 : 0); }
 
 struct Window {
   std::vector<std::byte> own;
@@ -70,6 +81,9 @@ std::vector<RemoteKey> exchange_keys(const MemoryRegion& region) {
 }
 
 TEST(OneSided, PutThenGetEverySizeWithoutTheTargetPosting) {
+  if (g_native && nranks() > 1) {
+    ASSERT_TRUE(native_to(next())) << ctx().describe_peer(next());
+  }
   const std::vector<std::size_t> sizes = {1, 7, 64, 4095, 65536, 100003, (1u << 20) + 3, 4u << 20};
   const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}) + 64;
   Window w;
@@ -238,6 +252,19 @@ TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
                "width");
   expect_fails(ctx().iput(data.data(), 8, RemoteKey(), 0), Code::kInvalidArgument, "empty key",
                "rank -1");
+  if (native_to(next())) {
+    // The provider checks the keys of native accesses (NativeAccessWithABadKey… below); the
+    // good key still works here. (The bad atomics above are flush's to report, once.)
+    EXPECT_EQ(ctx().flush(next()).code(), Code::kInvalidArgument);
+    EXPECT_TRUE(ctx().flush(next()).is_ok());
+    ASSERT_TRUE(ctx().barrier().is_ok());
+    ASSERT_TRUE(ctx().iput(data.data(), 4096, good, 0).wait().is_ok());
+    ASSERT_TRUE(ctx().barrier().is_ok());
+    EXPECT_EQ(window[0], std::byte{0x77});
+    EXPECT_EQ(window[4095], std::byte{0x77});
+    ASSERT_TRUE(ctx().barrier().is_ok());
+    return;
+  }
   // Caught by the target.
   expect_fails(ctx().iput(data.data(), 8192, too_big, 0), Code::kInvalidArgument, "forged size",
                "outside the region");
@@ -338,7 +365,7 @@ TEST(OneSided, AllocatedMemoryOfThisNodeNeedsNoProgressFromItsOwner) {
     ASSERT_TRUE(region.deregister().is_ok());
   }
   ASSERT_TRUE(ctx().barrier().is_ok());
-  if (me() == 0) {
+  if (me() == 0 && !native_to(1)) {
     // Mapped here, deregistered there: refused, and nothing is written.
     std::uint64_t v = 5;
     Status s = ctx().iput(&v, 8, keys[1], 0).wait();
@@ -406,6 +433,7 @@ TEST(OneSided, NoPutLandsAfterDeregisterReturns) {
   // Rank 0 puts into rank 1's registered memory without pause; rank 1 deregisters meanwhile and
   // at once fills the memory with a marker. Every put after that fails, and the marker stays.
   if (nranks() < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (native_job()) GTEST_SKIP() << "native: NativeAccessWithABadKeyFailsAndWritesNothing";
   constexpr std::size_t kBytes = 65536;
   std::vector<std::byte> memory(kBytes, std::byte{0});
   MemoryRegion region;
@@ -441,6 +469,75 @@ TEST(OneSided, NoPutLandsAfterDeregisterReturns) {
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
+TEST(OneSided, NativeAccessWithABadKeyFailsAndWritesNothing) {
+  // FERRY_OFI_RMA=native: the provider checks keys. A put and a get through a key whose secret
+  // (the provider's key) is forged, and a put through a key gone stale, fail at rank 0 in bounded
+  // time, and rank 1's memory keeps what it held. Over tcp the provider closes the connection on
+  // the first of them, so this runs alone (its own CTest entry) and without a barrier after.
+  if (!native_job()) {
+    GTEST_SKIP() << "needs 2 ranks joined by native one-sided access";
+  }
+  Window w;
+  Window gone;
+  ASSERT_NO_FATAL_FAILURE(make_window(4096, std::byte{0x5a}, &w));
+  ASSERT_NO_FATAL_FAILURE(make_window(4096, std::byte{0x5a}, &gone));
+  const std::vector<std::byte> stale_packed = gone.region.remote_key();
+  const std::vector<std::byte> mine = w.region.remote_key();
+  std::vector<std::byte> all(mine.size() + stale_packed.size());
+  std::memcpy(all.data(), mine.data(), mine.size());
+  std::memcpy(all.data() + mine.size(), stale_packed.data(), stale_packed.size());
+  std::vector<std::byte> from1(all.size());
+  // Rank 1's keys, taken while the connection is sound; then its second region goes.
+  if (me() == 1) {
+    ASSERT_TRUE(ctx().send(all.data(), all.size(), 0, 77).is_ok());
+    ASSERT_TRUE(gone.region.deregister().is_ok());
+  } else if (me() == 0) {
+    ASSERT_TRUE(ctx().recv(from1.data(), from1.size(), 1, 77).is_ok());
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 0) {
+    std::vector<std::byte> good_packed(from1.begin(), from1.begin() + mine.size());
+    RemoteKey good;
+    ASSERT_TRUE(RemoteKey::unpack(good_packed, &good).is_ok());
+    std::vector<std::byte> data(64, std::byte{0x77});
+    ASSERT_TRUE(ctx().iget(data.data(), 8, good, 0).wait().is_ok());  // the key is sound
+    EXPECT_EQ(data[0], std::byte{0x5a});
+    std::fill(data.begin(), data.end(), std::byte{0x77});
+    std::uint64_t forged_secret = 0;
+    std::memcpy(&forged_secret, good_packed.data() + 24, 8);
+    forged_secret ^= 0x10000;
+    std::memcpy(good_packed.data() + 24, &forged_secret, 8);
+    RemoteKey forged;
+    ASSERT_TRUE(RemoteKey::unpack(good_packed, &forged).is_ok());
+    RemoteKey stale;
+    ASSERT_TRUE(
+        RemoteKey::unpack(std::span(from1).subspan(mine.size(), stale_packed.size()), &stale)
+            .is_ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i) {
+      Status s = i == 0   ? ctx().iput(data.data(), 64, forged, 0).wait()
+                 : i == 1 ? ctx().iget(data.data(), 64, forged, 0).wait()
+                          : ctx().iput(data.data(), 64, stale, 0).wait();
+      EXPECT_FALSE(s.is_ok()) << "access " << i << " through a bad key succeeded";
+      std::printf("bad key, access %d: %s\n", i, s.to_string().c_str());
+    }
+    EXPECT_EQ(data[0], std::byte{0x77}) << "a refused get wrote here";
+    EXPECT_FALSE(ctx().flush(1).is_ok());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 10) << "the refusals took too long";
+  } else if (me() == 1) {
+    // The writes arrive (and are refused) in this rank's progress.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < until) ctx().progress();
+    for (std::size_t i = 0; i < 4096; ++i) {
+      ASSERT_EQ(w.data[i], std::byte{0x5a}) << "a forged key wrote byte " << i;
+      if (!g_allocate) {
+        ASSERT_EQ(gone.data[i], std::byte{0x5a}) << "a stale key wrote byte " << i;
+      }
+    }
+  }
+}
+
 TEST(OneSided, ZeroBytesAndBadPackedKeys) {
   std::uint64_t word = 0;
   MemoryRegion region;
@@ -471,6 +568,8 @@ int main(int argc, char** argv) {
     ferry::g_ctx = &context;
     const char* allocate = std::getenv("RMA_TEST_ALLOCATE");
     ferry::g_allocate = allocate != nullptr && std::string(allocate) == "1";
+    const char* native = std::getenv("RMA_TEST_NATIVE");
+    ferry::g_native = native != nullptr && std::string(native) == "1";
     if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
     int failed = RUN_ALL_TESTS();
     ferry::g_ctx = nullptr;

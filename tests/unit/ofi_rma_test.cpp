@@ -2,9 +2,11 @@
 // its buffer (registered through the cache), the receiver reads it; a revoked buffer can no
 // longer be read; a read of a key nobody registered fails, and says so. Over tcp (keys chosen by
 // ferry, offsets into the registration) and shm (virtual addresses), so both kinds of mr_mode run.
+// With FERRY_OFI_RMA=native, writes and reads of a registered region under the key asked for.
 #if FERRY_HAVE_OFI
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <numeric>
@@ -140,6 +142,65 @@ TEST_P(OfiRma, TheInjectedReadFailureComesAsACompletion) {
   EXPECT_NE(status.message().find("FERRY_TEST_OFI_READ_FAIL"), std::string::npos)
       << status.to_string();
   endpoints_[0]->unexpose(1, false);
+}
+
+TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
+  open({{"FERRY_OFI_RMA", "native"}});
+  if (std::string(GetParam()) == "shm") {
+    // It writes through any address it is given: native access is refused, and says why.
+    EXPECT_FALSE(transports_[0]->has_native_rma());
+    EXPECT_NE(endpoints_[0]->describe().find("puts and gets by messages"), std::string::npos)
+        << endpoints_[0]->describe();
+    std::vector<std::byte> memory(64);
+    Endpoint::RemoteRegion region;
+    void* handle = nullptr;
+    EXPECT_EQ(transports_[0]->register_region(memory.data(), 64, 42, &region, &handle).code(),
+              Code::kUnsupported);
+    return;
+  }
+  ASSERT_TRUE(transports_[1]->has_native_rma()) << transports_[1]->rma();
+  EXPECT_NE(endpoints_[0]->describe().find("puts and gets by fi_write/fi_read"), std::string::npos)
+      << endpoints_[0]->describe();
+  // Rank 1's region, under the key it asks for; rank 0 writes into it and reads it back.
+  std::vector<std::uint32_t> memory(1 << 18, 0);  // 1 MiB
+  Endpoint::RemoteRegion region;
+  void* handle = nullptr;
+  const std::uint64_t key = 0x1234abcd5678ef01ULL;
+  ASSERT_TRUE(
+      transports_[1]->register_region(memory.data(), memory.size() * 4, key, &region, &handle));
+  EXPECT_EQ(region.key, key) << "tcp takes the key asked for";
+  std::vector<std::uint32_t> out(memory.size() / 2);
+  std::iota(out.begin(), out.end(), 3u);
+  Endpoint::RemoteRegion at = region;
+  at.address += 4096;  // from an offset
+  ASSERT_TRUE(endpoints_[0]->write_direct(out.data(), out.size() * 4, at, 7));
+  auto wait = [&](std::uint64_t cookie) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (handlers_[0].done_.count(cookie) == 0) {
+      transports_[0]->progress();
+      transports_[1]->progress();
+      if (std::chrono::steady_clock::now() > deadline) return Status(Code::kTimeout, "no end");
+    }
+    return handlers_[0].done_[cookie];
+  };
+  Status status = wait(7);
+  ASSERT_TRUE(status) << status.to_string();
+  // Complete means delivered: the bytes are there without more progress.
+  EXPECT_EQ(memory[1023], 0u);
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), memory.begin() + 1024));
+  EXPECT_EQ(memory[1024 + out.size()], 0u);
+  std::vector<std::uint32_t> back(out.size(), 0);
+  ASSERT_TRUE(endpoints_[0]->read_direct(back.data(), back.size() * 4, at, 8));
+  status = wait(8);
+  ASSERT_TRUE(status) << status.to_string();
+  EXPECT_EQ(back, out);
+  // Released: a write under the old key is refused (and tcp closes the connection, so last).
+  transports_[1]->release_region(handle);
+  std::fill(memory.begin(), memory.end(), 0u);
+  ASSERT_TRUE(endpoints_[0]->write_direct(out.data(), 4096, region, 9));
+  status = wait(9);
+  EXPECT_FALSE(status) << "a write under a released key succeeded";
+  EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::uint32_t v) { return v == 0; }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, OfiRma, ::testing::Values("tcp", "shm"),

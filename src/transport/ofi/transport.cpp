@@ -37,6 +37,7 @@ struct OfiTransport::Op {
   bool send = false;
   bool direct = false;  // a tagged transfer of a caller's buffer (else an active message)
   bool read = false;    // direct: an fi_read from the peer's exposed buffer
+  bool write = false;   // direct: an fi_write into the peer's registered region
   int peer = -1;
   std::uint32_t buffer = 0;
   // Direct transfers:
@@ -46,7 +47,7 @@ struct OfiTransport::Op {
   std::uint64_t cookie = 0;
   fid_mr* mr = nullptr;  // where the provider wants local buffers registered
   mem::RegistrationCache::Entry* entry = nullptr;  // the same, from the cache (reads)
-  Endpoint::RemoteRegion remote;                   // reads: the peer's buffer
+  Endpoint::RemoteRegion remote;                   // reads and writes: the peer's memory
   bool orphaned = false;  // its completion was reported already (the peer failed)
 };
 
@@ -74,8 +75,11 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   fi_info* hints = fi_->dupinfo(nullptr);
   if (hints == nullptr) throw Error(Code::kNoResources, "fi_allocinfo failed");
   // One-sided reads for rendezvous where the provider has them (asked first, then without).
-  const bool want_rma = config.get_string(util::Var::kOfiRma) != "off";
-  hints->caps = FI_MSG | FI_TAGGED | (want_rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0);
+  const std::string& rma_mode = config.get_string(util::Var::kOfiRma);
+  const bool want_rma = rma_mode != "off";
+  const bool want_native = rma_mode == "native";
+  hints->caps = FI_MSG | FI_TAGGED | (want_rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0) |
+                (want_native ? FI_WRITE | FI_REMOTE_WRITE : 0);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->tx_attr->msg_order = FI_ORDER_SAS;  // the protocol relies on per-peer order
@@ -170,6 +174,23 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
     rma_why_ = "FERRY_OFI_RMA=off";
   } else if (!rma_) {
     rma_why_ = "no FI_RMA in this provider";
+  }
+  // Native one-sided access leaves checking the key to the provider: only where it does (the
+  // shared-memory providers write through any address they are given).
+  const std::string core = info_->fabric_attr->prov_name;
+  if (!want_native) {
+    native_why_ = "FERRY_OFI_RMA=" + rma_mode;
+  } else if (!rma_ ||
+             (info_->caps & (FI_WRITE | FI_REMOTE_WRITE)) != (FI_WRITE | FI_REMOTE_WRITE)) {
+    native_why_ = "no FI_RMA writes in this provider";
+  } else if (core == "shm" || core == "sm2") {
+    native_why_ = "the " + core + " provider does not check keys";
+  } else {
+    native_ = true;
+  }
+  if (want_native && !native_) {
+    FERRY_LOG(kWarn, "ofi: FERRY_OFI_RMA=native refused (%s): one-sided by messages",
+              native_why_.c_str());
   }
   inject_scratch_.resize(inject_size_);
 
@@ -322,6 +343,11 @@ class OfiEndpoint final : public Endpoint {
   [[nodiscard]] std::string device_route() const override { return transport_->device_route(); }
   void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
   [[nodiscard]] bool has_read() const override { return transport_->has_read(); }
+  [[nodiscard]] bool has_native_rma() const override { return transport_->has_native_rma(); }
+  Status write_direct(const void* buffer, std::size_t length, RemoteRegion region,
+                      std::uint64_t cookie) override {
+    return transport_->start_write(peer_, buffer, length, region, cookie);
+  }
   Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
                 RemoteRegion* region) override {
     return transport_->expose(buffer, length, cookie, region);
@@ -430,11 +456,15 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
 }
 
 int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t access, int device,
-                                  fid_mr** mr) {
+                                  fid_mr** mr, std::uint64_t key) {
   *mr = nullptr;
   int ret = 0;
   // Without FI_MR_PROV_KEY the keys are ours to choose, and must differ within the domain.
-  const std::uint64_t key = (info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0 ? 0 : next_key_++;
+  if ((info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0) {
+    key = 0;
+  } else if (key == 0) {
+    key = next_key_++;
+  }
   if (device < 0) {
     ret = fi_mr_reg(domain_, data, length, access, 0, key, 0, mr, nullptr);
   } else if (hmem_fail_) {
@@ -565,7 +595,32 @@ Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t l
 
 std::string OfiTransport::rma() const {
   if (!rma_) return "tagged rendezvous (" + rma_why_ + ")";
-  return "fi_read rendezvous; " + cache_->describe();
+  return std::string("fi_read rendezvous; ") +
+         (native_ ? "puts and gets by fi_write/fi_read" : "puts and gets by messages") + "; " +
+         cache_->describe();
+}
+
+Status OfiTransport::register_region(void* data, std::size_t length, std::uint64_t key,
+                                     Endpoint::RemoteRegion* region, void** handle) {
+  if (!native_) return Status(Code::kUnsupported, "ofi: " + native_why_);
+  fid_mr* mr = nullptr;
+  const int ret = register_memory(data, length, FI_REMOTE_READ | FI_REMOTE_WRITE, -1, &mr, key);
+  if (ret != 0) {
+    return Status(Code::kIoError,
+                  "ofi: registering a " + std::to_string(length) +
+                      "-byte region for one-sided access failed: " + error_text(ret));
+  }
+  // Without FI_MR_VIRT_ADDR a remote address is an offset into the registration.
+  region->address = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0
+                        ? reinterpret_cast<std::uint64_t>(data)
+                        : 0;
+  region->key = fi_mr_key(mr);
+  *handle = mr;
+  return Status::ok();
+}
+
+void OfiTransport::release_region(void* handle) {
+  if (handle != nullptr) fi_close(&static_cast<fid_mr*>(handle)->fid);
 }
 
 Status OfiTransport::expose(const void* data, std::size_t length, std::uint64_t cookie,
@@ -601,22 +656,36 @@ void OfiTransport::unexpose(std::uint64_t cookie, bool revoke) {
 Status OfiTransport::start_read(int peer, void* data, std::size_t length,
                                 Endpoint::RemoteRegion region, std::uint64_t cookie) {
   if (!rma_) return Status(Code::kUnsupported, "ofi: " + rma_why_);
+  return start_rma(false, peer, data, length, region, cookie);
+}
+
+Status OfiTransport::start_write(int peer, const void* data, std::size_t length,
+                                 Endpoint::RemoteRegion region, std::uint64_t cookie) {
+  if (!native_) return Status(Code::kUnsupported, "ofi: " + native_why_);
+  return start_rma(true, peer, const_cast<void*>(data), length, region, cookie);
+}
+
+Status OfiTransport::start_rma(bool write, int peer, void* data, std::size_t length,
+                               Endpoint::RemoteRegion region, std::uint64_t cookie) {
+  const char* what = write ? "write" : "read";
   if (length > info_->ep_attr->max_msg_size) {
-    return Status(Code::kUnsupported, "ofi: a read of " + std::to_string(length) +
+    return Status(Code::kUnsupported, std::string("ofi: a ") + what + " of " +
+                                          std::to_string(length) +
                                           " bytes exceeds the provider's largest message (" +
                                           std::to_string(info_->ep_attr->max_msg_size) + ")");
   }
   std::unique_ptr<Op> op;
   if (Status status = new_direct(peer, data, length, cookie, &op); !status) return status;
-  op->read = true;
+  op->read = !write;
+  op->write = write;
   op->remote = region;
   if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
     int error = 0;
-    op->entry = cache_->acquire(data, length, FI_READ, &error);
+    op->entry = cache_->acquire(data, length, write ? FI_WRITE : FI_READ, &error);
     if (op->entry == nullptr) {
       return Status(Code::kIoError,
-                    "ofi: registering a " + std::to_string(length) +
-                        "-byte host buffer to read into failed: " + error_text(error));
+                    "ofi: registering a " + std::to_string(length) + "-byte host buffer to " +
+                        what + (write ? " from" : " into") + " failed: " + error_text(error));
     }
   }
   return launch_direct(std::move(op));
@@ -631,6 +700,19 @@ bool OfiTransport::post_direct(Op& op, Status* status) {
   if (op.read) {
     ret = fi_read(ep_, op.data, op.length, desc, state.address, op.remote.address, op.remote.key,
                   &op.context);
+  } else if (op.write) {
+    // Complete once the data is in the peer's memory: a put's request means that.
+    iovec iov{op.data, op.length};
+    fi_rma_iov remote{op.remote.address, op.length, op.remote.key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = state.address;
+    msg.rma_iov = &remote;
+    msg.rma_iov_count = 1;
+    msg.context = &op.context;
+    ret = fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
   } else if (op.send) {
     ret = fi_tsend(ep_, op.data, op.length, desc, state.address, op.key, &op.context);
   } else {
@@ -638,7 +720,10 @@ bool OfiTransport::post_direct(Op& op, Status* status) {
   }
   if (ret == -FI_EAGAIN) return false;
   if (ret != 0) {
-    const char* call = op.read ? "fi_read" : op.send ? "fi_tsend" : "fi_trecv";
+    const char* call = op.read    ? "fi_read"
+                       : op.write ? "fi_writemsg"
+                       : op.send  ? "fi_tsend"
+                                  : "fi_trecv";
     *status =
         Status(Code::kIoError, std::string("ofi: ") + call + " to rank " + std::to_string(op.peer) +
                                    " failed: " + error_text(static_cast<int>(ret)));
@@ -852,9 +937,10 @@ int OfiTransport::progress() {
         const bool canceled = error.err == FI_ECANCELED;
         finish_direct(op, Status(canceled ? Code::kCanceled : Code::kIoError,
                                  std::string("ofi: direct ") +
-                                     (op->read   ? "read from"
-                                      : op->send ? "send to"
-                                                 : "receive from") +
+                                     (op->read    ? "read from"
+                                      : op->write ? "write to"
+                                      : op->send  ? "send to"
+                                                  : "receive from") +
                                      " rank " + std::to_string(op->peer) +
                                      " failed: " + error_text(-error.err)));
         continue;
@@ -881,7 +967,7 @@ int OfiTransport::progress() {
     for (ssize_t i = 0; i < n; ++i) {
       auto* op = static_cast<Op*>(entries[i].op_context);
       if (op->direct) {
-        finish_direct(op, op->send || op->read || entries[i].len == op->length
+        finish_direct(op, op->send || op->read || op->write || entries[i].len == op->length
                               ? Status::ok()
                               : Status(Code::kProtocolError,
                                        "ofi: direct receive from rank " + std::to_string(op->peer) +

@@ -58,6 +58,10 @@ class OfiTransport final : public Transport {
   // "fi_read rendezvous; registration cache: …" or why there is none.
   [[nodiscard]] std::string rma() const;
   [[nodiscard]] bool has_read() const { return rma_; }
+  [[nodiscard]] bool has_native_rma() const { return native_; }
+  Status register_region(void* buffer, std::size_t length, std::uint64_t key,
+                         Endpoint::RemoteRegion* region, void** handle) override;
+  void release_region(void* handle) override;
   [[nodiscard]] const mem::RegistrationCache::Stats& registrations() const {
     return cache_->stats();
   }
@@ -76,6 +80,8 @@ class OfiTransport final : public Transport {
   void unexpose(std::uint64_t cookie, bool revoke);
   Status start_read(int peer, void* buffer, std::size_t length, Endpoint::RemoteRegion region,
                     std::uint64_t cookie);
+  Status start_write(int peer, const void* buffer, std::size_t length,
+                     Endpoint::RemoteRegion region, std::uint64_t cookie);
 
  private:
   struct Op;
@@ -111,10 +117,14 @@ class OfiTransport final : public Transport {
   void peer_failed(int peer, const std::string& why);
   void orphan_directs(int peer, const std::string& why);
   void keepalive();
-  // Registers `length` bytes at `data` (host memory, or GPU `device`'s) for `access`; 0 or a
-  // negative fi_errno. FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
-  int register_memory(void* data, std::size_t length, std::uint64_t access, int device,
-                      fid_mr** mr);
+  // Registers `length` bytes at `data` (host memory, or GPU `device`'s) for `access` under
+  // `key` (0: the next of ours; ignored where the provider chooses); 0 or a negative fi_errno.
+  // FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
+  int register_memory(void* data, std::size_t length, std::uint64_t access, int device, fid_mr** mr,
+                      std::uint64_t key = 0);
+  // A one-sided read or write of the peer's memory (rendezvous, or FERRY_OFI_RMA=native).
+  Status start_rma(bool write, int peer, void* buffer, std::size_t length,
+                   Endpoint::RemoteRegion region, std::uint64_t cookie);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
   [[nodiscard]] std::string error_text(int code) const;
 
@@ -134,6 +144,8 @@ class OfiTransport final : public Transport {
   std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
   bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA=auto)
   std::string rma_why_;             // why not, when not
+  bool native_ = false;             // puts and gets by fi_write / fi_read (FERRY_OFI_RMA=native)
+  std::string native_why_;          // why not, when not
   std::uint64_t next_key_ = 1;      // requested keys, unique in the domain (no FI_MR_PROV_KEY)
   std::unique_ptr<mem::RegistrationCache> cache_;                              // host registrations
   std::unordered_map<std::uint64_t, mem::RegistrationCache::Entry*> exposed_;  // by cookie
