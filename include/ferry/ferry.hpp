@@ -156,8 +156,10 @@ class Communicator;
 //   With FERRY_OFI_RMA=native, puts and gets over ofi are checked by the provider instead: such
 //   an access still fails and writes nothing, but tcp also closes the connection to the owner.
 // - Peers on the owner's node put to and get from registered memory without the owner: host
-//   memory by CMA (process_vm_writev/readv), device memory by CUDA IPC and a CUDA copy, each done
-//   when the call returns. deregister() waits for such accesses already begun. Where that is not
+//   memory by CMA (process_vm_writev/readv), done when the call returns; device memory by CUDA
+//   IPC and a CUDA copy in flight, done when the initiator's progress sees it finished (a window
+//   of them overlaps). deregister() waits for such accesses already begun (a device copy in
+//   flight ends in its initiator's next call into ferry). Where that is not
 //   possible (another node, CMA or IPC refused, more than 256 ranks on the node, more than 1024
 //   regions registered at once) the owner's progress applies them.
 // - Device memory (CUDA) may be registered and may be the local buffer. Otherwise a registered

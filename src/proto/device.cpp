@@ -428,6 +428,14 @@ int Engine::poll_device_ops() {
         send_control(op.peer, kAmStageFrag,
                      as_bytes(StageFragHeader{op.wire, op.offset, op.ring_offset, op.length}));
         break;
+      case DeviceOp::kRmaCopy:
+        cuda_->unpin(op.peer, op.device, op.key);
+        end_guarded_access(op.peer);  // the owner may deregister now
+        if (!slot.deferred) {
+          complete(op.request, Status::ok());
+          continue;
+        }
+        break;
       case DeviceOp::kStageDrain:
         send_control(op.peer, kAmStageAck, as_bytes(StageAckHeader{op.ring_offset}));
         slot.received += op.length;

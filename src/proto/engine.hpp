@@ -234,7 +234,8 @@ class Engine final : public transport::AmHandler {
   };
   // A copy in flight on a CUDA stream, polled by progress.
   struct DeviceOp {
-    enum Kind : std::uint8_t { kIpcGet, kStageFill, kStageDrain } kind;
+    // kRmaCopy: a put or get on a peer's device region mapped here (guarded_access).
+    enum Kind : std::uint8_t { kIpcGet, kStageFill, kStageDrain, kRmaCopy } kind;
     cuda::Ticket ticket;
     std::uint32_t request;
     int peer;
@@ -242,7 +243,8 @@ class Engine final : public transport::AmHandler {
     std::uint64_t offset = 0;       // in the message
     std::uint64_t ring_offset = 0;  // staging: the slot
     std::uint64_t length = 0;
-    cuda::IpcKey key;  // kIpcGet: unpinned when done
+    cuda::IpcKey key;  // kIpcGet, kRmaCopy: unpinned when done
+    int device = -1;   // kRmaCopy: the GPU the mapping was made for
   };
 
   Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootstrap);
@@ -318,10 +320,13 @@ class Engine final : public transport::AmHandler {
   GuardTable* peer_guard(const RmaTarget& target, Peer& peer);
   // This rank's counters in the tables of this node's ranks; -1: none (too many ranks).
   int guard_index_ = -2;  // -2: not computed yet
-  // A put or get on a peer's registered region through its guard table: true, *status its
-  // outcome, when done here; false when it goes through the owner.
-  bool guarded_access(const RmaTarget& target, void* local, std::size_t bytes, bool put,
-                      bool local_device, Status* status);
+  // A put or get (request `index`) on a peer's registered region through its guard table:
+  // true when done here (host memory by CMA, completed) or started (device memory, a CUDA copy
+  // that poll_device_ops completes); false when it goes through the owner.
+  bool guarded_access(std::uint32_t index, const RmaTarget& target, void* local, std::size_t bytes,
+                      bool put, bool local_device);
+  // The end of a started access to `rank`'s guard table (this rank's `ended` counter).
+  void end_guarded_access(int rank);
   // Registers a host region with native_rma_ where there is one (access: what its key says).
   void register_native(Region* region, std::uint64_t id, RegionAccess* access);
   // A put or get started by the network transport itself (FERRY_OFI_RMA=native) on request

@@ -573,8 +573,8 @@ Engine::GuardTable* Engine::peer_guard(const RmaTarget& target, Peer& peer) {
   return peer_guards_[target.rank] = table;
 }
 
-bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t bytes, bool put,
-                            bool local_device, Status* status) {
+bool Engine::guarded_access(std::uint32_t index, const RmaTarget& target, void* local,
+                            std::size_t bytes, bool put, bool local_device) {
   if (target.slot < 0 || target.slot >= kGuardSlots || target.guard_fd < 0 ||
       target.rank == rank_) {
     return false;
@@ -617,7 +617,8 @@ bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t by
       }
     } else if (cuda_ && cuda_ipc_ && peer.device_rma_refused.empty()) {
       // Device memory mapped by CUDA IPC, moved by a CUDA copy on the local buffer's GPU (or
-      // the first one for host memory), waited for.
+      // the first one for host memory), on its stream for this peer: the request completes, and
+      // the access ends (`ended`), when poll_device_ops sees the copy done.
       cuda::IpcKey key = slot.ipc;
       key.offset += target.offset;
       const int device = local_device ? cuda_->classify(local).device : 0;
@@ -636,22 +637,34 @@ bool Engine::guarded_access(const RmaTarget& target, void* local, std::size_t by
                          : Status(Code::kUnsupported, refused);
       if (moved) {
         // By the GPU the mapping was made for: a cuMem import is mapped for that one only.
-        moved = put ? cuda_->copy_on(device, mapped, local, bytes)
-                    : cuda_->copy_on(device, local, mapped, bytes);
+        DeviceOp op{DeviceOp::kRmaCopy, {}, index, target.rank};
+        moved = put ? cuda_->copy_async(device, target.rank, mapped, local, bytes, &op.ticket)
+                    : cuda_->copy_async(device, target.rank, local, mapped, bytes, &op.ticket);
+        if (moved) {
+          op.key = key;
+          op.device = device;
+          device_ops_.push_back(op);
+          RequestSlot& request = requests_[index];
+          ++request.device_ops;
+          if (!put) request.info = {target.rank, 0, bytes};  // found by a peer's failure
+          return true;  // still inside the access: `ended` follows the copy
+        }
         cuda_->unpin(target.rank, device, key);
       }
-      if (moved) {
-        done = true;
-      } else {
-        peer.device_rma_refused = moved.message();
-        FERRY_LOG(kInfo, "rank %d's registered device memory is reached by messages: %s",
-                  target.rank, peer.device_rma_refused.c_str());
-      }
+      peer.device_rma_refused = moved.message();
+      FERRY_LOG(kInfo, "rank %d's registered device memory is reached by messages: %s", target.rank,
+                peer.device_rma_refused.c_str());
     }
   }
   shared(mine.ended).fetch_add(1, std::memory_order_release);
-  if (done) *status = Status::ok();
+  if (done) complete(index, Status::ok());
   return done;
+}
+
+void Engine::end_guarded_access(int rank) {
+  auto table = peer_guards_.find(rank);
+  if (table == peer_guards_.end() || guard_index_ < 0) return;  // unmapped: the peer is gone
+  shared(table->second->counters[guard_index_].ended).fetch_add(1, std::memory_order_release);
 }
 
 bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* local,
@@ -681,7 +694,7 @@ bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* l
   slot.direct = true;
   slot.message_size = bytes;
   if (!put) slot.info = {target.rank, 0, bytes};  // (a peer's failure finds gets by their source)
-  ++slot.device_ops;  // the buffer is the transport's until on_direct
+  ++slot.device_ops;                              // the buffer is the transport's until on_direct
   return true;
 }
 
@@ -793,9 +806,7 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
       })) {
     return request;
   }
-  if (Status done;
-      guarded_access(target, const_cast<void*>(local), bytes, true, local_device, &done)) {
-    complete(index, std::move(done));
+  if (guarded_access(index, target, const_cast<void*>(local), bytes, true, local_device)) {
     return request;
   }
   if (native_access(index, target, const_cast<void*>(local), bytes, true, local_device)) {
@@ -833,10 +844,7 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
                   })) {
     return request;
   }
-  if (Status done; guarded_access(target, local, bytes, false, local_device, &done)) {
-    complete(index, std::move(done));
-    return request;
-  }
+  if (guarded_access(index, target, local, bytes, false, local_device)) return request;
   if (native_access(index, target, local, bytes, false, local_device)) return request;
   RequestSlot& slot = requests_[index];
   slot.recv_buffer = static_cast<std::byte*>(local);

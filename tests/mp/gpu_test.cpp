@@ -517,6 +517,46 @@ TEST(Gpu, OneSidedDeviceMemoryNeedsNoProgressFromItsOwnerWithIpc) {
   }
 }
 
+// Device puts by CUDA IPC are copies in flight until the initiator's progress sees them done: a
+// window of them overlaps, and the owner's deregister waits for every one begun, so once it
+// returns all of them are in its memory (rank 0 tells rank 1 to deregister before it waits).
+TEST(Gpu, OneSidedDevicePutsInFlightEndBeforeDeregisterReturns) {
+  constexpr std::size_t kPiece = 65536;
+  constexpr int kPieces = 64;
+  Buffer memory(Mem::kDevice, kPiece * kPieces);
+  memory.write(std::vector<std::uint8_t>(kPiece * kPieces, 0));
+  MemoryRegion region;
+  ASSERT_TRUE(ctx().register_memory(memory.data(), kPiece * kPieces, &region).is_ok());
+  const auto keys = exchange_keys(region);
+  const std::vector<std::uint8_t> expected = pattern(kPiece * kPieces, 91);
+  int go = 1;
+  if (me() == 0) {
+    Buffer out(Mem::kDevice, kPiece * kPieces);
+    out.write(expected);
+    std::vector<Request> puts;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kPieces; ++i) {
+      puts.push_back(ctx().iput(static_cast<std::byte*>(out.data()) + i * kPiece, kPiece, keys[1],
+                                i * kPiece));
+    }
+    const double issued_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(ctx().send(&go, sizeof go, 1, 5).is_ok());
+    ASSERT_TRUE(Request::wait_all(puts).is_ok());
+    ASSERT_TRUE(ctx().flush(1).is_ok());
+    const double all_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank 0: %d device puts of %zu bytes issued in %.0f us, done in %.0f us\n", kPieces,
+                kPiece, issued_us, all_us);
+  } else if (me() == 1) {
+    ASSERT_TRUE(ctx().recv(&go, sizeof go, 0, 5).is_ok());
+    ASSERT_TRUE(region.deregister().is_ok());
+    ASSERT_EQ(first_difference(memory.read(kPiece * kPieces), expected, kPiece * kPieces), SIZE_MAX)
+        << "deregister returned before every put begun had landed";
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
 // Atomics on a device region are applied by its owner one at a time: both ranks adding to one
 // word lose no update, and every old value is seen exactly once.
 TEST(Gpu, OneSidedAtomicsOnDeviceMemoryLoseNoUpdate) {
