@@ -7,6 +7,7 @@
 // Every member reduces in an order fixed by the member count, the sizes and the algorithm, so the
 // results are the same bits on every member and from run to run.
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 
 #include "coll/group.hpp"
@@ -36,6 +37,14 @@ void ring_reduce_scatter(Plan& s, int rank, int n, const Blocks& blocks, const s
     const std::size_t elements = blocks.elements(b);
     return elements == 0 ? 0 : 1 + (elements - 1) / piece_elements;
   };
+  // The elements of block b's piece k, or SIZE_MAX where it has none (piece 0 always goes,
+  // empty or not, so an empty block still takes its step's round).
+  auto piece_of = [&](int b, std::size_t k) {
+    const std::size_t elements = blocks.elements(b);
+    const std::size_t first = k * piece_elements;
+    if (first >= elements && k != 0) return SIZE_MAX;
+    return std::min(piece_elements, elements - std::min(first, elements));
+  };
   for (int t = 0; t + 1 < n; ++t) {
     const int send_block = mod(rank + shift - t, n);
     const int recv_block = mod(rank + shift - t - 1, n);
@@ -45,19 +54,12 @@ void ring_reduce_scatter(Plan& s, int rank, int n, const Blocks& blocks, const s
     const std::size_t rounds =
         std::max<std::size_t>(1, std::max(pieces(send_block), pieces(recv_block)));
     for (std::size_t k = 0; k < rounds; ++k) {
-      const std::size_t first = k * piece_elements;
-      const std::size_t at = first * blocks.element;
-      if (first < blocks.elements(recv_block) || k == 0) {
-        const std::size_t elements =
-            std::min(piece_elements,
-                     blocks.elements(recv_block) - std::min(first, blocks.elements(recv_block)));
+      const std::size_t at = k * piece_elements * blocks.element;
+      if (const std::size_t elements = piece_of(recv_block, k); elements != SIZE_MAX) {
         s.recv(prev, tmp, elements * blocks.element);
         s.reduce(to + at, tmp, own + at, elements);
       }
-      if (first < blocks.elements(send_block) || k == 0) {
-        const std::size_t elements =
-            std::min(piece_elements,
-                     blocks.elements(send_block) - std::min(first, blocks.elements(send_block)));
+      if (const std::size_t elements = piece_of(send_block, k); elements != SIZE_MAX) {
         s.send(next, from + at, elements * blocks.element);
       }
       s.next_round();
