@@ -59,16 +59,18 @@ class OfiRma : public ::testing::TestWithParam<const char*> {
       endpoints_.push_back(transports_[static_cast<std::size_t>(rank)]->connect(peer));
     }
   }
-  // Progresses both until the receiver's read `cookie` completes.
-  Status wait_read(std::uint64_t cookie) {
+  // Progresses both until rank `rank`'s direct transfer `cookie` completes.
+  Status wait_done(int rank, std::uint64_t cookie) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (handlers_[1].done_.count(cookie) == 0) {
+    while (handlers_[rank].done_.count(cookie) == 0) {
       transports_[0]->progress();
       transports_[1]->progress();
       if (std::chrono::steady_clock::now() > deadline) return Status(Code::kTimeout, "no end");
     }
-    return handlers_[1].done_[cookie];
+    return handlers_[rank].done_[cookie];
   }
+  // The same for the receiver's read.
+  Status wait_read(std::uint64_t cookie) { return wait_done(1, cookie); }
   Completions handlers_[2];
   std::vector<std::unique_ptr<OfiTransport>> transports_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;  // [0]: rank 0's to rank 1, [1]: back
@@ -174,16 +176,7 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
   Endpoint::RemoteRegion at = region;
   at.address += 4096;  // from an offset
   ASSERT_TRUE(endpoints_[0]->write_direct(out.data(), out.size() * 4, at, 7));
-  auto wait = [&](std::uint64_t cookie) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (handlers_[0].done_.count(cookie) == 0) {
-      transports_[0]->progress();
-      transports_[1]->progress();
-      if (std::chrono::steady_clock::now() > deadline) return Status(Code::kTimeout, "no end");
-    }
-    return handlers_[0].done_[cookie];
-  };
-  Status status = wait(7);
+  Status status = wait_done(0, 7);
   ASSERT_TRUE(status) << status.to_string();
   // Complete means delivered: the bytes are there without more progress.
   EXPECT_EQ(memory[1023], 0u);
@@ -191,14 +184,14 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
   EXPECT_EQ(memory[1024 + out.size()], 0u);
   std::vector<std::uint32_t> back(out.size(), 0);
   ASSERT_TRUE(endpoints_[0]->read_direct(back.data(), back.size() * 4, at, 8));
-  status = wait(8);
+  status = wait_done(0, 8);
   ASSERT_TRUE(status) << status.to_string();
   EXPECT_EQ(back, out);
   // Released: a write under the old key is refused (and tcp closes the connection, so last).
   transports_[1]->release_region(handle);
   std::fill(memory.begin(), memory.end(), 0u);
   ASSERT_TRUE(endpoints_[0]->write_direct(out.data(), 4096, region, 9));
-  status = wait(9);
+  status = wait_done(0, 9);
   EXPECT_FALSE(status) << "a write under a released key succeeded";
   EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::uint32_t v) { return v == 0; }));
 }
