@@ -37,16 +37,23 @@ constexpr std::uint32_t kNativeSecret = 2;
 struct KeyAccess {
   static proto::Engine::RmaTarget target(const RemoteKey& key, std::uint64_t offset) {
     return proto::Engine::RmaTarget{
-        key.rank_,     key.id_,   key.secret_, key.size_,           offset,         key.fd_,
-        key.guard_fd_, key.slot_, key.native_, key.native_address_, key.native_key_};
+        key.rank_,
+        key.id_,
+        key.secret_,
+        key.size_,
+        offset,
+        key.fd_,
+        key.guard_fd_,
+        key.slot_,
+        proto::Engine::NativeAccess{key.native_, {key.native_address_, key.native_key_}}};
   }
   // What the engine says of a region it registered, kept for its key.
   static void set(const proto::Engine::RegionAccess& access, MemoryRegion* region) {
     region->guard_fd_ = access.guard_fd;
     region->slot_ = access.slot;
-    region->native_ = access.native;
-    region->native_address_ = access.native_address;
-    region->native_key_ = access.native_key;
+    region->native_ = access.native.valid;
+    region->native_address_ = access.native.region.address;
+    region->native_key_ = access.native.region.key;
   }
 };
 

@@ -123,6 +123,13 @@ class Engine final : public transport::AmHandler {
   bool arm();
 
   // One-sided operations (rma.cpp; the rules are ferry::MemoryRegion's).
+  // Where the network transport reaches a region by itself (FERRY_OFI_RMA=native): its address
+  // there and the key the provider checks (the region's secret where the provider takes the key
+  // asked for, else the provider's own).
+  struct NativeAccess {
+    bool valid = false;
+    transport::Endpoint::RemoteRegion region;
+  };
   struct RmaTarget {
     int rank = -1;
     std::uint64_t region = 0;
@@ -134,12 +141,7 @@ class Engine final : public transport::AmHandler {
     // through which peers on this node reach it directly; -1: through the owner.
     int guard_fd = -1;
     int slot = -1;
-    // Registered with the network transport (FERRY_OFI_RMA=native): where peers it reaches
-    // write and read the region by themselves. The key is the region's secret where the
-    // provider takes ours, else the provider's own.
-    bool native = false;
-    std::uint64_t native_address = 0;
-    std::uint64_t native_key = 0;
+    NativeAccess native;
   };
   // Where a put or get of `bytes` at `target` can be done now by a CPU copy (mapped host memory,
   // a local buffer in host memory, valid arguments), or null: then it goes through a request,
@@ -151,9 +153,7 @@ class Engine final : public transport::AmHandler {
   struct RegionAccess {
     int guard_fd = -1;
     int slot = -1;
-    bool native = false;
-    std::uint64_t native_address = 0;
-    std::uint64_t native_key = 0;
+    NativeAccess native;
   };
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id, std::uint64_t* secret,
                          RegionAccess* access = nullptr);

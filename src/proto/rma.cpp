@@ -317,9 +317,7 @@ void Engine::register_native(Region* region, std::uint64_t id, RegionAccess* acc
               static_cast<unsigned long long>(id), status.message().c_str());
     return;
   }
-  access->native = true;
-  access->native_address = remote.address;
-  access->native_key = remote.key;
+  access->native = NativeAccess{true, remote};
 }
 
 Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
@@ -669,13 +667,13 @@ void Engine::end_guarded_access(int rank) {
 
 bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* local,
                            std::size_t bytes, bool put, bool local_device) {
-  if (!target.native || local_device) return false;
+  if (!target.native.valid || local_device) return false;
   Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
   if (!peer.endpoint->has_native_rma() || !peer.native_rma_refused.empty()) return false;
   // The range was checked against the key's size (rma_request); the provider checks it against
   // the registration.
-  const transport::Endpoint::RemoteRegion remote{target.native_address + target.offset,
-                                                 target.native_key};
+  const transport::Endpoint::RemoteRegion remote{target.native.region.address + target.offset,
+                                                 target.native.region.key};
   const std::uint64_t cookie = requests_.wire_id(index);
   Status started = put ? peer.endpoint->write_direct(local, bytes, remote, cookie)
                        : peer.endpoint->read_direct(local, bytes, remote, cookie);
