@@ -17,7 +17,8 @@
 # setting is FERRY_THREADS=single; RMA_THREADS=multi measures ferry's default, which takes a lock
 # on every call.
 # RMA_NET=tcp: both sides over TCP on the loopback instead of shared memory: ferry through
-# libfabric's tcp provider (FERRY_TRANSPORTS=self,ofi, FERRY_OFI_RMA=$RMA_OFI, default native),
+# libfabric's tcp provider (FERRY_TRANSPORTS=self,ofi, FERRY_OFI_RMA=$RMA_OFI: default auto,
+# native once granted; messages for puts and gets by messages),
 # ucx_perftest with UCX_TLS=tcp.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,7 +27,7 @@ rounds=${1:-5}
 ferry_env=(FERRY_THREADS="${RMA_THREADS:-single}")
 ucx_env=()
 if [ "${RMA_NET:-}" = tcp ]; then
-  ferry_env+=(FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_OFI_RMA="${RMA_OFI:-native}")
+  ferry_env+=(FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_OFI_RMA="${RMA_OFI:-auto}")
   ucx_env+=(UCX_TLS=tcp)
 fi
 

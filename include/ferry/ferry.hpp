@@ -153,8 +153,11 @@ class Communicator;
 //   race with them.
 // - Keys are checked at the target on every use: an unknown or deregistered region, a key that
 //   does not match, an out-of-range or misaligned access fail the request (never a stray write).
-//   With FERRY_OFI_RMA=native, puts and gets over ofi are checked by the provider instead: such
-//   an access still fails and writes nothing, but tcp also closes the connection to the owner.
+//   Over ofi, puts and gets of host memory go by the provider's own one-sided calls, without
+//   the owner, once the owner has checked the key and granted it (the first access through a key
+//   goes by messages and asks); a forged or stale key is never granted and fails as above.
+//   deregister() revokes the grants and waits until each granted rank has no access to the
+//   region in flight, which that rank answers in its next call into ferry.
 // - Peers on the owner's node put to and get from registered memory without the owner: host
 //   memory by CMA (process_vm_writev/readv), done when the call returns; device memory by CUDA
 //   IPC and a CUDA copy in flight, done when the initiator's progress sees it finished (a window
@@ -214,8 +217,8 @@ class MemoryRegion {
   // register_memory: where peers on the node find the region without the owner (-1: they do not)
   int guard_fd_ = -1;
   int slot_ = -1;
-  // Where the network transport reaches it by itself (FERRY_OFI_RMA=native), and the key it
-  // checks (the secret, where the provider took the one asked for).
+  // Whether the network transport may reach it by itself once its owner grants the key, and
+  // where and under which provider key (the secret, where the provider took the one asked for).
   bool native_ = false;
   std::uint64_t native_address_ = 0;
   std::uint64_t native_key_ = 0;

@@ -18,7 +18,7 @@ struct PackedKey {
   std::uint64_t size;
   std::uint32_t guard_fd_plus_one;  // registered regions: the owner's guard table + 1; 0: none
   std::uint32_t slot_plus_one;      // and the region's slot in it + 1
-  // Reached by the network transport itself (FERRY_OFI_RMA=native): kNative, and kNativeSecret
+  // May be reached by the network transport itself once granted: kNative, and kNativeSecret
   // where the provider's key is the secret (then native_key is 0, so a forged secret is a
   // forged key).
   std::uint32_t native_flags;

@@ -450,6 +450,19 @@ std::string Engine::describe_peer(int rank) const {
   }
   std::string out =
       peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
+  if (peer.endpoint->has_native_rma()) {
+    if (!peer.native_rma_refused.empty()) {
+      out +=
+          "; its regions by messages (a native access failed to start: " + peer.native_rma_refused +
+          ")";
+    } else {
+      const auto granted =
+          std::count_if(native_grants_.begin(), native_grants_.end(), [rank](const auto& entry) {
+            return entry.first.first == rank && entry.second.state == NativeGrant::State::kGranted;
+          });
+      out += "; native access granted to " + std::to_string(granted) + " of its regions";
+    }
+  }
   if (cuda_) {
     out += "; device buffers: ";
     if (!peer.shares_memory) {

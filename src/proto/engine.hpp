@@ -123,9 +123,10 @@ class Engine final : public transport::AmHandler {
   bool arm();
 
   // One-sided operations (rma.cpp; the rules are ferry::MemoryRegion's).
-  // Where the network transport reaches a region by itself (FERRY_OFI_RMA=native): its address
-  // there and the key the provider checks (the region's secret where the provider takes the key
-  // asked for, else the provider's own).
+  // Whether the network transport may reach a region by itself (native one-sided over ofi, once
+  // the owner grants the key), and where and under which provider key as the key says (the
+  // region's secret where the provider takes the key asked for, else the provider's own; the
+  // initiator uses what the owner's grant says).
   struct NativeAccess {
     bool valid = false;
     transport::Endpoint::RemoteRegion region;
@@ -297,6 +298,9 @@ class Engine final : public transport::AmHandler {
     int slot = -1;    // its slot in the guard table (registered regions peers reach directly)
     int ipc_fd = -1;  // device memory exported as a file descriptor, for those peers
     void* native = nullptr;  // its registration with native_rma_ (host memory only)
+    transport::Endpoint::RemoteRegion native_remote;  // where and under which key peers reach it
+    std::vector<int> native_ranks;  // the ranks granted native access (asked, key checked)
+    bool closing = false;           // being deregistered: no grant is given any more
   };
   // Registered regions that peers on this node reach without the owner's progress: host memory
   // by CMA, device memory by CUDA IPC. Each access is bracketed by the accessing rank's counters
@@ -329,12 +333,36 @@ class Engine final : public transport::AmHandler {
   void end_guarded_access(int rank);
   // Registers a host region with native_rma_ where there is one (access: what its key says).
   void register_native(Region* region, std::uint64_t id, RegionAccess* access);
-  // A put or get started by the network transport itself (FERRY_OFI_RMA=native) on request
-  // `index`, completed through on_direct; false when it goes through the owner.
+  // A put or get started by the network transport itself on request `index`, completed through
+  // on_direct; false when it goes through the owner.
   bool native_access(std::uint32_t index, const RmaTarget& target, void* local, std::size_t bytes,
                      bool put, bool local_device);
-  // The transport that registers regions for native one-sided access (ofi with
-  // FERRY_OFI_RMA=native), or null.
+  // Native access is by grant. The first access to a peer's region goes by messages and asks the
+  // owner, who checks the key as for any access and answers with the region's address and
+  // provider key; from then on accesses through the same key go natively. The owner's
+  // deregister revokes every grant and waits until each granted rank has no access to the region
+  // in flight (or has failed), then closes the registration. So no access with a forged or stale
+  // key ever reaches the provider (over tcp a refused one closes the connection), and none lands
+  // after deregister returns.
+  struct NativeGrant {
+    enum class State : std::uint8_t { kAsked, kGranted, kRefused, kRevoked } state = State::kAsked;
+    std::uint64_t secret = 0;  // of the key that asked
+    transport::Endpoint::RemoteRegion region;
+    std::uint64_t size = 0;
+    std::uint32_t in_flight = 0;  // native accesses started and not yet ended
+  };
+  std::map<std::pair<int, std::uint64_t>, NativeGrant> native_grants_;  // by (owner, region)
+  // A native access to (rank, region) ended: answers a revoke that waited for it.
+  void native_done(int rank, std::uint64_t region);
+  // Revokes the grants of region `id` (deregister): waits for every granted rank's answer.
+  Status revoke_native(std::uint64_t id);
+  std::map<std::uint64_t, std::vector<int>> revoking_;  // region -> ranks yet to answer
+  void handle_native_ask(int source, std::span<const std::byte> data);
+  void handle_native_grant(int source, std::span<const std::byte> data);
+  void handle_native_revoke(int source, std::span<const std::byte> data);
+  void handle_native_revoked(int source, std::span<const std::byte> data);
+  // The transport that registers regions for native one-sided access (ofi, FERRY_OFI_RMA=auto or
+  // native, where the provider has FI_RMA writes and checks keys), or null.
   transport::Transport* native_rma_ = nullptr;
   // A peer's allocated region mapped here (by (rank, region id)).
   struct Mapping {

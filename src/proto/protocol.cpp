@@ -285,6 +285,7 @@ void Engine::peer_failed(int rank, const std::string& why) {
   peer.stage_streams.clear();
   if (cuda_) cuda_->forget_peer(rank);
   unmap_peer_regions(rank);
+  std::erase_if(native_grants_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase_if(descriptors_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase(pending_peers_, rank);
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
@@ -459,6 +460,14 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_atomic(source, data);
     case kAmRmaAck:
       return handle_rma_ack(source, data);
+    case kAmNativeAsk:
+      return handle_native_ask(source, data);
+    case kAmNativeGrant:
+      return handle_native_grant(source, data);
+    case kAmNativeRevoke:
+      return handle_native_revoke(source, data);
+    case kAmNativeRevoked:
+      return handle_native_revoked(source, data);
     default:
       return protocol_error(source, "unknown active message id");
   }
@@ -698,6 +707,10 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
   RequestSlot* slot = requests_.lookup(cookie, &index);
   if (slot == nullptr || !slot->direct || slot->device_ops == 0) return;
   --slot->device_ops;
+  if (slot->rma_native) {
+    slot->rma_native = false;
+    native_done(slot->peer, slot->rma_region);
+  }
   if (slot->state == RequestState::kDone) return;
   if (slot->chunk > 0 && !slot->deferred) return chunk_done(index, std::move(status));
   if (slot->deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
@@ -724,11 +737,10 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
     }
   }
   if (!status && slot->rma != RequestSlot::Rma::kNone && status.code() != Code::kPeerFailed) {
-    // A native put or get (FERRY_OFI_RMA=native): the owner's provider checked the key.
+    // A native put or get, granted by the owner for this key and range: the network lost it.
     status = Status(status.code(), status.message() +
-                                       " (a one-sided access the provider refused or lost: a key "
-                                       "that is stale, forged or outside its region is refused "
-                                       "there, and tcp then closes the connection)");
+                                       " (a native one-sided access the owner "
+                                       "had granted: the network failed it)");
   }
   if (!status || slot->kind == RequestKind::kSend) return complete(index, std::move(status));
   complete(index, slot->message_size > slot->size

@@ -56,7 +56,8 @@ struct RequestSlot {
   // get, the region it is sent from; an atomic's result goes to rma_result (rma_width bytes).
   enum class Rma : std::uint8_t { kNone, kPut, kGet, kAtomic, kGetReply } rma = Rma::kNone;
   std::uint8_t rma_width = 0;
-  std::uint64_t rma_region = 0;
+  bool rma_native = false;       // a native put or get (its grant counts it in flight)
+  std::uint64_t rma_region = 0;  // a get's answer: the region read; native: the region accessed
   void* rma_result = nullptr;
   std::uint64_t rma_operands[2] = {};  // an atomic's operand and compare: its payload until sent
   std::byte* rma_device = nullptr;     // a get into device memory by messages: where host_copy goes
@@ -94,6 +95,7 @@ class RequestPool {
     slot.deferred = false;
     slot.staged = 0;
     slot.rma = RequestSlot::Rma::kNone;
+    slot.rma_native = false;
     slot.rma_device = nullptr;
     return index;
   }

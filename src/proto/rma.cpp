@@ -121,6 +121,8 @@ std::string refusal_text(std::uint32_t code, int target) {
       return who + " deregistered the region while answering the get";
     case kRmaDeviceCopy:
       return who + " could not copy to or from the region's device memory (its log says why)";
+    case kRmaNotNative:
+      return who + " has not registered the region with the network transport";
     default:
       return who + " refused the operation with unknown code " + std::to_string(code);
   }
@@ -317,6 +319,7 @@ void Engine::register_native(Region* region, std::uint64_t id, RegionAccess* acc
               static_cast<unsigned long long>(id), status.message().c_str());
     return;
   }
+  region->native_remote = remote;
   access->native = NativeAccess{true, remote};
 }
 
@@ -370,13 +373,18 @@ Status Engine::deregister_region(std::uint64_t id) {
   }
   Status waited;
   if (found->second.native != nullptr) {
-    // Closed first: the provider refuses every access that arrives afterwards.
+    // The ranks granted native access stop first; then the registration closes.
+    found->second.closing = true;
+    waited = revoke_native(id);
+    found = regions_.find(id);
+    if (found == regions_.end()) return waited;
     native_rma_->release_region(std::exchange(found->second.native, nullptr));
   }
   if (found->second.slot >= 0) {
     // Waiting lets other threads in (and their registrations move the table): look it up again.
     const int slot = std::exchange(found->second.slot, -1);
-    waited = release_guard_slot(slot, std::exchange(found->second.ipc_fd, -1));
+    Status released = release_guard_slot(slot, std::exchange(found->second.ipc_fd, -1));
+    if (waited.is_ok()) waited = std::move(released);
     found = regions_.find(id);
     if (found == regions_.end()) return waited;
   }
@@ -670,10 +678,27 @@ bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* l
   if (!target.native.valid || local_device) return false;
   Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
   if (!peer.endpoint->has_native_rma() || !peer.native_rma_refused.empty()) return false;
-  // The range was checked against the key's size (rma_request); the provider checks it against
-  // the registration.
-  const transport::Endpoint::RemoteRegion remote{target.native.region.address + target.offset,
-                                                 target.native.region.key};
+  auto [entry, first] = native_grants_.try_emplace({target.rank, target.region});
+  NativeGrant& grant = entry->second;
+  if (!first && grant.state == NativeGrant::State::kRefused && grant.secret != target.secret) {
+    grant = NativeGrant{};  // another key after a refused one (forged first, then the real one)
+    first = true;
+  }
+  if (first) {
+    // This access goes by messages; the owner's answer decides the next ones.
+    grant.secret = target.secret;
+    send_control(target.rank, kAmNativeAsk,
+                 as_bytes(NativeAskHeader{target.region, target.secret}));
+    return false;
+  }
+  // Another key for the region (forged, or the region's slot came back) goes by messages, as
+  // does an access outside what the owner granted.
+  if (grant.state != NativeGrant::State::kGranted || grant.secret != target.secret ||
+      target.offset > grant.size || bytes > grant.size - target.offset) {
+    return false;
+  }
+  const transport::Endpoint::RemoteRegion remote{grant.region.address + target.offset,
+                                                 grant.region.key};
   const std::uint64_t cookie = requests_.wire_id(index);
   Status started = put ? peer.endpoint->write_direct(local, bytes, remote, cookie)
                        : peer.endpoint->read_direct(local, bytes, remote, cookie);
@@ -688,12 +713,119 @@ bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* l
               started.to_string().c_str());
     return false;
   }
+  ++grant.in_flight;
   RequestSlot& slot = requests_[index];
   slot.direct = true;
+  slot.rma_native = true;
+  slot.rma_region = target.region;
   slot.message_size = bytes;
   if (!put) slot.info = {target.rank, 0, bytes};  // (a peer's failure finds gets by their source)
   ++slot.device_ops;                              // the buffer is the transport's until on_direct
   return true;
+}
+
+void Engine::native_done(int rank, std::uint64_t region) {
+  auto entry = native_grants_.find({rank, region});
+  if (entry == native_grants_.end() || entry->second.in_flight == 0) return;
+  if (--entry->second.in_flight > 0 || entry->second.state != NativeGrant::State::kRevoked) return;
+  native_grants_.erase(entry);
+  send_control(rank, kAmNativeRevoked, as_bytes(NativeRevokeHeader{region}));
+}
+
+Status Engine::revoke_native(std::uint64_t id) {
+  std::vector<int> ranks = std::move(regions_.at(id).native_ranks);
+  std::erase_if(ranks, [&](int rank) { return peers_[static_cast<std::size_t>(rank)].failed; });
+  if (ranks.empty()) return Status::ok();
+  for (int rank : ranks) send_control(rank, kAmNativeRevoke, as_bytes(NativeRevokeHeader{id}));
+  revoking_[id] = std::move(ranks);
+  const auto deadline = util::deadline_after(timeout_);
+  int idle = 0;
+  Status status;
+  for (;;) {
+    // Waiting lets other threads in: look the entry up again.
+    std::vector<int>& waiting = revoking_[id];
+    std::erase_if(waiting, [&](int rank) { return peers_[static_cast<std::size_t>(rank)].failed; });
+    if (waiting.empty()) break;
+    if (timeout_ > 0 && util::Clock::now() >= deadline) {
+      status = Status(Code::kTimeout,
+                      "deregister: rank " + std::to_string(waiting.front()) +
+                          " has not confirmed after FERRY_TIMEOUT that its network accesses to "
+                          "the region ended (it has not called ferry since); the registration is "
+                          "closed anyway, and an access still arriving is refused by the provider");
+      break;
+    }
+    wait_step(&idle);
+  }
+  revoking_.erase(id);
+  return status;
+}
+
+void Engine::handle_native_ask(int source, std::span<const std::byte> data) {
+  NativeAskHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_ASK header");
+  NativeGrantHeader grant{header.region, header.secret, 0, 0, 0, kRmaOk, 0};
+  auto it = regions_.find(header.region);
+  if (it == regions_.end() || it->second.closing) {
+    grant.code = kRmaNoRegion;
+  } else if (it->second.secret != header.secret) {
+    grant.code = kRmaBadKey;
+  } else if (it->second.native == nullptr) {
+    grant.code = kRmaNotNative;
+  } else {
+    Region& region = it->second;
+    grant.address = region.native_remote.address;
+    grant.key = region.native_remote.key;
+    grant.size = region.size;
+    if (std::find(region.native_ranks.begin(), region.native_ranks.end(), source) ==
+        region.native_ranks.end()) {
+      region.native_ranks.push_back(source);
+    }
+  }
+  send_control(source, kAmNativeGrant, as_bytes(grant));
+}
+
+void Engine::handle_native_grant(int source, std::span<const std::byte> data) {
+  NativeGrantHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_GRANT header");
+  auto entry = native_grants_.find({source, header.region});
+  if (entry == native_grants_.end() || entry->second.state != NativeGrant::State::kAsked ||
+      entry->second.secret != header.secret) {
+    return protocol_error(source, "NATIVE_GRANT for no region asked about");
+  }
+  NativeGrant& grant = entry->second;
+  if (header.code != kRmaOk) {
+    // Accesses through this key keep going by messages, which report what is wrong.
+    grant.state = NativeGrant::State::kRefused;
+    FERRY_LOG(kDebug, "native access to region %llu of rank %d refused: %s",
+              static_cast<unsigned long long>(header.region), source,
+              refusal_text(header.code, source).c_str());
+    return;
+  }
+  grant.state = NativeGrant::State::kGranted;
+  grant.region = {header.address, header.key};
+  grant.size = header.size;
+}
+
+void Engine::handle_native_revoke(int source, std::span<const std::byte> data) {
+  NativeRevokeHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_REVOKE header");
+  auto entry = native_grants_.find({source, header.region});
+  if (entry != native_grants_.end()) {
+    entry->second.state = NativeGrant::State::kRevoked;
+    if (entry->second.in_flight > 0) return;  // answered by native_done
+    native_grants_.erase(entry);
+  }
+  send_control(source, kAmNativeRevoked, as_bytes(header));
+}
+
+void Engine::handle_native_revoked(int source, std::span<const std::byte> data) {
+  NativeRevokeHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_REVOKED header");
+  auto waiting = revoking_.find(header.region);
+  if (waiting == revoking_.end()) {
+    return protocol_error(source, "NATIVE_REVOKED for no region being deregistered");
+  }
+  std::erase(waiting->second, source);
 }
 
 void Engine::unmap_peer_regions(int rank) {

@@ -29,6 +29,11 @@ enum AmId : std::uint8_t {
   kAmGet = 16,     // GetHeader: send back bytes of a region (as kAmFrag to `id`)
   kAmAtomic = 17,  // AtomicHeader + operand and compare (8 bytes each)
   kAmRmaAck = 18,  // RmaAckHeader: a put fragment stored, an atomic applied, or a refusal
+  // Native one-sided access over the network transport, granted by the owner (proto/rma.cpp).
+  kAmNativeAsk = 19,      // NativeAskHeader: may this rank reach the region by itself?
+  kAmNativeGrant = 20,    // NativeGrantHeader: yes, there and under that key; or a refusal
+  kAmNativeRevoke = 21,   // NativeRevokeHeader: the region is being deregistered: stop
+  kAmNativeRevoked = 22,  // NativeRevokeHeader: no access to the region is in flight here now
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -134,6 +139,22 @@ struct RmaAckHeader {
   std::uint32_t code;   // RmaRefusal (0: done)
   std::uint32_t reserved;
 };
+struct NativeAskHeader {
+  std::uint64_t region;
+  std::uint64_t secret;
+};
+struct NativeGrantHeader {
+  std::uint64_t region;
+  std::uint64_t secret;   // as asked
+  std::uint64_t address;  // where the network transport reaches the region's first byte
+  std::uint64_t key;      // the provider's key for it
+  std::uint64_t size;
+  std::uint32_t code;  // RmaRefusal (0: granted)
+  std::uint32_t reserved;
+};
+struct NativeRevokeHeader {
+  std::uint64_t region;
+};
 enum RmaRefusal : std::uint32_t {
   kRmaOk = 0,
   kRmaNoRegion = 1,    // no such region (never registered, or deregistered)
@@ -142,6 +163,7 @@ enum RmaRefusal : std::uint32_t {
   kRmaBadAtomic = 4,   // unknown op, width not 4 or 8, or a misaligned word
   kRmaCutShort = 5,    // the region was deregistered while a get was answered from it
   kRmaDeviceCopy = 6,  // the region is device memory and the owner's CUDA copy failed
+  kRmaNotNative = 7,   // the region is not registered with the network transport
 };
 
 template <typename H>

@@ -109,8 +109,8 @@ class Endpoint {
                              std::uint64_t /*cookie*/) {
     return Status(Code::kUnsupported, "no one-sided reads");
   }
-  // One-sided access to a peer's registered region by the transport itself (FERRY_OFI_RMA=
-  // native), where the peer registered it with Transport::register_region: write_direct copies
+  // One-sided access to a peer's registered region by the transport itself (native one-sided
+  // over ofi), where the peer registered it with Transport::register_region: write_direct copies
   // `length` bytes at `buffer` there and reports (AmHandler::on_direct(cookie)) once they are
   // in the peer's memory; gets use read_direct. Host memory only.
   [[nodiscard]] virtual bool has_native_rma() const { return false; }
@@ -147,7 +147,7 @@ class Transport {
   // Delivers arrived messages to the handler; returns how many.
   virtual int progress() = 0;
   // Registers this process's host memory for the peers' Endpoint::write_direct / read_direct
-  // (FERRY_OFI_RMA=native). `key` is the key asked for (a provider that chooses its own says
+  // (native one-sided over ofi). `key` is the key asked for (a provider that chooses its own says
   // which in region->key); `region` is what the peers need; released by release_region(*handle).
   virtual Status register_region(void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
                                  Endpoint::RemoteRegion* /*region*/, void** /*handle*/) {

@@ -30,12 +30,13 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "GPU memory over ofi: auto (registered with the NIC where the provider offers FI_HMEM and "    \
     "a trial registration of each GPU's memory succeeds, else staged) or off (always staged "      \
     "through pinned host memory)")                                                                 \
-  X(kOfiRma, "FERRY_OFI_RMA", kEnum, "auto", 0, 0, "auto|native|off",                              \
-    "one-sided transfers over ofi: auto (rendezvous of host buffers by fi_read where the "         \
-    "provider offers FI_RMA; puts and gets by messages the owner checks), native (also puts and "  \
-    "gets of registered host memory by fi_write and fi_read, no owner involved; an access with a " \
-    "stale or forged key is refused by the provider, which on tcp also closes the connection), "   \
-    "off (rendezvous by a tagged transfer after the receiver's clear-to-send)")                    \
+  X(kOfiRma, "FERRY_OFI_RMA", kEnum, "auto", 0, 0, "auto|native|messages|off",                     \
+    "one-sided transfers over ofi: auto (where the provider offers FI_RMA and checks keys: "       \
+    "rendezvous of host buffers by fi_read, and puts and gets of registered host memory by "       \
+    "fi_write and fi_read once the owner has granted the key; else what it offers), native (the "  \
+    "same, warning where it is refused), messages (fi_read rendezvous; puts and gets by messages " \
+    "the owner checks), off (rendezvous by a tagged transfer after the receiver's "                \
+    "clear-to-send)")                                                                              \
   X(kOfiMrCache, "FERRY_OFI_MR_CACHE", kInt, "1024", 0, 1 << 20, "",                               \
     "ofi memory registrations kept for reuse (least recently used dropped first; unmapped or "     \
     "freed memory dropped as the kernel reports it; 0: register for every transfer)")              \

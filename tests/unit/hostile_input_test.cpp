@@ -48,6 +48,45 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   EXPECT_EQ(posted.info().bytes, sizeof(value));
 }
 
+TEST(HostileInput, NativeAccessGrantsAreGivenOnlyForRealKeys) {
+  // The messages that grant and revoke native one-sided access, forged: short ones, grants and
+  // answers nobody asked for, asks with a wrong secret or for a region that does not exist. None
+  // is acted on, and the region and deregistration still work.
+  std::unique_ptr<proto::Engine> engine = proto::Engine::create({});
+  std::vector<std::byte> memory(64, std::byte{0x11});
+  std::uint64_t id = 0;
+  std::uint64_t secret = 0;
+  proto::Engine::RegionAccess access;
+  ASSERT_TRUE(engine->register_region(memory.data(), memory.size(), &id, &secret, &access));
+  std::byte junk[3] = {};
+  for (std::uint8_t am : {proto::kAmNativeAsk, proto::kAmNativeGrant, proto::kAmNativeRevoke,
+                          proto::kAmNativeRevoked}) {
+    engine->on_am(am, 0, junk);  // short
+  }
+  engine->on_am(proto::kAmNativeGrant, 0,
+                message(proto::NativeGrantHeader{id, secret, 0x1000, 7, 1u << 30, 0, 0}));
+  engine->on_am(proto::kAmNativeRevoked, 0, message(proto::NativeRevokeHeader{id}));
+  engine->on_am(proto::kAmNativeRevoke, 0, message(proto::NativeRevokeHeader{id + 100}));
+  // Asks: wrong secret, no such region, and the real key of a region no transport registered
+  // (this engine has no network transport); each answer is a refusal, to this same process.
+  engine->on_am(proto::kAmNativeAsk, 0, message(proto::NativeAskHeader{id, secret ^ 1}));
+  engine->on_am(proto::kAmNativeAsk, 0, message(proto::NativeAskHeader{id + 100, secret}));
+  engine->on_am(proto::kAmNativeAsk, 0, message(proto::NativeAskHeader{id, secret}));
+  for (int i = 0; i < 100; ++i) engine->progress();
+  for (std::byte b : memory) ASSERT_EQ(b, std::byte{0x11});
+  EXPECT_EQ(engine->describe_peer(0).find("native access granted"), std::string::npos);
+  // The region is still reached through its key, and deregisters at once (nobody was granted).
+  proto::Engine::RmaTarget target;
+  target.rank = 0;
+  target.region = id;
+  target.secret = secret;
+  target.size = memory.size();
+  std::vector<std::byte> data(8, std::byte{0x22});
+  ASSERT_TRUE(engine->iput(data.data(), data.size(), target).wait().is_ok());
+  EXPECT_EQ(memory[7], std::byte{0x22});
+  EXPECT_TRUE(engine->deregister_region(id).is_ok());
+}
+
 TEST(HostileInput, DeviceProtocolMessagesAreValidatedBeforeUse) {
   // The staging protocol (device buffers) on a single-process engine: forged rings, slots and
   // keys are dropped; nothing is mapped, written or completed on their word.

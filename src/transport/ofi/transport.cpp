@@ -74,12 +74,16 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
 
   fi_info* hints = fi_->dupinfo(nullptr);
   if (hints == nullptr) throw Error(Code::kNoResources, "fi_allocinfo failed");
-  // One-sided reads for rendezvous where the provider has them (asked first, then without).
+  // One-sided writes and reads (native puts and gets, fi_read rendezvous) where the allowed
+  // provider has them: asked first, then reads alone, then neither.
   const std::string& rma_mode = config.get_string(util::Var::kOfiRma);
   const bool want_rma = rma_mode != "off";
-  const bool want_native = rma_mode == "native";
-  hints->caps = FI_MSG | FI_TAGGED | (want_rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0) |
-                (want_native ? FI_WRITE | FI_REMOTE_WRITE : 0);
+  const bool want_native = rma_mode == "auto" || rma_mode == "native";
+  const std::uint64_t reads = FI_RMA | FI_READ | FI_REMOTE_READ;
+  std::vector<std::uint64_t> ladder;
+  if (want_native) ladder.push_back(FI_MSG | FI_TAGGED | reads | FI_WRITE | FI_REMOTE_WRITE);
+  if (want_rma) ladder.push_back(FI_MSG | FI_TAGGED | reads);
+  ladder.push_back(FI_MSG | FI_TAGGED);
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->tx_attr->msg_order = FI_ORDER_SAS;  // the protocol relies on per-peer order
@@ -87,45 +91,48 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-  fi_info* list = nullptr;
-  int ret = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
-  if (ret == -FI_ENODATA && want_rma) {
-    hints->caps = FI_MSG | FI_TAGGED;
-    ret = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
-  }
-  fi_->freeinfo(hints);
-  if (ret != 0) fail("fi_getinfo (reliable datagram endpoints with ordered messages)", ret);
   const std::string& allowed = config.get_string(util::Var::kOfiProvider);
   std::string seen;
-  // The first provider allowed, and among its offers (NICs, addresses) the first on this
-  // thread's NUMA node.
-  std::vector<fi_info*> candidates;
-  std::vector<int> nodes;
-  for (fi_info* i = list; i != nullptr; i = i->next) {
-    const char* name = i->fabric_attr->prov_name;
-    if (!provider_allowed(allowed, name)) {
-      if (seen.find(name) == std::string::npos) {
-        seen += std::string(seen.empty() ? "" : ", ") + name;
+  for (std::size_t step = 0; step < ladder.size() && info_ == nullptr; ++step) {
+    hints->caps = ladder[step];
+    fi_info* list = nullptr;
+    int ret = fi_->getinfo(FI_VERSION(1, 14), nullptr, nullptr, 0, hints, &list);
+    if (ret == -FI_ENODATA && step + 1 < ladder.size()) continue;
+    if (ret != 0) {
+      fi_->freeinfo(hints);
+      fail("fi_getinfo (reliable datagram endpoints with ordered messages)", ret);
+    }
+    // The first provider allowed, and among its offers (NICs, addresses) the first on this
+    // thread's NUMA node.
+    std::vector<fi_info*> candidates;
+    std::vector<int> nodes;
+    for (fi_info* i = list; i != nullptr; i = i->next) {
+      const char* name = i->fabric_attr->prov_name;
+      if (!provider_allowed(allowed, name)) {
+        if (seen.find(name) == std::string::npos) {
+          seen += std::string(seen.empty() ? "" : ", ") + name;
+        }
+        continue;
       }
-      continue;
+      if (!candidates.empty() && std::string(name) != candidates.front()->fabric_attr->prov_name) {
+        continue;
+      }
+      std::optional<PciAddress> pci;
+      if (i->nic != nullptr && i->nic->bus_attr != nullptr &&
+          i->nic->bus_attr->bus_type == FI_BUS_PCI) {
+        const fi_pci_attr& a = i->nic->bus_attr->attr.pci;
+        pci = PciAddress{a.domain_id, a.bus_id, a.device_id, a.function_id};
+      }
+      candidates.push_back(i);
+      nodes.push_back(
+          nic_numa_node(i->domain_attr->name != nullptr ? i->domain_attr->name : "", pci));
     }
-    if (!candidates.empty() && std::string(name) != candidates.front()->fabric_attr->prov_name) {
-      continue;
+    if (!candidates.empty()) {
+      info_ = fi_->dupinfo(candidates[nearest_candidate(nodes, current_numa_node())]);
     }
-    std::optional<PciAddress> pci;
-    if (i->nic != nullptr && i->nic->bus_attr != nullptr &&
-        i->nic->bus_attr->bus_type == FI_BUS_PCI) {
-      const fi_pci_attr& a = i->nic->bus_attr->attr.pci;
-      pci = PciAddress{a.domain_id, a.bus_id, a.device_id, a.function_id};
-    }
-    candidates.push_back(i);
-    nodes.push_back(
-        nic_numa_node(i->domain_attr->name != nullptr ? i->domain_attr->name : "", pci));
+    fi_->freeinfo(list);
   }
-  if (!candidates.empty()) {
-    info_ = fi_->dupinfo(candidates[nearest_candidate(nodes, current_numa_node())]);
-  }
-  fi_->freeinfo(list);
+  fi_->freeinfo(hints);
   if (info_ == nullptr) {
     throw Error(Code::kUnsupported,
                 "no libfabric provider allowed by FERRY_OFI_PROVIDER=" + allowed +
@@ -175,8 +182,9 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   } else if (!rma_) {
     rma_why_ = "no FI_RMA in this provider";
   }
-  // Native one-sided access leaves checking the key to the provider: only where it does (the
-  // shared-memory providers write through any address they are given).
+  // Native one-sided access goes only where the owner granted it (proto/rma.cpp), and the
+  // provider checks the key again: not where it does not (the shared-memory providers write
+  // through any address they are given).
   const std::string core = info_->fabric_attr->prov_name;
   if (!want_native) {
     native_why_ = "FERRY_OFI_RMA=" + rma_mode;
@@ -188,13 +196,14 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   } else {
     native_ = true;
   }
-  if (want_native && !native_) {
+  if (rma_mode == "native" && !native_) {
     FERRY_LOG(kWarn, "ofi: FERRY_OFI_RMA=native refused (%s): one-sided by messages",
               native_why_.c_str());
   }
   inject_scratch_.resize(inject_size_);
 
-  if ((ret = fi_->fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) fail("fi_fabric", ret);
+  int ret = fi_->fabric(info_->fabric_attr, &fabric_, nullptr);
+  if (ret != 0) fail("fi_fabric", ret);
   if ((ret = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) fail("fi_domain", ret);
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_MSG;

@@ -122,7 +122,7 @@ class OfiTransport final : public Transport {
   // FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
   int register_memory(void* data, std::size_t length, std::uint64_t access, int device, fid_mr** mr,
                       std::uint64_t key = 0);
-  // A one-sided read or write of the peer's memory (rendezvous, or FERRY_OFI_RMA=native).
+  // A one-sided read or write of the peer's memory (rendezvous, or a native put or get).
   Status start_rma(bool write, int peer, void* buffer, std::size_t length,
                    Endpoint::RemoteRegion region, std::uint64_t cookie);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
@@ -142,9 +142,9 @@ class OfiTransport final : public Transport {
     std::string why;
   };
   std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
-  bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA=auto)
+  bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA not off)
   std::string rma_why_;             // why not, when not
-  bool native_ = false;             // puts and gets by fi_write / fi_read (FERRY_OFI_RMA=native)
+  bool native_ = false;             // native puts and gets (FERRY_OFI_RMA=auto or native)
   std::string native_why_;          // why not, when not
   std::uint64_t next_key_ = 1;      // requested keys, unique in the domain (no FI_MR_PROV_KEY)
   std::unique_ptr<mem::RegistrationCache> cache_;                              // host registrations
