@@ -217,11 +217,8 @@ class MemoryRegion {
   // register_memory: where peers on the node find the region without the owner (-1: they do not)
   int guard_fd_ = -1;
   int slot_ = -1;
-  // Whether the network transport may reach it by itself once its owner grants the key, and
-  // where and under which provider key (the secret, where the provider took the one asked for).
+  // Whether the network transport may reach it by itself once its owner grants the key.
   bool native_ = false;
-  std::uint64_t native_address_ = 0;
-  std::uint64_t native_key_ = 0;
 };
 
 // A region of another rank (or of this one), as received from its owner.
@@ -243,8 +240,6 @@ class RemoteKey {
   int guard_fd_ = -1;
   int slot_ = -1;
   bool native_ = false;
-  std::uint64_t native_address_ = 0;
-  std::uint64_t native_key_ = 0;
 };
 
 // Atomic operations on a 4- or 8-byte unsigned word of a region. Each returns the word's previous

@@ -18,42 +18,28 @@ struct PackedKey {
   std::uint64_t size;
   std::uint32_t guard_fd_plus_one;  // registered regions: the owner's guard table + 1; 0: none
   std::uint32_t slot_plus_one;      // and the region's slot in it + 1
-  // May be reached by the network transport itself once granted: kNative, and kNativeSecret
-  // where the provider's key is the secret (then native_key is 0, so a forged secret is a
-  // forged key).
-  std::uint32_t native_flags;
+  // kNative: the network transport may reach it by itself once the owner grants the key (the
+  // grant says where and under which provider key).
+  std::uint32_t flags;
   std::uint32_t reserved;
-  std::uint64_t native_address;
-  std::uint64_t native_key;
 };
 constexpr std::uint32_t kKeyMagic = 0x4b524546;  // "FERK"
-constexpr std::uint32_t kKeyVersion = 3;
+constexpr std::uint32_t kKeyVersion = 4;
 constexpr std::uint32_t kNative = 1;
-constexpr std::uint32_t kNativeSecret = 2;
 
 }  // namespace
 
 // The target of one access through `key`, as the engine takes it.
 struct KeyAccess {
   static proto::Engine::RmaTarget target(const RemoteKey& key, std::uint64_t offset) {
-    return proto::Engine::RmaTarget{
-        key.rank_,
-        key.id_,
-        key.secret_,
-        key.size_,
-        offset,
-        key.fd_,
-        key.guard_fd_,
-        key.slot_,
-        proto::Engine::NativeAccess{key.native_, {key.native_address_, key.native_key_}}};
+    return proto::Engine::RmaTarget{key.rank_, key.id_,       key.secret_, key.size_,  offset,
+                                    key.fd_,   key.guard_fd_, key.slot_,   key.native_};
   }
   // What the engine says of a region it registered, kept for its key.
   static void set(const proto::Engine::RegionAccess& access, MemoryRegion* region) {
     region->guard_fd_ = access.guard_fd;
     region->slot_ = access.slot;
-    region->native_ = access.native.valid;
-    region->native_address_ = access.native.region.address;
-    region->native_key_ = access.native.region.key;
+    region->native_ = access.native;
   }
 };
 
@@ -87,9 +73,7 @@ MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
       fd_(other.fd_),
       guard_fd_(other.guard_fd_),
       slot_(other.slot_),
-      native_(other.native_),
-      native_address_(other.native_address_),
-      native_key_(other.native_key_) {}
+      native_(other.native_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
   if (this != &other) {
@@ -104,8 +88,6 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
     guard_fd_ = other.guard_fd_;
     slot_ = other.slot_;
     native_ = other.native_;
-    native_address_ = other.native_address_;
-    native_key_ = other.native_key_;
   }
   return *this;
 }
@@ -113,7 +95,6 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
 MemoryRegion::~MemoryRegion() { (void)deregister(); }
 
 std::vector<std::byte> MemoryRegion::remote_key() const {
-  const bool secret_key = native_ && native_key_ == secret_;
   const PackedKey key{kKeyMagic,
                       kKeyVersion,
                       rank_,
@@ -123,10 +104,8 @@ std::vector<std::byte> MemoryRegion::remote_key() const {
                       size_,
                       static_cast<std::uint32_t>(guard_fd_ + 1),
                       static_cast<std::uint32_t>(slot_ + 1),
-                      (native_ ? kNative : 0u) | (secret_key ? kNativeSecret : 0u),
-                      0,
-                      native_address_,
-                      secret_key ? 0 : native_key_};
+                      native_ ? kNative : 0u,
+                      0};
   std::vector<std::byte> out(sizeof(key));
   std::memcpy(out.data(), &key, sizeof(key));
   return out;
@@ -156,8 +135,7 @@ Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
   }
   if (key.rank < 0 || key.region == 0 || key.size == 0 || key.fd_plus_one > INT32_MAX ||
       key.guard_fd_plus_one > INT32_MAX || key.slot_plus_one > INT32_MAX ||
-      (key.native_flags & ~(kNative | kNativeSecret)) != 0 ||
-      ((key.native_flags & kNativeSecret) != 0 && (key.native_flags & kNative) == 0)) {
+      (key.flags & ~kNative) != 0) {
     return Status(Code::kInvalidArgument, "corrupt remote key (rank, region, size or slot)");
   }
   out->rank_ = key.rank;
@@ -167,9 +145,7 @@ Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
   out->fd_ = static_cast<int>(key.fd_plus_one) - 1;
   out->guard_fd_ = static_cast<int>(key.guard_fd_plus_one) - 1;
   out->slot_ = static_cast<int>(key.slot_plus_one) - 1;
-  out->native_ = (key.native_flags & kNative) != 0;
-  out->native_address_ = key.native_address;
-  out->native_key_ = (key.native_flags & kNativeSecret) != 0 ? key.secret : key.native_key;
+  out->native_ = (key.flags & kNative) != 0;
   return Status::ok();
 }
 

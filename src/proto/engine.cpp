@@ -460,7 +460,11 @@ std::string Engine::describe_peer(int rank) const {
           std::count_if(native_grants_.begin(), native_grants_.end(), [rank](const auto& entry) {
             return entry.first.first == rank && entry.second.state == NativeGrant::State::kGranted;
           });
-      out += "; native access granted to " + std::to_string(granted) + " of its regions";
+      const auto open = std::count_if(regions_.begin(), regions_.end(), [](const auto& entry) {
+        return entry.second.native != nullptr;
+      });
+      out += "; native access granted to " + std::to_string(granted) +
+             " of its regions; this rank's regions registered for it: " + std::to_string(open);
     }
   }
   if (cuda_) {

@@ -123,14 +123,6 @@ class Engine final : public transport::AmHandler {
   bool arm();
 
   // One-sided operations (rma.cpp; the rules are ferry::MemoryRegion's).
-  // Whether the network transport may reach a region by itself (native one-sided over ofi, once
-  // the owner grants the key), and where and under which provider key as the key says (the
-  // region's secret where the provider takes the key asked for, else the provider's own; the
-  // initiator uses what the owner's grant says).
-  struct NativeAccess {
-    bool valid = false;
-    transport::Endpoint::RemoteRegion region;
-  };
   struct RmaTarget {
     int rank = -1;
     std::uint64_t region = 0;
@@ -142,7 +134,7 @@ class Engine final : public transport::AmHandler {
     // through which peers on this node reach it directly; -1: through the owner.
     int guard_fd = -1;
     int slot = -1;
-    NativeAccess native;
+    bool native = false;  // the network transport may reach it once the owner grants the key
   };
   // Where a put or get of `bytes` at `target` can be done now by a CPU copy (mapped host memory,
   // a local buffer in host memory, valid arguments), or null: then it goes through a request,
@@ -150,11 +142,11 @@ class Engine final : public transport::AmHandler {
   std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
                         bool local_device);
   // What a region's key carries besides its id and secret: where peers on this node find it
-  // (-1: they do not), and where the network transport reaches it (RmaTarget's fields).
+  // (-1: they do not), and whether other nodes may reach it natively (RmaTarget's fields).
   struct RegionAccess {
     int guard_fd = -1;
     int slot = -1;
-    NativeAccess native;
+    bool native = false;
   };
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id, std::uint64_t* secret,
                          RegionAccess* access = nullptr);
@@ -297,8 +289,11 @@ class Engine final : public transport::AmHandler {
     int device = -1;  // device memory: its CUDA ordinal (reached by CUDA copies, never mapped)
     int slot = -1;    // its slot in the guard table (registered regions peers reach directly)
     int ipc_fd = -1;  // device memory exported as a file descriptor, for those peers
-    void* native = nullptr;  // its registration with native_rma_ (host memory only)
-    transport::Endpoint::RemoteRegion native_remote;  // where and under which key peers reach it
+    // Its registration with native_rma_ (host memory only), made when a rank first asks for it,
+    // and where and under which provider key peers reach it.
+    void* native = nullptr;
+    transport::Endpoint::RemoteRegion native_remote;
+    bool native_failed = false;     // registering it failed: no grant
     std::vector<int> native_ranks;  // the ranks granted native access (asked, key checked)
     bool closing = false;           // being deregistered: no grant is given any more
   };
@@ -331,8 +326,8 @@ class Engine final : public transport::AmHandler {
                       bool put, bool local_device);
   // The end of a started access to `rank`'s guard table (this rank's `ended` counter).
   void end_guarded_access(int rank);
-  // Registers a host region with native_rma_ where there is one (access: what its key says).
-  void register_native(Region* region, std::uint64_t id, RegionAccess* access);
+  // Registers a host region with native_rma_ for a rank's first ask; false if it cannot be.
+  bool register_native(Region* region, std::uint64_t id);
   // A put or get started by the network transport itself on request `index`, completed through
   // on_direct; false when it goes through the owner.
   bool native_access(std::uint32_t index, const RmaTarget& target, void* local, std::size_t bytes,

@@ -301,26 +301,26 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
       access->guard_fd = guard_fd_;
       access->slot = region.slot;
     }
-    register_native(&region, *id, access);
+    access->native = native_rma_ != nullptr && device < 0;
   }
   regions_.emplace(*id, region);
   return Status::ok();
 }
 
-void Engine::register_native(Region* region, std::uint64_t id, RegionAccess* access) {
-  if (native_rma_ == nullptr || region->device >= 0) return;
-  // The secret is the key asked for, so a key forged or gone stale is the provider's to refuse
-  // as it is ours.
-  transport::Endpoint::RemoteRegion remote;
-  Status status = native_rma_->register_region(region->base, region->size, region->secret, &remote,
-                                               &region->native);
+bool Engine::register_native(Region* region, std::uint64_t id) {
+  if (region->native != nullptr) return true;
+  if (native_rma_ == nullptr || region->device >= 0 || region->native_failed) return false;
+  // The secret is the key asked for where the provider takes one: a key forged or gone stale is
+  // then also the provider's to refuse.
+  Status status = native_rma_->register_region(region->base, region->size, region->secret,
+                                               &region->native_remote, &region->native);
   if (!status) {
+    region->native_failed = true;
     FERRY_LOG(kInfo, "region %llu is reached by other nodes through its owner: %s",
               static_cast<unsigned long long>(id), status.message().c_str());
-    return;
+    return false;
   }
-  region->native_remote = remote;
-  access->native = NativeAccess{true, remote};
+  return true;
 }
 
 Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t* id,
@@ -357,7 +357,7 @@ Status Engine::allocate_region(std::size_t bytes, void** address, std::uint64_t*
   std::atomic_ref<std::uint32_t>(header->live).store(1, std::memory_order_release);
   Region& region = regions_.at(*id);
   *access = RegionAccess{};
-  register_native(&region, *id, access);
+  access->native = native_rma_ != nullptr;
   region.fd = memfd.release();
   region.mapping = static_cast<std::byte*>(mapping);
   region.mapping_length = length;
@@ -675,7 +675,7 @@ void Engine::end_guarded_access(int rank) {
 
 bool Engine::native_access(std::uint32_t index, const RmaTarget& target, void* local,
                            std::size_t bytes, bool put, bool local_device) {
-  if (!target.native.valid || local_device) return false;
+  if (!target.native || local_device) return false;
   Peer& peer = peers_[static_cast<std::size_t>(target.rank)];
   if (!peer.endpoint->has_native_rma() || !peer.native_rma_refused.empty()) return false;
   auto [entry, first] = native_grants_.try_emplace({target.rank, target.region});
@@ -769,7 +769,7 @@ void Engine::handle_native_ask(int source, std::span<const std::byte> data) {
     grant.code = kRmaNoRegion;
   } else if (it->second.secret != header.secret) {
     grant.code = kRmaBadKey;
-  } else if (it->second.native == nullptr) {
+  } else if (!register_native(&it->second, header.region)) {
     grant.code = kRmaNotNative;
   } else {
     Region& region = it->second;

@@ -463,12 +463,18 @@ TEST(OneSided, NoPutLandsAfterDeregisterReturns) {
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
-// How many of `peer`'s regions this rank has been granted native access to.
-int native_grants(int peer) {
+// The number after `lead` in what this rank says of `peer`, or -1.
+int described(int peer, const std::string& lead) {
   const std::string text = ctx().describe_peer(peer);
-  const std::string lead = "native access granted to ";
   const std::size_t at = text.find(lead);
   return at == std::string::npos ? -1 : std::atoi(text.c_str() + at + lead.size());
+}
+// How many of `peer`'s regions this rank has been granted native access to.
+int native_grants(int peer) { return described(peer, "native access granted to "); }
+// How many of this rank's regions are registered with the network transport (when a rank first
+// asks for one).
+int native_registered() {
+  return described(me() == 0 ? 1 : 0, "this rank's regions registered for it: ");
 }
 
 TEST(OneSided, NativeAccessIsGrantedByTheOwnerAndBadKeysLeaveThePeerUsable) {
@@ -478,10 +484,14 @@ TEST(OneSided, NativeAccessIsGrantedByTheOwnerAndBadKeysLeaveThePeerUsable) {
   // messages, write nothing, and the connection stays (over tcp a key the provider refuses would
   // close it).
   if (!native_job()) GTEST_SKIP() << "needs 2 ranks joined by native one-sided access";
+  const int registered = native_registered();
+  ASSERT_GE(registered, 0) << ctx().describe_peer(me() == 0 ? 1 : 0);
   Window w;
   Window gone;
   ASSERT_NO_FATAL_FAILURE(make_window(4096, std::byte{0x5a}, &w));
   ASSERT_NO_FATAL_FAILURE(make_window(4096, std::byte{0x5a}, &gone));
+  // Registered with the network when a rank first asks, not before.
+  EXPECT_EQ(native_registered(), registered);
   auto keys = exchange_keys(w.region);
   auto stale_keys = exchange_keys(gone.region);
   // Rank 1's key with its secret changed (what the provider would take as its key).
@@ -535,6 +545,7 @@ TEST(OneSided, NativeAccessIsGrantedByTheOwnerAndBadKeysLeaveThePeerUsable) {
   }
   ASSERT_TRUE(ctx().barrier().is_ok());
   if (me() == 1) {
+    EXPECT_EQ(native_registered(), registered + 1);  // w, asked for by rank 0
     for (std::size_t i = 0; i < 4096; ++i) {
       const std::byte expected = i >= 64 && i < 192 ? std::byte{0x77} : std::byte{0x5a};
       ASSERT_EQ(w.data[i], expected) << "byte " << i;
