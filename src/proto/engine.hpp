@@ -24,6 +24,7 @@
 #include "proto/operation.hpp"
 #include "proto/request_pool.hpp"
 #include "transport/transport.hpp"
+#include "util/clock.hpp"
 #include "util/config.hpp"
 #include "util/fd_mailbox.hpp"
 
@@ -114,6 +115,18 @@ class Engine final : public transport::AmHandler {
   // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
   // With several threads, the lock is let go and taken again (yielding to a waiting thread).
   void wait_step(int* idle_polls);
+  // Waits with wait_step until done() holds (asked before each step, with the lock held); false
+  // if FERRY_TIMEOUT ran out first.
+  template <typename Done>
+  bool wait_until(Done done) {
+    const auto deadline = util::deadline_after(timeout_);
+    int idle = 0;
+    while (!done()) {
+      if (timeout_ > 0 && util::Clock::now() >= deadline) return false;
+      wait_step(&idle);
+    }
+    return true;
+  }
   // One step of a wait that only another process's store into shared memory can end, which rings
   // no doorbell: progress, yield after FERRY_SPIN_COUNT empty polls, and after a few thousand more
   // nap (growing to 2 ms) instead of sleeping on the doorbell, so a long wait costs little CPU.

@@ -239,24 +239,27 @@ Status Engine::release_guard_slot(int index, int ipc_fd) {
   shared(slot.live).store(0, std::memory_order_seq_cst);
   const std::vector<int> local = local_ranks();
   const std::size_t ranks = std::min<std::size_t>(local.size(), kGuardRanks);
-  const auto deadline = util::deadline_after(timeout_);
-  int idle = 0;
-  bool reusable = true;
+  // The accesses begun before the slot was cleared (later ones see it cleared and give up).
+  std::vector<std::uint64_t> begun(ranks);
   for (std::size_t i = 0; i < ranks; ++i) {
-    const std::uint64_t begun = shared(guard_->counters[i].begun).load(std::memory_order_seq_cst);
-    const int rank = local[i];
-    while (shared(guard_->counters[i].ended).load(std::memory_order_acquire) < begun) {
-      if (rank == rank_ || peers_[static_cast<std::size_t>(rank)].failed) break;
-      if (timeout_ > 0 && util::Clock::now() >= deadline) {
-        FERRY_LOG(kWarn,
-                  "deregister: rank %d has been inside an access to region %llu for %g s "
-                  "(FERRY_TIMEOUT); it may still write to the memory",
-                  rank, static_cast<unsigned long long>(slot.region), timeout_);
-        reusable = false;
-        break;
+    begun[i] = shared(guard_->counters[i].begun).load(std::memory_order_seq_cst);
+  }
+  std::size_t inside = 0;  // the first rank that may still be inside one
+  const bool reusable = wait_until([&] {
+    for (; inside < ranks; ++inside) {
+      const int rank = local[inside];
+      if (rank == rank_ || peers_[static_cast<std::size_t>(rank)].failed) continue;
+      if (shared(guard_->counters[inside].ended).load(std::memory_order_acquire) < begun[inside]) {
+        return false;
       }
-      wait_step(&idle);
     }
+    return true;
+  });
+  if (!reusable) {
+    FERRY_LOG(kWarn,
+              "deregister: rank %d has been inside an access to region %llu for %g s "
+              "(FERRY_TIMEOUT); it may still write to the memory",
+              local[inside], static_cast<unsigned long long>(slot.region), timeout_);
   }
   if (ipc_fd >= 0) ::close(ipc_fd);
   if (reusable) guard_free_.push_back(index);  // else lost: that rank may still use it
@@ -738,23 +741,19 @@ Status Engine::revoke_native(std::uint64_t id) {
   if (ranks.empty()) return Status::ok();
   for (int rank : ranks) send_control(rank, kAmNativeRevoke, as_bytes(NativeRevokeHeader{id}));
   revoking_[id] = std::move(ranks);
-  const auto deadline = util::deadline_after(timeout_);
-  int idle = 0;
-  Status status;
-  for (;;) {
+  const bool answered = wait_until([&] {
     // Waiting lets other threads in: look the entry up again.
     std::vector<int>& waiting = revoking_[id];
     std::erase_if(waiting, [&](int rank) { return peers_[static_cast<std::size_t>(rank)].failed; });
-    if (waiting.empty()) break;
-    if (timeout_ > 0 && util::Clock::now() >= deadline) {
-      status = Status(Code::kTimeout,
-                      "deregister: rank " + std::to_string(waiting.front()) +
-                          " has not confirmed after FERRY_TIMEOUT that its network accesses to "
-                          "the region ended (it has not called ferry since); the registration is "
-                          "closed anyway, and an access still arriving is refused by the provider");
-      break;
-    }
-    wait_step(&idle);
+    return waiting.empty();
+  });
+  Status status;
+  if (!answered) {
+    status = Status(Code::kTimeout,
+                    "deregister: rank " + std::to_string(revoking_[id].front()) +
+                        " has not confirmed after FERRY_TIMEOUT that its network accesses to the "
+                        "region ended (it has not called ferry since); the registration is "
+                        "closed anyway, and an access still arriving is refused by the provider");
   }
   revoking_.erase(id);
   return status;
@@ -1066,14 +1065,9 @@ Status Engine::flush(int rank) {
     }
     return false;
   };
-  const auto deadline = util::deadline_after(timeout_);
-  int idle = 0;
-  while (outstanding()) {
-    if (timeout_ > 0 && util::Clock::now() >= deadline) {
-      return Status(Code::kTimeout, "flush: one-sided operations still incomplete after " +
-                                        std::to_string(timeout_) + " s (FERRY_TIMEOUT)");
-    }
-    wait_step(&idle);
+  if (!wait_until([&] { return !outstanding(); })) {
+    return Status(Code::kTimeout, "flush: one-sided operations still incomplete after " +
+                                      std::to_string(timeout_) + " s (FERRY_TIMEOUT)");
   }
   Status first;
   for (int r = 0; r < size_; ++r) {

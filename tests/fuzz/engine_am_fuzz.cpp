@@ -207,6 +207,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       put_u64(&message, offsetof(proto::PutHeader, region), g_region);
       put_u64(&message, offsetof(proto::PutHeader, secret), g_secret);
     }
+    if ((fix & 0x40) != 0 && id == proto::kAmNativeAsk) {
+      put_u64(&message, offsetof(proto::NativeAskHeader, region), g_region);
+      put_u64(&message, offsetof(proto::NativeAskHeader, secret), g_secret);
+    }
+    if ((fix & 0x40) != 0 && (id == proto::kAmNativeRevoke || id == proto::kAmNativeRevoked ||
+                              id == proto::kAmNativeGrant)) {
+      put_u64(&message, 0, g_region);  // each of these headers starts with the region
+    }
     g_engine->on_am(id, 0, message);
   }
   g_engine->progress();
