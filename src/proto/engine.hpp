@@ -308,7 +308,6 @@ class Engine final : public transport::AmHandler {
     transport::Endpoint::RemoteRegion native_remote;
     bool native_failed = false;     // registering it failed: no grant
     std::vector<int> native_ranks;  // the ranks granted native access (asked, key checked)
-    bool closing = false;           // being deregistered: no grant is given any more
   };
   // Registered regions that peers on this node reach without the owner's progress: host memory
   // by CMA, device memory by CUDA IPC. Each access is bracketed by the accessing rank's counters

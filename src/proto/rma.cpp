@@ -377,7 +377,6 @@ Status Engine::deregister_region(std::uint64_t id) {
   Status waited;
   if (found->second.native != nullptr) {
     // The ranks granted native access stop first; then the registration closes.
-    found->second.closing = true;
     waited = revoke_native(id);
     found = regions_.find(id);
     if (found == regions_.end()) return waited;
@@ -764,7 +763,8 @@ void Engine::handle_native_ask(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return protocol_error(source, "short NATIVE_ASK header");
   NativeGrantHeader grant{header.region, header.secret, 0, 0, 0, kRmaOk, 0};
   auto it = regions_.find(header.region);
-  if (it == regions_.end() || it->second.closing) {
+  // A region whose grants are being revoked (deregister) gives no more.
+  if (it == regions_.end() || revoking_.contains(header.region)) {
     grant.code = kRmaNoRegion;
   } else if (it->second.secret != header.secret) {
     grant.code = kRmaBadKey;
