@@ -2,7 +2,6 @@
 #include "util/copy.hpp"
 
 #include <immintrin.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -72,11 +71,7 @@ bool measure_rep_movsb_slow() {
 
 const bool kRepMovsbSlow = measure_rep_movsb_slow();
 
-const std::size_t kStreamFrom = [] {
-  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return std::max<std::size_t>(l2 > 0 ? static_cast<std::size_t>(l2) : std::size_t{2} << 20,
-                               std::size_t{1} << 20);
-}();
+const std::size_t kStreamFrom = std::size_t{32} << 20;
 
 __attribute__((target("avx2"))) void copy_vector(void* dst, const void* src,
                                                  std::size_t n) noexcept {

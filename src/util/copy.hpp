@@ -55,10 +55,13 @@ extern const bool kRepMovsbSlow;
   }
 }
 
-// Copies of more than this core's L2 cache (sysconf; 2 MiB where unknown, at least 1 MiB) into
-// memory this process does not read next go around the cache: direct one-sided puts of 4 MiB ran
-// 2-10% faster with non-temporal stores on the Intel VM (gets, whose destination the caller reads
-// next, ran slower, so they keep cached stores).
+// Copies of 32 MiB or more into memory this process does not read next go around the cache.
+// Direct one-sided puts, interleaved A/B on the VMs (docs/PERFORMANCE.md, "Shared memory"): below
+// that, cached stores were ahead (4 MiB: 14.0-14.7 GB/s against 12.3-13.4 in 16 of 18 rounds on
+// two VMs; 16 MiB likewise); at 64 MiB streaming stores were (12.2-13.0 against 5.8-9.1), the
+// copy no longer staying in the cache the VM gives a core. sysconf's cache sizes do not say where
+// that lies on a VM (it reports a 480 MiB L3), so the size is fixed. Gets, whose destination the
+// caller reads next, keep cached stores.
 extern const std::size_t kStreamFrom;
 
 inline void copy_large(void* dst, const void* src, std::size_t n) noexcept {
