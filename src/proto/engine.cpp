@@ -467,6 +467,10 @@ std::string Engine::describe_peer(int rank) const {
              " of its regions; this rank's regions registered for it: " + std::to_string(open);
     }
   }
+  if (peer.acks_sent > 0) {
+    out += "; answers to its one-sided operations: " + std::to_string(peer.acks_sent) + " in " +
+           std::to_string(peer.ack_messages) + " messages";
+  }
   if (cuda_) {
     out += "; device buffers: ";
     if (!peer.shares_memory) {

@@ -23,6 +23,7 @@
 #include "proto/matching.hpp"
 #include "proto/operation.hpp"
 #include "proto/request_pool.hpp"
+#include "proto/wire.hpp"
 #include "transport/transport.hpp"
 #include "util/clock.hpp"
 #include "util/config.hpp"
@@ -181,6 +182,9 @@ class Engine final : public transport::AmHandler {
 
   void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override;
   void on_direct(std::uint64_t cookie, Status status) override;
+  void on_batch_end() override {
+    if (!ack_peers_.empty()) send_acks();
+  }
 
  private:
   struct Pending {
@@ -237,6 +241,9 @@ class Engine final : public transport::AmHandler {
     std::string device_rma_refused;  // why its registered device memory is not mapped here
     std::string native_rma_refused;  // why native puts and gets to it go by messages instead
     std::string map_refused;  // why its allocated regions cannot be mapped here (empty: they can)
+    std::vector<RmaAckHeader> acks;  // answers to its one-sided operations, sent by send_acks
+    std::uint64_t acks_sent = 0;     // answers sent to it so far,
+    std::uint64_t ack_messages = 0;  // in this many messages
   };
   // A copy in flight on a CUDA stream, polled by progress.
   struct DeviceOp {
@@ -417,7 +424,11 @@ class Engine final : public transport::AmHandler {
   void handle_get(int source, std::span<const std::byte> data);
   void handle_atomic(int source, std::span<const std::byte> data);
   void handle_rma_ack(int source, std::span<const std::byte> data);
+  void handle_rma_acks(int source, std::span<const std::byte> data);
+  // Answers a put fragment, get or atomic from `peer`. Answers made while handling one progress
+  // pass's messages go at its end, several to one peer as one kAmRmaAcks (send_acks).
   void rma_ack(int peer, std::uint64_t id, std::uint64_t value, std::uint32_t code);
+  int send_acks();
   std::unordered_map<std::uint64_t, Region> regions_;
   std::uint64_t next_region_ = 1;
   std::mt19937_64 secrets_{std::random_device{}()};
@@ -503,6 +514,7 @@ class Engine final : public transport::AmHandler {
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Peer> peers_;
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty
+  std::vector<int> ack_peers_;      // peers with answers in Peer::acks
   RequestPool requests_;
   Matcher matcher_;
   // Operations in flight, by request slot; after requests_ so that they (and the requests they

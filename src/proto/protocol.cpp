@@ -206,6 +206,7 @@ int Engine::progress() {
   int events = 0;
   if (self_ != nullptr && self_->has_work()) events += self_->progress();
   for (transport::Transport* t : polled_) events += t->progress();
+  if (!ack_peers_.empty()) events += send_acks();
   if (!pending_peers_.empty()) events += drain_pending();
   if (!device_ops_.empty()) events += poll_device_ops();
   if (!operations_.empty() && !advancing_) events += advance_operations();
@@ -460,6 +461,8 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_atomic(source, data);
     case kAmRmaAck:
       return handle_rma_ack(source, data);
+    case kAmRmaAcks:
+      return handle_rma_acks(source, data);
     case kAmNativeAsk:
       return handle_native_ask(source, data);
     case kAmNativeGrant:

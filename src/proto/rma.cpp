@@ -414,7 +414,9 @@ Status Engine::deregister_region(std::uint64_t id) {
       return true;
     });
   }
-  for (const auto& [rank, rreq] : cut) rma_ack(rank, rreq, 0, kRmaCutShort);
+  for (const auto& [rank, rreq] : cut) {
+    send_control(rank, kAmRmaAck, as_bytes(RmaAckHeader{rreq, 0, kRmaCutShort, 0}));
+  }
   return waited;
 }
 
@@ -1083,7 +1085,51 @@ Status Engine::flush(int rank) {
 }
 
 void Engine::rma_ack(int peer, std::uint64_t id, std::uint64_t value, std::uint32_t code) {
-  send_control(peer, kAmRmaAck, as_bytes(RmaAckHeader{id, value, code, 0}));
+  std::vector<RmaAckHeader>& acks = peers_[static_cast<std::size_t>(peer)].acks;
+  if (acks.empty()) ack_peers_.push_back(peer);
+  acks.push_back(RmaAckHeader{id, value, code, 0});
+}
+
+// A window of atomics or put fragments from one peer is mostly handled in one pass; answering
+// it with one message instead of one each halves the messages of a window over the network
+// (docs/PERFORMANCE.md, "Atomics over tcp"). A lone answer keeps its own message, and answers
+// that cannot go at once are queued one by one, in order.
+int Engine::send_acks() {
+  int sent = 0;
+  for (int rank : ack_peers_) {
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    std::span<const RmaAckHeader> acks = peer.acks;
+    const std::size_t room = peer.frag_size > sizeof(RmaAcksHeader)
+                                 ? (peer.frag_size - sizeof(RmaAcksHeader)) / sizeof(RmaAckHeader)
+                                 : 1;
+    const std::size_t most = std::clamp<std::size_t>(room, 1, kMaxAcksPerMessage);
+    while (!acks.empty() && !peer.failed) {
+      const std::size_t count = std::min(acks.size(), most);
+      const auto batch = acks.first(count);
+      acks = acks.subspan(count);
+      Status status(Code::kWouldBlock);
+      if (count > 1 && peer.pending.empty()) {
+        const RmaAcksHeader header{static_cast<std::uint32_t>(count), 0};
+        status = peer.endpoint->am_send(kAmRmaAcks, as_bytes(header), std::as_bytes(batch),
+                                        transport::AmHint::kNone);
+      }
+      if (status.code() == Code::kWouldBlock) {
+        for (const RmaAckHeader& ack : batch) send_control(rank, kAmRmaAck, as_bytes(ack));
+        peer.ack_messages += count;
+      } else {
+        ++peer.ack_messages;
+        if (!status && status.code() != Code::kPeerFailed) {
+          FERRY_LOG(kError, "%s: %zu one-sided answers lost: %s", peer.transport.c_str(), count,
+                    status.to_string().c_str());
+        }
+      }
+      peer.acks_sent += count;
+      ++sent;
+    }
+    peer.acks.clear();
+  }
+  ack_peers_.clear();
+  return sent;
 }
 
 void Engine::handle_put(int source, std::span<const std::byte> data) {
@@ -1176,6 +1222,20 @@ void Engine::handle_atomic(int source, std::span<const std::byte> data) {
     }
   }
   rma_ack(source, header.id, previous, refusal);
+}
+
+void Engine::handle_rma_acks(int source, std::span<const std::byte> data) {
+  RmaAcksHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short RMA_ACKS header");
+  const auto acks = data.subspan(sizeof(header));
+  if (header.count == 0 || header.count > kMaxAcksPerMessage ||
+      acks.size() != std::size_t{header.count} * sizeof(RmaAckHeader)) {
+    return protocol_error(source, "RMA_ACKS whose count does not match its length");
+  }
+  for (std::size_t i = 0; i < header.count && !peers_[static_cast<std::size_t>(source)].failed;
+       ++i) {
+    handle_rma_ack(source, acks.subspan(i * sizeof(RmaAckHeader), sizeof(RmaAckHeader)));
+  }
 }
 
 void Engine::handle_rma_ack(int source, std::span<const std::byte> data) {

@@ -34,6 +34,7 @@ enum AmId : std::uint8_t {
   kAmNativeGrant = 20,    // NativeGrantHeader: yes, there and under that key; or a refusal
   kAmNativeRevoke = 21,   // NativeRevokeHeader: the region is being deregistered: stop
   kAmNativeRevoked = 22,  // NativeRevokeHeader: no access to the region is in flight here now
+  kAmRmaAcks = 23,        // RmaAcksHeader + `count` RmaAckHeaders: kAmRmaAck, several at once
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -137,6 +138,12 @@ struct RmaAckHeader {
   std::uint64_t id;
   std::uint64_t value;  // put: bytes stored; atomic: the previous value
   std::uint32_t code;   // RmaRefusal (0: done)
+  std::uint32_t reserved;
+};
+// The acknowledgements one progress pass produced for one peer, sent as one message.
+inline constexpr std::uint32_t kMaxAcksPerMessage = 256;
+struct RmaAcksHeader {
+  std::uint32_t count;  // 1 to kMaxAcksPerMessage
   std::uint32_t reserved;
 };
 struct NativeAskHeader {

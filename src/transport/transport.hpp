@@ -51,6 +51,10 @@ class AmHandler {
   // A direct transfer (Endpoint::send_direct / recv_direct) finished, well or not: `cookie` is
   // the one its caller passed. Called from the transport's progress.
   virtual void on_direct(std::uint64_t /*cookie*/, Status /*status*/) {}
+  // The messages the transport had at hand were delivered (more may follow in the same
+  // progress): answers the handler collected while handling them can go now. A transport whose
+  // every poll costs a system call says so between polls; otherwise the end of progress does.
+  virtual void on_batch_end() {}
 };
 
 // One per (transport, peer).

@@ -73,6 +73,7 @@ def store_server():
 # ---- protocol engine: active messages ----
 AM_EAGER, AM_RTS, AM_CTS, AM_FRAG, AM_FIN = 1, 2, 3, 4, 5
 AM_PUT, AM_GET, AM_ATOMIC, AM_RMA_ACK = 15, 16, 17, 18
+AM_RMA_ACKS = 23
 
 
 def am(am_id, body, fix=0): return bytes([am_id, fix]) + struct.pack('<H', len(body)) + body
@@ -98,6 +99,8 @@ def engine_am():
             + am(AM_ATOMIC, u64(0) + u64(0) + u64(0) + u64(16) + bytes([0, 8]) + bytes(6) + u64(1) + u64(0), fix=0x40)
             + am(AM_PUT, u64(0) + u64(0) + u64(0) + u64(4090) + b'12345678', fix=0x40) + bytes([0xff]),
         'rma_ack_to_recv': bytes([1, 7, 5]) + am(AM_RMA_ACK, u64(0) + u64(8) + u32(0) + u32(0), fix=1),
+        # Two answers in one message, the first aimed at the posted receive (fix bit 0).
+        'rma_acks_to_recv': bytes([1, 7, 5]) + am(AM_RMA_ACKS, u32(2) + u32(0) + (u64(0) + u64(8) + u32(0) + u32(0)) * 2, fix=1),
         'unknown_and_short': bytes([0]) + am(0, b'') + am(9, b'abc') + am(AM_RTS, b'short') + am(AM_FIN, b''),
     }
 

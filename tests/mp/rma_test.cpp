@@ -192,6 +192,59 @@ TEST(OneSided, AtomicsFromEveryRankAtOnce) {
   ASSERT_TRUE(ctx().barrier().is_ok());
 }
 
+// What this rank has answered `peer`'s one-sided operations with so far: answers and messages.
+std::pair<long, long> answers_to(int peer) {
+  const std::string text = ctx().describe_peer(peer);
+  const std::string lead = "answers to its one-sided operations: ";
+  const std::size_t at = text.find(lead);
+  long answers = 0;
+  long messages = 0;
+  if (at != std::string::npos) {
+    EXPECT_EQ(std::sscanf(text.c_str() + at + lead.size(), "%ld in %ld", &answers, &messages), 2)
+        << text;
+  }
+  return {answers, messages};
+}
+
+TEST(OneSided, AnswersToAWindowOfAtomicsGoTogether) {
+  // Where atomics go through the owner (over ofi; to registered memory of a peer on this node),
+  // the answers to those handled in one pass go to their initiator as one message. Rank 0 sends
+  // a window of fetch-adds while rank 1 sleeps; rank 1 then answers all of them in fewer
+  // messages than answers, and each fetched value (a ticket) reaches its own request.
+  if (nranks() < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int kWindow = 64;
+  Window w;
+  ASSERT_NO_FATAL_FAILURE(make_window(8, std::byte{0}, &w));
+  auto keys = exchange_keys(w.region);
+  const std::pair<long, long> before = me() == 1 ? answers_to(0) : std::pair<long, long>{};
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() == 0) {
+    std::vector<std::uint64_t> tickets(kWindow, ~std::uint64_t{0});
+    std::vector<Request> requests;
+    for (int i = 0; i < kWindow; ++i) {
+      requests.push_back(ctx().iatomic(AtomicOp::kAdd, 8, keys[1], 0, 1, &tickets[i]));
+    }
+    ASSERT_TRUE(Request::wait_all(requests).is_ok());
+    std::sort(tickets.begin(), tickets.end());
+    for (int i = 0; i < kWindow; ++i) ASSERT_EQ(tickets[i], static_cast<std::uint64_t>(i));
+  } else if (me() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the window arrives meanwhile
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  if (me() != 1) return;
+  std::uint64_t total = 0;
+  std::memcpy(&total, w.data, 8);
+  EXPECT_EQ(total, static_cast<std::uint64_t>(kWindow));
+  const std::pair<long, long> after = answers_to(0);
+  const long answers = after.first - before.first;
+  const long messages = after.second - before.second;
+  std::printf("rank 1 answered %ld one-sided operations of rank 0 in %ld messages\n", answers,
+              messages);
+  if (answers == 0) GTEST_SKIP() << "rank 0's atomics reached this rank's memory without it";
+  EXPECT_EQ(answers, kWindow);
+  EXPECT_LT(messages, answers) << ctx().describe_peer(0);
+}
+
 TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
   Window w;
   Window gone;  // registered, then deregistered: its key goes stale

@@ -38,6 +38,22 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   engine->on_am(proto::kAmFrag, 0, message(proto::FragHeader{posted_id, 0}, 64));
   engine->on_am(proto::kAmFrag, 0, message(proto::FragHeader{posted_id, 1u << 30}, 64));
   engine->on_am(proto::kAmCts, 0, message(proto::CtsHeader{~0ull, ~0ull, ~0ull}));
+  // Answers to one-sided operations, several in one message: short, none, more than allowed, a
+  // count the length does not match, and well-formed ones aimed at the posted receive (which is
+  // no one-sided operation) and at no request.
+  const proto::RmaAckHeader ack{posted_id, 8, 0, 0};
+  std::vector<std::byte> acks = message(proto::RmaAcksHeader{2, 0}, 2 * sizeof(ack));
+  std::memcpy(acks.data() + sizeof(proto::RmaAcksHeader), &ack, sizeof(ack));
+  std::memcpy(acks.data() + sizeof(proto::RmaAcksHeader) + sizeof(ack), &ack, sizeof(ack));
+  engine->on_am(proto::kAmRmaAcks, 0, junk);
+  engine->on_am(proto::kAmRmaAcks, 0, message(proto::RmaAcksHeader{0, 0}));
+  engine->on_am(proto::kAmRmaAcks, 0,
+                message(proto::RmaAcksHeader{proto::kMaxAcksPerMessage + 1, 0},
+                        (proto::kMaxAcksPerMessage + 1) * sizeof(ack)));
+  engine->on_am(proto::kAmRmaAcks, 0, message(proto::RmaAcksHeader{3, 0}, 2 * sizeof(ack)));
+  engine->on_am(proto::kAmRmaAcks, 0, acks);
+  engine->on_am(proto::kAmRmaAcks, 0,
+                message(proto::RmaAcksHeader{1, 0}, sizeof(ack)));  // id 0x5a5a...: no request
   for (std::byte b : buffer) ASSERT_EQ(b, std::byte{0}) << "a forged fragment was written";
   EXPECT_FALSE(posted.test());
 

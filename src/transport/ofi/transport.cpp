@@ -993,6 +993,7 @@ int OfiTransport::progress() {
         ++delivered;
       }
     }
+    handler_->on_batch_end();  // before the next fi_cq_read, whose progress polls the sockets
     if (n < 16) break;
   }
   return delivered;
