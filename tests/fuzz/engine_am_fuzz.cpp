@@ -198,8 +198,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           put_u64(&message, offsetof(proto::RmaAckHeader, id), wire);
           break;
         case proto::kAmRmaAcks:  // the first answer's
-          put_u64(&message, sizeof(proto::RmaAcksHeader) + offsetof(proto::RmaAckHeader, id),
-                  wire);
+          put_u64(&message, sizeof(proto::RmaAcksHeader) + offsetof(proto::RmaAckHeader, id), wire);
           break;
         default:
           break;
