@@ -5,7 +5,7 @@
 // windows of fetch-adds to it and waits for each window. Prints the time per add for each window
 // size, and checks that the word and the fetched values add up.
 //   bench/ofi_atomic_probe [provider (default tcp)] [adds (default 200000)]
-// Built by hand: cc -O2 bench/ofi_atomic_probe.c -o ofi_atomic_probe -lfabric
+// Built with the project where libfabric is installed (build/bench/ofi_atomic_probe).
 #define _GNU_SOURCE
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
@@ -22,13 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    int ret_ = (int)(call);                                                            \
-    if (ret_ != 0) {                                                                   \
-      fprintf(stderr, "%s failed: %s (%d)\n", #call, fi_strerror(-ret_), ret_);        \
-      exit(1);                                                                         \
-    }                                                                                  \
+#define CHECK(call)                                                             \
+  do {                                                                          \
+    int ret_ = (int)(call);                                                     \
+    if (ret_ != 0) {                                                            \
+      fprintf(stderr, "%s failed: %s (%d)\n", #call, fi_strerror(-ret_), ret_); \
+      exit(1);                                                                  \
+    }                                                                           \
   } while (0)
 
 struct side {
@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
   const int fd = child == 0 ? pair[1] : pair[0];
   if (child == 0) {  // the target: one word, progress until told to stop
     struct fid_mr* mr = register_word(&s, words, FI_REMOTE_READ | FI_REMOTE_WRITE);
-    mine.address = (s.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)words
-                                                                       : 0;
+    mine.address =
+        (s.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)words : 0;
     mine.key = fi_mr_key(mr);
     if (write(fd, &mine, sizeof mine) != sizeof mine) return 1;
     struct announce theirs;
