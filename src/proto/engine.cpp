@@ -456,15 +456,19 @@ std::string Engine::describe_peer(int rank) const {
           "; its regions by messages (a native access failed to start: " + peer.native_rma_refused +
           ")";
     } else {
-      const auto granted =
-          std::count_if(native_grants_.begin(), native_grants_.end(), [rank](const auto& entry) {
-            return entry.first.first == rank && entry.second.state == NativeGrant::State::kGranted;
-          });
+      auto count = [&](NativeGrant::State state) {
+        return std::count_if(native_grants_.begin(), native_grants_.end(), [&](const auto& entry) {
+          return entry.first.first == rank && entry.second.state == state;
+        });
+      };
+      const auto granted = count(NativeGrant::State::kGranted);
+      const auto refused = count(NativeGrant::State::kRefused);
       const auto open = std::count_if(regions_.begin(), regions_.end(), [](const auto& entry) {
         return entry.second.native != nullptr;
       });
       out += "; native access granted to " + std::to_string(granted) +
-             " of its regions; this rank's regions registered for it: " + std::to_string(open);
+             " of its regions and refused for " + std::to_string(refused) +
+             "; this rank's regions registered for it: " + std::to_string(open);
     }
   }
   if (peer.acks_sent > 0) {

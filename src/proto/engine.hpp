@@ -425,8 +425,9 @@ class Engine final : public transport::AmHandler {
   void handle_atomic(int source, std::span<const std::byte> data);
   void handle_rma_ack(int source, std::span<const std::byte> data);
   void handle_rma_acks(int source, std::span<const std::byte> data);
-  // Answers a put fragment, get or atomic from `peer`. Answers made while handling one progress
-  // pass's messages go at its end, several to one peer as one kAmRmaAcks (send_acks).
+  // Answers a put fragment, get or atomic from `peer`. The answers made while handling one batch
+  // of messages (what one fi_cq_read returned over ofi, one progress pass otherwise) go when it
+  // ends, several to one peer as one kAmRmaAcks (send_acks).
   void rma_ack(int peer, std::uint64_t id, std::uint64_t value, std::uint32_t code);
   int send_acks();
   std::unordered_map<std::uint64_t, Region> regions_;

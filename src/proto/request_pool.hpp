@@ -57,7 +57,7 @@ struct RequestSlot {
   enum class Rma : std::uint8_t { kNone, kPut, kGet, kAtomic, kGetReply } rma = Rma::kNone;
   std::uint8_t rma_width = 0;
   bool rma_native = false;       // a native put or get (its grant counts it in flight)
-  std::uint64_t rma_region = 0;  // a get's answer: the region read; native: the region accessed
+  std::uint64_t rma_region = 0;  // a get's answer: the region read; else the region accessed
   void* rma_result = nullptr;
   std::uint64_t rma_operands[2] = {};  // an atomic's operand and compare: its payload until sent
   std::byte* rma_device = nullptr;     // a get into device memory by messages: where host_copy goes

@@ -875,6 +875,7 @@ std::uint32_t Engine::rma_request(RequestKind kind, Rma rma, const RmaTarget& ta
       *early = Status(peer.failed ? Code::kPeerFailed : Code::kUnsupported, peer.why);
     } else {
       ++peer.rma_outstanding;
+      slot.rma_region = target.region;
       return index;
     }
   }
@@ -1250,6 +1251,15 @@ void Engine::handle_rma_ack(int source, std::span<const std::byte> data) {
     return;
   }
   if (header.code != kRmaOk) {
+    if (header.code == kRmaNoRegion) {
+      // The region is gone: a refusal of native access to it, kept so that accesses through
+      // the refused key do not ask again, is no longer needed (so such entries do not pile up
+      // as regions come and go).
+      auto entry = native_grants_.find({source, slot->rma_region});
+      if (entry != native_grants_.end() && entry->second.state == NativeGrant::State::kRefused) {
+        native_grants_.erase(entry);
+      }
+    }
     return complete(index, Status(Code::kInvalidArgument, refusal_text(header.code, source)));
   }
   switch (slot->rma) {

@@ -524,6 +524,9 @@ int described(int peer, const std::string& lead) {
 }
 // How many of `peer`'s regions this rank has been granted native access to.
 int native_grants(int peer) { return described(peer, "native access granted to "); }
+// How many of `peer`'s regions this rank holds a refusal of native access for (a key that was
+// refused is not asked about again while its region lives).
+int native_refusals(int peer) { return described(peer, " and refused for "); }
 // How many of this rank's regions are registered with the network transport (when a rank first
 // asks for one).
 int native_registered() {
@@ -580,8 +583,13 @@ TEST(OneSided, NativeAccessIsGrantedByTheOwnerAndBadKeysLeaveThePeerUsable) {
     };
     const int before = native_grants(1);
     ASSERT_GE(before, 0) << ctx().describe_peer(1);
+    const int refusals = native_refusals(1);
+    ASSERT_GE(refusals, 0) << ctx().describe_peer(1);
     bad_keys_fail("before the real key");
     EXPECT_EQ(native_grants(1), before) << ctx().describe_peer(1);
+    // The forged key's refusal is kept (its region lives); the stale key's is dropped once an
+    // access through it finds the region gone.
+    EXPECT_EQ(native_refusals(1), refusals + 1) << ctx().describe_peer(1);
     std::vector<std::byte> good(64, std::byte{0x77});
     ASSERT_TRUE(ctx().iput(good.data(), 64, keys[1], 64).wait().is_ok());  // asks
     for (int i = 0; i < 100 && native_grants(1) == before; ++i) {
@@ -590,6 +598,7 @@ TEST(OneSided, NativeAccessIsGrantedByTheOwnerAndBadKeysLeaveThePeerUsable) {
     EXPECT_EQ(native_grants(1), before + 1) << ctx().describe_peer(1);
     ASSERT_TRUE(ctx().iput(good.data(), 64, keys[1], 128).wait().is_ok());  // natively
     bad_keys_fail("after");
+    EXPECT_EQ(native_refusals(1), refusals) << ctx().describe_peer(1);
     // The peer is still there, and still reached natively through the good key.
     std::vector<std::byte> back(64);
     ASSERT_TRUE(ctx().iget(back.data(), 64, keys[1], 128).wait().is_ok());
