@@ -242,6 +242,10 @@ TEST(OneSided, AnswersToAWindowOfAtomicsGoTogether) {
               messages);
   if (answers == 0) GTEST_SKIP() << "rank 0's atomics reached this rank's memory without it";
   EXPECT_EQ(answers, kWindow);
+  // A progress thread of rank 1's own answers the atomics as they come, while its main thread
+  // sleeps: then only the count is checked.
+  const char* thread = std::getenv("FERRY_PROGRESS_THREAD");
+  if (thread != nullptr && std::strcmp(thread, "1") == 0) return;
   EXPECT_LT(messages, answers) << ctx().describe_peer(0);
 }
 
