@@ -1108,6 +1108,8 @@ int Engine::send_acks() {
       const std::size_t count = std::min(acks.size(), most);
       const auto batch = acks.first(count);
       acks = acks.subspan(count);
+      // Together where there are several and nothing is queued before them; otherwise (or
+      // when the transport has no room now) each goes as its own kAmRmaAck, queued in order.
       Status status(Code::kWouldBlock);
       if (count > 1 && peer.pending.empty()) {
         const RmaAcksHeader header{static_cast<std::uint32_t>(count), 0};
@@ -1117,12 +1119,11 @@ int Engine::send_acks() {
       if (status.code() == Code::kWouldBlock) {
         for (const RmaAckHeader& ack : batch) send_control(rank, kAmRmaAck, as_bytes(ack));
         peer.ack_messages += count;
-      } else {
+      } else if (status) {
         ++peer.ack_messages;
-        if (!status && status.code() != Code::kPeerFailed) {
-          FERRY_LOG(kError, "%s: %zu one-sided answers lost: %s", peer.transport.c_str(), count,
-                    status.to_string().c_str());
-        }
+      } else if (status.code() != Code::kPeerFailed) {
+        FERRY_LOG(kError, "%s: %zu one-sided answers lost: %s", peer.transport.c_str(), count,
+                  status.to_string().c_str());
       }
       peer.acks_sent += count;
       ++sent;

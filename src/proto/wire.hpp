@@ -140,7 +140,8 @@ struct RmaAckHeader {
   std::uint32_t code;   // RmaRefusal (0: done)
   std::uint32_t reserved;
 };
-// The acknowledgements one progress pass produced for one peer, sent as one message.
+// The answers (RmaAckHeader) one batch of messages produced for one peer, sent as one message
+// (Engine::send_acks).
 inline constexpr std::uint32_t kMaxAcksPerMessage = 256;
 struct RmaAcksHeader {
   std::uint32_t count;  // 1 to kMaxAcksPerMessage
