@@ -302,6 +302,20 @@ void Engine::finalize() {
               "were they received?",
               outstanding_sends_, config_.get_seconds(util::Var::kFinalizeTimeout));
   }
+  // Sends complete before they leave some transports (ofi's eager ones): closing those then
+  // would lose messages that a live peer is still waiting for.
+  auto delivered = [this] {
+    bool all = true;
+    for (auto& t : transports_) all = t->delivered() && all;
+    return all;
+  };
+  while (!delivered() && Clock::now() < deadline) wait_step(&idle);
+  if (!delivered()) {
+    FERRY_LOG(kWarn,
+              "finalize: delivery of this rank's last messages not confirmed by every live peer "
+              "after %.1f s (FERRY_FINALIZE_TIMEOUT)",
+              config_.get_seconds(util::Var::kFinalizeTimeout));
+  }
   drain_device_ops();
   util::crash_point(config_, rank_, util::CrashPoint::kFinalize);
   // Peers may still be reading our bounce buffers or our memory: leave only together.

@@ -308,6 +308,28 @@ int main(int argc, char** argv) {
     std::printf("rank %d: barrier without rank 1: %s\n", ctx.rank(), s.to_string().c_str());
     return s.is_ok() ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "exit-after-send") {
+    // Rank 2 dies at once, so the others' finalize barrier fails at once. Rank 1 sends rank 0 an
+    // eager message, its first to it, and ends; rank 0 makes no call for 700 ms first, so no
+    // connection is made from its side. The message must still arrive: finalize may not close
+    // a transport that holds it (over ofi, queued while the connection is made).
+    if (ctx.rank() == 2) ::kill(::getpid(), SIGKILL);
+    int value = 0;
+    ::usleep(200000);
+    int other = 0;
+    if (ctx.rank() == 1) {
+      value = 42;
+      expect(ctx.send(&value, sizeof(value), 0, 7).is_ok(), "the send");
+    } else {
+      ::usleep(500000);
+      ferry::Status s = ctx.irecv(&value, sizeof(value), 1, 7).wait_for(20);
+      expect(s.is_ok(), ("the message from the rank that ended: " + s.to_string()).c_str());
+      expect(value == 42, "its content");
+    }
+    std::printf("rank %d: delivered before finalize, %d failures\n", ctx.rank(), failures);
+    std::fflush(stdout);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "coll-death") {
     // The last rank dies while the others are in collectives with it (a ring allreduce, a
     // barrier): every survivor's collective fails with kPeerFailed, also on members whose own

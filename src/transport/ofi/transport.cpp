@@ -49,6 +49,8 @@ struct OfiTransport::Op {
   mem::RegistrationCache::Entry* entry = nullptr;  // the same, from the cache (reads)
   Endpoint::RemoteRegion remote;                   // reads and writes: the peer's memory
   bool orphaned = false;  // its completion was reported already (the peer failed)
+  bool drain = false;     // delivered()'s last keepalive, sent as message `seq`
+  std::uint32_t seq = 0;
 };
 
 OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHandler* handler)
@@ -437,6 +439,7 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
     fill(buffer(index));
     Op& op = ops_[index];
     op.send = true;
+    op.drain = false;
     op.peer = peer;
     op.buffer = index;
     ret = fi_send(ep_, buffer(index), total, desc_, address, &op.context);
@@ -896,6 +899,66 @@ void OfiTransport::keepalive() {
   }
 }
 
+bool OfiTransport::send_drain(int peer) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (free_sends_.empty() || state.outstanding >= kSendsPerPeer) return false;
+  const std::uint32_t index = free_sends_.back();
+  const Wire wire{kKeepaliveId, 0, kWireMagic, rank_, 0, state.next_seq};
+  std::memcpy(buffer(index), &wire, sizeof wire);
+  Op& op = ops_[index];
+  op.send = true;
+  op.drain = true;
+  op.seq = state.next_seq;
+  op.peer = peer;
+  op.buffer = index;
+  iovec iov{buffer(index), sizeof wire};
+  void* desc = desc_;
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = state.address;
+  msg.context = &op.context;
+  ssize_t ret = -FI_EINVAL;
+  if (delivery_complete_) {
+    ret = fi_sendmsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+    if (ret != 0 && ret != -FI_EAGAIN) {
+      // Then a transmit completion, which follows the earlier messages' (they are ordered).
+      FERRY_LOG(kInfo,
+                "ofi: a send with delivery completion was refused (%s): finalize waits "
+                "for transmit completion",
+                error_text(static_cast<int>(ret)).c_str());
+      delivery_complete_ = false;
+    }
+  }
+  if (!delivery_complete_) ret = fi_sendmsg(ep_, &msg, FI_COMPLETION);
+  if (ret == -FI_EAGAIN) return false;
+  if (ret != 0) {
+    peer_failed(peer, "ofi: sending to rank " + std::to_string(peer) +
+                          " failed: " + error_text(static_cast<int>(ret)));
+    return true;
+  }
+  free_sends_.pop_back();
+  ++state.outstanding;
+  ++state.next_seq;
+  state.drain_sent = true;
+  return true;
+}
+
+bool OfiTransport::delivered() {
+  bool done = true;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    PeerState& state = peers_[i];
+    if (static_cast<int>(i) == rank_ || !state.connected || state.failed ||
+        state.confirmed == state.next_seq) {
+      continue;
+    }
+    if (!state.drain_sent) send_drain(static_cast<int>(i));
+    if (!state.failed) done = false;
+  }
+  return done;
+}
+
 int OfiTransport::progress() {
   if (keepalive_s_ > 0 && (++polls_ & 255) == 0) {
     const auto now = std::chrono::steady_clock::now();
@@ -985,8 +1048,13 @@ int OfiTransport::progress() {
         continue;
       }
       if (op->send) {
+        PeerState& state = peers_[static_cast<std::size_t>(op->peer)];
         free_sends_.push_back(op->buffer);
-        --peers_[static_cast<std::size_t>(op->peer)].outstanding;
+        --state.outstanding;
+        if (op->drain) {  // what was sent after it needs another
+          state.drain_sent = false;
+          state.confirmed = op->seq + 1;
+        }
       } else {
         handle_receive(op->buffer, entries[i].len);
         post_receive(op->buffer);

@@ -50,6 +50,11 @@ class OfiTransport final : public Transport {
   std::unique_ptr<Endpoint> connect(const PeerInfo& peer) override;
   void check_peers(std::vector<std::pair<int, std::string>>* failed) override;
   int progress() override;
+  // An eager message goes by fi_inject, which reports no completion, and the provider may still
+  // hold it (tcp;ofi_rxm queues it while it connects): closing the endpoint then loses it. So
+  // every peer sent to gets a last keepalive asking for delivery completion, and this says
+  // whether each has completed (or its peer failed).
+  [[nodiscard]] bool delivered() override;
 
   // "tcp;ofi_rxm on lo (127.0.0.1/32)"
   [[nodiscard]] const std::string& provider() const { return provider_; }
@@ -97,7 +102,9 @@ class OfiTransport final : public Transport {
     std::chrono::steady_clock::time_point last_heard{};
     std::chrono::steady_clock::time_point refused_since{};  // sends answered -FI_EAGAIN since
     int outstanding = 0;                                    // sends awaiting completion
-    int pid = 0;  // on this node: its process, watched by pidfd
+    std::uint32_t confirmed = 0;  // our messages before this seq are delivered (delivered())
+    bool drain_sent = false;      // a keepalive asking for delivery is in flight
+    int pid = 0;                  // on this node: its process, watched by pidfd
     util::Fd pidfd;
   };
   void post_receive(std::uint32_t buffer);
@@ -117,6 +124,9 @@ class OfiTransport final : public Transport {
   void peer_failed(int peer, const std::string& why);
   void orphan_directs(int peer, const std::string& why);
   void keepalive();
+  // delivered()'s last keepalive to `peer`, from a bounce buffer, with FI_DELIVERY_COMPLETE
+  // where the provider takes it; false when it must be tried again (no buffer, -FI_EAGAIN).
+  bool send_drain(int peer);
   // Registers `length` bytes at `data` (host memory, or GPU `device`'s) for `access` under
   // `key` (0: the next of ours; ignored where the provider chooses); 0 or a negative fi_errno.
   // FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
@@ -176,6 +186,7 @@ class OfiTransport final : public Transport {
   std::array<char, 64> node_{};
   std::chrono::steady_clock::time_point next_keepalive_{};
   std::uint32_t polls_ = 0;
+  bool delivery_complete_ = true;  // until the provider refuses FI_DELIVERY_COMPLETE on a send
 };
 
 }  // namespace ferry::transport::ofi
