@@ -348,6 +348,7 @@ void Engine::wait_step(int* idle_polls) {
     *idle_polls = 0;
     return;
   }
+  if (pause) check_peers_before_yield();
   if (locked) {
     // Let the other threads in between polls: what this wait needs may be their next call.
     unlock();
@@ -356,6 +357,13 @@ void Engine::wait_step(int* idle_polls) {
   } else if (pause) {
     ::sched_yield();
   }
+}
+
+void Engine::check_peers_before_yield() {
+  const auto now = Clock::now();
+  if (now < next_yield_check_) return;
+  next_yield_check_ = now + std::chrono::milliseconds(10);
+  check_peers();
 }
 
 void Engine::spin_step(int* idle_polls) {
@@ -367,6 +375,7 @@ void Engine::spin_step(int* idle_polls) {
   const int idle = ++*idle_polls;
   const bool locked =
       threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  if (idle > spin_count_) check_peers_before_yield();
   if (locked) unlock();
   if (idle > spin_count_ + kYields) {
     const long nap_us = std::min(2000L, 4L * (idle - spin_count_ - kYields));

@@ -274,6 +274,9 @@ class Engine final : public transport::AmHandler {
   void protocol_error(int source, const char* what);
   // Asks the transports which peers died, and fails what involves them.
   void check_peers();
+  // Before a wait gives up the CPU: check_peers at most every 10 ms. When the CPUs are busy a
+  // yield may cost a time slice, and kCheckPeersEvery progress calls then take seconds.
+  void check_peers_before_yield();
   void peer_failed(int rank, const std::string& why);
 
   void handle_eager(int source, std::span<const std::byte> data);
@@ -562,10 +565,11 @@ class Engine final : public transport::AmHandler {
   std::atomic<int> waiting_{0};           // threads waiting for the lock
   std::atomic<bool> stop_progress_{false};
   std::thread progress_thread_;
-  bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
-  bool crash_mid_pipeline_ = false;    // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
-  std::size_t outstanding_sends_ = 0;  // send requests not yet complete
-  std::uint32_t progress_calls_ = 0;   // peers are checked every kCheckPeersEvery calls
+  bool crash_on_send_ = false;                  // FERRY_TEST_CRASH_AT=first-send names this rank
+  bool crash_mid_pipeline_ = false;             // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
+  std::size_t outstanding_sends_ = 0;           // send requests not yet complete
+  std::uint32_t progress_calls_ = 0;            // peers are checked every kCheckPeersEvery calls
+  util::Clock::time_point next_yield_check_{};  // check_peers_before_yield's next
 };
 
 }  // namespace ferry::proto
