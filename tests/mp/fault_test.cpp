@@ -310,13 +310,12 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "exit-after-send") {
     // Rank 2 dies at once, so the others' finalize barrier fails at once. Rank 1 sends rank 0 an
-    // eager message, its first to it, and ends; rank 0 makes no call for 700 ms first, so no
-    // connection is made from its side. The message must still arrive: finalize may not close
-    // a transport that holds it (over ofi, queued while the connection is made).
+    // eager message, its first to it, and ends; rank 0 makes no call for 700 ms, by when rank 1
+    // is usually gone. The message must still arrive: rank 1's finalize may not close a
+    // transport that still holds it, and rank 0 may not drop what a peer sent before it exited.
     if (ctx.rank() == 2) ::kill(::getpid(), SIGKILL);
     int value = 0;
     ::usleep(200000);
-    int other = 0;
     if (ctx.rank() == 1) {
       value = 42;
       expect(ctx.send(&value, sizeof(value), 0, 7).is_ok(), "the send");
