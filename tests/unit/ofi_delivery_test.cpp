@@ -1,6 +1,7 @@
 // Finalize's question to the ofi transport, delivered(), between two endpoints of this process:
 // once it says yes, the sender may close its endpoint at once and the peer still gets every
-// message, eager ones (fi_inject, no completion of their own) and bounce-buffer ones, in order,
+// message, eager ones (fi_inject, no completion of their own) and bounce-buffer ones (also those
+// the provider sends by its own rendezvous), in order,
 // without the keepalive that asked; a message sent after a yes needs another.
 #if FERRY_HAVE_OFI
 #include <gtest/gtest.h>
@@ -72,10 +73,14 @@ class OfiDelivery : public ::testing::TestWithParam<const char*> {
 TEST_P(OfiDelivery, ASenderThatClosesOnceToldOfDeliveryLosesNothing) {
   const std::vector<std::byte> small(8, std::byte{1});
   const std::vector<std::byte> large(4096, std::byte{2});  // above the inject size: a bounce buffer
+  // Above tcp;ofi_rxm's eager size (16 KiB): its own rendezvous, which completes once the peer
+  // has fetched it, possibly after later messages.
+  const std::vector<std::byte> larger(40000, std::byte{3});
   // A rank that sent nothing has nothing to confirm.
   EXPECT_TRUE(transports_[0]->delivered());
   ASSERT_TRUE(send(5, small).is_ok());
   ASSERT_TRUE(send(6, large).is_ok());
+  ASSERT_TRUE(send(8, larger).is_ok());
   ASSERT_TRUE(send(7, small).is_ok());
   EXPECT_TRUE(transports_[1]->delivered());  // rank 1 sent nothing
 
@@ -92,19 +97,21 @@ TEST_P(OfiDelivery, ASenderThatClosesOnceToldOfDeliveryLosesNothing) {
   }
   ASSERT_TRUE(confirmed);
 
-  // The sender closes at once, as finalize does then; the peer still gets all three, in order,
+  // The sender closes at once, as finalize does then; the peer still gets all four, in order,
   // and not the keepalive that asked.
   endpoints_[0].reset();
   transports_[0].reset();
-  for (int i = 0; i < 100000 && handlers_[1].got.size() < 3; ++i) transports_[1]->progress();
-  ASSERT_EQ(handlers_[1].got.size(), 3u);
+  for (int i = 0; i < 100000 && handlers_[1].got.size() < 4; ++i) transports_[1]->progress();
+  ASSERT_EQ(handlers_[1].got.size(), 4u);
   EXPECT_EQ(handlers_[1].got[0].id, 5);
   EXPECT_EQ(handlers_[1].got[0].length, small.size());
   EXPECT_EQ(handlers_[1].got[1].id, 6);
   EXPECT_EQ(handlers_[1].got[1].length, large.size());
-  EXPECT_EQ(handlers_[1].got[2].id, 7);
+  EXPECT_EQ(handlers_[1].got[2].id, 8);
+  EXPECT_EQ(handlers_[1].got[2].length, larger.size());
+  EXPECT_EQ(handlers_[1].got[3].id, 7);
   for (int i = 0; i < 1000; ++i) transports_[1]->progress();
-  EXPECT_EQ(handlers_[1].got.size(), 3u) << "the keepalive that asked was handed up";
+  EXPECT_EQ(handlers_[1].got.size(), 4u) << "the keepalive that asked was handed up";
 }
 
 TEST_P(OfiDelivery, AMessageSentAfterTheConfirmationNeedsAnother) {

@@ -956,11 +956,11 @@ bool OfiTransport::delivered() {
   bool done = true;
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     PeerState& state = peers_[i];
-    if (static_cast<int>(i) == rank_ || !state.connected || state.failed ||
-        state.confirmed == state.next_seq) {
-      continue;
-    }
-    if (!state.drain_sent) send_drain(static_cast<int>(i));
+    if (static_cast<int>(i) == rank_ || !state.connected || state.failed) continue;
+    // A bounce-buffer send above the provider's eager size may complete after later ones (it
+    // waits for the peer to fetch it): it is delivered at its own completion.
+    if (state.confirmed == state.next_seq && state.outstanding == 0) continue;
+    if (!state.drain_sent && state.confirmed != state.next_seq) send_drain(static_cast<int>(i));
     if (!state.failed) done = false;
   }
   return done;
