@@ -302,25 +302,29 @@ void Engine::finalize() {
               "were they received?",
               outstanding_sends_, config_.get_seconds(util::Var::kFinalizeTimeout));
   }
-  // Sends complete before they leave some transports (ofi's eager ones): closing those then
-  // would lose messages that a live peer is still waiting for.
-  auto delivered = [this] {
-    bool all = true;
-    for (auto& t : transports_) all = t->delivered() && all;
-    return all;
-  };
-  while (!delivered() && Clock::now() < deadline) wait_step(&idle);
-  if (!delivered()) {
-    FERRY_LOG(kWarn,
-              "finalize: delivery of this rank's last messages not confirmed by every live peer "
-              "after %.1f s (FERRY_FINALIZE_TIMEOUT)",
-              config_.get_seconds(util::Var::kFinalizeTimeout));
-  }
   drain_device_ops();
   util::crash_point(config_, rank_, util::CrashPoint::kFinalize);
   // Peers may still be reading our bounce buffers or our memory: leave only together.
   Status status = bootstrap_->barrier([this] { progress(); });
-  if (!status) FERRY_LOG(kWarn, "finalize: %s", status.to_string().c_str());
+  if (!status) {
+    FERRY_LOG(kWarn, "finalize: %s", status.to_string().c_str());
+    // The barrier failed at once (a rank is dead), so the live peers may not have what was sent
+    // them yet. Sends complete before they leave some transports (ofi's eager ones): closing
+    // those now would lose messages that a live peer still waits for. (After a barrier that
+    // held, every peer that needed a message had it before it came.)
+    auto delivered = [this] {
+      bool all = true;
+      for (auto& t : transports_) all = t->delivered() && all;
+      return all;
+    };
+    while (!delivered() && Clock::now() < deadline) wait_step(&idle);
+    if (!delivered()) {
+      FERRY_LOG(kWarn,
+                "finalize: delivery of this rank's last messages not confirmed by every live "
+                "peer within FERRY_FINALIZE_TIMEOUT (%.1f s)",
+                config_.get_seconds(util::Var::kFinalizeTimeout));
+    }
+  }
   drain_device_ops();
   for (Peer& peer : peers_) {
     peer.ring_tx.reset();

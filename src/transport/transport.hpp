@@ -150,9 +150,10 @@ class Transport {
   virtual void check_peers(std::vector<std::pair<int, std::string>>* /*failed*/) {}
   // Delivers arrived messages to the handler; returns how many.
   virtual int progress() = 0;
-  // At finalize, before the transport is closed: whether every message sent so far has reached
-  // its peer (dead peers aside). The first call may start what finds out; progress() completes
-  // it. A transport whose sends complete only once delivered has nothing to do.
+  // At finalize, when the ranks' last barrier failed, before the transport is closed: whether
+  // every message sent so far has reached its peer (dead peers aside). The first call may start
+  // what finds out; progress() completes it. A transport whose sends complete only once
+  // delivered has nothing to do.
   [[nodiscard]] virtual bool delivered() { return true; }
   // Registers this process's host memory for the peers' Endpoint::write_direct / read_direct
   // (native one-sided over ofi). `key` is the key asked for (a provider that chooses its own says
