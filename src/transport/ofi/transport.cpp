@@ -49,7 +49,7 @@ struct OfiTransport::Op {
   mem::RegistrationCache::Entry* entry = nullptr;  // the same, from the cache (reads)
   Endpoint::RemoteRegion remote;                   // reads and writes: the peer's memory
   bool orphaned = false;  // its completion was reported already (the peer failed)
-  bool drain = false;     // delivered()'s last keepalive, sent as message `seq`
+  bool drain = false;     // send(confirm): delivered()'s last keepalive, sent as message `seq`
   std::uint32_t seq = 0;
 };
 
@@ -411,7 +411,8 @@ std::unique_ptr<Endpoint> OfiTransport::connect(const PeerInfo& peer) {
 }
 
 Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
-                          std::span<const std::byte> header, std::span<const std::byte> payload) {
+                          std::span<const std::byte> header, std::span<const std::byte> payload,
+                          bool confirm) {
   PeerState& state = peers_[static_cast<std::size_t>(peer)];
   if (state.failed) return Status(Code::kPeerFailed, state.why);
   const std::size_t length = header.size() + payload.size();
@@ -429,7 +430,7 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
   };
   ssize_t ret;
   if (state.outstanding >= kSendsPerPeer) return Status(Code::kWouldBlock);
-  if (total <= inject_size_) {
+  if (total <= inject_size_ && !confirm) {
     fill(inject_scratch_.data());
     ret = fi_inject(ep_, inject_scratch_.data(), total, address);
   } else {
@@ -439,13 +440,39 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
     fill(buffer(index));
     Op& op = ops_[index];
     op.send = true;
-    op.drain = false;
+    op.drain = confirm;
+    op.seq = state.next_seq;
     op.peer = peer;
     op.buffer = index;
-    ret = fi_send(ep_, buffer(index), total, desc_, address, &op.context);
+    if (!confirm) {
+      ret = fi_send(ep_, buffer(index), total, desc_, address, &op.context);
+    } else {
+      iovec iov{buffer(index), total};
+      void* desc = desc_;
+      fi_msg msg{};
+      msg.msg_iov = &iov;
+      msg.desc = &desc;
+      msg.iov_count = 1;
+      msg.addr = address;
+      msg.context = &op.context;
+      ret = -FI_EINVAL;
+      if (delivery_complete_) {
+        ret = fi_sendmsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+        if (ret != 0 && ret != -FI_EAGAIN) {
+          // Then a transmit completion, which follows the earlier messages' (they are ordered).
+          FERRY_LOG(kInfo,
+                    "ofi: a send with delivery completion was refused (%s): finalize waits "
+                    "for transmit completion",
+                    error_text(static_cast<int>(ret)).c_str());
+          delivery_complete_ = false;
+        }
+      }
+      if (!delivery_complete_) ret = fi_sendmsg(ep_, &msg, FI_COMPLETION);
+    }
     if (ret == 0) {
       free_sends_.pop_back();
       ++state.outstanding;
+      if (confirm) state.drain_sent = true;
     }
   }
   if (ret == 0) {
@@ -906,52 +933,6 @@ void OfiTransport::keepalive() {
   }
 }
 
-bool OfiTransport::send_drain(int peer) {
-  PeerState& state = peers_[static_cast<std::size_t>(peer)];
-  if (free_sends_.empty() || state.outstanding >= kSendsPerPeer) return false;
-  const std::uint32_t index = free_sends_.back();
-  const Wire wire{kKeepaliveId, 0, kWireMagic, rank_, 0, state.next_seq};
-  std::memcpy(buffer(index), &wire, sizeof wire);
-  Op& op = ops_[index];
-  op.send = true;
-  op.drain = true;
-  op.seq = state.next_seq;
-  op.peer = peer;
-  op.buffer = index;
-  iovec iov{buffer(index), sizeof wire};
-  void* desc = desc_;
-  fi_msg msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
-  msg.addr = state.address;
-  msg.context = &op.context;
-  ssize_t ret = -FI_EINVAL;
-  if (delivery_complete_) {
-    ret = fi_sendmsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
-    if (ret != 0 && ret != -FI_EAGAIN) {
-      // Then a transmit completion, which follows the earlier messages' (they are ordered).
-      FERRY_LOG(kInfo,
-                "ofi: a send with delivery completion was refused (%s): finalize waits "
-                "for transmit completion",
-                error_text(static_cast<int>(ret)).c_str());
-      delivery_complete_ = false;
-    }
-  }
-  if (!delivery_complete_) ret = fi_sendmsg(ep_, &msg, FI_COMPLETION);
-  if (ret == -FI_EAGAIN) return false;
-  if (ret != 0) {
-    peer_failed(peer, "ofi: sending to rank " + std::to_string(peer) +
-                          " failed: " + error_text(static_cast<int>(ret)));
-    return true;
-  }
-  free_sends_.pop_back();
-  ++state.outstanding;
-  ++state.next_seq;
-  state.drain_sent = true;
-  return true;
-}
-
 bool OfiTransport::delivered() {
   bool done = true;
   for (std::size_t i = 0; i < peers_.size(); ++i) {
@@ -960,7 +941,10 @@ bool OfiTransport::delivered() {
     // A bounce-buffer send above the provider's eager size may complete after later ones (it
     // waits for the peer to fetch it): it is delivered at its own completion.
     if (state.confirmed == state.next_seq && state.outstanding == 0) continue;
-    if (!state.drain_sent && state.confirmed != state.next_seq) send_drain(static_cast<int>(i));
+    if (!state.drain_sent && state.confirmed != state.next_seq) {
+      // Refused for now (back-pressure) or failed (the peer with it): the next call sees which.
+      (void)send(static_cast<int>(i), state.address, kKeepaliveId, {}, {}, true);
+    }
     if (!state.failed) done = false;
   }
   return done;

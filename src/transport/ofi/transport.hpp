@@ -75,8 +75,10 @@ class OfiTransport final : public Transport {
   [[nodiscard]] std::string device_route() const;
 
   // Used by endpoints.
+  // `confirm`: from a bounce buffer (never fi_inject) with FI_DELIVERY_COMPLETE where the
+  // provider takes it, as delivered()'s last keepalive.
   Status send(int peer, fi_addr_t address, std::uint8_t id, std::span<const std::byte> header,
-              std::span<const std::byte> payload);
+              std::span<const std::byte> payload, bool confirm = false);
   Status start_direct(bool send, int peer, void* buffer, std::size_t length, int device,
                       std::uint64_t key, std::uint64_t cookie);
   void cancel_direct(std::uint64_t cookie);
@@ -124,9 +126,6 @@ class OfiTransport final : public Transport {
   void peer_failed(int peer, const std::string& why);
   void orphan_directs(int peer, const std::string& why);
   void keepalive();
-  // delivered()'s last keepalive to `peer`, from a bounce buffer, with FI_DELIVERY_COMPLETE
-  // where the provider takes it; false when it must be tried again (no buffer, -FI_EAGAIN).
-  bool send_drain(int peer);
   // Registers `length` bytes at `data` (host memory, or GPU `device`'s) for `access` under
   // `key` (0: the next of ours; ignored where the provider chooses); 0 or a negative fi_errno.
   // FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
