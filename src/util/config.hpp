@@ -37,6 +37,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "same, warning where it is refused), messages (fi_read rendezvous; puts and gets by messages " \
     "the owner checks), off (rendezvous by a tagged transfer after the receiver's "                \
     "clear-to-send)")                                                                              \
+  X(kOfiPassthru, "FERRY_OFI_PASSTHRU", kEnum, "auto", 0, 0, "auto|on|off",                        \
+    "tcp;ofi_rxm passing every call to the tcp provider's connected endpoints, without rxm's "     \
+    "protocol on each message: auto (where rxm offers it), on (the same, warning where it does "   \
+    "not), off (rxm's protocol); ranks that differ cannot reach each other over ofi")              \
   X(kOfiMrCache, "FERRY_OFI_MR_CACHE", kInt, "1024", 0, 1 << 20, "",                               \
     "ofi memory registrations kept for reuse (least recently used dropped first; unmapped or "     \
     "freed memory dropped as the kernel reports it; 0: register for every transfer)")              \

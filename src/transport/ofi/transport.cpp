@@ -66,6 +66,14 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
                 "FERRY_KEEPALIVE_TIMEOUT needs keepalives at least twice as often "
                 "(FERRY_KEEPALIVE), or live peers would be taken for dead");
   }
+  // tcp;ofi_rxm's pass-through: rxm hands every call (tagged ones too, to the tcp provider's
+  // shared receive context) to tcp's own connected endpoints, without its protocol on each
+  // message (docs/PERFORMANCE.md). rxm offers it only where FI_OFI_RXM_ENABLE_PASSTHRU is set
+  // before libfabric's providers start in this process, beside its usual offers; a user's own
+  // setting of the variable stays.
+  const std::string& passthru_mode = config.get_string(util::Var::kOfiPassthru);
+  const bool want_passthru = passthru_mode != "off";
+  if (want_passthru) ::setenv("FI_OFI_RXM_ENABLE_PASSTHRU", "1", 0);
   std::string why;
   fi_ = fabric(&why);
   if (fi_ == nullptr) throw Error(Code::kUnsupported, why);
@@ -95,6 +103,7 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   const std::string& allowed = config.get_string(util::Var::kOfiProvider);
   std::string seen;
+  auto is_passthru = [](const fi_info* i) { return i->ep_attr->protocol == FI_PROTO_RXM_TCP; };
   for (std::size_t step = 0; step < ladder.size() && info_ == nullptr; ++step) {
     hints->caps = ladder[step];
     fi_info* list = nullptr;
@@ -129,8 +138,18 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       nodes.push_back(
           nic_numa_node(i->domain_attr->name != nullptr ? i->domain_attr->name : "", pci));
     }
+    // Pass-through offers where wanted and made, else the others.
+    const bool through =
+        want_passthru && std::any_of(candidates.begin(), candidates.end(), is_passthru);
+    for (std::size_t c = candidates.size(); c-- > 0;) {
+      if (is_passthru(candidates[c]) != through) {
+        candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(c));
+        nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(c));
+      }
+    }
     if (!candidates.empty()) {
       info_ = fi_->dupinfo(candidates[nearest_candidate(nodes, current_numa_node())]);
+      passthru_ = through;
     }
     fi_->freeinfo(list);
   }
@@ -177,6 +196,16 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   }
   provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
               " (" + info_->fabric_attr->name + ")";
+  protocol_ = info_->ep_attr->protocol;
+  if (passthru_) {
+    provider_ += ", passed through to tcp's connected endpoints";
+  } else if (passthru_mode == "on") {
+    FERRY_LOG(kWarn,
+              "ofi: FERRY_OFI_PASSTHRU=on, but %s offers no pass-through endpoint (only "
+              "tcp;ofi_rxm does, where FI_OFI_RXM_ENABLE_PASSTHRU was set, not to 0, before "
+              "libfabric started in this process)",
+              provider_.c_str());
+  }
   inject_size_ = std::min(info_->tx_attr->inject_size, kBufferSize);
   rma_ = want_rma && (info_->caps & FI_RMA) != 0;
   if (!want_rma) {
@@ -242,7 +271,8 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   std::vector<std::byte> name(length);
   if ((ret = fi_getname(&ep_->fid, name.data(), &length)) != 0) fail("fi_getname", ret);
   node_ = node_identity();
-  const AddressHeader header{kAddressMagic, static_cast<std::int32_t>(::getpid()), node_};
+  const AddressHeader header{kAddressMagic, static_cast<std::int32_t>(::getpid()), node_,
+                             protocol_};
   name.resize(length);
   address_ = encode_address(header, name);
   peers_.resize(static_cast<std::size_t>(size_));
@@ -321,6 +351,15 @@ void OfiTransport::post_receive(std::uint32_t index) {
 Reachability OfiTransport::reach(const PeerInfo& peer) const {
   if (peer.address.empty())
     return {false, "rank " + std::to_string(peer.rank) + " has no ofi address"};
+  AddressHeader header{};
+  std::span<const std::byte> name;
+  if (parse_address(peer.address, &header, &name) && header.protocol != protocol_) {
+    // tcp;ofi_rxm with and without pass-through, say: their connections would carry garbage.
+    return {false, "rank " + std::to_string(peer.rank) + "'s endpoint speaks wire protocol " +
+                       std::to_string(header.protocol) + ", this rank's " +
+                       std::to_string(protocol_) + " (" + provider_ +
+                       "): set FERRY_OFI_PASSTHRU alike on every rank"};
+  }
   return {true, provider_};
 }
 

@@ -7,7 +7,9 @@
 // finds dead ones that nothing else is sent to. No zero-copy get: rendezvous data is
 // pipelined through active messages, except where the engine asks for direct transfers: one
 // tagged send from the sender's buffer into a tagged receive posted on the receiver's buffer
-// (the provider's own rendezvous moves the data). Peers on the same node (same boot id and pid
+// (the provider's own rendezvous moves the data). Over tcp;ofi_rxm the endpoint passes every call
+// through to the tcp provider's own connected endpoints where rxm offers that
+// (FERRY_OFI_PASSTHRU). Peers on the same node (same boot id and pid
 // namespace, as published) are also watched by pidfd.
 #pragma once
 
@@ -63,6 +65,8 @@ class OfiTransport final : public Transport {
   // "fi_read rendezvous; registration cache: …" or why there is none.
   [[nodiscard]] std::string rma() const;
   [[nodiscard]] bool has_read() const { return rma_; }
+  // tcp;ofi_rxm passing every call to the tcp provider's connected endpoints.
+  [[nodiscard]] bool passthru() const { return passthru_; }
   [[nodiscard]] bool has_native_rma() const { return native_; }
   Status register_region(void* buffer, std::size_t length, std::uint64_t key,
                          Endpoint::RemoteRegion* region, void** handle) override;
@@ -153,6 +157,8 @@ class OfiTransport final : public Transport {
   std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
   bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA not off)
   std::string rma_why_;             // why not, when not
+  bool passthru_ = false;           // tcp;ofi_rxm passing every call to tcp's endpoints
+  std::uint32_t protocol_ = 0;      // the endpoint's wire protocol, published with its address
   bool native_ = false;             // native puts and gets (FERRY_OFI_RMA=auto or native)
   std::string native_why_;          // why not, when not
   std::uint64_t next_key_ = 1;      // requested keys, unique in the domain (no FI_MR_PROV_KEY)

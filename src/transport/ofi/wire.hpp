@@ -30,12 +30,15 @@ constexpr std::uint16_t kWireMagic = 0xfe71;
 // ranks received by `self`: magic, a length that matches, a source that is another rank.
 bool parse_message(std::span<const std::byte> message, int ranks, int self, Wire* wire);
 
-// What a rank publishes: its pid and node identity, then its endpoint's name. Two ranks with the
-// same node identity (boot id and pid namespace) can watch each other's process.
+// What a rank publishes: its pid, node identity and wire protocol, then its endpoint's name. Two
+// ranks with the same node identity (boot id and pid namespace) can watch each other's process.
 struct AddressHeader {
   std::uint32_t magic;
   std::int32_t pid;
   std::array<char, 64> node;  // NUL-terminated
+  // The endpoint's wire protocol (fi_ep_attr::protocol): endpoints of one provider that speak
+  // different ones (tcp;ofi_rxm with and without pass-through) cannot talk to each other.
+  std::uint32_t protocol;
 };
 constexpr std::uint32_t kAddressMagic = 0x0f1ad0e5;
 constexpr std::size_t kMaxAddress = 1024;
