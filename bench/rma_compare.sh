@@ -9,7 +9,10 @@
 #   put_bw  4 MiB <-> ucp_put_bw   (GB/s)
 #   get_bw  4 MiB <-> ucp_get      (GB/s)
 #   atomic_add 8  <-> ucp_add      (time per add, us)
+#   latency 8 B   <-> tag_lat      (half round trip of a tagged-message ping-pong, us; with RMA_ALT)
 #   bench/rma_compare.sh [ROUNDS]     (default 5; installs ucx-utils where missing)
+# RMA_ALT="VAR=value ...": each round also runs ferry with those variables (a third column; the
+# tagged-message latency is added), e.g. RMA_ALT=FERRY_OFI_PASSTHRU=off.
 # RMA_REGISTER=1: ferry's exposed buffer is the program's own memory given to register_memory
 # (reached by CMA on this node) instead of memory from allocate_memory.
 # RMA_THREADS (default single): ferry's FERRY_THREADS. ucx_perftest's worker runs at its default
@@ -44,9 +47,11 @@ cases=(
   "get_bw 4194304 200 ucp_get 5"
   "atomic_add 8 50000 ucp_add 3"
 )
-ferry() {  # test size iterations -> us per op, or GB/s for *_bw
+if [ -n "${RMA_ALT:-}" ]; then cases=("latency 8 50000 tag_lat 3" "${cases[@]}"); fi
+ferry() {  # test size iterations [VAR=value...] -> us per op, or GB/s for *_bw
   local out
-  out=$(env "${ferry_env[@]}" "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
+  # shellcheck disable=SC2086
+  out=$(env "${ferry_env[@]}" ${4:-} "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$1" --sizes "$2" \
     --iterations "$3" --csv ${RMA_REGISTER:+--register})
   case $1 in
     *_bw) echo "$out" | awk -F, 'NR == 2 { print $5 }' ;;
@@ -72,13 +77,14 @@ for round in $(seq 1 "$rounds"); do
   for c in "${cases[@]}"; do
     set -- $c
     f=$(ferry "$1" "$2" "$3"); u=$(ucx "$4" "$2" "$3" "$5")
-    echo "$round $1 $2 $f $u" | tee -a "$results"
+    a=""; if [ -n "${RMA_ALT:-}" ]; then a=$(ferry "$1" "$2" "$3" "$RMA_ALT"); fi
+    echo "$round $1 $2 $f $u $a" | tee -a "$results"
   done
 done
-echo "# test  size  ferry(median)  ucx(median)  ferry/ucx(median of rounds)   (us per op; GB/s for _bw)"
+echo "# test  size  ferry(median)  ucx(median)  ferry/ucx(median of rounds)  [alt(median)  alt/ucx]   (us per op; GB/s for _bw)"
 python3 - "$results" <<'PY'
 import statistics, sys
-rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 5]
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) in (5, 6)]
 for test in dict.fromkeys(r[1] for r in rows):
     mine = [(float(r[3]), float(r[4])) for r in rows if r[1] == test and float(r[4]) > 0]
     if not mine:
@@ -86,5 +92,9 @@ for test in dict.fromkeys(r[1] for r in rows):
     f = statistics.median(a for a, _ in mine); u = statistics.median(b for _, b in mine)
     ratio = statistics.median(a / b for a, b in mine)
     size = next(r[2] for r in rows if r[1] == test)
-    print(f"{test:11s} {size:>8s}  {f:10.3f}  {u:10.3f}  {ratio:6.2f}")
+    line = f"{test:11s} {size:>8s}  {f:10.3f}  {u:10.3f}  {ratio:6.2f}"
+    alt = [(float(r[5]), float(r[4])) for r in rows if r[1] == test and len(r) == 6 and float(r[4]) > 0]
+    if alt:
+        line += f"  {statistics.median(a for a, _ in alt):10.3f}  {statistics.median(a / b for a, b in alt):6.2f}"
+    print(line)
 PY
