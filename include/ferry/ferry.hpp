@@ -276,6 +276,9 @@ class Context {
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   // Receives the first message from `source` (or kAnySource) whose tag matches `tag` on the bits
   // set in `mask`. Messages from one sender that match are received in the order they were sent.
+  // Unless its message is already here, it fails (kPeerFailed, or kUnsupported where no
+  // transport reaches the rank) when `source` has failed, and for kAnySource once every other
+  // rank has: a message this rank sends itself is then received by naming this rank.
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask = kFullMask);
 
   // Blocking forms. With FERRY_TIMEOUT set they give up after it with kTimeout: a send withdraws
@@ -287,7 +290,9 @@ class Context {
 
   // A message that a receive with these arguments would match, without receiving it.
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask = kFullMask);
-  // Waits for such a message; with FERRY_TIMEOUT set, returns source -1 when none came in time.
+  // Waits for such a message. Returns source -1 when none can come any more (`source` failed or
+  // cannot be reached; for kAnySource, every other rank) or, with FERRY_TIMEOUT set, when none
+  // came in time.
   MessageInfo probe(int source, Tag tag, Tag mask = kFullMask);
 
   // All ranks enter before any leaves; progresses communication while waiting.

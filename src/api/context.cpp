@@ -87,6 +87,7 @@ MessageInfo Context::probe(int source, Tag tag, Tag mask) {
   int idle = 0;
   for (std::uint32_t polls = 0;; ++polls) {
     if (auto info = iprobe(source, tag, mask)) return *info;
+    if (engine_->none_can_come(source)) return MessageInfo{};  // source -1: none will come
     engine_->wait_step(&idle);
     if (timeout > 0 && (polls & 255) == 0 && util::Clock::now() >= deadline) {
       return MessageInfo{};  // source -1: nothing matched within FERRY_TIMEOUT

@@ -258,6 +258,9 @@ void Engine::connect_peers() {
                  ")";
     }
   }
+  others_left_ = static_cast<int>(std::count_if(
+      peers_.begin(), peers_.end(), [](const Peer& p) { return p.endpoint != nullptr; }));
+  if (peers_[static_cast<std::size_t>(rank_)].endpoint != nullptr) --others_left_;
   // Everyone has mapped everyone: names in /dev/shm can go now.
   status = bootstrap_->barrier(idle);
   if (!status) throw Error(status);

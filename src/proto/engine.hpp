@@ -93,6 +93,9 @@ class Engine final : public transport::AmHandler {
   // The slot behind a request of this engine (for operations built on requests).
   static std::uint32_t index_of(const Request& request) { return request.index_; }
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
+  // No message not already here can come from `source` any more: it failed, cannot be reached
+  // or is no rank (kAnySource: no other rank is left). Never this rank itself.
+  [[nodiscard]] bool none_can_come(int source) const;
   Status barrier();
   [[noreturn]] void abort(int code, const std::string& reason);
   int progress();
@@ -278,6 +281,8 @@ class Engine final : public transport::AmHandler {
   // yield may cost a time slice, and kCheckPeersEvery progress calls then take seconds.
   void check_peers_before_yield();
   void peer_failed(int rank, const std::string& why);
+  // The failure of a receive from any source once no other rank is left (others_left_ == 0).
+  Status no_one_left() const;
 
   void handle_eager(int source, std::span<const std::byte> data);
   void handle_rts(int source, std::span<const std::byte> data);
@@ -517,6 +522,10 @@ class Engine final : public transport::AmHandler {
   std::vector<std::string> transport_notes_;        // why each transport is or is not here
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Peer> peers_;
+  // Other ranks that have an endpoint and have not failed: at 0 no one is left to match a receive
+  // from any source but this rank itself.
+  int others_left_ = 0;
+  int last_failed_ = -1;            // the rank whose failure was seen last
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty
   std::vector<int> ack_peers_;      // peers with answers in Peer::acks
   RequestPool requests_;

@@ -173,6 +173,8 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
   if (!message && from != nullptr && (from->failed || from->endpoint == nullptr)) {
     // A dead or unreachable rank will send nothing: fail now rather than wait forever.
     complete(index, Status(from->failed ? Code::kPeerFailed : Code::kUnsupported, from->why));
+  } else if (!message && from == nullptr && others_left_ == 0 && size_ > 1) {
+    complete(index, no_one_left());
   } else if (!message) {
     slot.state = RequestState::kPosted;
     matcher_.post({source, tag, mask, index});
@@ -198,6 +200,13 @@ std::optional<MessageInfo> Engine::iprobe(int source, Tag tag, Tag mask) {
   const Unexpected* message = matcher_.find_unexpected(source, tag, mask);
   if (message == nullptr) return std::nullopt;
   return MessageInfo{message->source, message->tag, message->size};
+}
+
+bool Engine::none_can_come(int source) const {
+  if (source == kAnySource) return others_left_ == 0 && size_ > 1;
+  if (source < 0 || source >= size_) return true;
+  const Peer& peer = peers_[static_cast<std::size_t>(source)];
+  return source != rank_ && (peer.failed || peer.endpoint == nullptr);
 }
 
 int Engine::progress() {
@@ -271,10 +280,14 @@ void Engine::peer_failed(int rank, const std::string& why) {
   if (peer.failed) return;
   peer.failed = true;
   peer.why = why;
+  if (peer.endpoint != nullptr && rank != rank_) --others_left_;
+  last_failed_ = rank;
   FERRY_LOG(kWarn, "%s: failing the operations that involve it", why.c_str());
   const Status status(Code::kPeerFailed, why);
   // What waited in its queue, then what waits on it: rendezvous sends, fragment streams into us,
-  // receives that name it. Receives from any source stay posted: other peers may still match them.
+  // receives that name it. Receives from any source stay posted while another rank may still
+  // match them; with none left they fail (a message this rank sends itself after that is
+  // received by naming this rank).
   for (Pending& pending : peer.pending) {
     std::uint32_t index = pending.stream != UINT32_MAX ? pending.stream : pending.request;
     if (index != UINT32_MAX && requests_[index].state != RequestState::kDone) {
@@ -289,11 +302,13 @@ void Engine::peer_failed(int rank, const std::string& why) {
   std::erase_if(native_grants_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase_if(descriptors_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase(pending_peers_, rank);
+  const Status none_left = others_left_ == 0 ? no_one_left() : Status();
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
     RequestSlot& slot = requests_[i];
-    if (slot.state == RequestState::kPosted && slot.peer == rank) {
+    if (slot.state == RequestState::kPosted &&
+        (slot.peer == rank || (slot.peer == kAnySource && others_left_ == 0))) {
       matcher_.remove_posted(i);
-      complete(i, status);
+      complete(i, slot.peer == rank ? status : none_left);
     } else if (slot.state == RequestState::kActive && !slot.deferred &&
                ((slot.kind == RequestKind::kSend && slot.peer == rank) ||
                 (slot.kind == RequestKind::kRecv && slot.info.source == rank))) {
@@ -301,6 +316,23 @@ void Engine::peer_failed(int rank, const std::string& why) {
     }
   }
   matcher_.drop_rendezvous_from(rank);
+}
+
+Status Engine::no_one_left() const {
+  int failed = 0, unreachable = 0;
+  const Peer* example =
+      last_failed_ >= 0 ? &peers_[static_cast<std::size_t>(last_failed_)] : nullptr;
+  for (int r = 0; r < size_; ++r) {
+    const Peer& peer = peers_[static_cast<std::size_t>(r)];
+    if (r == rank_ || (!peer.failed && peer.endpoint != nullptr)) continue;
+    ++(peer.failed ? failed : unreachable);
+    if (example == nullptr) example = &peer;
+  }
+  // The last failure seen, else the first unreachable rank.
+  return Status(failed > 0 ? Code::kPeerFailed : Code::kUnsupported,
+                "a receive from any source: no other rank is left to send it (" +
+                    std::to_string(failed) + " failed, " + std::to_string(unreachable) +
+                    " unreachable; " + (example != nullptr ? example->why : "") + ")");
 }
 
 void Engine::complete(std::uint32_t index, Status status) {

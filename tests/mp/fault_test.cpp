@@ -198,9 +198,49 @@ int main(int argc, char** argv) {
     expect(r.code() == ferry::Code::kUnsupported, "a receive from an unreachable rank fails");
     expect(s.code() == ferry::Code::kUnsupported, "a send to an unreachable rank fails");
     expect(!r.message().empty(), "and says why");
+    ferry::Status any = ctx.recv(&x, sizeof(x), ferry::kAnySource, 1);
+    expect(any.code() == ferry::Code::kUnsupported, "a receive from any source fails");
+    expect(any.message().find("1 unreachable") != std::string::npos, "and says why");
+    expect(ctx.probe(other, 1).source == -1, "a probe of the unreachable rank returns");
     expect(std::chrono::duration<double>(Clock::now() - t0).count() < 1, "at once");
     ctx.barrier();
     std::printf("rank %d: unreachable, %d failures\n", ctx.rank(), failures);
+    std::fflush(stdout);
+    return failures == 0 ? 0 : 1;
+  }
+  if (argc > 1 && std::string(argv[1]) == "any-source") {
+    // Ranks 2 and then 1 die (SIGKILL) without sending. Rank 0's receive from any source, posted
+    // before, stays posted while rank 1 lives (it could still match it) and fails once no other
+    // rank is left; later ones fail at once, a probe returns, and a message rank 0 sends itself
+    // is received by naming rank 0.
+    std::vector<char> in(64);
+    ferry::Request any = ctx.irecv(in.data(), in.size(), ferry::kAnySource, 9);
+    ctx.barrier();
+    if (ctx.rank() == 2) ::kill(::getpid(), SIGKILL);
+    if (ctx.rank() == 1) {
+      ::usleep(1000000);
+      ::kill(::getpid(), SIGKILL);
+    }
+    const auto start = Clock::now();
+    while (Clock::now() - start < std::chrono::milliseconds(300)) ctx.progress();
+    expect(!any.test(), "the receive from any source stays posted while rank 1 lives");
+    ferry::Status s = any.wait_for(10);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    expect(s.code() == ferry::Code::kPeerFailed, "it fails with kPeerFailed once none is left");
+    expect(s.message().find("2 failed") != std::string::npos, "naming how many failed");
+    expect(ms < 5000, "within seconds of rank 1's death");
+    const auto t0 = Clock::now();
+    ferry::Status later = ctx.recv(in.data(), in.size(), ferry::kAnySource, 10);
+    expect(later.code() == ferry::Code::kPeerFailed, "a later one fails");
+    expect(ctx.probe(ferry::kAnySource, 10).source == -1, "a probe of any source returns");
+    expect(ctx.probe(1, 10).source == -1, "a probe of a dead rank returns");
+    expect(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() < 100, "at once");
+    int value = 42, got = 0;
+    ferry::Request self = ctx.isend(&value, sizeof(value), 0, 11);
+    expect(ctx.recv(&got, sizeof(got), 0, 11).is_ok() && got == 42 && self.wait().is_ok(),
+           "a message to itself, received by naming itself");
+    std::printf("rank %d: any source without the others after %.0f ms: %s, %d failures\n",
+                ctx.rank(), ms, s.to_string().c_str(), failures);
     std::fflush(stdout);
     return failures == 0 ? 0 : 1;
   }

@@ -102,6 +102,13 @@ expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
   FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw
 expect "a receive from a rank no transport reaches fails at once" 0 2 "unreachable, 0 failures" \
   FERRY_TRANSPORTS=self -- -n 2 "$program" unreachable
+expect "a receive from any source fails once every other rank has died" 137 1 \
+  "any source without the others .* 0 failures" -- --keep-going -n 3 "$program" any-source
+if [ "$with_ofi" = ofi ]; then
+  expect "a receive from any source fails once every other rank has died, over ofi" 137 1 \
+    "any source without the others .* 0 failures" FERRY_TRANSPORTS=self,ofi \
+    FERRY_OFI_PROVIDER=tcp -- --keep-going -n 3 "$program" any-source
+fi
 expect "one-sided operations on a rank that dies fail, and the others go on" 137 2 \
   "one-sided without rank 2, 0 failures" -- --keep-going -n 3 "$program" rma-death
 if [ "$with_ofi" = ofi ]; then
