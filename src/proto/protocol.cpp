@@ -170,11 +170,12 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
   const Peer* from = source != kAnySource ? &peers_[static_cast<std::size_t>(source)] : nullptr;
-  if (!message && from != nullptr && (from->failed || from->endpoint == nullptr)) {
-    // A dead or unreachable rank will send nothing: fail now rather than wait forever.
-    complete(index, Status(from->failed ? Code::kPeerFailed : Code::kUnsupported, from->why));
-  } else if (!message && from == nullptr && others_left_ == 0 && size_ > 1) {
-    complete(index, no_one_left());
+  if (!message && none_can_come(source)) {
+    // A dead or unreachable rank (for kAnySource: every other one) will send nothing: fail now
+    // rather than wait forever.
+    complete(index, from != nullptr
+                        ? Status(from->failed ? Code::kPeerFailed : Code::kUnsupported, from->why)
+                        : no_one_left());
   } else if (!message) {
     slot.state = RequestState::kPosted;
     matcher_.post({source, tag, mask, index});

@@ -149,7 +149,6 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
     }
     if (!candidates.empty()) {
       info_ = fi_->dupinfo(candidates[nearest_candidate(nodes, current_numa_node())]);
-      passthru_ = through;
     }
     fi_->freeinfo(list);
   }
@@ -197,7 +196,7 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   provider_ = std::string(info_->fabric_attr->prov_name) + " on " + info_->domain_attr->name +
               " (" + info_->fabric_attr->name + ")";
   protocol_ = info_->ep_attr->protocol;
-  if (passthru_) {
+  if (passthru()) {
     provider_ += ", passed through to tcp's connected endpoints";
   } else if (passthru_mode == "on") {
     FERRY_LOG(kWarn,

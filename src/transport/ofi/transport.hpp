@@ -66,7 +66,7 @@ class OfiTransport final : public Transport {
   [[nodiscard]] std::string rma() const;
   [[nodiscard]] bool has_read() const { return rma_; }
   // tcp;ofi_rxm passing every call to the tcp provider's connected endpoints.
-  [[nodiscard]] bool passthru() const { return passthru_; }
+  [[nodiscard]] bool passthru() const { return protocol_ == FI_PROTO_RXM_TCP; }
   [[nodiscard]] bool has_native_rma() const { return native_; }
   Status register_region(void* buffer, std::size_t length, std::uint64_t key,
                          Endpoint::RemoteRegion* region, void** handle) override;
@@ -157,7 +157,6 @@ class OfiTransport final : public Transport {
   std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
   bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA not off)
   std::string rma_why_;             // why not, when not
-  bool passthru_ = false;           // tcp;ofi_rxm passing every call to tcp's endpoints
   std::uint32_t protocol_ = 0;      // the endpoint's wire protocol, published with its address
   bool native_ = false;             // native puts and gets (FERRY_OFI_RMA=auto or native)
   std::string native_why_;          // why not, when not
