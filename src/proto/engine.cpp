@@ -250,6 +250,7 @@ void Engine::connect_peers() {
       peer.eager_limit = std::min(rndv_threshold_, max_am - sizeof(EagerHeader));
       peer.frag_size = std::min<std::size_t>(max_am, 1u << 20) - sizeof(FragHeader);
       peer.get_from = t->capabilities().get_from;
+      peer.read_from = t->capabilities().read_from;
       break;
     }
     if (peer.endpoint == nullptr) {
@@ -468,9 +469,13 @@ std::string Engine::describe_peer(int rank) const {
   if (peer.get_failed) {
     large = "pipelined (zero-copy get failed earlier)";
   } else if (peer.endpoint->has_read() && !peer.read_failed && !test_ofi_chunked_) {
-    large = peer.endpoint->has_direct() && !peer.direct_failed
-                ? "by one-sided read of the sender's buffer (direct transfer if a read fails)"
-                : "by one-sided read of the sender's buffer (pipelined if a read fails)";
+    const bool direct = peer.endpoint->has_direct() && !peer.direct_failed;
+    large = direct ? "by one-sided read of the sender's buffer (direct transfer if a read fails)"
+                   : "by one-sided read of the sender's buffer (pipelined if a read fails)";
+    if (direct && peer.read_from > 0) {
+      large =
+          "by direct transfer below " + std::to_string(peer.read_from) + " B, from there " + large;
+    }
   } else if (peer.endpoint->has_direct() && !peer.direct_failed) {
     large = "by direct transfer (the transport's own rendezvous)";
   } else if (peer.endpoint->has_get()) {

@@ -215,6 +215,7 @@ class Engine final : public transport::AmHandler {
     std::size_t eager_limit = 0;  // largest message sent eagerly
     std::size_t frag_size = 0;    // payload per fragment of a pipelined message
     std::size_t get_from = 0;     // rendezvous messages from this size up use the endpoint's get
+    std::size_t read_from = 0;    // from this size up the receiver reads them (below: direct)
     bool get_failed = false;      // a zero-copy get failed once: pipeline from now on
     bool direct_failed = false;   // a direct receive could not be posted: pipeline from now on
     bool read_failed = false;     // a one-sided read failed: clear-to-send from now on

@@ -112,8 +112,11 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     slot.rendezvous = true;
     const std::uint64_t sreq = requests_.wire_id(index);
     transport::Endpoint::RemoteRegion region;
+    // Below the endpoint's read size, where it has a direct transfer, that goes instead.
+    const bool read_size =
+        bytes >= peer.read_from || !peer.endpoint->has_direct() || peer.direct_failed;
     if (slot.device < 0 && rts_address != kRtsFromDevice && peer.endpoint->has_read() &&
-        !peer.read_failed && !test_ofi_chunked_) {
+        !peer.read_failed && !test_ofi_chunked_ && read_size) {
       // The receiver may read the buffer itself (no clear-to-send round trip).
       Status status = peer.endpoint->expose(slot.send_buffer, bytes, sreq, &region);
       if (status) {

@@ -20,6 +20,8 @@ struct Capabilities {
   std::size_t max_am = 0;      // largest header + payload one am_send carries
   std::size_t max_inline = 0;  // header + payload at or under this go in one FIFO element
   std::size_t get_from = 0;    // messages from this size up are better fetched with get()
+  std::size_t read_from = 0;   // rendezvous by one-sided read from this size up; below, by a
+                               // direct transfer where the endpoint has one
   double latency_us = 0;       // estimates used to rank transports
   double bandwidth_GBps = 0;
 };

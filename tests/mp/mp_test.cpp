@@ -360,6 +360,66 @@ TEST(MultiProcess, EveryPeerIsReachedThroughTheExpectedTransport) {
   }
 }
 
+TEST(MultiProcess, OverTcpPassedThroughMessagesBelowTheReadSizeGoDirect) {
+  // Over tcp passed through, rendezvous messages below FERRY_OFI_READ_FROM (512 KiB unless set) go
+  // by a tagged transfer after clear-to-send, larger ones are read from the sender's buffer. With
+  // FERRY_TEST_OFI_READ_FAIL=1 every read fails and the receiver falls back for good, which its
+  // description of the sender shows: so a message below the size must leave reads untried.
+  if (nranks() < 2) GTEST_SKIP() << "needs two ranks";
+  const int partner = me() ^ 1;
+  if (partner >= nranks()) GTEST_SKIP() << "no partner for the last of an odd number of ranks";
+  const std::string before = ctx().describe_peer(partner);
+  if (before.find("passed through to tcp") == std::string::npos ||
+      before.find("fi_read rendezvous") == std::string::npos) {
+    GTEST_SKIP() << "not tcp passed through with reads: " << before;
+  }
+  const char* set = std::getenv("FERRY_OFI_READ_FROM");
+  const std::size_t read_from = set != nullptr && std::string(set) != "-1"
+                                    ? static_cast<std::size_t>(std::stoull(set))
+                                    : std::size_t{512} << 10;
+  const char* fail = std::getenv("FERRY_TEST_OFI_READ_FAIL");
+  const bool reads_fail = fail != nullptr && std::string(fail) == "1";
+  const std::string reading = "by one-sided read of the sender's buffer";
+  if (before.find(reading) == std::string::npos) {
+    // FERRY_TEST_OFI_CHUNKED, or a read that failed earlier in this job (mp.ranks2.ofi_read_from
+    // runs this test alone, where skipping fails).
+    GTEST_SKIP() << "rendezvous by reads is off: " << before;
+  }
+  if (read_from > 0) {
+    EXPECT_NE(before.find("by direct transfer below " + std::to_string(read_from) +
+                          " B, from "
+                          "there " +
+                          reading),
+              std::string::npos)
+        << before;
+  }
+  auto exchange = [&](std::size_t n, std::size_t seq) {
+    std::vector<std::byte> in(n + 16, std::byte{0xee});
+    Request r = ctx().irecv(in.data(), in.size(), partner, 9000 + seq);
+    auto out = make(n, me(), seq);
+    ASSERT_TRUE(ctx().send(out.data(), n, partner, 9000 + seq).is_ok());
+    ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
+    EXPECT_EQ(r.info().bytes, n);
+    EXPECT_EQ(first_mismatch(in, n, partner, seq), SIZE_MAX) << "size " << n;
+    EXPECT_EQ(in[n], std::byte{0xee}) << "wrote past a " << n << "-byte message";
+  };
+  if (read_from > (64u << 10)) {
+    exchange(64u << 10, 0);
+    exchange(read_from - 1, 1);
+    if (reads_fail) {
+      EXPECT_NE(ctx().describe_peer(partner).find(reading), std::string::npos)
+          << "a message below " << read_from << " B tried a read: " << ctx().describe_peer(partner);
+    }
+  }
+  exchange(read_from + 4096, 2);
+  if (reads_fail) {
+    EXPECT_EQ(ctx().describe_peer(partner).find(reading), std::string::npos)
+        << "a message of " << read_from + 4096
+        << " B was not read: " << ctx().describe_peer(partner);
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
 }  // namespace
 }  // namespace ferry
 
