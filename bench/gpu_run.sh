@@ -35,8 +35,9 @@ for step in $steps; do
       nvidia-smi -L
       "${run[@]}" "$bin/ferry-info" --peers 2>&1 | grep -v "^  FERRY_" | head -20 ;;
     tests)
-      for mode in ${GPU_RUN_MODES:-ipc ipc_refused staged kernel_copy}; do
+      for mode in ${GPU_RUN_MODES:-ipc ipc_refused staged kernel_copy events}; do
         env=()
+        [ $mode = events ] && env=(FERRY_TEST_CUDA_EVENTS=1)
         [ $mode = ipc_refused ] && env=(FERRY_TEST_CUDA_IPC_FAIL=1)
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
         # Every IPC copy of a message that follows another one by the copy kernel.

@@ -34,7 +34,8 @@ struct IpcKey {
 };
 static_assert(sizeof(IpcKey) == 120);
 
-// A copy in flight: complete when done(ticket).
+// A copy in flight: complete when done(ticket). Tickets of one stream complete in the order of
+// their sequence numbers.
 struct Ticket {
   std::uint32_t stream = 0;
   std::uint32_t sequence = 0;
@@ -166,6 +167,9 @@ class Cuda {
 
   // "CUDA 13000: 1 device (NVIDIA H100 80GB HBM3); ipc cache 3 mappings, 12 MiB"
   [[nodiscard]] virtual std::string describe() const = 0;
+  // How each GPU in use reports finished copies ("cuda:0 by a flag the GPU writes"); empty
+  // before the first one is used.
+  [[nodiscard]] virtual std::string completion() const = 0;
   [[nodiscard]] virtual std::size_t cached_mappings() const = 0;
 };
 

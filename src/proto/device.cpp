@@ -9,6 +9,7 @@
 // that peer. Host senders to device receivers take rung 2 as well (a CTS would bring fragments
 // the receiver could only copy synchronously). Copies complete by polling, never by blocking.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "proto/engine.hpp"
@@ -404,9 +405,24 @@ void Engine::handle_stage_ack(int source, std::span<const std::byte> data) {
 int Engine::poll_device_ops() {
   int finished = 0;
   std::size_t keep = 0;
+  // Streams seen busy in this pass, with the first sequence not done: a later one on the same
+  // stream is not done either, and asking would read the stream's flag again.
+  std::array<cuda::Ticket, 8> busy{};
+  std::size_t busy_count = 0;
+  auto known_busy = [&](const cuda::Ticket& ticket) {
+    for (std::size_t b = 0; b < busy_count; ++b) {
+      if (busy[b].stream == ticket.stream &&
+          static_cast<std::int32_t>(ticket.sequence - busy[b].sequence) >= 0) {
+        return true;
+      }
+    }
+    return false;
+  };
   for (std::size_t i = 0; i < device_ops_.size(); ++i) {
     DeviceOp& op = device_ops_[i];
-    if (!cuda_->done(op.ticket)) {
+    const bool skip = known_busy(op.ticket);
+    if (skip || !cuda_->done(op.ticket)) {
+      if (!skip && busy_count < busy.size()) busy[busy_count++] = op.ticket;
       device_ops_[keep++] = op;
       continue;
     }

@@ -529,6 +529,9 @@ std::string Engine::describe_peer(int rank) const {
                  : std::string(mailbox_ ? "; cuMem allocations by descriptor passing"
                                         : "; cuMem allocations host-staged (" + mailbox_why_ + ")");
     }
+    if (std::string done = cuda_->completion(); !done.empty()) {
+      out += "; GPU copies complete " + done;
+    }
   }
   return out;
 }

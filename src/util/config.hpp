@@ -133,6 +133,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "provider); the receiver must fall back to clear-to-send")                                     \
   X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                               \
     "test: a receiver waits this long between matching a rendezvous and its zero-copy get")        \
+  X(kTestCudaEvents, "FERRY_TEST_CUDA_EVENTS", kBool, "0", 0, 0, "",                               \
+    "test only: GPU copies report completion by events, not by a flag the GPU writes")             \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                            \
     "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")              \
   X(kTestCollAreaFail, "FERRY_TEST_COLL_AREA_FAIL", kBool, "0", 0, 0, "",                          \
