@@ -9,12 +9,13 @@ set -u
 ferryrun=$1 program=$2 with_ofi=${3:-}
 passed=0 failed=0
 leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
-# libfabric's shm provider leaves its region (/dev/shm/PID:...) behind when its process is
-# SIGKILLed, and a later process given the same pid cannot open an endpoint (fi_enable: EBUSY).
-reap_provider_regions() {
+# libfabric's shm provider leaves its region (/dev/shm/PID:N:N) behind when its process is
+# SIGKILLed, and a later process given the same pid cannot open an endpoint (fi_enable: EBUSY):
+# ferryrun removes those of the ranks it reaps. Prints the killed ranks' regions still there.
+provider_regions_left() {
   local pid
   for pid in $(echo "$1" | grep -o 'pid [0-9]*) was killed' | grep -o '[0-9][0-9]*'); do
-    rm -f "/dev/shm/$pid:"*
+    ls /dev/shm 2>/dev/null | grep "^$pid:"
   done
 }
 before=$(leftovers)
@@ -29,7 +30,7 @@ for variant in "${variants[@]}"; do
   start=$(date +%s%N)
   out=$(env $variant timeout 60 "$ferryrun" --keep-going -n 3 "$program" 2>&1)
   rc=$?
-  reap_provider_regions "$out"
+  regions=$(provider_regions_left "$out")
   elapsed=$(( ($(date +%s%N) - start) / 1000000 ))
   why=""
   [ "$rc" -eq 137 ] || why+="exit code $rc, expected 137; "
@@ -38,6 +39,7 @@ for variant in "${variants[@]}"; do
   echo "$out" | grep -q "^FAIL" && why+="a check failed; "
   [ "$elapsed" -lt 20000 ] || why+="took $elapsed ms; "
   [ "$before" = "$(leftovers)" ] || why+="left files in /dev/shm; "
+  [ -z "$regions" ] || why+="left libfabric's regions of killed ranks: $regions; "
   if [ -z "$why" ]; then
     passed=$((passed + 1))
     echo "ok   ${variant:-default}: $(echo "$out" | grep -o 'seen in [0-9.]* ms' | tr '\n' ' ')(${elapsed} ms)"
@@ -56,9 +58,8 @@ expect() {
   local out rc
   out=$(env "${vars[@]}" timeout 60 "$ferryrun" "$@" 2>&1)
   rc=$?
-  reap_provider_regions "$out"
   if [ "$rc" -eq "$want_rc" ] && [ "$(echo "$out" | grep -c "$pattern")" -eq "$want_lines" ] &&
-     [ "$before" = "$(leftovers)" ]; then
+     [ "$before" = "$(leftovers)" ] && [ -z "$(provider_regions_left "$out")" ]; then
     passed=$((passed + 1)); echo "ok   $what"
   else
     failed=$((failed + 1)); echo "FAIL $what: rc $rc"; echo "$out" | tail -6

@@ -2,6 +2,7 @@
 // signalfd, failure handling (first failure wins, SIGTERM then SIGKILL) and cleanup on exit.
 #include "job.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <poll.h>
@@ -34,6 +35,32 @@ namespace ferry::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// libfabric's shm provider names its region after its process ("/dev/shm/<pid>:<n>:<n>", 16 MiB)
+// and removes it when the endpoint closes: a rank that was killed, or that ended by _exit (an
+// abort), leaves it behind, and a later process given that pid cannot open an endpoint
+// (fi_enable fails with EBUSY). The rank is reaped, so a region under its pid is stale. Returns
+// how many were removed.
+int remove_provider_regions(pid_t pid) {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  const std::string prefix = std::to_string(pid) + ":";
+  auto digits_then = [](const char* p, char end) {
+    const char* start = p;
+    while (*p >= '0' && *p <= '9') ++p;
+    return p != start && *p == end ? p : nullptr;
+  };
+  int removed = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    const char* name = entry->d_name;
+    if (std::strncmp(name, prefix.c_str(), prefix.size()) != 0) continue;
+    const char* rest = digits_then(name + prefix.size(), ':');
+    if (rest == nullptr || digits_then(rest + 1, '\0') == nullptr) continue;
+    if (::unlinkat(::dirfd(dir), name, 0) == 0) ++removed;
+  }
+  ::closedir(dir);
+  return removed;
+}
 
 void info(const char* format, ...) __attribute__((format(printf, 1, 2)));
 void info(const char* format, ...) {
@@ -396,6 +423,10 @@ void Job::on_exit(int rank, int status) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     info("rank %d (pid %d) exited with code 0", rank, pid);
     return;
+  }
+  if (int removed = remove_provider_regions(pid); removed > 0) {
+    info("removed %d libfabric shm region(s) rank %d (pid %d) left in /dev/shm", removed, rank,
+         pid);
   }
   char text[256];
   int code = 0;
