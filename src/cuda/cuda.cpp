@@ -224,11 +224,15 @@ class CudaImpl final : public Cuda {
     return Status::ok();
   }
 
-  std::string ipc_refusal(const std::array<std::byte, 16>& uuid, int local) override {
-    int source = -1;
+  [[nodiscard]] int ordinal(const std::array<std::byte, 16>& uuid) const override {
     for (std::size_t i = 0; i < devices_.size(); ++i) {
-      if (devices_[i].uuid == uuid) source = static_cast<int>(i);
+      if (devices_[i].uuid == uuid) return static_cast<int>(i);
     }
+    return -1;
+  }
+
+  std::string ipc_refusal(const std::array<std::byte, 16>& uuid, int local) override {
+    const int source = ordinal(uuid);
     if (source < 0) return "the peer's " + uuid_string(uuid) + " is not visible to this process";
     if (source == local) return {};
     int can = 0;

@@ -62,6 +62,8 @@ class Cuda {
 
   // Can this process's `device` copy from the peer GPU named by `uuid`? Empty when yes, else why.
   virtual std::string ipc_refusal(const std::array<std::byte, 16>& uuid, int device) = 0;
+  // This process's ordinal of the GPU named by `uuid`; -1 where it does not see it.
+  [[nodiscard]] virtual int ordinal(const std::array<std::byte, 16>& uuid) const = 0;
 
   // Maps a peer's allocation (cached per (peer, base, buffer id); a stale entry for the same base
   // is closed; LRU-bounded) and returns the address of key.offset in it. Pins the entry until

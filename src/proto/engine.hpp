@@ -86,10 +86,13 @@ class Engine final : public transport::AmHandler {
     const Peer& peer = peers_[static_cast<std::size_t>(rank)];
     return peer.failed ? &peer.why : nullptr;
   }
-  // True for memory that only a CUDA device can read.
-  [[nodiscard]] bool device_memory(const void* buffer) {
-    return cuda_ && cuda_->classify(buffer).device_only();
+  // The GPU holding `buffer` where only a CUDA device can read it, else -1.
+  [[nodiscard]] int device_of(const void* buffer) {
+    if (!cuda_) return -1;
+    const mem::MemoryInfo info = cuda_->classify(buffer);
+    return info.device_only() ? info.device : -1;
   }
+  [[nodiscard]] bool device_memory(const void* buffer) { return device_of(buffer) >= 0; }
   // The slot behind a request of this engine (for operations built on requests).
   static std::uint32_t index_of(const Request& request) { return request.index_; }
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
@@ -349,9 +352,10 @@ class Engine final : public transport::AmHandler {
   int guard_index_ = -2;  // -2: not computed yet
   // A put or get (request `index`) on a peer's registered region through its guard table:
   // true when done here (host memory by CMA, completed) or started (device memory, a CUDA copy
-  // that poll_device_ops completes); false when it goes through the owner.
+  // that poll_device_ops completes); false when it goes through the owner. `local_gpu`: the GPU
+  // holding `local`, -1 for host memory.
   bool guarded_access(std::uint32_t index, const RmaTarget& target, void* local, std::size_t bytes,
-                      bool put, bool local_device);
+                      bool put, int local_gpu);
   // The end of a started access to `rank`'s guard table (this rank's `ended` counter).
   void end_guarded_access(int rank);
   // Registers a host region with native_rma_ for a rank's first ask; false if it cannot be.

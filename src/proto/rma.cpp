@@ -584,7 +584,8 @@ Engine::GuardTable* Engine::peer_guard(const RmaTarget& target, Peer& peer) {
 }
 
 bool Engine::guarded_access(std::uint32_t index, const RmaTarget& target, void* local,
-                            std::size_t bytes, bool put, bool local_device) {
+                            std::size_t bytes, bool put, int local_gpu) {
+  const bool local_device = local_gpu >= 0;
   if (target.slot < 0 || target.slot >= kGuardSlots || target.guard_fd < 0 ||
       target.rank == rank_) {
     return false;
@@ -626,12 +627,14 @@ bool Engine::guarded_access(std::uint32_t index, const RmaTarget& target, void* 
         }
       }
     } else if (cuda_ && cuda_ipc_ && peer.device_rma_refused.empty()) {
-      // Device memory mapped by CUDA IPC, moved by a CUDA copy on the local buffer's GPU (or
-      // the first one for host memory), on its stream for this peer: the request completes, and
-      // the access ends (`ended`), when poll_device_ops sees the copy done.
+      // Device memory mapped by CUDA IPC, moved by a CUDA copy on the local buffer's GPU (for
+      // host memory, on the region's own GPU where this process sees it: its copy engine moves
+      // the data between the host and its memory; else the first), on its stream for this
+      // peer: the request completes, and the access ends (`ended`), when poll_device_ops sees
+      // the copy done.
       cuda::IpcKey key = slot.ipc;
       key.offset += target.offset;
-      const int device = local_device ? cuda_->classify(local).device : 0;
+      const int device = local_device ? local_gpu : std::max(cuda_->ordinal(key.uuid), 0);
       std::string refused = cuda_->ipc_refusal(key.uuid, device);
       util::Fd descriptor;
       // The owner's descriptor of a cuMem allocation only for a first mapping (the cache knows
@@ -925,7 +928,8 @@ std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::s
 }
 
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
-  const bool local_device = bytes > 0 && device_memory(local);
+  const int local_gpu = bytes > 0 ? device_of(local) : -1;
+  const bool local_device = local_gpu >= 0;
   if (std::byte* destination = direct_now(target, local, bytes, local_device)) {
     util::copy_large(destination, local, bytes);
     return Request(this, Request::kDone);
@@ -938,7 +942,7 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
       })) {
     return request;
   }
-  if (guarded_access(index, target, const_cast<void*>(local), bytes, true, local_device)) {
+  if (guarded_access(index, target, const_cast<void*>(local), bytes, true, local_gpu)) {
     return request;
   }
   if (native_access(index, target, const_cast<void*>(local), bytes, true, local_device)) {
@@ -962,7 +966,8 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
 }
 
 Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
-  const bool local_device = bytes > 0 && device_memory(local);
+  const int local_gpu = bytes > 0 ? device_of(local) : -1;
+  const bool local_device = local_gpu >= 0;
   if (const std::byte* source = direct_now(target, local, bytes, local_device)) {
     util::copy(local, source, bytes);
     return Request(this, Request::kDone);
@@ -976,7 +981,7 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
                   })) {
     return request;
   }
-  if (guarded_access(index, target, local, bytes, false, local_device)) return request;
+  if (guarded_access(index, target, local, bytes, false, local_gpu)) return request;
   if (native_access(index, target, local, bytes, false, local_device)) return request;
   RequestSlot& slot = requests_[index];
   slot.recv_buffer = static_cast<std::byte*>(local);
