@@ -926,6 +926,7 @@ class CudaImpl final : public Cuda {
     }
     if (flags != nullptr) {
       dev.flags = static_cast<std::uint32_t*>(flags);
+      // Zero again: the trial's 1 would mark lane 0's first copy finished before it ran.
       std::memset(flags, 0, 64 * kLanesPerDevice);
       CUdeviceptr view = 0;
       if (d_->cuMemHostGetDevicePointer(&view, flags, 0) == CUDA_SUCCESS &&
