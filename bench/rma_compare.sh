@@ -13,6 +13,7 @@
 #   bench/rma_compare.sh [ROUNDS]     (default 5; installs ucx-utils where missing)
 # RMA_ALT="VAR=value ...": each round also runs ferry with those variables (a third column; the
 # tagged-message latency is added), e.g. RMA_ALT=FERRY_OFI_PASSTHRU=off.
+# RMA_TESTS="latency put_lat ...": only those of the tests above.
 # RMA_REGISTER=1: ferry's exposed buffer is the program's own memory given to register_memory
 # (reached by CMA on this node) instead of memory from allocate_memory.
 # RMA_THREADS (default single): ferry's FERRY_THREADS. ucx_perftest's worker runs at its default
@@ -48,6 +49,11 @@ cases=(
   "atomic_add 8 50000 ucp_add 3"
 )
 if [ -n "${RMA_ALT:-}" ]; then cases=("latency 8 50000 tag_lat 3" "${cases[@]}"); fi
+if [ -n "${RMA_TESTS:-}" ]; then
+  chosen=()
+  for c in "${cases[@]}"; do [[ " $RMA_TESTS " == *" ${c%% *} "* ]] && chosen+=("$c"); done
+  cases=("${chosen[@]}")
+fi
 ferry() {  # test size iterations [VAR=value...] -> us per op, or GB/s for *_bw
   local out
   # shellcheck disable=SC2086

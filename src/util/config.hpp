@@ -43,8 +43,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "not), off (rxm's protocol); ranks that differ cannot reach each other over ofi")              \
   X(kOfiReadFrom, "FERRY_OFI_READ_FROM", kSize, "-1", -1, 1LL << 40, "",                           \
     "rendezvous messages over ofi from this size up are read from the sender's buffer (fi_read); " \
-    "smaller ones go by a tagged transfer after the receiver's clear-to-send (-1: 512k where tcp " \
-    "is passed through, whose tagged transfers are faster below that, else 0: every size)")        \
+    "smaller ones go by a tagged transfer after the receiver's clear-to-send (-1: 512k over "      \
+    "tcp's "                                                                                       \
+    "own sockets, passed through or the net provider, whose tagged transfers are faster below "    \
+    "that, else 0: every size)")                                                                   \
   X(kOfiMrCache, "FERRY_OFI_MR_CACHE", kInt, "1024", 0, 1 << 20, "",                               \
     "ofi memory registrations kept for reuse (least recently used dropped first; unmapped or "     \
     "freed memory dropped as the kernel reports it; 0: register for every transfer)")              \

@@ -2,8 +2,8 @@
 # A rank SIGKILLed mid-job under `ferryrun --keep-going`: the survivors' operations with it fail
 # with kPeerFailed (checked inside fault_test), they finish their own work and exit 0, ferryrun
 # reports the death and exits 137, nothing is left in /dev/shm, and the job ends in seconds.
-# With a third argument `ofi` the same kill runs over libfabric (tcp and shm providers, the death
-# seen by pidfd; and tcp with every peer taken as remote, the death seen by keepalives).
+# With a third argument `ofi` the same kill runs over libfabric (tcp, net and shm providers, the
+# death seen by pidfd; and tcp and net with every peer taken as remote, seen by keepalives).
 #   fault_test.sh FERRYRUN FAULT_TEST [ofi]
 set -u
 ferryrun=$1 program=$2 with_ofi=${3:-}
@@ -24,7 +24,9 @@ if [ "$with_ofi" = ofi ]; then
   variants+=("FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp"
              "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=shm"
              "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_WAIT_MODE=block"
-             "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2")
+             "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2"
+             "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=net"
+             "FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=net FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2")
 fi
 for variant in "${variants[@]}"; do
   start=$(date +%s%N)
@@ -77,7 +79,7 @@ expect "a receiver that cannot map the staging ring fails both sides" 0 3 \
   FERRY_TIMEOUT=10 FERRY_CUDA_STAGE_CHUNK=64k -- -n 3 "$program" stagefail
 if [ "$with_ofi" = ofi ]; then
   for detect in "FERRY_OFI_PROVIDER=tcp" "FERRY_OFI_PROVIDER=tcp FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2" \
-                "FERRY_OFI_PROVIDER=shm"; do
+                "FERRY_OFI_PROVIDER=shm" "FERRY_OFI_PROVIDER=net"; do
     # The sender dies with its buffer exposed for the receiver's read, which starts late
     # (FERRY_TEST_GET_DELAY) and so meets a dead process; then the same with tagged transfers.
     # shellcheck disable=SC2086
@@ -124,7 +126,7 @@ fi
 expect "a message sent just before finalize arrives" 137 2 "delivered before finalize, 0 failures" \
   -- --keep-going -n 3 "$program" exit-after-send
 if [ "$with_ofi" = ofi ]; then
-  for variant in "FERRY_OFI_PROVIDER=tcp" "FERRY_OFI_PROVIDER=shm" \
+  for variant in "FERRY_OFI_PROVIDER=tcp" "FERRY_OFI_PROVIDER=shm" "FERRY_OFI_PROVIDER=net" \
                  "FERRY_OFI_PROVIDER=tcp FERRY_WAIT_MODE=block"; do
     # shellcheck disable=SC2086
     expect "a message sent just before finalize arrives over ofi ($variant)" 137 2 \

@@ -137,7 +137,7 @@ TEST_P(OfiDelivery, AMessageSentAfterTheConfirmationNeedsAnother) {
   EXPECT_EQ(handlers_[1].got[1].id, 6);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, OfiDelivery, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Providers, OfiDelivery, ::testing::Values("tcp", "net", "shm"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -196,7 +196,7 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
   EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::uint32_t v) { return v == 0; }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, OfiRma, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Providers, OfiRma, ::testing::Values("tcp", "net", "shm"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -303,12 +303,13 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
   capabilities_.max_am = kBufferSize - sizeof(Wire);
   capabilities_.max_inline = inject_size_ > sizeof(Wire) ? inject_size_ - sizeof(Wire) : 0;
   capabilities_.get_from = SIZE_MAX;  // no zero-copy get yet
-  // Over tcp passed through, a tagged transfer after clear-to-send beats a read below 512 KiB
-  // (latency and windows; docs/PERFORMANCE.md); rxm's own protocol and RDMA NICs read at once.
+  // Over tcp's own sockets (passed through, or the net provider), a tagged transfer after
+  // clear-to-send beats a read below 512 KiB (latency and windows; docs/PERFORMANCE.md); rxm's
+  // own protocol and RDMA NICs read at once.
   const std::int64_t read_from = config.get_int(util::Var::kOfiReadFrom);
-  capabilities_.read_from = read_from >= 0 ? static_cast<std::size_t>(read_from)
-                            : passthru()   ? std::size_t{512} << 10
-                                           : 0;
+  capabilities_.read_from = read_from >= 0       ? static_cast<std::size_t>(read_from)
+                            : over_tcp_sockets() ? std::size_t{512} << 10
+                                                 : 0;
   capabilities_.latency_us = 10;
   capabilities_.bandwidth_GBps = 2;
   next_keepalive_ = std::chrono::steady_clock::now();

@@ -67,6 +67,9 @@ class OfiTransport final : public Transport {
   [[nodiscard]] bool has_read() const { return rma_; }
   // tcp;ofi_rxm passing every call to the tcp provider's connected endpoints.
   [[nodiscard]] bool passthru() const { return protocol_ == FI_PROTO_RXM_TCP; }
+  // Every transfer goes by the tcp provider's own code over sockets: passed through, or the net
+  // provider (libfabric's newer tcp, with reliable datagram endpoints of its own; FI_PROTO_XNET).
+  [[nodiscard]] bool over_tcp_sockets() const { return passthru() || protocol_ == FI_PROTO_XNET; }
   [[nodiscard]] bool has_native_rma() const { return native_; }
   Status register_region(void* buffer, std::size_t length, std::uint64_t key,
                          Endpoint::RemoteRegion* region, void** handle) override;
