@@ -186,17 +186,20 @@ for step in $steps; do
     ofi)
       # Two processes as if on two nodes: libfabric over tcp, device data through host memory;
       # then FI_HMEM assumed (the provider's real refusal of GPU memory) and a refusal injected.
-      export FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp
+      # GPU_OFI_PROVIDER picks another provider (net), logs then named after it.
+      provider=${GPU_OFI_PROVIDER:-tcp} tail=""
+      [ "$provider" = tcp ] || tail="_$provider"
+      export FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=$provider
       for hmem in none assume fail; do
-        echo "--- gpu.ofi FERRY_TEST_OFI_HMEM=$hmem"
+        echo "--- gpu.ofi FERRY_OFI_PROVIDER=$provider FERRY_TEST_OFI_HMEM=$hmem"
         FERRY_TEST_OFI_HMEM=$hmem "${run[@]}" "$bin/ferry_gpu_tests" 2>&1 \
-          | tee "$out/gpu_ofi_$hmem.log" \
+          | tee "$out/gpu_ofi_$hmem$tail.log" \
           | grep -E "^\[  |rank .*(grew|->)|Failure|error|SKIP|NIC" | head -40
         echo "exit ${PIPESTATUS[0]}"
       done
       for mem in cuda:cuda host:host; do
         "${run[@]}" "$bin/ferry-perf" latency bandwidth -m $mem --check \
-          --sizes 16,256,4k,1m,64m --iterations 20 2>&1 | tee -a "$out/perf_ofi.txt" | cut -c1-90
+          --sizes 16,256,4k,1m,64m --iterations 20 2>&1 | tee -a "$out/perf_ofi$tail.txt" | cut -c1-90
       done
       unset FERRY_TRANSPORTS FERRY_OFI_PROVIDER ;;
     *) echo "unknown step $step" ;;
