@@ -175,11 +175,21 @@ for step in $steps; do
       echo "exit ${PIPESTATUS[0]}" ;;
     coll_kill)
       # A member SIGKILLed while the others run small device allreduces (3 ranks): by the ring
-      # where two share a GPU, then by the one-shot kernels all the same.
+      # where two share a GPU, then by the one-shot kernels all the same. Then a device
+      # Communicator that outlives its Context.
       for shared in 0 1; do
         echo "--- coll_kill FERRY_COLL_DEVICE_SHARED_GPU=$shared"
         FERRY_COLL_DEVICE_SHARED_GPU=$shared "$bin/ferryrun" --timeout 60 --keep-going -n 3 \
           "$bin/ferry_fault_test" coll-death-device 2>&1 | tee -a "$out/gpu_coll_kill.log" \
+          | grep -E "rank|FAIL|SKIP"
+        echo "exit ${PIPESTATUS[0]}"
+      done
+      # A device Communicator kept after its Context is destroyed (one-shot and resident kernels
+      # where the GPU is shared, the ring otherwise).
+      for shared in 0 1; do
+        echo "--- comm_outlives FERRY_COLL_DEVICE_SHARED_GPU=$shared"
+        FERRY_COLL_DEVICE_SHARED_GPU=$shared "$bin/ferryrun" --timeout 60 -n 2 \
+          "$bin/ferry_fault_test" device-comm-outlives 2>&1 | tee -a "$out/gpu_comm_outlives.log" \
           | grep -E "rank|FAIL|SKIP"
         echo "exit ${PIPESTATUS[0]}"
       done ;;

@@ -371,6 +371,10 @@ class Context {
 // returns kTimeout with its transfers withdrawn (its buffers are free again); a wait on an i-form's
 // Request returns kTimeout and leaves the collective running, as for point-to-point requests.
 // After a failure the communicator should not be used for further collectives.
+//
+// A Communicator may outlive its Context (a global one, say): the Context's destruction releases
+// the communicator's device state, and its collectives then fail with kInvalidArgument (split
+// throws). Destroying a Context while another thread uses one of its Communicators is an error.
 class Communicator {
  public:
   Communicator() = default;  // not valid: every call fails with kInvalidArgument

@@ -9,6 +9,16 @@ namespace {
 
 Status invalid() { return Status(Code::kInvalidArgument, "collective on an invalid Communicator"); }
 
+// Why a Communicator cannot run collectives (it is empty, or its Context is gone), else ok.
+Status unusable(const std::shared_ptr<coll::Group>& group) {
+  if (!group) return invalid();
+  if (group->detached()) {
+    return Status(Code::kInvalidArgument,
+                  "collective on a Communicator whose Context is finalized (destroyed)");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Communicator Context::world() {
@@ -24,7 +34,7 @@ int Communicator::world_rank(int rank) const {
 }
 
 Communicator Communicator::split(int color, int key) const {
-  if (!group_) throw Error(invalid());
+  if (Status s = unusable(group_); !s) throw Error(s);
   auto entry = group_->engine()->enter();
   if (color < 0 && color != kUndefined) {
     throw Error(Code::kInvalidArgument,
@@ -36,7 +46,7 @@ Communicator Communicator::split(int color, int key) const {
 // The i-forms run a schedule that the engine advances; the blocking forms run it now.
 #define FERRY_NONBLOCKING(name, params, args)                   \
   Request Communicator::i##name params {                        \
-    if (!group_) return Request();                              \
+    if (!unusable(group_).is_ok()) return Request();            \
     coll::Group& g = *group_;                                   \
     auto entry = g.engine()->enter();                           \
     return g.start([&](coll::Plan& p) { return g.name args; }); \
@@ -44,7 +54,7 @@ Communicator Communicator::split(int color, int key) const {
 #define FERRY_COLLECTIVE(name, params, args)                  \
   FERRY_NONBLOCKING(name, params, args)                       \
   Status Communicator::name params {                          \
-    if (!group_) return invalid();                            \
+    if (Status s = unusable(group_); !s) return s;            \
     coll::Group& g = *group_;                                 \
     auto entry = g.engine()->enter();                         \
     return g.run([&](coll::Plan& p) { return g.name args; }); \
@@ -54,7 +64,7 @@ Communicator Communicator::split(int color, int key) const {
 #define FERRY_SMALL_COLLECTIVE(name, params, quick_args, args) \
   FERRY_NONBLOCKING(name, params, args)                        \
   Status Communicator::name params {                           \
-    if (!group_) return invalid();                             \
+    if (Status s = unusable(group_); !s) return s;             \
     coll::Group& g = *group_;                                  \
     auto entry = g.engine()->enter();                          \
     Status quick;                                              \
@@ -120,7 +130,7 @@ struct EvenBlocks {
 
 // The schedule keeps the pointers it needs, not the spans, so the blocks may go when it is built.
 Request Communicator::ialltoall(const void* send, void* recv, std::size_t count, DataType type) {
-  if (!group_) return Request();
+  if (!unusable(group_).is_ok()) return Request();
   coll::Group& g = *group_;
   auto entry = g.engine()->enter();
   const EvenBlocks b(g.size(), count);
@@ -131,7 +141,7 @@ Request Communicator::ialltoall(const void* send, void* recv, std::size_t count,
 }
 
 Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
-  if (!group_) return invalid();
+  if (Status s = unusable(group_); !s) return s;
   coll::Group& g = *group_;
   auto entry = g.engine()->enter();
   const EvenBlocks b(g.size(), count);

@@ -20,7 +20,12 @@ struct Group::Ids {
 
 Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uint32_t id,
              std::shared_ptr<Ids> ids)
-    : engine_(engine), members_(std::move(members)), rank_(rank), id_(id), ids_(std::move(ids)) {
+    : engine_(engine),
+      handle_(engine->handle()),
+      members_(std::move(members)),
+      rank_(rank),
+      id_(id),
+      ids_(std::move(ids)) {
   const util::Config& config = engine_->config();
   small_ = config.get_size(util::Var::kCollSmall);
   allreduce_ = static_cast<int>(config.get_int(util::Var::kCollAllreduce));
@@ -45,10 +50,12 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
 }
 
 Group::~Group() {
-  // Only a group with device state touches the engine here (a host-only Communicator may
-  // outlive its Context, as a global one does); a Communicator may go on any thread.
-  if (!oneshot_) return;
+  // Only a group with device state touches the engine here, and only while its Context lives
+  // (a Communicator may outlive it, as a global one does: the engine's teardown then released
+  // that state); a Communicator may go on any thread.
+  if (!oneshot_ || detached()) return;
   auto entry = engine_->enter();
+  engine_->cancel_teardown(this);
   release_oneshot();
 }
 
@@ -64,6 +71,10 @@ bool Group::oneshot_ready(int device, std::size_t count, DataType type) {
     // Decided once. Every member must share this node (and so the GPUs' IPC): the same answer
     // everywhere.
     oneshot_ = std::make_unique<OneShot>();
+    engine_->at_teardown(this, [this] {
+      release_oneshot();
+      oneshot_.reset();
+    });
     const std::vector<int> local = engine_->local_ranks();
     for (int m : members_) {
       if (std::find(local.begin(), local.end(), m) == local.end()) return false;

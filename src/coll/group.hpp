@@ -58,6 +58,8 @@ class Group : public std::enable_shared_from_this<Group> {
   static std::shared_ptr<Group> world(proto::Engine* engine);
 
   [[nodiscard]] proto::Engine* engine() const { return engine_; }
+  // Its Context is gone (the Communicator outlived it): nothing of the engine may be touched.
+  [[nodiscard]] bool detached() const { return *handle_ == nullptr; }
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return static_cast<int>(members_.size()); }
   [[nodiscard]] int member(int rank) const { return members_[static_cast<std::size_t>(rank)]; }
@@ -190,6 +192,7 @@ class Group : public std::enable_shared_from_this<Group> {
   }
 
   proto::Engine* engine_;
+  std::shared_ptr<proto::Engine*> handle_;  // null once the engine is gone
   std::vector<int> members_;
   int rank_;
   std::uint32_t id_;

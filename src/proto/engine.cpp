@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <utility>
 
 #include "proto/address_blob.hpp"
 #include "proto/wire.hpp"
@@ -275,6 +276,8 @@ Engine::~Engine() {
   }
   *handle_ = nullptr;
   finalize();
+  // Communicators that outlive this Context give up their device state while CUDA is here.
+  for (auto& [owner, work] : std::exchange(teardown_, {})) work();
   // Allocated regions still registered (their MemoryRegions outlive the Context) and the peers'
   // regions mapped here.
   for (auto& [id, region] : regions_) {

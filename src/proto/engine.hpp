@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -181,6 +182,13 @@ class Engine final : public transport::AmHandler {
   Status flush(int rank);  // -1: every rank
   // Null once this engine is finalized (MemoryRegions outlive their Context harmlessly).
   [[nodiscard]] const std::shared_ptr<Engine*>& handle() const { return handle_; }
+  // Work to run when the Engine goes, after finalize and before CUDA goes (the device state of
+  // a Communicator that outlives its Context), keyed by its owner, which withdraws it if it
+  // goes first.
+  void at_teardown(const void* owner, std::function<void()> work) {
+    teardown_[owner] = std::move(work);
+  }
+  void cancel_teardown(const void* owner) { teardown_.erase(owner); }
 
   [[nodiscard]] std::string describe_peer(int rank) const;
   [[nodiscard]] std::vector<std::string> describe_transports() const;
@@ -447,6 +455,7 @@ class Engine final : public transport::AmHandler {
   std::uint64_t next_region_ = 1;
   std::mt19937_64 secrets_{std::random_device{}()};
   std::shared_ptr<Engine*> handle_;
+  std::map<const void*, std::function<void()>> teardown_;  // at_teardown's, by owner
   void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
   // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).
   void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,

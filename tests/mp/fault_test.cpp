@@ -78,6 +78,51 @@ int main(int argc, char** argv) {
     std::printf("rank %d: device kill, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "device-comm-outlives") {
+    // On a GPU machine: a world Communicator that ran small device allreduces (the one-shot
+    // kernel, and the resident one for blocking calls, where FERRY_COLL_DEVICE_SHARED_GPU=1 lets
+    // ranks share a GPU) is kept after its Context is destroyed. The destruction must end those
+    // kernels and free their state without a hang; the Communicator then fails its calls with
+    // kInvalidArgument, and dropping it touches nothing of the Context.
+    const ferry::cuda::Driver* d = bind_gpu(ctx, "device communicator outliving its context");
+    if (d == nullptr) return 0;
+    const int rank = ctx.rank(), size = ctx.size();
+    CUdeviceptr buffer = 0;
+    expect(d->cuMemAlloc(&buffer, 4096) == CUDA_SUCCESS, "cuMemAlloc");
+    auto* data = reinterpret_cast<void*>(buffer);
+    ferry::Communicator world;
+    const auto start = Clock::now();
+    {
+      ferry::Context owner = std::move(ctx);
+      world = owner.world();
+      for (int i = 0; i < 50; ++i) {
+        float values[2] = {static_cast<float>(rank + 1), static_cast<float>(i)};
+        d->cuMemcpy(buffer, reinterpret_cast<CUdeviceptr>(values), sizeof(values));
+        ferry::Status s =
+            world.allreduce(data, data, 2, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
+        expect(s.is_ok(), "a device allreduce before the context goes");
+        d->cuMemcpy(reinterpret_cast<CUdeviceptr>(values), buffer, sizeof(values));
+        expect(values[0] == static_cast<float>(size * (size + 1) / 2) &&
+                   values[1] == static_cast<float>(i * size),
+               "the device allreduce's sums");
+      }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    ferry::Status after =
+        world.allreduce(data, data, 2, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
+    expect(after.code() == ferry::Code::kInvalidArgument,
+           "an allreduce after the context went fails with kInvalidArgument");
+    world = ferry::Communicator();
+    expect(
+        d->cuMemsetD8(buffer, 0x22, 4096) == CUDA_SUCCESS && d->cuCtxSynchronize() == CUDA_SUCCESS,
+        "the GPU is free afterwards (no kernel left waiting)");
+    d->cuMemFree(buffer);
+    std::printf(
+        "rank %d: device communicator outlived its context (%.0f ms with it): %s, "
+        "%d failures\n",
+        rank, ms, after.to_string().c_str(), failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "coll-death-device") {
     // On a GPU machine: the last rank dies while the others run small allreduces of device
     // buffers back to back (the one-shot kernel, which waits on the GPU for every member's flags):

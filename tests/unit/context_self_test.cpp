@@ -159,6 +159,33 @@ TEST(ContextSelf, InvalidConfigurationFailsInitNamingTheVariable) {
 namespace ferry {
 namespace {
 
+TEST(ContextSelf, ACommunicatorThatOutlivesItsContextFailsCleanly) {
+  // A Communicator kept after its Context is gone (a global one, say): its calls fail with a
+  // status that says why, and dropping it touches nothing of the Context.
+  Communicator world;
+  Communicator half;
+  {
+    Context owner = Context::init();
+    world = owner.world();
+    half = world.split(0, 0);
+    int in = 3, out = 0;
+    ASSERT_TRUE(world.allreduce(&in, &out, 1, DataType::kInt32, ReduceOp::kSum).is_ok());
+    EXPECT_EQ(out, 3);
+  }
+  int in = 4, out = 0;
+  for (Communicator* c : {&world, &half}) {
+    const Status s = c->allreduce(&in, &out, 1, DataType::kInt32, ReduceOp::kSum);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument);
+    EXPECT_NE(s.message().find("Context is finalized"), std::string::npos) << s.to_string();
+    EXPECT_EQ(c->barrier().code(), Code::kInvalidArgument);
+    Request r = c->ibroadcast(&in, 1, DataType::kInt32, 0);
+    EXPECT_EQ(r.wait().code(), Code::kInvalidArgument);
+    EXPECT_THROW(c->split(0, 0), Error);
+    EXPECT_EQ(c->size(), 1) << "what it knew of itself stays";
+  }
+  EXPECT_EQ(out, 0) << "nothing was reduced";
+}
+
 TEST(ContextSelf, WaitForTimesOutAndLeavesTheRequestPending) {
   int x = 0, y = 9;
   Request r = ctx().irecv(&x, sizeof(x), 0, 300);
