@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 50; ++i) {
         float values[2] = {static_cast<float>(rank + 1), static_cast<float>(i)};
         d->cuMemcpy(buffer, reinterpret_cast<CUdeviceptr>(values), sizeof(values));
+        d->cuCtxSynchronize();  // a copy from pageable memory may return before it lands
         ferry::Status s =
             world.allreduce(data, data, 2, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
         expect(s.is_ok(), "a device allreduce before the context goes");
