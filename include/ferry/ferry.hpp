@@ -62,6 +62,9 @@ struct MessageInfo {
 
 // A non-blocking operation. Movable, not copyable. Dropping an incomplete Request does not cancel
 // the operation: a send still goes out and a receive stays posted (like MPI_Request_free).
+// A Request may outlive its Context: one that had not completed then ends with kInvalidArgument,
+// a completed one keeps its status and info, and the last such Request frees what the Context
+// kept for them.
 class Request {
  public:
   // The handling of a request that completed where it started (kDone below) is inline: a
@@ -347,6 +350,9 @@ class Context {
 
  private:
   explicit Context(std::unique_ptr<proto::Engine> engine);
+  // Finalizes and lets the engine go; Requests still held keep its husk (their slots) until the
+  // last of them goes.
+  void close() noexcept;
   std::unique_ptr<proto::Engine> engine_;
   std::shared_ptr<coll::Group> world_;  // made on first use; goes before the engine
 };

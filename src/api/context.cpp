@@ -12,8 +12,25 @@ Context Context::init(const Options& options) { return Context(proto::Engine::cr
 
 Context::Context(std::unique_ptr<proto::Engine> engine) : engine_(std::move(engine)) {}
 Context::Context(Context&&) noexcept = default;
-Context& Context::operator=(Context&&) noexcept = default;
-Context::~Context() = default;
+Context& Context::operator=(Context&& other) noexcept {
+  if (this != &other) {
+    close();
+    engine_ = std::move(other.engine_);
+    world_ = std::move(other.world_);
+  }
+  return *this;
+}
+Context::~Context() { close(); }
+
+void Context::close() noexcept {
+  world_.reset();
+  if (!engine_) return;
+  engine_->shutdown();
+  // Requests that outlive the Context still name the engine's slots: the last one to go deletes
+  // what is left of it (Request::release_slot).
+  if (engine_->retire()) static_cast<void>(engine_.release());
+  engine_.reset();
+}
 
 int Context::rank() const { return engine_->rank(); }
 int Context::size() const { return engine_->size(); }
@@ -124,8 +141,12 @@ std::vector<std::string> Context::describe_transports() const {
 // ---- Request ----
 
 void Request::release_slot() noexcept {
-  auto entry = engine_->enter();
-  engine_->release(index_);
+  bool last = false;
+  {
+    auto entry = engine_->enter();
+    last = engine_->release(index_);
+  }
+  if (last) delete engine_;  // the last handle of a Context that is gone
 }
 
 bool Request::test_slot() {

@@ -269,7 +269,11 @@ void Engine::connect_peers() {
   for (auto& t : transports_) t->on_all_connected();
 }
 
-Engine::~Engine() {
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
   if (progress_thread_.joinable()) {
     stop_progress_.store(true, std::memory_order_release);
     progress_thread_.join();
@@ -295,6 +299,7 @@ Engine::~Engine() {
     cuda_->unregister_host(bounce);
     std::free(bounce);
   }
+  bounce_pool_.clear();
 }
 
 void Engine::finalize() {

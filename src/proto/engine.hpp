@@ -119,7 +119,15 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] bool done(std::uint32_t index) {
     return requests_[index].state == RequestState::kDone;
   }
-  void release(std::uint32_t index);
+  // A Request handle lets its slot go; true when it was the last handle of a retired engine
+  // (the caller then deletes it).
+  bool release(std::uint32_t index);
+  // The destructor's work (finalize, regions, mappings), done once: a Context's end. The object
+  // stays usable for the Request handles still held (retire).
+  void shutdown();
+  // After shutdown: every slot a Request handle still names ends (those not complete with
+  // kInvalidArgument); true when there are such handles, and the last one's release says so.
+  bool retire();
   // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
   // With several threads, the lock is let go and taken again (yielding to a waiting thread).
   void wait_step(int* idle_polls);
@@ -455,6 +463,9 @@ class Engine final : public transport::AmHandler {
   std::uint64_t next_region_ = 1;
   std::mt19937_64 secrets_{std::random_device{}()};
   std::shared_ptr<Engine*> handle_;
+  bool shut_down_ = false;      // shutdown() ran
+  std::size_t held_after_ = 0;  // after retire(): Request handles still held
+  bool retired_ = false;
   std::map<const void*, std::function<void()>> teardown_;  // at_teardown's, by owner
   void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
   // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).

@@ -941,13 +941,30 @@ bool Engine::cancel(std::uint32_t index) {
   return true;
 }
 
-void Engine::release(std::uint32_t index) {
+bool Engine::release(std::uint32_t index) {
   RequestSlot& slot = requests_[index];
-  if (slot.state == RequestState::kDone) {
+  if (slot.state == RequestState::kDone || retired_) {
     requests_.free(index);
   } else {
     slot.handle_alive = false;
   }
+  return retired_ && --held_after_ == 0;
+}
+
+bool Engine::retire() {
+  retired_ = true;
+  held_after_ = 0;
+  for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
+    RequestSlot& slot = requests_[i];
+    if (slot.state == RequestState::kFree || !slot.handle_alive) continue;
+    ++held_after_;
+    if (slot.state != RequestState::kDone) {
+      slot.state = RequestState::kDone;
+      slot.status = Status(Code::kInvalidArgument,
+                           "its Context was finalized (destroyed) before it completed");
+    }
+  }
+  return held_after_ > 0;
 }
 
 }  // namespace ferry::proto
