@@ -943,7 +943,7 @@ bool Engine::cancel(std::uint32_t index) {
 
 bool Engine::release(std::uint32_t index) {
   RequestSlot& slot = requests_[index];
-  if (slot.state == RequestState::kDone || retired_) {
+  if (slot.state == RequestState::kDone) {  // retire() ended every slot a handle names
     requests_.free(index);
   } else {
     slot.handle_alive = false;
