@@ -19,11 +19,12 @@ for round in $(seq 1 "$rounds"); do
     vars=$a; [ "$side" = B ] && vars=$b
     echo "# round $round $side: $vars"
     # shellcheck disable=SC2086
-    env $vars "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$@" --csv |
-      tee >(awk -F, -v r="$round" -v s="$side" 'NR > 1 && NF >= 5 { print r, s, $1, $2, ($4 != "" ? $4 : $5) }' >>"$results")
+    out=$(env $vars "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$@" --csv)
+    echo "$out"
+    echo "$out" | awk -F, -v r="$round" -v s="$side" \
+      'NR > 1 && NF >= 5 { print r, s, $1, $2, ($4 != "" ? $4 : $5) }' >>"$results"
   done
 done
-sleep 0.2
 echo "# test  size  A(median)  B(median)  B/A(median of rounds)   (latency us; bandwidth GB/s)"
 python3 - "$results" <<'PY'
 import statistics, sys
