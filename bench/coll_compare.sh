@@ -9,6 +9,10 @@
 # N = 4 on this 2-vCPU VM is oversubscribed for both (ferry's wait loop yields the CPU after a
 # number of empty polls; Open MPI runs with --oversubscribe --bind-to none).
 #   bench/coll_compare.sh [ROUNDS]     (default 5; installs openmpi-bin, libopenmpi-dev)
+# COLL_CASES=mid: allreduce and broadcast latency at 128 KiB, 256 KiB, 512 KiB and 1 MiB instead
+# of the issue's sizes (8 B, 64 KiB, 16 MiB). COLL_RANKS="2 3 4": the rank counts (default "2 4").
+# COLL_ALT="VAR=value ...": each round also runs ferry with those variables (a third column and
+# its ratio to Open MPI), e.g. COLL_ALT=FERRY_COLL_NODE=64k.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
@@ -34,11 +38,24 @@ cases=(
   "bc64k broadcast 65536 2000 latency"
   "bc16m broadcast 16777216 50 busbw"
 )
+if [ "${COLL_CASES:-}" = mid ]; then
+  cases=(
+    "ar128k allreduce 131072 1000 latency"
+    "ar256k allreduce 262144 500 latency"
+    "ar512k allreduce 524288 300 latency"
+    "ar1m allreduce 1048576 200 latency"
+    "bc128k broadcast 131072 1000 latency"
+    "bc256k broadcast 262144 500 latency"
+    "bc512k broadcast 524288 300 latency"
+    "bc1m broadcast 1048576 200 latency"
+  )
+fi
 
-ferry() {  # ranks test size iterations latency|busbw
+ferry() {  # ranks test size iterations latency|busbw [VAR=value...]
   # Output is parsed after the run: a python3 starting beside the benchmark takes a vCPU from it.
   local out
-  out=$("$build/tools/ferryrun" -n "$1" "$build/tools/ferry-perf" "$2" --sizes "$3" \
+  # shellcheck disable=SC2086
+  out=$(env ${6:-} "$build/tools/ferryrun" -n "$1" "$build/tools/ferry-perf" "$2" --sizes "$3" \
     --iterations "$4" --csv)
   echo "$out" | awk -F, -v m="$5" 'NR == 2 { print (m == "latency" ? $4 : $5) }'
 }
@@ -49,7 +66,7 @@ ompi() {  # ranks test size iterations latency|busbw
 }
 
 results="$work/results.tsv"
-for n in 2 4; do
+for n in ${COLL_RANKS:-2 4}; do
   for round in $(seq "$rounds"); do
     echo "$n ranks, round $round/$rounds" >&2
     for c in "${cases[@]}"; do
@@ -60,36 +77,47 @@ for n in 2 4; do
         echo "coll_compare: no result for $test $size at $n ranks (ferry '$f', Open MPI '$o')" >&2
         exit 1
       fi
-      printf '%s\t%s\t%s\t%s\n' "$n" "$key" "$f" "$o" >>"$results"
+      a=""
+      if [ -n "${COLL_ALT:-}" ]; then a=$(ferry "$n" "$test" "$size" "$iters" "$metric" "$COLL_ALT"); fi
+      printf '%s\t%s\t%s\t%s\t%s\n' "$n" "$key" "$f" "$o" "$a" >>"$results"
     done
   done
 done
 
-python3 - "$results" "$rounds" <<'PY'
+python3 - "$results" "$rounds" "${COLL_ALT:-}" <<'PY'
 import statistics, sys
 rows = [line.split("\t") for line in open(sys.argv[1]).read().split("\n") if line]
-names = {"ar8": "allreduce 8 B latency (us)", "ar64k": "allreduce 64 KiB latency (us)",
-         "ar16m": "allreduce 16 MiB bus bandwidth (GB/s)",
-         "bc8": "broadcast 8 B latency (us)", "bc64k": "broadcast 64 KiB latency (us)",
-         "bc16m": "broadcast 16 MiB bus bandwidth (GB/s)"}
+alt = sys.argv[3]
+def name(key):
+    test = {"ar": "allreduce", "bc": "broadcast"}[key[:2]]
+    size = key[2:]
+    size = size[:-1] + " KiB" if size.endswith("k") else size[:-1] + " MiB" if size.endswith("m") else size + " B"
+    metric = "bus bandwidth (GB/s)" if key.endswith("16m") else "latency (us)"
+    return f"{test} {size} {metric}"
+def ratio(key, mine, theirs):  # > 1: ferry better
+    return mine / theirs if key.endswith("16m") else theirs / mine
+keys = list(dict.fromkeys(r[1] for r in rows))
 for n in sorted({r[0] for r in rows}, key=int):
     print(f"{n} ranks. Ratio > 1 means ferry is better (Open MPI/ferry for latency, "
           "ferry/Open MPI for bandwidth).")
     print()
+    extra = f" | ferry with {alt} | its ratio" if alt else ""
     print(f"| metric ({n} ranks, {sys.argv[2]} interleaved rounds, medians) | ferry | Open MPI "
-          "| per-round ratio |")
-    print("|---|---|---|---|")
-    for key, name in names.items():
-        data = [(float(f), float(o)) for k_n, k, f, o in rows if k_n == n and k == key]
+          f"| per-round ratio{extra} |")
+    print("|---|---|---|---|" + ("---|---|" if alt else ""))
+    for key in keys:
+        data = [(float(f), float(o), a) for k_n, k, f, o, a in rows if k_n == n and k == key]
         f = statistics.median(d[0] for d in data)
         o = statistics.median(d[1] for d in data)
-        if key.endswith("16m"):
-            r = statistics.median(d[0] / d[1] for d in data)
-        else:
-            r = statistics.median(d[1] / d[0] for d in data)
-        print(f"| {name} | {f:.3f} | {o:.3f} | {r:.2f} |")
+        r = statistics.median(ratio(key, d[0], d[1]) for d in data)
+        line = f"| {name(key)} | {f:.3f} | {o:.3f} | {r:.2f} |"
+        if alt:
+            a = statistics.median(float(d[2]) for d in data)
+            ra = statistics.median(ratio(key, float(d[2]), d[1]) for d in data)
+            line += f" {a:.3f} | {ra:.2f} |"
+        print(line)
     print()
-print("Per round (ranks, ferry, Open MPI):")
-for n, k, f, o in rows:
-    print(f"    {n} {k:6s} {float(f):10.3f} {float(o):10.3f}")
+print("Per round (ranks, ferry, Open MPI" + (", ferry with " + alt if alt else "") + "):")
+for n, k, f, o, a in rows:
+    print(f"    {n} {k:6s} {float(f):10.3f} {float(o):10.3f}" + (f" {float(a):10.3f}" if a else ""))
 PY

@@ -43,9 +43,9 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
   resident_us_ = static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident));
   shared_gpu_ = config.get_bool(util::Var::kCollDeviceSharedGpu);
-  // The area's slots hold at most 4 MiB in all (NodeArea::kSlots per member), so a communicator
-  // of many members takes smaller calls through it.
-  const std::size_t slot_budget = (std::size_t{4} << 20) / NodeArea::kSlots / members_.size();
+  // The area's slots hold at most 8 MiB in all (NodeArea::kSlots per member), so a communicator
+  // of many members takes smaller calls through it: 1 MiB per member for two, 256 KiB for eight.
+  const std::size_t slot_budget = (std::size_t{8} << 20) / NodeArea::kSlots / members_.size();
   node_bytes_ = std::min(config.get_size(util::Var::kCollNode), slot_budget / 64 * 64);
 }
 

@@ -174,11 +174,14 @@ class Group : public std::enable_shared_from_this<Group> {
     return p.device() == Plan::kHost ? chunk_ : SIZE_MAX;
   }
   // A blocking host broadcast among members of one node that streams through the node's area
-  // (node_stream_broadcast): above its slots with 3 or more members; from 2 MiB with two, where
-  // below one message's single copy is faster (128 KiB: 9-10 us against 17-20 streamed; 2 MiB:
-  // 205-229 us against 237-247 on this VM).
+  // (node_stream_broadcast): with 3 or more members above its slots, or where the chain of
+  // messages would be taken (1 MiB, 3 ranks: 42 us streamed, 120-164 by the chain); with two
+  // from 2 MiB, where below one message's single copy is faster (128 KiB: 9-10 us against 17-20
+  // streamed; 2 MiB: 205-229 us against 237-247 on this VM).
   bool broadcast_by_stream(std::size_t bytes) const {
-    return broadcast_ == 0 && (members_.size() > 2 ? bytes > node_bytes_ : bytes >= (2u << 20));
+    return broadcast_ == 0 &&
+           (members_.size() > 2 ? bytes > node_bytes_ || broadcast_by_chain(bytes)
+                                : bytes >= (2u << 20));
   }
   bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
     return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());

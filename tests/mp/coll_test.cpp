@@ -748,13 +748,53 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
   }
 }
 
+TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
+  // Up to 2 MiB / members (1 MiB at most) per member goes through the area's slots, reused every
+  // 4 calls: a root running ahead of its readers, then allreduces split into blocks with 3 or
+  // more members, each checked, find a slot overwritten while it was read or a block copied from
+  // the wrong place.
+  const int n = nranks();
+  const std::size_t bytes = n == 2 ? std::size_t{1} << 20 : std::size_t{256} << 10;
+  if (me() != 0) ::usleep(20000);
+  for (int j = 0; j < 12; ++j) {
+    const int root = j % n;
+    std::vector<std::uint8_t> data(bytes - static_cast<std::size_t>(j), 0);
+    if (me() == root) {
+      for (std::size_t k = 0; k < data.size(); ++k)
+        data[k] = static_cast<std::uint8_t>(j + k / 4096);
+    }
+    ASSERT_TRUE(world().broadcast(data.data(), data.size(), DataType::kUint8, root).is_ok());
+    for (std::size_t k = 0; k < data.size(); k += 4095) {
+      ASSERT_EQ(data[k], static_cast<std::uint8_t>(j + k / 4096))
+          << "broadcast " << j << " byte " << k;
+    }
+    ASSERT_EQ(data.back(), static_cast<std::uint8_t>(j + (data.size() - 1) / 4096)) << j;
+  }
+  const std::size_t count = bytes / sizeof(std::int64_t);
+  std::vector<std::int64_t> in(count), out(count);
+  for (int j = 0; j < 12; ++j) {
+    for (std::size_t k = 0; k < count; ++k)
+      in[k] = (me() + 1) * 1000003 + j * 7 + static_cast<std::int64_t>(k);
+    std::fill(out.begin(), out.end(), -1);
+    ASSERT_TRUE(
+        world().allreduce(in.data(), out.data(), count, DataType::kInt64, ReduceOp::kSum).is_ok());
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::int64_t want =
+          1000003LL * n * (n + 1) / 2 + n * (j * 7 + static_cast<std::int64_t>(k));
+      ASSERT_EQ(out[k], want) << "allreduce " << j << " element " << k;
+    }
+  }
+}
+
 TEST(Collectives, TheSharedAreaGivesTheBitsOfTheMessages) {
   // A blocking allreduce among the members of one node goes through the shared area (each member
   // reducing a block of it from 16 KiB with 3 or more members); the non-blocking one always
   // goes by messages. Both must combine the same operands in the same order: recursive doubling's
-  // below FERRY_COLL_SMALL, the ring's from there (64 KiB here, which still fits the area).
-  for (std::size_t count :
-       {std::size_t{3}, std::size_t{1000}, std::size_t{6000}, std::size_t{16384}}) {
+  // below FERRY_COLL_SMALL, the ring's from there (64 KiB here, which still fits the area, as do
+  // 256 KiB with up to 8 members and 1 MiB with two).
+  std::vector<std::size_t> counts = {3, 1000, 6000, 16384, 65536};
+  if (nranks() == 2) counts.push_back(262144);
+  for (std::size_t count : counts) {
     std::vector<float> in(count);
     std::uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(me() + 1) + count;
     for (float& v : in) {
