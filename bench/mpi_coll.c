@@ -1,10 +1,14 @@
 /* The reference side of bench/coll_compare.sh: the same collective loops as ferry-perf's
- * allreduce and broadcast modes, written against MPI, so both are measured the same way in one run.
- *   mpirun -np N mpi_coll allreduce|broadcast SIZE ITERATIONS   -> prints "LATENCY_US BUSBW_GBPS"
+ * allreduce, broadcast and allgather modes, written against MPI, so both are measured the same way
+ * in one run.
+ *   mpirun -np N mpi_coll allreduce|broadcast|allgather SIZE ITERATIONS
+ *     -> prints "LATENCY_US BUSBW_GBPS"
  * allreduce: MPI_Allreduce of SIZE/4 floats (MPI_SUM), separate send and receive buffers;
- * broadcast: MPI_Bcast of SIZE bytes from rank 0. Warmup max(1, ITERATIONS/10), a barrier, then
+ * broadcast: MPI_Bcast of SIZE bytes from rank 0; allgather: MPI_Allgather in place of SIZE/N
+ * bytes per rank (rounded down, as ferry-perf's). Warmup max(1, ITERATIONS/10), a barrier, then
  * ITERATIONS timed; the time per operation is the maximum over the ranks. Bus bandwidth as NCCL
- * defines it (1 GB = 1e9 bytes): allreduce SIZE/t * 2(N-1)/N, broadcast SIZE/t. */
+ * defines it (1 GB = 1e9 bytes): allreduce SIZE/t * 2(N-1)/N, broadcast SIZE/t, allgather
+ * SIZE/t * (N-1)/N. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,18 +21,20 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   const int allreduce = argc >= 4 && strcmp(argv[1], "allreduce") == 0;
   const int broadcast = argc >= 4 && strcmp(argv[1], "broadcast") == 0;
+  const int allgather = argc >= 4 && strcmp(argv[1], "allgather") == 0;
   const long size = argc >= 4 ? atol(argv[2]) : 0;
   const long iters = argc >= 4 ? atol(argv[3]) : 0;
-  if ((!allreduce && !broadcast) || size <= 0 || size > 0x7fffffffL || iters <= 0 ||
-      (allreduce && size % 4 != 0)) {
+  if ((!allreduce && !broadcast && !allgather) || size <= 0 || size > 0x7fffffffL || iters <= 0 ||
+      (allreduce && size % 4 != 0) || (allgather && size < nranks)) {
     if (rank == 0)
       fprintf(stderr,
-              "usage: mpi_coll allreduce|broadcast SIZE ITERATIONS"
-              " (SIZE > 0, a multiple of 4 for allreduce)\n");
+              "usage: mpi_coll allreduce|broadcast|allgather SIZE ITERATIONS"
+              " (SIZE > 0, a multiple of 4 for allreduce, at least N for allgather)\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const long warmup = iters / 10 > 0 ? iters / 10 : 1;
   const int count = (int)(size / 4);
+  const long block = size / nranks; /* allgather: each rank's part */
   char* out = calloc(size, 1);
   char* in = calloc(size, 1);
   if (out == NULL || in == NULL) {
@@ -38,6 +44,8 @@ int main(int argc, char** argv) {
   /* Small integers, so that N times them is exact in float. */
   if (allreduce) {
     for (int i = 0; i < count; ++i) ((float*)out)[i] = (float)(i % 13 + 1);
+  } else if (allgather) {
+    for (long i = 0; i < block; ++i) out[rank * block + i] = (char)((i + rank) % 251);
   } else {
     for (long i = 0; i < size; ++i) out[i] = rank == 0 ? (char)(i % 251) : 0;
   }
@@ -50,6 +58,8 @@ int main(int argc, char** argv) {
     }
     if (allreduce) {
       MPI_Allreduce(out, in, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (allgather) {
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)block, MPI_BYTE, MPI_COMM_WORLD);
     } else {
       MPI_Bcast(out, (int)size, MPI_BYTE, 0, MPI_COMM_WORLD);
     }
@@ -59,6 +69,10 @@ int main(int argc, char** argv) {
   int bad = 0;
   if (allreduce) {
     for (int i = 0; i < count && !bad; ++i) bad = ((float*)in)[i] != (float)nranks * (i % 13 + 1);
+  } else if (allgather) {
+    for (long i = 0; i < block * nranks && !bad; ++i) {
+      bad = out[i] != (char)((i % block + i / block) % 251);
+    }
   } else {
     for (long i = 0; i < size && !bad; ++i) bad = out[i] != (char)(i % 251);
   }
@@ -72,6 +86,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     double busbw = (double)size / max_per_op / 1e9;
     if (allreduce) busbw *= 2.0 * (nranks - 1) / nranks;
+    if (allgather) busbw *= (double)(nranks - 1) / nranks;
     printf("%.4f %.4f\n", max_per_op * 1e6, busbw);
   }
   free(out);

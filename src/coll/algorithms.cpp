@@ -341,7 +341,9 @@ Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count
   const bool ring = allgather_by_ring(bytes);
   if (bytes == 0) {
     // nothing moves
-  } else if (!ring && allgather_ == 0 && node_ready(p, bytes)) {
+  } else if (allgather_ == 0 && node_ready(p, bytes)) {
+    // On one node the area takes the ring's sizes too (3 ranks, 128 KiB each: 6.5-6.8 us against
+    // 26-27 by the ring's messages on this VM).
     return node_allgather(send, recv, count, type);
   } else if (ring || n == 1) {
     ring_allgather(

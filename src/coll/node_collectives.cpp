@@ -331,8 +331,7 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
       }
       break;
     case Kind::kAllgather:
-      if (allgather_ != 0 || allgather_by_ring(bytes) || bytes == 0 || send == nullptr ||
-          recv == nullptr) {
+      if (allgather_ != 0 || bytes == 0 || send == nullptr || recv == nullptr) {
         return false;
       }
       break;

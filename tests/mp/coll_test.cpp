@@ -751,8 +751,8 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
 TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
   // Up to 2 MiB / members (1 MiB at most) per member goes through the area's slots, reused every
   // 4 calls: a root running ahead of its readers, then allreduces split into blocks with 3 or
-  // more members, each checked, find a slot overwritten while it was read or a block copied from
-  // the wrong place.
+  // more members, then allgathers, each checked, find a slot overwritten while it was read or a
+  // block copied from the wrong place.
   const int n = nranks();
   const std::size_t bytes = n == 2 ? std::size_t{1} << 20 : std::size_t{256} << 10;
   if (me() != 0) ::usleep(20000);
@@ -782,6 +782,20 @@ TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
       const std::int64_t want =
           1000003LL * n * (n + 1) / 2 + n * (j * 7 + static_cast<std::int64_t>(k));
       ASSERT_EQ(out[k], want) << "allreduce " << j << " element " << k;
+    }
+  }
+  std::vector<std::int64_t> all(count * static_cast<std::size_t>(n));
+  for (int j = 0; j < 8; ++j) {
+    for (std::size_t k = 0; k < count; ++k)
+      in[k] = me() * 1000003 + j * 7 + static_cast<std::int64_t>(k);
+    std::fill(all.begin(), all.end(), -1);
+    ASSERT_TRUE(world().allgather(in.data(), all.data(), count, DataType::kInt64).is_ok());
+    for (int m = 0; m < n; ++m) {
+      for (std::size_t k = 0; k < count; ++k) {
+        ASSERT_EQ(all[static_cast<std::size_t>(m) * count + k],
+                  m * 1000003 + j * 7 + static_cast<std::int64_t>(k))
+            << "allgather " << j << " member " << m << " element " << k;
+      }
     }
   }
 }
