@@ -96,9 +96,11 @@ FERRY_COLLECTIVE(allgatherv,
                  (const void* send, void* recv, std::span<const std::size_t> counts,
                   std::span<const std::size_t> displacements, DataType type),
                  (p, send, recv, counts, displacements, type))
-FERRY_COLLECTIVE(reduce_scatter,
-                 (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op),
-                 (p, send, recv, count, type, op))
+FERRY_SMALL_COLLECTIVE(reduce_scatter,
+                       (const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op),
+                       (&quick, coll::Kind::kReduceScatter, send, recv, count, type, op, 0),
+                       (p, send, recv, count, type, op))
 FERRY_COLLECTIVE(gather, (const void* send, void* recv, std::size_t count, DataType type, int root),
                  (p, send, recv, count, type, root))
 FERRY_COLLECTIVE(scatter,

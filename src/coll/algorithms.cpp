@@ -321,6 +321,8 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
+  } else if (node_ready(p, bytes * static_cast<std::size_t>(n))) {
+    return node_reduce_scatter(send, recv, count, type, op);
   } else {
     const Blocks blocks(count * static_cast<std::size_t>(n), n, size_of(type));
     std::byte* alternate[2] = {p.scratch(bytes), p.scratch(bytes)};

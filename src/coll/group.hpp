@@ -50,7 +50,7 @@ struct Blocks {
 };
 
 // The collectives the node's shared area runs.
-enum class Kind : std::uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather };
+enum class Kind : std::uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather, kReduceScatter };
 
 class Group : public std::enable_shared_from_this<Group> {
  public:
@@ -136,6 +136,10 @@ class Group : public std::enable_shared_from_this<Group> {
                         bool ring_order);
   static constexpr std::size_t kNodeSplitBytes = 16384;
   Status node_allgather(const void* send, void* recv, std::size_t count, DataType type);
+  // In the order of the ring reduce-scatter: each member reduces its own block of everyone's
+  // input (`count` elements each) from the slots.
+  Status node_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                             ReduceOp op);
   // A broadcast larger than the area's slots, streamed through its ring (node_ready(p, 0) first).
   Status node_stream_broadcast(void* buffer, std::size_t count, DataType type, int root);
 

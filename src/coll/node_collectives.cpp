@@ -23,7 +23,8 @@
 namespace ferry::coll {
 namespace {
 
-constexpr const char* kKindNames[] = {"?", "barrier", "broadcast", "allreduce", "allgather"};
+constexpr const char* kKindNames[] = {"?",         "barrier",   "broadcast",
+                                      "allreduce", "allgather", "reduce_scatter"};
 
 // What a call is, in one word every member can compare: kind, type, op, root and the bytes per
 // member (below 2^24: FERRY_COLL_NODE is at most 1 MiB; a streamed broadcast, which may be
@@ -86,12 +87,12 @@ void reduce_in_doubling_order(std::byte* out, const std::vector<const std::byte*
 // order (Group::allreduce's reduce-scatter): the block passes from member b to b + 1, b + 2...,
 // each adding its own data on the right, so the result is x_b op x_b+1 op ... op x_b-1, from the
 // left. out may be one of the inputs' own block (the reduction goes element by element).
-void reduce_in_ring_order(std::byte* out, const std::vector<const std::byte*>& x, int b,
+void reduce_in_ring_order(std::byte* out, const std::vector<const std::byte*>& x, int first,
                           std::size_t offset, std::size_t count, DataType type, ReduceOp op) {
   const int n = static_cast<int>(x.size());
-  const std::byte* left = x[static_cast<std::size_t>(b)] + offset;
+  const std::byte* left = x[static_cast<std::size_t>(first)] + offset;
   for (int t = 1; t < n; ++t) {
-    const std::byte* right = x[static_cast<std::size_t>((b + t) % n)] + offset;
+    const std::byte* right = x[static_cast<std::size_t>((first + t) % n)] + offset;
     reduce_to(out, left, right, count, type, op);
     left = out;
   }
@@ -335,6 +336,12 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
         return false;
       }
       break;
+    case Kind::kReduceScatter:  // `count` elements per member, the input is n times that
+      if (bytes == 0 || bytes > node_bytes_ / n || send == nullptr || recv == nullptr ||
+          !check_reduction(type, op).is_ok()) {
+        return false;
+      }
+      break;
   }
   if (cuda::Cuda* gpu = engine_->cuda()) {
     for (const void* buffer : {send, static_cast<const void*>(recv)}) {
@@ -355,6 +362,9 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
       break;
     case Kind::kAllgather:
       *status = node_allgather(send, recv, count, type);
+      break;
+    case Kind::kReduceScatter:
+      *status = node_reduce_scatter(send, recv, count, type, op);
       break;
   }
   return true;
@@ -551,6 +561,25 @@ Status Group::node_allreduce(const void* send, void* recv, std::size_t count, Da
     std::memcpy(out + blocks.offset(m),
                 node_inputs_[static_cast<std::size_t>(m)] + blocks.offset(m), blocks.bytes(m));
   }
+  return call.finish(std::move(s));
+}
+
+Status Group::node_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                  ReduceOp op) {
+  const int n = size();
+  const std::size_t block = count * size_of(type);
+  const std::size_t bytes = block * static_cast<std::size_t>(n);
+  NodeCall call(*this, signature(Kind::kReduceScatter, bytes, type, op, 0));
+  Status s = call.room(bytes);
+  if (s.is_ok()) call.post(send, bytes);
+  for (int m = 0; m < n && s.is_ok(); ++m) {
+    s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
+  }
+  if (!s.is_ok()) return call.finish(std::move(s));
+  // The ring (shift n - 1) leaves block r at member r, started by member r + 1 and passed on
+  // through r + 2, ...: the same operands in the same order.
+  reduce_in_ring_order(static_cast<std::byte*>(recv), node_inputs_, (rank_ + 1) % n,
+                       static_cast<std::size_t>(rank_) * block, count, type, op);
   return call.finish(std::move(s));
 }
 

@@ -751,8 +751,8 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
 TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
   // Up to 2 MiB / members (1 MiB at most) per member goes through the area's slots, reused every
   // 4 calls: a root running ahead of its readers, then allreduces split into blocks with 3 or
-  // more members, then allgathers, each checked, find a slot overwritten while it was read or a
-  // block copied from the wrong place.
+  // more members, then reduce_scatters and allgathers, each checked, find a slot overwritten
+  // while it was read or a block copied from the wrong place.
   const int n = nranks();
   const std::size_t bytes = n == 2 ? std::size_t{1} << 20 : std::size_t{256} << 10;
   if (me() != 0) ::usleep(20000);
@@ -782,6 +782,22 @@ TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
       const std::int64_t want =
           1000003LL * n * (n + 1) / 2 + n * (j * 7 + static_cast<std::int64_t>(k));
       ASSERT_EQ(out[k], want) << "allreduce " << j << " element " << k;
+    }
+  }
+  // reduce_scatter of the whole input size: each member's block of everyone's input.
+  const std::size_t each = count / static_cast<std::size_t>(n);
+  std::vector<std::int64_t> part(each);
+  for (int j = 0; j < 8; ++j) {
+    for (std::size_t k = 0; k < count; ++k)
+      in[k] = (me() + 1) * 1000003 + j * 7 + static_cast<std::int64_t>(k);
+    std::fill(part.begin(), part.end(), -1);
+    ASSERT_TRUE(world()
+                    .reduce_scatter(in.data(), part.data(), each, DataType::kInt64, ReduceOp::kSum)
+                    .is_ok());
+    for (std::size_t k = 0; k < each; ++k) {
+      const std::int64_t at = static_cast<std::int64_t>(static_cast<std::size_t>(me()) * each + k);
+      ASSERT_EQ(part[k], 1000003LL * n * (n + 1) / 2 + n * (j * 7 + at))
+          << "reduce_scatter " << j << " element " << k;
     }
   }
   std::vector<std::int64_t> all(count * static_cast<std::size_t>(n));
@@ -832,6 +848,19 @@ TEST(Collectives, TheSharedAreaGivesTheBitsOfTheMessages) {
             .is_ok());
     EXPECT_EQ(std::memcmp(inout.data(), messages.data(), count * sizeof(float)), 0)
         << count << " floats in place";
+    // reduce_scatter: the area's block against the ring's, `count` elements of the input each.
+    const std::size_t block = count / static_cast<std::size_t>(nranks());
+    if (block == 0) continue;
+    std::vector<float> mine(block, -1), theirs(block, -2);
+    ASSERT_TRUE(
+        world()
+            .reduce_scatter(in.data(), mine.data(), block, DataType::kFloat32, ReduceOp::kSum)
+            .is_ok());
+    Request rs = world().ireduce_scatter(in.data(), theirs.data(), block, DataType::kFloat32,
+                                         ReduceOp::kSum);
+    ASSERT_TRUE(rs.wait().is_ok());
+    EXPECT_EQ(std::memcmp(mine.data(), theirs.data(), block * sizeof(float)), 0)
+        << block << " floats each, reduce_scatter";
   }
 }
 
