@@ -80,10 +80,11 @@ FERRY_SMALL_COLLECTIVE(broadcast, (void* buffer, std::size_t count, DataType typ
                        (&quick, coll::Kind::kBroadcast, buffer, buffer, count, type, ReduceOp::kSum,
                         root),
                        (p, buffer, count, type, root))
-FERRY_COLLECTIVE(reduce,
-                 (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                  int root),
-                 (p, send, recv, count, type, op, root))
+FERRY_SMALL_COLLECTIVE(reduce,
+                       (const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                        int root),
+                       (&quick, coll::Kind::kReduce, send, recv, count, type, op, root),
+                       (p, send, recv, count, type, op, root))
 FERRY_SMALL_COLLECTIVE(allreduce,
                        (const void* send, void* recv, std::size_t count, DataType type,
                         ReduceOp op),

@@ -176,6 +176,8 @@ Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, D
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
+  } else if (reduce_ == 0 && node_ready(p, bytes)) {
+    return node_reduce(send, recv, count, type, op, root, ring);
   } else if (ring) {
     // Member r ends the reduce-scatter with block r (shift n - 1), then sends it to the root.
     const Blocks blocks(count, n, element);

@@ -50,7 +50,14 @@ struct Blocks {
 };
 
 // The collectives the node's shared area runs.
-enum class Kind : std::uint8_t { kBarrier = 1, kBroadcast, kAllreduce, kAllgather, kReduceScatter };
+enum class Kind : std::uint8_t {
+  kBarrier = 1,
+  kBroadcast,
+  kAllreduce,
+  kAllgather,
+  kReduceScatter,
+  kReduce
+};
 
 class Group : public std::enable_shared_from_this<Group> {
  public:
@@ -140,6 +147,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // input (`count` elements each) from the slots.
   Status node_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
                              ReduceOp op);
+  // Every member posts its input, the root alone reduces, in the ring's order where
+  // `ring_order`, else the binomial tree's.
+  Status node_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                     int root, bool ring_order);
   // A broadcast larger than the area's slots, streamed through its ring (node_ready(p, 0) first).
   Status node_stream_broadcast(void* buffer, std::size_t count, DataType type, int root);
 

@@ -23,8 +23,8 @@
 namespace ferry::coll {
 namespace {
 
-constexpr const char* kKindNames[] = {"?",         "barrier",   "broadcast",
-                                      "allreduce", "allgather", "reduce_scatter"};
+constexpr const char* kKindNames[] = {"?",         "barrier",        "broadcast", "allreduce",
+                                      "allgather", "reduce_scatter", "reduce"};
 
 // What a call is, in one word every member can compare: kind, type, op, root and the bytes per
 // member (below 2^24: FERRY_COLL_NODE is at most 1 MiB; a streamed broadcast, which may be
@@ -83,10 +83,11 @@ void reduce_in_doubling_order(std::byte* out, const std::vector<const std::byte*
   }
 }
 
-// out = block b of the n inputs (starting `offset` bytes in, `count` elements) in the ring's
-// order (Group::allreduce's reduce-scatter): the block passes from member b to b + 1, b + 2...,
-// each adding its own data on the right, so the result is x_b op x_b+1 op ... op x_b-1, from the
-// left. out may be one of the inputs' own block (the reduction goes element by element).
+// out = a block of the n inputs (starting `offset` bytes in, `count` elements) in the ring's
+// order: the block passes from member `first` to first + 1, first + 2..., each adding its own
+// data on the right, so the result is x_f op x_f+1 op ... op x_f-1, from the left (Group::
+// allreduce's reduce-scatter starts block b at member b, reduce_scatter's and reduce's at b + 1).
+// out may be one of the inputs' own block (the reduction goes element by element).
 void reduce_in_ring_order(std::byte* out, const std::vector<const std::byte*>& x, int first,
                           std::size_t offset, std::size_t count, DataType type, ReduceOp op) {
   const int n = static_cast<int>(x.size());
@@ -96,6 +97,28 @@ void reduce_in_ring_order(std::byte* out, const std::vector<const std::byte*>& x
     reduce_to(out, left, right, count, type, op);
     left = out;
   }
+}
+
+// The binomial tree's order (Group::reduce below FERRY_COLL_SMALL), over ranks relative to
+// `root`: member v folds into its own input the partial results of its children v + 1, v + 2,
+// v + 4... below `limit` (nearest first; each child the same over its own subtree). Returns where
+// v's partial result is: its input for a leaf, else `out` at depth 0 and scratch buffer
+// depth - 1 (of count elements each) below, which a parent reads before the next child reuses it.
+const std::byte* reduce_in_tree_order(std::byte* out, const std::vector<const std::byte*>& x,
+                                      int root, int v, int limit, std::size_t count, DataType type,
+                                      ReduceOp op, std::byte* scratch, int depth) {
+  const int n = static_cast<int>(x.size());
+  auto input = [&](int relative) { return x[static_cast<std::size_t>((relative + root) % n)]; };
+  if (limit == 1 || v + 1 >= n) return input(v);
+  std::byte* acc =
+      depth == 0 ? out : scratch + static_cast<std::size_t>(depth - 1) * count * size_of(type);
+  reduce_to(acc, input(v), input(v + 1), count, type, op);  // child v + 1 is a leaf
+  for (int mask = 2; mask < limit && v + mask < n; mask <<= 1) {
+    const std::byte* part =
+        reduce_in_tree_order(nullptr, x, root, v + mask, mask, count, type, op, scratch, depth + 1);
+    reduce_to(acc, acc, part, count, type, op);
+  }
+  return acc;
 }
 
 }  // namespace
@@ -336,6 +359,12 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
         return false;
       }
       break;
+    case Kind::kReduce:
+      if (reduce_ != 0 || bytes == 0 || send == nullptr || (rank_ == root && recv == nullptr) ||
+          root < 0 || root >= static_cast<int>(n) || !check_reduction(type, op).is_ok()) {
+        return false;
+      }
+      break;
     case Kind::kReduceScatter:  // `count` elements per member, the input is n times that
       if (bytes == 0 || bytes > node_bytes_ / n || send == nullptr || recv == nullptr ||
           !check_reduction(type, op).is_ok()) {
@@ -362,6 +391,9 @@ bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::
       break;
     case Kind::kAllgather:
       *status = node_allgather(send, recv, count, type);
+      break;
+    case Kind::kReduce:
+      *status = node_reduce(send, recv, count, type, op, root, reduce_by_ring(bytes));
       break;
     case Kind::kReduceScatter:
       *status = node_reduce_scatter(send, recv, count, type, op);
@@ -560,6 +592,41 @@ Status Group::node_allreduce(const void* send, void* recv, std::size_t count, Da
     if (!s.is_ok()) break;
     std::memcpy(out + blocks.offset(m),
                 node_inputs_[static_cast<std::size_t>(m)] + blocks.offset(m), blocks.bytes(m));
+  }
+  return call.finish(std::move(s));
+}
+
+Status Group::node_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                          ReduceOp op, int root, bool ring_order) {
+  const int n = size();
+  const std::size_t element = size_of(type);
+  const std::size_t bytes = count * element;
+  NodeCall call(*this, signature(Kind::kReduce, bytes, type, op, root));
+  Status s = call.room(bytes);
+  if (s.is_ok()) call.post(send, bytes);
+  // The others are done once their input is posted; the root reduces from the slots.
+  if (rank_ != root || !s.is_ok()) return call.finish(std::move(s));
+  for (int m = 0; m < n && s.is_ok(); ++m) {
+    s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
+  }
+  if (!s.is_ok()) return call.finish(std::move(s));
+  auto* out = static_cast<std::byte*>(recv);
+  if (ring_order) {
+    // The ring reduce-scatter (shift n - 1), whose block b, started by member b + 1, goes to
+    // the root.
+    const Blocks blocks(count, n, element);
+    for (int b = 0; b < n; ++b) {
+      if (blocks.elements(b) == 0) continue;
+      reduce_in_ring_order(out + blocks.offset(b), node_inputs_, (b + 1) % n, blocks.offset(b),
+                           blocks.elements(b), type, op);
+    }
+  } else {
+    int depth = 0;
+    while ((1 << depth) < n) ++depth;
+    if (node_scratch_.size() < static_cast<std::size_t>(depth) * bytes) {
+      node_scratch_.resize(static_cast<std::size_t>(depth) * bytes);
+    }
+    reduce_in_tree_order(out, node_inputs_, root, 0, n, count, type, op, node_scratch_.data(), 0);
   }
   return call.finish(std::move(s));
 }

@@ -751,8 +751,8 @@ TEST(Collectives, LongMixedSequencesOfSmallCollectivesKeepTheirData) {
 TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
   // Up to 2 MiB / members (1 MiB at most) per member goes through the area's slots, reused every
   // 4 calls: a root running ahead of its readers, then allreduces split into blocks with 3 or
-  // more members, then reduce_scatters and allgathers, each checked, find a slot overwritten
-  // while it was read or a block copied from the wrong place.
+  // more members, then reduces, reduce_scatters and allgathers, each checked, find a slot
+  // overwritten while it was read or a block copied from the wrong place.
   const int n = nranks();
   const std::size_t bytes = n == 2 ? std::size_t{1} << 20 : std::size_t{256} << 10;
   if (me() != 0) ::usleep(20000);
@@ -782,6 +782,24 @@ TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
       const std::int64_t want =
           1000003LL * n * (n + 1) / 2 + n * (j * 7 + static_cast<std::int64_t>(k));
       ASSERT_EQ(out[k], want) << "allreduce " << j << " element " << k;
+    }
+  }
+  // reduce to each member in turn.
+  for (int j = 0; j < 8; ++j) {
+    const int root = j % n;
+    for (std::size_t k = 0; k < count; ++k)
+      in[k] = (me() + 1) * 1000003 + j * 7 + static_cast<std::int64_t>(k);
+    std::fill(out.begin(), out.end(), -1);
+    ASSERT_TRUE(world()
+                    .reduce(in.data(), out.data(), count, DataType::kInt64, ReduceOp::kSum, root)
+                    .is_ok());
+    if (me() != root) {
+      ASSERT_EQ(out[0], -1) << "reduce " << j << ": written on a rank that is not the root";
+      continue;
+    }
+    for (std::size_t k = 0; k < count; ++k) {
+      ASSERT_EQ(out[k], 1000003LL * n * (n + 1) / 2 + n * (j * 7 + static_cast<std::int64_t>(k)))
+          << "reduce " << j << " element " << k;
     }
   }
   // reduce_scatter of the whole input size: each member's block of everyone's input.
@@ -848,6 +866,21 @@ TEST(Collectives, TheSharedAreaGivesTheBitsOfTheMessages) {
             .is_ok());
     EXPECT_EQ(std::memcmp(inout.data(), messages.data(), count * sizeof(float)), 0)
         << count << " floats in place";
+    // reduce to the last rank (the binomial tree's order below FERRY_COLL_SMALL, the ring's
+    // from there with 3 or more members): the area's result against the messages'.
+    const int root = nranks() - 1;
+    std::vector<float> reduced(count, -1), by_messages(count, -2);
+    ASSERT_TRUE(
+        world()
+            .reduce(in.data(), reduced.data(), count, DataType::kFloat32, ReduceOp::kSum, root)
+            .is_ok());
+    Request rr = world().ireduce(in.data(), by_messages.data(), count, DataType::kFloat32,
+                                 ReduceOp::kSum, root);
+    ASSERT_TRUE(rr.wait().is_ok());
+    if (me() == root) {
+      EXPECT_EQ(std::memcmp(reduced.data(), by_messages.data(), count * sizeof(float)), 0)
+          << count << " floats, reduce";
+    }
     // reduce_scatter: the area's block against the ring's, `count` elements of the input each.
     const std::size_t block = count / static_cast<std::size_t>(nranks());
     if (block == 0) continue;
