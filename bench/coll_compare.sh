@@ -9,9 +9,9 @@
 # N = 4 on this 2-vCPU VM is oversubscribed for both (ferry's wait loop yields the CPU after a
 # number of empty polls; Open MPI runs with --oversubscribe --bind-to none).
 #   bench/coll_compare.sh [ROUNDS]     (default 5; installs openmpi-bin, libopenmpi-dev)
-# COLL_CASES=mid: allreduce, broadcast, allgather and reduce_scatter (for these two the size in all,
-# as ferry-perf's) latency at 128 KiB, 256 KiB, 512 KiB and 1 MiB instead of the sizes
-# (8 B, 64 KiB, 16 MiB). COLL_RANKS="2 3 4": the rank counts (default "2 4").
+# COLL_CASES=mid: allreduce, broadcast, allgather, reduce_scatter (for these two the size in all, as
+# ferry-perf's) and reduce (to rank 0) latency at 128 KiB, 256 KiB, 512 KiB and 1 MiB instead of the
+# issue's sizes (8 B, 64 KiB, 16 MiB); COLL_CASES=reduce: reduce at the sizes. COLL_RANKS="2 3 4": the rank counts (default "2 4").
 # COLL_ALT="VAR=value ...": each round also runs ferry with those variables (a third column and
 # its ratio to Open MPI), e.g. COLL_ALT=FERRY_COLL_NODE=64k.
 set -euo pipefail
@@ -57,6 +57,16 @@ if [ "${COLL_CASES:-}" = mid ]; then
     "rs256k reduce_scatter 262144 500 latency"
     "rs512k reduce_scatter 524288 300 latency"
     "rs1m reduce_scatter 1048576 200 latency"
+    "rd128k reduce 131072 1000 latency"
+    "rd256k reduce 262144 500 latency"
+    "rd512k reduce 524288 300 latency"
+    "rd1m reduce 1048576 200 latency"
+  )
+elif [ "${COLL_CASES:-}" = reduce ]; then
+  cases=(
+    "rd8 reduce 8 20000 latency"
+    "rd64k reduce 65536 2000 latency"
+    "rd16m reduce 16777216 50 busbw"
   )
 fi
 
@@ -98,7 +108,8 @@ import statistics, sys
 rows = [line.split("\t") for line in open(sys.argv[1]).read().split("\n") if line]
 alt = sys.argv[3]
 def name(key):
-    test = {"ar": "allreduce", "bc": "broadcast", "ag": "allgather", "rs": "reduce_scatter"}[key[:2]]
+    test = {"ar": "allreduce", "bc": "broadcast", "ag": "allgather", "rs": "reduce_scatter",
+            "rd": "reduce"}[key[:2]]
     size = key[2:]
     size = size[:-1] + " KiB" if size.endswith("k") else size[:-1] + " MiB" if size.endswith("m") else size + " B"
     metric = "bus bandwidth (GB/s)" if key.endswith("16m") else "latency (us)"

@@ -1,15 +1,16 @@
 /* The reference side of bench/coll_compare.sh: the same collective loops as ferry-perf's
- * allreduce, broadcast, allgather and reduce_scatter modes, written against MPI, so both are
- * measured the same way in one run.
- *   mpirun -np N mpi_coll allreduce|broadcast|allgather|reduce_scatter SIZE ITERATIONS
+ * allreduce, broadcast, allgather, reduce_scatter and reduce modes, written against MPI, so both
+ * are measured the same way in one run.
+ *   mpirun -np N mpi_coll allreduce|broadcast|allgather|reduce_scatter|reduce SIZE ITERATIONS
  *     -> prints "LATENCY_US BUSBW_GBPS"
  * allreduce: MPI_Allreduce of SIZE/4 floats (MPI_SUM), separate send and receive buffers;
  * broadcast: MPI_Bcast of SIZE bytes from rank 0; allgather: MPI_Allgather in place of SIZE/N
  * bytes per rank (rounded down, as ferry-perf's); reduce_scatter: MPI_Reduce_scatter_block of
- * SIZE/4 floats into SIZE/4/N per rank. Warmup max(1, ITERATIONS/10), a barrier, then ITERATIONS
- * timed; the time per operation is the maximum over the ranks. Bus bandwidth as NCCL defines it (1
- * GB = 1e9 bytes): allreduce SIZE/t * 2(N-1)/N, broadcast SIZE/t, allgather and reduce_scatter
- * SIZE/t * (N-1)/N. */
+ * SIZE/4 floats into SIZE/4/N per rank;
+ * reduce: MPI_Reduce of SIZE/4 floats (MPI_SUM) to rank 0. Warmup max(1, ITERATIONS/10), a barrier,
+ * then ITERATIONS timed; the time per operation is the maximum over the ranks. Bus bandwidth as
+ * NCCL defines it (1 GB = 1e9 bytes): allreduce SIZE/t * 2(N-1)/N, broadcast SIZE/t, allgather and
+ * reduce_scatter SIZE/t * (N-1)/N. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,14 +25,16 @@ int main(int argc, char** argv) {
   const int broadcast = argc >= 4 && strcmp(argv[1], "broadcast") == 0;
   const int allgather = argc >= 4 && strcmp(argv[1], "allgather") == 0;
   const int reduce_scatter = argc >= 4 && strcmp(argv[1], "reduce_scatter") == 0;
+  const int reduce = argc >= 4 && strcmp(argv[1], "reduce") == 0;
   const long size = argc >= 4 ? atol(argv[2]) : 0;
   const long iters = argc >= 4 ? atol(argv[3]) : 0;
-  if ((!allreduce && !broadcast && !allgather && !reduce_scatter) || size <= 0 ||
-      size > 0x7fffffffL || iters <= 0 || ((allreduce || reduce_scatter) && size % 4 != 0) ||
-      (allgather && size < nranks) || (reduce_scatter && size / 4 < nranks)) {
+  if ((!allreduce && !broadcast && !allgather && !reduce_scatter && !reduce) || size <= 0 ||
+      size > 0x7fffffffL || iters <= 0 ||
+      ((allreduce || reduce_scatter || reduce) && size % 4 != 0) || (allgather && size < nranks) ||
+      (reduce_scatter && size / 4 < nranks)) {
     if (rank == 0)
       fprintf(stderr,
-              "usage: mpi_coll allreduce|broadcast|allgather|reduce_scatter SIZE ITERATIONS"
+              "usage: mpi_coll allreduce|broadcast|allgather|reduce_scatter|reduce SIZE ITERATIONS"
               " (SIZE > 0, a multiple of 4 for the reductions, at least N elements)\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
@@ -45,7 +48,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   /* Small integers, so that N times them is exact in float. */
-  if (allreduce || reduce_scatter) {
+  if (allreduce || reduce_scatter || reduce) {
     for (int i = 0; i < count; ++i) ((float*)out)[i] = (float)(i % 13 + 1);
   } else if (allgather) {
     for (long i = 0; i < block; ++i) out[rank * block + i] = (char)((i + rank) % 251);
@@ -61,6 +64,8 @@ int main(int argc, char** argv) {
     }
     if (allreduce) {
       MPI_Allreduce(out, in, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (reduce) {
+      MPI_Reduce(out, in, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
     } else if (reduce_scatter) {
       MPI_Reduce_scatter_block(out, in, count / nranks, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (allgather) {
@@ -72,8 +77,9 @@ int main(int argc, char** argv) {
   const double per_op = (MPI_Wtime() - start) / (double)iters;
 
   int bad = 0;
-  if (allreduce) {
-    for (int i = 0; i < count && !bad; ++i) bad = ((float*)in)[i] != (float)nranks * (i % 13 + 1);
+  if (allreduce || reduce) {
+    const int results = reduce && rank != 0 ? 0 : count; /* reduce: the root's only */
+    for (int i = 0; i < results && !bad; ++i) bad = ((float*)in)[i] != (float)nranks * (i % 13 + 1);
   } else if (reduce_scatter) {
     const int first = rank * (count / nranks);
     for (int i = 0; i < count / nranks && !bad; ++i) {

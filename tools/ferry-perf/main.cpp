@@ -1,8 +1,8 @@
 // ferry-perf: OSU-style point-to-point benchmarks between ranks 0 and 1: latency (ping-pong, half
 // round trip), bandwidth (a window of non-blocking sends, then an ack) and bibw (both directions);
-// and collectives over every rank (allreduce, broadcast, allgather, reduce_scatter): the mean time
-// of one call, the slowest rank's, and NCCL's bus bandwidth.
-// Run under ferryrun: `ferryrun -n 2 ferry-perf [latency|bandwidth|bibw|allreduce|...] [options]`.
+// and collectives over every rank (allreduce, broadcast, allgather, reduce_scatter, reduce): the
+// mean time of one call, the slowest rank's, and NCCL's bus bandwidth. Run under ferryrun:
+// `ferryrun -n 2 ferry-perf [latency|bandwidth|bibw|allreduce|...] [options]`.
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -53,9 +53,10 @@ struct Record {
       "  side polling its memory for the\n"
       "  other's last byte; get_lat a blocking get; the _bw tests a window then a flush;\n"
       "  atomic_add a window of 8-byte adds: latency_us is the time per add)\n"
-      "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter]...\n"
-      "  (collectives: SIZE is the bytes of the result; allreduce and reduce_scatter\n"
-      "  add float32, broadcast comes from rank 0; -m cuda puts every rank's buffers on its GPU)\n"
+      "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter|reduce]...\n"
+      "  (collectives: SIZE is the bytes of the result; allreduce, reduce_scatter and reduce\n"
+      "  add float32, broadcast comes from rank 0, reduce goes to it; -m cuda puts every rank's\n"
+      "  buffers on its GPU)\n"
       "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
       "  --iterations N     timed iterations per size (default: by size)\n"
       "  --warmup N         untimed iterations first (default: a tenth)\n"
@@ -106,7 +107,7 @@ bool is_one_sided(const std::string& test) {
 
 bool is_collective(const std::string& test) {
   return test == "allreduce" || test == "broadcast" || test == "allgather" ||
-         test == "reduce_scatter";
+         test == "reduce_scatter" || test == "reduce";
 }
 
 Args parse(int argc, char** argv) {
@@ -505,7 +506,7 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
   // through their host shadows.
   Buffer in(space, size);
   Buffer out(space, size);
-  if (test == "allreduce" || test == "reduce_scatter") {
+  if (test == "allreduce" || test == "reduce_scatter" || test == "reduce") {
     std::fill_n(reinterpret_cast<float*>(in.shadow()), floats,
                 static_cast<float>(world.rank() + 1));
   } else if (test == "allgather") {
@@ -525,6 +526,7 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
   const int kind = test == "allreduce"        ? 0
                    : test == "reduce_scatter" ? 1
                    : test == "allgather"      ? 2
+                   : test == "reduce"         ? 4
                                               : 3;
   std::byte* my_block = out.data() + static_cast<std::size_t>(world.rank()) * (size / n);
   auto once = [&] {
@@ -537,6 +539,9 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
                                     ferry::ReduceOp::kSum);
       case 2:
         return world.allgather(my_block, out.data(), size / n, ferry::DataType::kUint8);
+      case 4:
+        return world.reduce(in.data(), out.data(), floats, ferry::DataType::kFloat32,
+                            ferry::ReduceOp::kSum, 0);
       default:
         return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0);
     }
@@ -555,8 +560,11 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
     const std::byte* got = out.shadow();
     const float sum = static_cast<float>(n * (n + 1) / 2);
     bool ok = true;
-    if (test == "allreduce" || test == "reduce_scatter") {
-      const std::size_t results = test == "allreduce" ? floats : floats / n;
+    if (test == "allreduce" || test == "reduce_scatter" || test == "reduce") {
+      // reduce: only the root's result is defined.
+      const std::size_t results = test == "reduce_scatter"                ? floats / n
+                                  : test == "reduce" && world.rank() != 0 ? 0
+                                                                          : floats;
       for (std::size_t i = 0; i < results && ok; ++i) {
         float v;
         std::memcpy(&v, got + i * 4, 4);
@@ -578,9 +586,9 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
     }
   }
   const double nd = static_cast<double>(n);
-  const double factor = test == "allreduce"   ? 2 * (nd - 1) / nd
-                        : test == "broadcast" ? 1
-                                              : (nd - 1) / nd;
+  const double factor = test == "allreduce"                       ? 2 * (nd - 1) / nd
+                        : test == "broadcast" || test == "reduce" ? 1
+                                                                  : (nd - 1) / nd;
   return {test, size, iters, slowest * 1e6, static_cast<double>(size) / slowest / 1e9 * factor};
 }
 
