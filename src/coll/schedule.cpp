@@ -398,8 +398,10 @@ std::byte* Immediate::scratch(std::size_t bytes) {
 Status Immediate::finish() {
   next_round();
   release_device_scratch();
-  // Large buffers are not kept between collectives.
-  constexpr std::size_t kKeep = 1 << 20;
+  // Buffers of up to 16 MiB are kept for the next collective, which would otherwise fault in
+  // fresh pages every call (3 ranks, 16 MiB reduce on this VM: 2.2 GB/s kept against 1.0
+  // released); larger ones go.
+  constexpr std::size_t kKeep = std::size_t{16} << 20;
   for (std::size_t i = 0; i < scratch_used_; ++i) {
     auto& b = reusable_->scratch[i];
     if (b.capacity() > kKeep) std::vector<std::byte>().swap(b);

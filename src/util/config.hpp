@@ -162,10 +162,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kCollAllgather, "FERRY_COLL_ALLGATHER", kEnum, "auto", 0, 0, "auto|bruck|ring",                \
     "allgather algorithm (auto: by FERRY_COLL_SMALL)")                                             \
   X(kCollNode, "FERRY_COLL_NODE", kSize, "1m", 0, 1 << 20, "",                                     \
-    "blocking barriers, broadcasts, allreduces, allgathers and reduce_scatters of host buffers "   \
-    "up to this many bytes per member (and at most 2 MiB / members), where every member is on "    \
-    "this node, go through a shared-memory area with no messages (0: never; must be the same on "  \
-    "every member)")                                                                               \
+    "blocking barriers, broadcasts, reduces, allreduces, allgathers and reduce_scatters of host "  \
+    "buffers up to this many bytes per member (and at most 2 MiB / members), where every member "  \
+    "is on this node, go through a shared-memory area with no messages (0: never; must be the "    \
+    "same on every member)")                                                                       \
   X(kCollChunk, "FERRY_COLL_CHUNK", kSize, "512k", 4096, 1 << 30, "",                              \
     "a chain broadcast forwards pieces of at least this many bytes (an eighth of the message, "    \
     "up to 4 MiB, where larger; the chain is taken from two pieces up); on the host, a ring "      \
