@@ -181,6 +181,18 @@ class Group::NodeCall {
     return Status();
   }
 
+  // room(), post() and, where `all`, await() of every member into `inputs` (ours too): the
+  // reductions read everyone's data from the area.
+  Status exchange(const void* data, std::size_t bytes, std::vector<const std::byte*>& inputs,
+                  bool all = true) {
+    Status s = room(bytes);
+    if (s.is_ok()) post(data, bytes);
+    for (int m = 0; all && m < g_.size() && s.is_ok(); ++m) {
+      s = await(m, &inputs[static_cast<std::size_t>(m)]);
+    }
+    return s;
+  }
+
   [[nodiscard]] Status check_signature(int m, std::uint64_t theirs) const {
     if (theirs == signature_) return Status();
     return Status(Code::kInvalidArgument,
@@ -551,11 +563,7 @@ Status Group::node_allreduce(const void* send, void* recv, std::size_t count, Da
   const int n = size();
   auto* out = static_cast<std::byte*>(recv);
   NodeCall call(*this, signature(Kind::kAllreduce, bytes, type, op, 0));
-  Status s = call.room(bytes);
-  if (s.is_ok()) call.post(send, bytes);
-  for (int m = 0; m < n && s.is_ok(); ++m) {
-    s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
-  }
+  Status s = call.exchange(send, bytes, node_inputs_);
   if (!s.is_ok()) return call.finish(std::move(s));
   const bool split = n >= 3 && bytes >= kNodeSplitBytes;
   // Every member reduces the whole call, or (split) only its block of the ring's blocks.
@@ -602,14 +610,10 @@ Status Group::node_reduce(const void* send, void* recv, std::size_t count, DataT
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
   NodeCall call(*this, signature(Kind::kReduce, bytes, type, op, root));
-  Status s = call.room(bytes);
-  if (s.is_ok()) call.post(send, bytes);
-  // The others are done once their input is posted; the root reduces from the slots.
+  // The others are done once their input is posted; the root reduces from the slots (so only
+  // the root sees a member that made another call).
+  Status s = call.exchange(send, bytes, node_inputs_, rank_ == root);
   if (rank_ != root || !s.is_ok()) return call.finish(std::move(s));
-  for (int m = 0; m < n && s.is_ok(); ++m) {
-    s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
-  }
-  if (!s.is_ok()) return call.finish(std::move(s));
   auto* out = static_cast<std::byte*>(recv);
   if (ring_order) {
     // The ring reduce-scatter (shift n - 1), whose block b, started by member b + 1, goes to
@@ -637,11 +641,7 @@ Status Group::node_reduce_scatter(const void* send, void* recv, std::size_t coun
   const std::size_t block = count * size_of(type);
   const std::size_t bytes = block * static_cast<std::size_t>(n);
   NodeCall call(*this, signature(Kind::kReduceScatter, bytes, type, op, 0));
-  Status s = call.room(bytes);
-  if (s.is_ok()) call.post(send, bytes);
-  for (int m = 0; m < n && s.is_ok(); ++m) {
-    s = call.await(m, &node_inputs_[static_cast<std::size_t>(m)]);
-  }
+  Status s = call.exchange(send, bytes, node_inputs_);
   if (!s.is_ok()) return call.finish(std::move(s));
   // The ring (shift n - 1) leaves block r at member r, started by member r + 1 and passed on
   // through r + 2, ...: the same operands in the same order.
