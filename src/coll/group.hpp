@@ -142,6 +142,8 @@ class Group : public std::enable_shared_from_this<Group> {
   Status node_allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                         bool ring_order);
   static constexpr std::size_t kNodeSplitBytes = 16384;
+  // The slots of the smaller area made where /dev/shm has no room for the whole one.
+  static constexpr std::size_t kSmallNodeBytes = 65536;
   Status node_allgather(const void* send, void* recv, std::size_t count, DataType type);
   // In the order of the ring reduce-scatter: each member reduces its own block of everyone's
   // input (`count` elements each) from the slots.

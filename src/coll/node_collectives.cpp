@@ -329,7 +329,8 @@ bool Group::node_ready(const Plan& p, std::size_t bytes) {
     }
     if (!s.is_ok()) node_.reset();
   }
-  return node_usable();
+  // The area set up just now may be the smaller one (prepare_node).
+  return node_usable() && bytes <= node_bytes_;
 }
 
 bool Group::node_usable() {
@@ -429,23 +430,38 @@ Status Group::prepare_node() {
   struct Offer {
     char name[120];
     std::int64_t ok;
+    std::uint64_t slot_bytes;  // what every member then takes through the area
   } offer{};
   Status status;
   std::unique_ptr<NodeArea> area;  // node_ only once every member has it
   if (rank_ == 0) {
     const std::string name =
         util::shm_name(engine_->job_id(), engine_->rank(), "coll" + std::to_string(id_));
-    try {
-      if (engine_->config().get_bool(util::Var::kTestCollAreaFail)) {
-        throw Error(Code::kNoResources, "collective area /dev/shm" + name +
-                                            ": reserving its bytes failed (injected by "
-                                            "FERRY_TEST_COLL_AREA_FAIL)");
+    // Where /dev/shm has no room for the whole area (a container's is often 64 MiB), one with
+    // slots of kSmallNodeBytes: small calls keep the area, larger ones take messages.
+    for (const std::size_t slot : {node_bytes_, std::min(node_bytes_, kSmallNodeBytes)}) {
+      try {
+        if (engine_->config().get_bool(util::Var::kTestCollAreaFail)) {
+          throw Error(Code::kNoResources, "collective area /dev/shm" + name +
+                                              ": reserving its bytes failed (injected by "
+                                              "FERRY_TEST_COLL_AREA_FAIL)");
+        }
+        area = NodeArea::create(name, n, slot);
+        offer.ok = name.size() < sizeof(offer.name) ? 1 : 0;
+        offer.slot_bytes = slot;
+        std::memcpy(offer.name, name.data(), std::min(name.size(), sizeof(offer.name) - 1));
+        if (slot < node_bytes_) {
+          FERRY_LOG(kWarn,
+                    "collectives: %s; a smaller area instead, taking calls of up to %zu bytes "
+                    "per member (larger ones by messages)",
+                    status.message().c_str(), slot);
+        }
+        status = Status();
+        break;
+      } catch (const Error& e) {
+        status = Status(e.code(), e.what());
+        if (e.code() != Code::kNoResources || slot <= kSmallNodeBytes) break;
       }
-      area = NodeArea::create(name, n, node_bytes_);
-      offer.ok = name.size() < sizeof(offer.name) ? 1 : 0;
-      std::memcpy(offer.name, name.data(), std::min(name.size(), sizeof(offer.name) - 1));
-    } catch (const Error& e) {
-      status = Status(e.code(), e.what());
     }
   }
   Status told =
@@ -456,7 +472,7 @@ Status Group::prepare_node() {
   } else if (rank_ != 0) {
     try {
       area = NodeArea::attach(std::string(offer.name, strnlen(offer.name, sizeof(offer.name))), n,
-                              node_bytes_);
+                              offer.slot_bytes);
     } catch (const Error& e) {
       status = Status(e.code(), e.what());
     }
@@ -470,6 +486,7 @@ Status Group::prepare_node() {
   if (!status.is_ok()) return status;
   if (all_ok == 0) return Status(Code::kUnsupported, "a member could not map the area");
   node_ = std::move(area);
+  node_bytes_ = offer.slot_bytes;  // the same on every member
   node_done_seen_.assign(static_cast<std::size_t>(n), 0);
   node_inputs_.assign(static_cast<std::size_t>(n), nullptr);
   FERRY_LOG(kInfo, "collectives: shared area ready (%d members, up to %zu bytes each)", n,

@@ -834,6 +834,22 @@ TEST(Collectives, LargeCollectivesThroughTheAreaKeepTheirData) {
   }
 }
 
+TEST(Collectives, TheFirstCallOfACommunicatorMayBeItsLargest) {
+  // The first call sets the area up; where /dev/shm had room only for the smaller one
+  // (shm_full_test.sh runs this in 10 MiB), a call larger than its slots must take messages.
+  Communicator comm = world().split(0, me());
+  const std::size_t count = nranks() == 2 ? (1u << 20) / 8 : (256u << 10) / 8;
+  std::vector<std::int64_t> in(count), out(count, -1);
+  for (std::size_t k = 0; k < count; ++k)
+    in[k] = (me() + 1) * 1000003 + static_cast<std::int64_t>(k);
+  ASSERT_TRUE(
+      comm.allreduce(in.data(), out.data(), count, DataType::kInt64, ReduceOp::kSum).is_ok());
+  const std::int64_t n = nranks();
+  for (std::size_t k = 0; k < count; ++k) {
+    ASSERT_EQ(out[k], 1000003LL * n * (n + 1) / 2 + n * static_cast<std::int64_t>(k)) << k;
+  }
+}
+
 TEST(Collectives, TheSharedAreaGivesTheBitsOfTheMessages) {
   // A blocking allreduce among the members of one node goes through the shared area (each member
   // reducing a block of it from 16 KiB with 3 or more members); the non-blocking one always
