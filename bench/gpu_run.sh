@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare resident check
+# Steps: info probe tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare twoshot resident check
 # sanitizer ofi ofi_perf kill (default: info tests perf).
 # The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
 # source .devlibs/env.sh first.
@@ -51,8 +51,10 @@ for step in $steps; do
       # Collectives on device buffers against host buffers: 2 ranks, 3 ranks (two share a GPU
       # where there are two, so no one-shot kernel unless FERRY_COLL_DEVICE_SHARED_GPU=1), the
       # bandwidth algorithms forced, and IPC refused (so no one-shot).
+      # Then every device allreduce from 1 KiB to 32 MiB by the two-shot kernel (recursive
+      # doubling's order below FERRY_COLL_SMALL, the ring's from there).
       for case in "2" "3" "3 FERRY_COLL_DEVICE_SHARED_GPU=1" "2 FERRY_COLL_SMALL=0 FERRY_COLL_CHUNK=64k" \
-          "2 FERRY_TEST_CUDA_IPC_FAIL=1"; do
+          "2 FERRY_TEST_CUDA_IPC_FAIL=1" "2 FERRY_COLL_DEVICE_TWOSHOT=1k"; do
         set -- $case
         n=$1; shift
         echo "--- gpu.coll -n $n $*"
@@ -72,6 +74,26 @@ for step in $steps; do
         LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/ferryrun" --timeout 500 -n "$ngpu" \
           "$bin/nccl_perf" --allreduce --sizes "$sizes" 2>&1 | grep -v "^NCCL INFO" \
           | tee -a "$out/coll_compare_nccl.txt"
+      done ;;
+    twoshot)
+      # Interleaved rounds at the sizes around the two-shot kernel: the default, the two-shot
+      # kernel off (FERRY_COLL_DEVICE_TWOSHOT=0: one-shot up to 16 MiB, then the ring), the
+      # two-shot kernel from GPU_RUN_TWOSHOT_FROM (4m), then NCCL.
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-4m,8m,16m,24m,32m,64m}
+      ngpu=$(nvidia-smi -L | wc -l)
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
+        for twoshot in default 0 "${GPU_RUN_TWOSHOT_FROM:-4m}"; do
+          echo "--- round $round: FERRY_COLL_DEVICE_TWOSHOT=$twoshot" | tee -a "$out/twoshot_ferry.txt"
+          setting=(FERRY_COLL_DEVICE_TWOSHOT=$twoshot)
+          [ "$twoshot" = default ] && setting=()
+          env "${setting[@]}" "$bin/ferryrun" --timeout 120 -n "$ngpu" \
+            "$bin/ferry-perf" allreduce -m cuda --check --sizes "$sizes" 2>&1 \
+            | sed "s/^/twoshot=$twoshot /" | tee -a "$out/twoshot_ferry.txt"
+        done
+        LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/ferryrun" --timeout 120 -n "$ngpu" \
+          "$bin/nccl_perf" --allreduce --sizes "$sizes" 2>&1 | grep -v "^NCCL INFO" \
+          | tee -a "$out/twoshot_nccl.txt"
       done ;;
     resident)
       # Small device allreduces, interleaved: the resident kernel (default), every call launched
@@ -170,7 +192,7 @@ for step in $steps; do
       # memcheck over both ranks: the reduction kernel (ring), copies, and the one-shot kernel.
       compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
         "$bin/ferryrun" --timeout 500 -n 2 "$bin/ferry_gpu_coll_tests" \
-        --gtest_filter='GpuColl.DataMovement*:GpuColl.NonBlocking*:GpuColl.DifferentCounts*:GpuColl.Mixed*' \
+        --gtest_filter='GpuColl.DataMovement*:GpuColl.NonBlocking*:GpuColl.DifferentCounts*:GpuColl.Mixed*:GpuColl.TwoShot*' \
         2>&1 | tee "$out/memcheck_coll.txt" | grep -E "ERROR SUMMARY|^\[  |Failure"
       echo "exit ${PIPESTATUS[0]}" ;;
     coll_kill)

@@ -41,6 +41,7 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
                        ? config.get_size(util::Var::kCollDeviceOneshot) / peers / 256 * 256
                        : 0;
   oneshot_slice_ = config.get_size(util::Var::kCollDeviceOneshotSlice);
+  twoshot_from_ = config.get_size(util::Var::kCollDeviceTwoshot);
   resident_us_ = static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident));
   shared_gpu_ = config.get_bool(util::Var::kCollDeviceSharedGpu);
   // The area's slots hold at most 8 MiB in all (NodeArea::kSlots per member), so a communicator
@@ -63,8 +64,9 @@ Group::~Group() {
 
 bool Group::oneshot_ready(int device, std::size_t count, DataType type) {
   const int n = size();
+  const std::size_t bytes = count * size_of(type);
   if (oneshot_bytes_ == 0 || n < 2 || n > cuda::Cuda::kOneShotMembers ||
-      count * size_of(type) > oneshot_bytes_) {
+      (bytes > oneshot_bytes_ && !by_twoshot(bytes))) {
     return false;
   }
   if (!oneshot_) {
@@ -242,6 +244,7 @@ Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp
   call.members = size();
   call.me = rank_;
   call.ring = a.member == 1;  // Group::allreduce's choice of order
+  call.two_shot = by_twoshot(a.size * size_of(type));
   call.sequence = a.sequence;
   call.slot_bytes = oneshot_bytes_;
   call.block_bytes = oneshot_slice_;
@@ -252,7 +255,7 @@ Status Group::launch_oneshot(const Execution::Action& a, DataType type, ReduceOp
   // The resident kernel takes a blocking call of one block once the launched calls before it are
   // done (it runs beside them, and a member runs one call at a time). Blocking calls are finished
   // before the next begins, so it never holds two.
-  if (blocking && o.resident >= 0 && a.size * size_of(type) <= oneshot_slice_ &&
+  if (blocking && !call.two_shot && o.resident >= 0 && a.size * size_of(type) <= oneshot_slice_ &&
       (!o.launched || gpu->done(o.last_launch))) {
     o.launched = false;
     Status s = gpu->resident_post(o.resident, call, ticket);

@@ -200,6 +200,13 @@ class Group : public std::enable_shared_from_this<Group> {
            (members_.size() > 2 ? bytes > node_bytes_ || broadcast_by_chain(bytes)
                                 : bytes >= (2u << 20));
   }
+  // A device allreduce between two members by the two-shot kernel (from FERRY_COLL_DEVICE_TWOSHOT
+  // up to twice the one-shot limit, which the area's two slots hold), where the one-shot path is
+  // set up.
+  [[nodiscard]] bool by_twoshot(std::size_t bytes) const {
+    return members_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_ &&
+           bytes <= 2 * oneshot_bytes_;
+  }
   bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
     return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());
   }
@@ -225,6 +232,7 @@ class Group : public std::enable_shared_from_this<Group> {
   double timeout_;             // FERRY_TIMEOUT
   std::size_t oneshot_bytes_;  // FERRY_COLL_DEVICE_ONESHOT
   std::size_t oneshot_slice_;  // FERRY_COLL_DEVICE_ONESHOT_SLICE
+  std::size_t twoshot_from_;   // FERRY_COLL_DEVICE_TWOSHOT
   std::uint64_t resident_us_;  // FERRY_COLL_DEVICE_RESIDENT
   bool shared_gpu_;            // FERRY_COLL_DEVICE_SHARED_GPU
   struct OneShot {

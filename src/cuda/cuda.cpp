@@ -434,9 +434,12 @@ class CudaImpl final : public Cuda {
     } else if ((result = d_->cuModuleGetFunction(&dev.reduce, dev.module, "ferry_reduce")) !=
                    CUDA_SUCCESS ||
                (result = d_->cuModuleGetFunction(&dev.oneshot, dev.module,
-                                                 "ferry_allreduce_oneshot")) != CUDA_SUCCESS) {
+                                                 "ferry_allreduce_oneshot")) != CUDA_SUCCESS ||
+               (result = d_->cuModuleGetFunction(&dev.twoshot, dev.module,
+                                                 "ferry_allreduce_twoshot")) != CUDA_SUCCESS) {
       dev.reduce = nullptr;
       dev.oneshot = nullptr;
+      dev.twoshot = nullptr;
       dev.kernels_error = driver_error("cuModuleGetFunction", result).message();
     } else {
       if (d_->cuModuleGetFunction(&dev.copy, dev.module, "ferry_copy") != CUDA_SUCCESS) {
@@ -574,10 +577,13 @@ class CudaImpl final : public Cuda {
     void* params[] = {&out,         &in,    &count,       &type,      &op,
                       &members,     &me,    &ring,        &sequence,  &slot_bytes,
                       areas.data(), &words, &blocks_done, &lane_flag, &done};
-    CUresult result =
-        d_->cuLaunchKernel(dev.oneshot, blocks, 1, 1, 512, 1, 1, 0, lane.stream, params, nullptr);
+    const bool two_shot = call.two_shot && call.members == 2;
+    CUresult result = d_->cuLaunchKernel(two_shot ? dev.twoshot : dev.oneshot, blocks, 1, 1, 512, 1,
+                                         1, 0, lane.stream, params, nullptr);
     if (result != CUDA_SUCCESS) {
-      return driver_error("cuLaunchKernel(ferry_allreduce_oneshot)", result);
+      return driver_error(two_shot ? "cuLaunchKernel(ferry_allreduce_twoshot)"
+                                   : "cuLaunchKernel(ferry_allreduce_oneshot)",
+                          result);
     }
     if (lane_flag == nullptr) return mark(device_ordinal, lane_number, ticket);
     ticket->stream = static_cast<std::uint32_t>(device_ordinal * kLanesPerDevice) +
@@ -799,6 +805,7 @@ class CudaImpl final : public Cuda {
     CUfunction reduce = nullptr;
     CUfunction copy = nullptr;
     CUfunction oneshot = nullptr;
+    CUfunction twoshot = nullptr;
     CUfunction resident = nullptr;
     std::string kernels_error;  // why the module could not be loaded
     int multiprocessors = 0;

@@ -109,22 +109,26 @@ class Cuda {
 
   // The one-shot allreduce among the GPUs of one node (kernels.cu, ferry_allreduce_oneshot):
   // each member's exchange area holds 2 generations x `members` slots of `slot_bytes`, then
-  // 2 generations x `members` x kOneShotBlocks flags of 16 bytes, zeroed before first use.
+  // 2 generations x `members` x kOneShotBlocks flags of 16 bytes, then as many again for the
+  // two-shot kernel's results (ferry_allreduce_twoshot), zeroed before first use.
   static constexpr int kOneShotMembers = 8;
   static constexpr int kOneShotBlocks = 128;
   static std::size_t oneshot_area_bytes(int members, std::size_t slot_bytes) {
     return 2 * static_cast<std::size_t>(members) * slot_bytes +
-           2 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;
+           4 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;
   }
   struct OneShot {
     void* out = nullptr;
     const void* in = nullptr;
-    std::size_t count = 0;  // at most slot_bytes of data
+    std::size_t count = 0;  // at most slot_bytes of data (2 x slot_bytes by the two-shot kernel)
     DataType type = DataType::kUint8;
     ReduceOp op = ReduceOp::kSum;
     int members = 0;
     int me = 0;
-    bool ring = false;           // reduce in the ring's order (else recursive doubling's)
+    bool ring = false;  // reduce in the ring's order (else recursive doubling's)
+    // Two members only: the two-shot kernel (each member reduces half and sends it back), for
+    // data up to 2 x slot_bytes.
+    bool two_shot = false;
     std::uint64_t sequence = 0;  // 1, 2, ...: the same on every member for the same call
     std::size_t slot_bytes = 0;
     // Bytes per thread block, up to kOneShotBlocks blocks (0: always kOneShotBlocks). Every member

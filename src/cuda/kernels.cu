@@ -306,6 +306,61 @@ struct Order {
   int pow2, extra;
 };
 
+__device__ __forceinline__ std::size_t type_size(int type) {
+  return type == kInt8 || type == kUint8                                              ? 1
+         : type == kInt16 || type == kUint16 || type == kFloat16 || type == kBfloat16 ? 2
+         : type == kInt32 || type == kUint32 || type == kFloat32                      ? 4
+                                                                                      : 8;
+}
+
+// Run by thread 0 of block `block`, after the block's stores: raises this member's flag for the
+// block, (sequence, signature), in every peer's flag array at `flags_offset` (of 16-byte flags,
+// [member][block]), then waits for every peer's in its own area. Returns 1 where the block must
+// stop: the host raised words[0] (a member died, or the call timed out), or a peer's call differs
+// (then words[1] is set too).
+__device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
+                              unsigned block, unsigned long long sequence,
+                              unsigned long long signature, volatile unsigned* words) {
+  int stop = 0;
+  __threadfence_system();
+  for (int j = 0; j < members; ++j) {
+    if (j == me) continue;
+    auto* flag = reinterpret_cast<unsigned long long*>(areas.area[j] + flags_offset) +
+                 2 * (static_cast<std::size_t>(me) * kMaxBlocks + block);
+    flag[1] = signature;
+    store_release(flag, sequence);
+  }
+  for (int j = 0; j < members && stop == 0; ++j) {
+    if (j == me) continue;
+    const auto* flag = reinterpret_cast<const unsigned long long*>(areas.area[me] + flags_offset) +
+                       2 * (static_cast<std::size_t>(j) * kMaxBlocks + block);
+    // The grid follows the size, so a peer whose call differs may not run this block; its
+    // block 0, which always runs, shows the difference. The stop word is host memory, a slow
+    // read: look at it once in a while.
+    const auto* block0 = flag - 2 * static_cast<std::size_t>(block);
+    bool differs = false;
+    for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
+      if ((spins & 63) == 0 && block != 0 && load_relaxed(block0) == sequence) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        if (block0[1] != signature) {
+          differs = true;
+          break;
+        }
+      }
+      if ((spins & 4095) == 0 && words[0] != 0) {
+        stop = 1;
+        break;
+      }
+    }
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (stop == 0 && (differs || flag[1] != signature)) {
+      words[1] = 1;
+      stop = 1;
+    }
+  }
+  return stop;
+}
+
 // Element i reduced over the members' values x[0..members) in the order's sequence.
 template <class E, int kOp>
 __device__ __forceinline__ typename E::Storage combine_members(
@@ -456,11 +511,7 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
                               int members, int me, int ring, unsigned long long sequence,
                               unsigned long long slot_bytes, const Areas& areas,
                               volatile unsigned* words, unsigned block, unsigned blocks) {
-  const std::size_t size =
-      type == kInt8 || type == kUint8                                              ? 1
-      : type == kInt16 || type == kUint16 || type == kFloat16 || type == kBfloat16 ? 2
-      : type == kInt32 || type == kUint32 || type == kFloat32                      ? 4
-                                                                                   : 8;
+  const std::size_t size = type_size(type);
   // Block b's slice: whole 16-byte units of elements.
   const std::size_t unit = 16 / size;
   const std::size_t per_block = (count + blocks - 1) / blocks;
@@ -551,44 +602,7 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   __syncthreads();
   __shared__ int stop;
   if (threadIdx.x == 0) {
-    stop = 0;
-    __threadfence_system();
-    for (int j = 0; j < members; ++j) {
-      if (j == me) continue;
-      auto* flag = reinterpret_cast<unsigned long long*>(areas.area[j] + flags_offset) +
-                   2 * (static_cast<std::size_t>(me) * kMaxBlocks + block);
-      flag[1] = signature;
-      store_release(flag, sequence);
-    }
-    for (int j = 0; j < members && stop == 0; ++j) {
-      if (j == me) continue;
-      const auto* flag =
-          reinterpret_cast<const unsigned long long*>(areas.area[me] + flags_offset) +
-          2 * (static_cast<std::size_t>(j) * kMaxBlocks + block);
-      // The grid follows the size, so a peer whose call differs may not run this block; its
-      // block 0, which always runs, shows the difference. The stop word is host memory, a slow
-      // read: look at it once in a while.
-      const auto* block0 = flag - 2 * static_cast<std::size_t>(block);
-      bool differs = false;
-      for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
-        if ((spins & 63) == 0 && block != 0 && load_relaxed(block0) == sequence) {
-          asm volatile("fence.acq_rel.sys;" ::: "memory");
-          if (block0[1] != signature) {
-            differs = true;
-            break;
-          }
-        }
-        if ((spins & 4095) == 0 && words[0] != 0) {
-          stop = 1;
-          break;
-        }
-      }
-      asm volatile("fence.acq_rel.sys;" ::: "memory");
-      if (stop == 0 && (differs || flag[1] != signature)) {
-        words[1] = 1;
-        stop = 1;
-      }
-    }
+    stop = exchange_flags(areas, flags_offset, members, me, block, sequence, signature, words);
   }
   __syncthreads();
   if (stop == 0) {
@@ -617,16 +631,12 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   }
 }
 
-// One launch of a one-shot call (a block per slice, see oneshot_block). When `lane_flag` is set
-// the last block to finish stores `done` there (host memory the CPU polls for completion), after
-// the others counted themselves in `blocks_done` (reset for the next call).
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_allreduce_oneshot(void* out, const void* in, unsigned long long count, int type, int op,
-                            int members, int me, int ring, unsigned long long sequence,
-                            unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
-                            unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
-  oneshot_block<true>(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas,
-                      words, blockIdx.x, gridDim.x);
+namespace {
+
+// When `lane_flag` is set, the last block of the launch to finish stores `done` there (host memory
+// the CPU polls for completion), after the others counted themselves in `blocks_done` (reset for
+// the next call).
+__device__ void finish_call(unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
   if (lane_flag == nullptr) return;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -637,6 +647,226 @@ extern "C" __global__ void __launch_bounds__(512)
       *lane_flag = done;
     }
   }
+}
+
+}  // namespace
+
+// One launch of a one-shot call (a block per slice, see oneshot_block; finish_call reports it).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_oneshot(void* out, const void* in, unsigned long long count, int type, int op,
+                            int members, int me, int ring, unsigned long long sequence,
+                            unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                            unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+  oneshot_block<true>(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas,
+                      words, blockIdx.x, gridDim.x);
+  finish_call(blocks_done, lane_flag, done);
+}
+
+// ---- Two-shot allreduce between two GPUs ----
+//
+// Past the one-shot kernel's best size (two members only): each member pushes the half of its
+// input that the other reduces into slot space of the other's area, raises its flags, reduces its
+// own half from its input and the other's push, writes the result both to its output and into the
+// other's area, raises a second set of flags, and copies the other's half of the result out of its
+// own area. Each half crosses NVLink twice as in a ring (once as input, once as result), but the
+// reduction is fused with the second crossing, and each member reads and writes local memory
+// 2.5 times the data instead of the one-shot's 3. For two members the generation's two slots are
+// one buffer of 2 x slot_bytes (the one-shot leaves a member's own slot unused), so a call takes
+// up to twice the one-shot's limit with no more memory. The halves are split at a whole 16-byte
+// unit; the order of operands is the ring's (member 0's value first in the ring's first block,
+// (count + 1) / 2 elements; member 1's after), or member 0's first everywhere for recursive
+// doubling's order, so the bits are the host path's.
+namespace {
+
+template <class E, int kOp>
+__device__ void twoshot_reduce(void* out_buffer, const void* in_buffer, const unsigned char* local,
+                               unsigned char* remote, std::size_t first, std::size_t last,
+                               std::size_t split, int me) {
+  using T = typename E::Storage;
+  constexpr std::size_t kVector = 16 / sizeof(T);
+  auto* out = static_cast<T*>(out_buffer);
+  const auto* mine = static_cast<const T*>(in_buffer);
+  const auto* theirs = reinterpret_cast<const T*>(local);
+  auto* copy = reinterpret_cast<T*>(remote);
+  // This member's value is the left operand where it is member 0 below `split`, or member 1 from
+  // there.
+  const auto combine = [&](std::size_t i, T x, T y) {
+    return (i < split) == (me == 0) ? E::template combine<kOp>(x, y)
+                                    : E::template combine<kOp>(y, x);
+  };
+  std::size_t tail = first;
+  if (((reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(mine)) & 15) == 0) {
+    union Lanes {
+      uint4 whole;
+      T item[kVector];
+    };
+    const std::size_t end = last / kVector;
+    for (std::size_t v = first / kVector + threadIdx.x; v < end; v += blockDim.x) {
+      Lanes x, y, z;
+      x.whole = reinterpret_cast<const uint4*>(mine)[v];
+      y.whole = reinterpret_cast<const uint4*>(theirs)[v];
+#pragma unroll
+      for (std::size_t e = 0; e < kVector; ++e) {
+        z.item[e] = combine(v * kVector + e, x.item[e], y.item[e]);
+      }
+      reinterpret_cast<uint4*>(out)[v] = z.whole;
+      reinterpret_cast<uint4*>(copy)[v] = z.whole;
+    }
+    tail = end * kVector > first ? end * kVector : first;
+  }
+  for (std::size_t i = tail + threadIdx.x; i < last; i += blockDim.x) {
+    const T z = combine(i, mine[i], theirs[i]);
+    out[i] = z;
+    copy[i] = z;
+  }
+}
+
+template <class E>
+__device__ void twoshot_op(int op, bool bitwise, void* out, const void* in,
+                           const unsigned char* local, unsigned char* remote, std::size_t first,
+                           std::size_t last, std::size_t split, int me) {
+#define FERRY_TWOSHOT(kOp) \
+  return twoshot_reduce<E, kOp>(out, in, local, remote, first, last, split, me)
+  switch (op) {
+    case kSum:
+      FERRY_TWOSHOT(kSum);
+    case kProd:
+      FERRY_TWOSHOT(kProd);
+    case kMin:
+      FERRY_TWOSHOT(kMin);
+    case kMax:
+      FERRY_TWOSHOT(kMax);
+    default:
+      break;
+  }
+  if (!bitwise) return;
+  switch (op) {
+    case kBitAnd:
+      FERRY_TWOSHOT(kBitAnd);
+    case kBitOr:
+      FERRY_TWOSHOT(kBitOr);
+    case kBitXor:
+      FERRY_TWOSHOT(kBitXor);
+    default:
+      break;
+  }
+#undef FERRY_TWOSHOT
+}
+
+// dst = src over `bytes` by the threads of one block, four 16-byte loads in flight per thread
+// where both are 16-byte aligned.
+__device__ void block_copy(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t tail = 0;
+  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) == 0) {
+    const std::size_t units = bytes / 16;
+    const std::size_t stride = blockDim.x;
+    auto* o = reinterpret_cast<uint4*>(dst);
+    const auto* i = reinterpret_cast<const uint4*>(src);
+    std::size_t k = threadIdx.x;
+    for (; k + 3 * stride < units; k += 4 * stride) {
+      const uint4 a = i[k];
+      const uint4 b = i[k + stride];
+      const uint4 c = i[k + 2 * stride];
+      const uint4 d = i[k + 3 * stride];
+      o[k] = a;
+      o[k + stride] = b;
+      o[k + 2 * stride] = c;
+      o[k + 3 * stride] = d;
+    }
+    for (; k < units; k += stride) o[k] = i[k];
+    tail = units * 16;
+  }
+  for (std::size_t k = tail + threadIdx.x; k < bytes; k += blockDim.x) dst[k] = src[k];
+}
+
+// Block `block` of `blocks`'s part of [lo, hi): whole 16-byte units of elements.
+__device__ void block_part(std::size_t lo, std::size_t hi, std::size_t unit, unsigned block,
+                           unsigned blocks, std::size_t* first, std::size_t* last) {
+  const std::size_t per_block = (hi - lo + blocks - 1) / blocks;
+  const std::size_t span = (per_block + unit - 1) / unit * unit;
+  const std::size_t start = lo + span * block;
+  *first = start < hi ? start : hi;
+  *last = *first + span < hi ? *first + span : hi;
+}
+
+}  // namespace
+
+// One launch of a two-shot call (see above; the arguments are ferry_allreduce_oneshot's, with
+// members = 2). Block b of each member handles part b of both halves and waits only for block b
+// of the other, twice.
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_twoshot(void* out, const void* in, unsigned long long count, int type, int op,
+                            int members, int me, int ring, unsigned long long sequence,
+                            unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                            unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+  const std::size_t size = type_size(type);
+  const std::size_t unit = 16 / size;
+  const std::size_t half_way = (count + 1) / 2;
+  const std::size_t rounded = (half_way + unit - 1) / unit * unit;
+  const std::size_t half = rounded < count ? rounded : count;
+  const std::size_t split = ring != 0 ? half_way : count;
+  const int other = 1 - me;
+  std::size_t own_first, own_last, other_first, other_last;
+  block_part(me == 0 ? 0 : half, me == 0 ? half : count, unit, blockIdx.x, gridDim.x, &own_first,
+             &own_last);
+  block_part(other == 0 ? 0 : half, other == 0 ? half : count, unit, blockIdx.x, gridDim.x,
+             &other_first, &other_last);
+  const std::size_t generation = sequence & 1;
+  const std::size_t data_offset = generation * members * slot_bytes;
+  const std::size_t flags_offset =
+      2 * static_cast<std::size_t>(members) * slot_bytes + generation * members * kMaxBlocks * 16;
+  const std::size_t result_flags_offset =
+      flags_offset + 2 * static_cast<std::size_t>(members) * kMaxBlocks * 16;
+  // Bit 3 (ops are below 8) tells a two-shot call from a one-shot one of the same count, which
+  // members whose FERRY_COLL_DEVICE_TWOSHOT differ would make.
+  const unsigned long long signature =
+      count << 8 | static_cast<unsigned long long>(type) << 4 | 8u | static_cast<unsigned>(op);
+  unsigned char* local = areas.area[me] + data_offset;
+  unsigned char* remote = areas.area[other] + data_offset;
+  const auto* source = static_cast<const unsigned char*>(in);
+
+  block_copy(remote + other_first * size, source + other_first * size,
+             (other_last - other_first) * size);
+  __syncthreads();
+  __shared__ int stop;
+  if (threadIdx.x == 0) {
+    stop = exchange_flags(areas, flags_offset, members, me, blockIdx.x, sequence, signature, words);
+  }
+  __syncthreads();
+  if (stop == 0) {
+    switch (type) {
+#define FERRY_TYPE(kType, E, bitwise)                                                         \
+  case kType:                                                                                 \
+    twoshot_op<E>(op, bitwise, out, in, local, remote, own_first, own_last, split, me); \
+    break;
+      FERRY_TYPE(kInt8, Element<std::int8_t>, true)
+      FERRY_TYPE(kInt16, Element<std::int16_t>, true)
+      FERRY_TYPE(kInt32, Element<std::int32_t>, true)
+      FERRY_TYPE(kInt64, Element<std::int64_t>, true)
+      FERRY_TYPE(kUint8, Element<std::uint8_t>, true)
+      FERRY_TYPE(kUint16, Element<std::uint16_t>, true)
+      FERRY_TYPE(kUint32, Element<std::uint32_t>, true)
+      FERRY_TYPE(kUint64, Element<std::uint64_t>, true)
+      FERRY_TYPE(kFloat16, Element<Half>, false)
+      FERRY_TYPE(kBfloat16, Element<Bf16>, false)
+      FERRY_TYPE(kFloat32, Element<float>, false)
+      FERRY_TYPE(kFloat64, Element<double>, false)
+#undef FERRY_TYPE
+      default:
+        break;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      stop = exchange_flags(areas, result_flags_offset, members, me, blockIdx.x, sequence,
+                            signature, words);
+    }
+    __syncthreads();
+    if (stop == 0) {
+      block_copy(static_cast<unsigned char*>(out) + other_first * size, local + other_first * size,
+                 (other_last - other_first) * size);
+    }
+  }
+  finish_call(blocks_done, lane_flag, done);
 }
 
 // ---- The resident one-shot kernel ----

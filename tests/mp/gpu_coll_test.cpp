@@ -349,6 +349,100 @@ TEST_F(GpuColl, NonBlockingCollectivesCompleteInAnyOrder) {
   EXPECT_TRUE(same(hb, from_device(rb, bytes), DataType::kInt32));
 }
 
+// Between two members with a GPU each, allreduces from FERRY_COLL_DEVICE_TWOSHOT (16 MiB) up to
+// twice the one-shot limit (32 MiB) run as the two-shot kernel: each member reduces half and
+// pushes it back. Every type, sizes that split unevenly and at an element that is not a whole
+// 16-byte unit, buffers that are not 16-byte aligned (the element path), in place, with two calls
+// in flight, and mixed with one-shot and ring calls, all against the host path's bits. Elsewhere
+// (or with other sizes forced) the same calls check whichever path takes them.
+TEST_F(GpuColl, TwoShotAllreduceMatchesHost) {
+  const std::size_t mib = std::size_t{1} << 20;
+  std::uint64_t salt = 500;
+  for (DataType type : kTypes) {
+    const std::size_t size = size_of(type);
+    const ReduceOp op = floating(type) ? ReduceOp::kSum : ReduceOp::kBitXor;
+    // Odd counts that split inside a 16-byte unit, and exactly the upper limit.
+    for (std::size_t count : {(17 * mib) / size + 3, (32 * mib) / size}) {
+      ++salt;
+      const std::vector<std::byte> in = input(type, count, world_.rank(), salt);
+      std::vector<std::byte> host(in.size());
+      ASSERT_TRUE(world_.allreduce(in.data(), host.data(), count, type, op).is_ok());
+      // 16-byte aligned, then one element off (where an element is smaller than 16 bytes).
+      for (std::size_t shift : {std::size_t{0}, size}) {
+        to_device(send_.data() + shift, in);
+        Status s = world_.allreduce(send_.data() + shift, recv_.data() + shift, count, type, op);
+        ASSERT_TRUE(s.is_ok()) << s.message();
+        EXPECT_TRUE(same(host, from_device(recv_.data() + shift, in.size()), type))
+            << to_string(type) << " count " << count << " shift " << shift;
+      }
+      to_device(recv_.data(), in);
+      Status s = world_.allreduce(recv_.data(), recv_.data(), count, type, op);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      EXPECT_TRUE(same(host, from_device(recv_.data(), in.size()), type))
+          << "in place: " << to_string(type) << " count " << count;
+    }
+  }
+  // Min and max, where the order of operands shows in the bits of -0 and +0 and of NaNs.
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
+    const std::size_t count = (20 * mib) / 2 + 1;
+    const std::vector<std::byte> in = input(DataType::kBfloat16, count, world_.rank(), ++salt);
+    std::vector<std::byte> host(in.size());
+    ASSERT_TRUE(world_.allreduce(in.data(), host.data(), count, DataType::kBfloat16, op).is_ok());
+    to_device(send_.data(), in);
+    Status s = world_.allreduce(send_.data(), recv_.data(), count, DataType::kBfloat16, op);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_TRUE(same(host, from_device(recv_.data(), in.size()), DataType::kBfloat16))
+        << to_string(op);
+  }
+  // One-shot, two-shot and ring calls back to back, then two two-shot calls in flight at once,
+  // waited for in reverse order.
+  const std::size_t counts[] = {(1 * mib) / 4, (24 * mib) / 4 + 1, (40 * mib) / 4, (24 * mib) / 4};
+  std::vector<std::vector<std::byte>> inputs;
+  std::vector<std::vector<std::byte>> expected;
+  for (std::size_t count : counts) {
+    inputs.push_back(input(DataType::kFloat32, count, world_.rank(), ++salt));
+    expected.emplace_back(inputs.back().size());
+    ASSERT_TRUE(world_
+                    .allreduce(inputs.back().data(), expected.back().data(), count,
+                               DataType::kFloat32, ReduceOp::kSum)
+                    .is_ok());
+  }
+  for (std::size_t k = 0; k < 4; ++k) {
+    to_device(send_.data(), inputs[k]);
+    Status s =
+        world_.allreduce(send_.data(), recv_.data(), counts[k], DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_TRUE(same(expected[k], from_device(recv_.data(), inputs[k].size()), DataType::kFloat32))
+        << "call " << k;
+  }
+  const std::size_t half = kArena / 2;
+  to_device(send_.data(), inputs[1]);
+  to_device(send_.data() + half, inputs[3]);
+  Request first =
+      world_.iallreduce(send_.data(), recv_.data(), counts[1], DataType::kFloat32, ReduceOp::kSum);
+  Request second = world_.iallreduce(send_.data() + half, recv_.data() + half, counts[3],
+                                     DataType::kFloat32, ReduceOp::kSum);
+  Status s = second.wait();
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  s = first.wait();
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_TRUE(same(expected[1], from_device(recv_.data(), inputs[1].size()), DataType::kFloat32));
+  EXPECT_TRUE(
+      same(expected[3], from_device(recv_.data() + half, inputs[3].size()), DataType::kFloat32));
+  // Counts that differ by one element fail on both members (the kernels' signatures differ), and
+  // the communicator goes on.
+  if (oneshot_expected(world_.size()) && world_.size() == 2) {
+    const std::size_t count = (20 * mib) / 4 + static_cast<std::size_t>(world_.rank());
+    to_device(send_.data(), input(DataType::kFloat32, count, world_.rank(), ++salt));
+    s = world_.allreduce(send_.data(), recv_.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_TRUE(s.code() == Code::kInvalidArgument || s.code() == Code::kTimeout) << s.to_string();
+    to_device(send_.data(), inputs[1]);
+    s = world_.allreduce(send_.data(), recv_.data(), counts[1], DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_TRUE(same(expected[1], from_device(recv_.data(), inputs[1].size()), DataType::kFloat32));
+  }
+}
+
 TEST_F(GpuColl, MixedHostAndDeviceBuffersAreRefused) {
   std::vector<float> host(16, 1.0f);
   const Status s =
