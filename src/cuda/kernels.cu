@@ -127,6 +127,39 @@ struct Element<Bf16> {
   }
 };
 
+// Calls f(E{}, bitwise) with the Element type of `type` (bitwise: the type takes the bitwise ops).
+template <class F>
+__device__ __forceinline__ void with_element(int type, F&& f) {
+  switch (type) {
+    case kInt8:
+      return f(Element<std::int8_t>{}, true);
+    case kInt16:
+      return f(Element<std::int16_t>{}, true);
+    case kInt32:
+      return f(Element<std::int32_t>{}, true);
+    case kInt64:
+      return f(Element<std::int64_t>{}, true);
+    case kUint8:
+      return f(Element<std::uint8_t>{}, true);
+    case kUint16:
+      return f(Element<std::uint16_t>{}, true);
+    case kUint32:
+      return f(Element<std::uint32_t>{}, true);
+    case kUint64:
+      return f(Element<std::uint64_t>{}, true);
+    case kFloat16:
+      return f(Element<Half>{}, false);
+    case kBfloat16:
+      return f(Element<Bf16>{}, false);
+    case kFloat32:
+      return f(Element<float>{}, false);
+    case kFloat64:
+      return f(Element<double>{}, false);
+    default:
+      break;
+  }
+}
+
 // out[i] = a[i] op b[i]. Each thread reads its elements before writing them, so out may be a or b.
 // Where the three buffers are 16-byte aligned the body goes in 16-byte loads and stores.
 template <class E, int kOp>
@@ -196,34 +229,9 @@ __device__ void reduce_op(void* out, const void* a, const void* b, std::size_t c
 extern "C" __global__ void __launch_bounds__(512)
     ferry_reduce(void* out, const void* a, const void* b, unsigned long long count, int type,
                  int op) {
-  switch (type) {
-    case kInt8:
-      return reduce_op<Element<std::int8_t>>(out, a, b, count, op, true);
-    case kInt16:
-      return reduce_op<Element<std::int16_t>>(out, a, b, count, op, true);
-    case kInt32:
-      return reduce_op<Element<std::int32_t>>(out, a, b, count, op, true);
-    case kInt64:
-      return reduce_op<Element<std::int64_t>>(out, a, b, count, op, true);
-    case kUint8:
-      return reduce_op<Element<std::uint8_t>>(out, a, b, count, op, true);
-    case kUint16:
-      return reduce_op<Element<std::uint16_t>>(out, a, b, count, op, true);
-    case kUint32:
-      return reduce_op<Element<std::uint32_t>>(out, a, b, count, op, true);
-    case kUint64:
-      return reduce_op<Element<std::uint64_t>>(out, a, b, count, op, true);
-    case kFloat16:
-      return reduce_op<Element<Half>>(out, a, b, count, op, false);
-    case kBfloat16:
-      return reduce_op<Element<Bf16>>(out, a, b, count, op, false);
-    case kFloat32:
-      return reduce_op<Element<float>>(out, a, b, count, op, false);
-    case kFloat64:
-      return reduce_op<Element<double>>(out, a, b, count, op, false);
-    default:
-      break;
-  }
+  with_element(type, [&](auto element, bool bitwise) {
+    reduce_op<decltype(element)>(out, a, b, count, op, bitwise);
+  });
 }
 
 // dst = src over `bytes` bytes of device memory (either may be a peer's IPC mapping): the copy
@@ -606,28 +614,10 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   }
   __syncthreads();
   if (stop == 0) {
-    switch (type) {
-#define FERRY_TYPE(kType, E, bitwise)                                                             \
-  case kType:                                                                                     \
-    oneshot_op<E, kWide>(op, bitwise, out, in, count, first, last, members, me, ring != 0, areas, \
-                         slot_offset, slot_bytes);                                                \
-    break;
-      FERRY_TYPE(kInt8, Element<std::int8_t>, true)
-      FERRY_TYPE(kInt16, Element<std::int16_t>, true)
-      FERRY_TYPE(kInt32, Element<std::int32_t>, true)
-      FERRY_TYPE(kInt64, Element<std::int64_t>, true)
-      FERRY_TYPE(kUint8, Element<std::uint8_t>, true)
-      FERRY_TYPE(kUint16, Element<std::uint16_t>, true)
-      FERRY_TYPE(kUint32, Element<std::uint32_t>, true)
-      FERRY_TYPE(kUint64, Element<std::uint64_t>, true)
-      FERRY_TYPE(kFloat16, Element<Half>, false)
-      FERRY_TYPE(kBfloat16, Element<Bf16>, false)
-      FERRY_TYPE(kFloat32, Element<float>, false)
-      FERRY_TYPE(kFloat64, Element<double>, false)
-#undef FERRY_TYPE
-      default:
-        break;
-    }
+    with_element(type, [&](auto element, bool bitwise) {
+      oneshot_op<decltype(element), kWide>(op, bitwise, out, in, count, first, last, members, me,
+                                           ring != 0, areas, slot_offset, slot_bytes);
+    });
   }
 }
 
@@ -834,27 +824,10 @@ extern "C" __global__ void __launch_bounds__(512)
   }
   __syncthreads();
   if (stop == 0) {
-    switch (type) {
-#define FERRY_TYPE(kType, E, bitwise)                                                         \
-  case kType:                                                                                 \
-    twoshot_op<E>(op, bitwise, out, in, local, remote, own_first, own_last, split, me); \
-    break;
-      FERRY_TYPE(kInt8, Element<std::int8_t>, true)
-      FERRY_TYPE(kInt16, Element<std::int16_t>, true)
-      FERRY_TYPE(kInt32, Element<std::int32_t>, true)
-      FERRY_TYPE(kInt64, Element<std::int64_t>, true)
-      FERRY_TYPE(kUint8, Element<std::uint8_t>, true)
-      FERRY_TYPE(kUint16, Element<std::uint16_t>, true)
-      FERRY_TYPE(kUint32, Element<std::uint32_t>, true)
-      FERRY_TYPE(kUint64, Element<std::uint64_t>, true)
-      FERRY_TYPE(kFloat16, Element<Half>, false)
-      FERRY_TYPE(kBfloat16, Element<Bf16>, false)
-      FERRY_TYPE(kFloat32, Element<float>, false)
-      FERRY_TYPE(kFloat64, Element<double>, false)
-#undef FERRY_TYPE
-      default:
-        break;
-    }
+    with_element(type, [&](auto element, bool bitwise) {
+      twoshot_op<decltype(element)>(op, bitwise, out, in, local, remote, own_first, own_last, split,
+                                    me);
+    });
     __syncthreads();
     if (threadIdx.x == 0) {
       stop = exchange_flags(areas, result_flags_offset, members, me, blockIdx.x, sequence,
