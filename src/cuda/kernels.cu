@@ -237,15 +237,16 @@ extern "C" __global__ void __launch_bounds__(512)
 // dst = src over `bytes` bytes of device memory (either may be a peer's IPC mapping): the copy
 // engine's work done by the SMs, where the engine's start-up per copy shows
 // (FERRY_CUDA_IPC_KERNEL_COPY).
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_copy(void* dst, const void* src, unsigned long long bytes) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+namespace {
+
+// dst = src over `bytes`, this thread taking units first, first + stride, ...: four 16-byte loads
+// in flight per thread before their stores where both are 16-byte aligned, else byte by byte.
+__device__ __forceinline__ void strided_copy(void* dst, const void* src, std::size_t bytes,
+                                             std::size_t first, std::size_t stride) {
   auto* out = static_cast<unsigned char*>(dst);
   const auto* in = static_cast<const unsigned char*>(src);
   std::size_t tail = 0;
   if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) == 0) {
-    // Four 16-byte loads in flight per thread before their stores.
     const std::size_t units = bytes / 16;
     auto* o = static_cast<uint4*>(dst);
     const auto* i = static_cast<const uint4*>(src);
@@ -264,6 +265,14 @@ extern "C" __global__ void __launch_bounds__(512)
     tail = units * 16;
   }
   for (std::size_t t = tail + first; t < bytes; t += stride) out[t] = in[t];
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_copy(void* dst, const void* src, unsigned long long bytes) {
+  strided_copy(dst, src, bytes, static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+               static_cast<std::size_t>(gridDim.x) * blockDim.x);
 }
 
 // ---- One-shot allreduce among the GPUs of one node ----
@@ -743,30 +752,9 @@ __device__ void twoshot_op(int op, bool bitwise, void* out, const void* in,
 #undef FERRY_TWOSHOT
 }
 
-// dst = src over `bytes` by the threads of one block, four 16-byte loads in flight per thread
-// where both are 16-byte aligned.
+// dst = src over `bytes` by the threads of one block.
 __device__ void block_copy(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
-  std::size_t tail = 0;
-  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) == 0) {
-    const std::size_t units = bytes / 16;
-    const std::size_t stride = blockDim.x;
-    auto* o = reinterpret_cast<uint4*>(dst);
-    const auto* i = reinterpret_cast<const uint4*>(src);
-    std::size_t k = threadIdx.x;
-    for (; k + 3 * stride < units; k += 4 * stride) {
-      const uint4 a = i[k];
-      const uint4 b = i[k + stride];
-      const uint4 c = i[k + 2 * stride];
-      const uint4 d = i[k + 3 * stride];
-      o[k] = a;
-      o[k + stride] = b;
-      o[k + 2 * stride] = c;
-      o[k + 3 * stride] = d;
-    }
-    for (; k < units; k += stride) o[k] = i[k];
-    tail = units * 16;
-  }
-  for (std::size_t k = tail + threadIdx.x; k < bytes; k += blockDim.x) dst[k] = src[k];
+  strided_copy(dst, src, bytes, threadIdx.x, blockDim.x);
 }
 
 // Block `block` of `blocks`'s part of [lo, hi): whole 16-byte units of elements.
