@@ -160,6 +160,35 @@ __device__ __forceinline__ void with_element(int type, F&& f) {
   }
 }
 
+// Calls f(std::integral_constant<int, kOp>{}) for `op`; the bitwise ops only where `bitwise`
+// (the caller checked the pair with check_reduction).
+template <class F>
+__device__ __forceinline__ void with_op(int op, bool bitwise, F&& f) {
+  switch (op) {
+    case kSum:
+      return f(std::integral_constant<int, kSum>{});
+    case kProd:
+      return f(std::integral_constant<int, kProd>{});
+    case kMin:
+      return f(std::integral_constant<int, kMin>{});
+    case kMax:
+      return f(std::integral_constant<int, kMax>{});
+    default:
+      break;
+  }
+  if (!bitwise) return;
+  switch (op) {
+    case kBitAnd:
+      return f(std::integral_constant<int, kBitAnd>{});
+    case kBitOr:
+      return f(std::integral_constant<int, kBitOr>{});
+    case kBitXor:
+      return f(std::integral_constant<int, kBitXor>{});
+    default:
+      break;
+  }
+}
+
 // out[i] = a[i] op b[i]. Each thread reads its elements before writing them, so out may be a or b.
 // Where the three buffers are 16-byte aligned the body goes in 16-byte loads and stores.
 template <class E, int kOp>
@@ -195,34 +224,6 @@ __device__ void reduce_elements(void* out_buffer, const void* a_buffer, const vo
   }
 }
 
-template <class E>
-__device__ void reduce_op(void* out, const void* a, const void* b, std::size_t count, int op,
-                          bool bitwise) {
-  switch (op) {
-    case kSum:
-      return reduce_elements<E, kSum>(out, a, b, count);
-    case kProd:
-      return reduce_elements<E, kProd>(out, a, b, count);
-    case kMin:
-      return reduce_elements<E, kMin>(out, a, b, count);
-    case kMax:
-      return reduce_elements<E, kMax>(out, a, b, count);
-    default:
-      break;
-  }
-  if (!bitwise) return;
-  switch (op) {
-    case kBitAnd:
-      return reduce_elements<E, kBitAnd>(out, a, b, count);
-    case kBitOr:
-      return reduce_elements<E, kBitOr>(out, a, b, count);
-    case kBitXor:
-      return reduce_elements<E, kBitXor>(out, a, b, count);
-    default:
-      break;
-  }
-}
-
 }  // namespace
 
 // out = a op b over `count` elements of `type`. The caller checked (type, op).
@@ -230,7 +231,8 @@ extern "C" __global__ void __launch_bounds__(512)
     ferry_reduce(void* out, const void* a, const void* b, unsigned long long count, int type,
                  int op) {
   with_element(type, [&](auto element, bool bitwise) {
-    reduce_op<decltype(element)>(out, a, b, count, op, bitwise);
+    with_op(op, bitwise,
+            [&](auto kOp) { reduce_elements<decltype(element), kOp>(out, a, b, count); });
   });
 }
 
@@ -378,6 +380,16 @@ __device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int 
   return stop;
 }
 
+// Block `block` of `blocks`'s part of [lo, hi): whole 16-byte units of elements.
+__device__ void block_part(std::size_t lo, std::size_t hi, std::size_t unit, unsigned block,
+                           unsigned blocks, std::size_t* first, std::size_t* last) {
+  const std::size_t per_block = (hi - lo + blocks - 1) / blocks;
+  const std::size_t span = (per_block + unit - 1) / unit * unit;
+  const std::size_t start = lo + span * block;
+  *first = start < hi ? start : hi;
+  *last = *first + span < hi ? *first + span : hi;
+}
+
 // Element i reduced over the members' values x[0..members) in the order's sequence.
 template <class E, int kOp>
 __device__ __forceinline__ typename E::Storage combine_members(
@@ -483,6 +495,10 @@ __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::siz
   }
 }
 
+
+// One type's reduction of a one-shot slice, by op. Its own switch, not with_op: with a lambda per
+// (type, op) the resident kernel's stack frame grew from 2 KB to 6 KB (ptxas -v), and its calls
+// were measured with this code.
 template <class E, bool kWide>
 __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std::size_t count,
                            std::size_t first, std::size_t last, int members, int me, bool ring,
@@ -529,13 +545,8 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
                               unsigned long long slot_bytes, const Areas& areas,
                               volatile unsigned* words, unsigned block, unsigned blocks) {
   const std::size_t size = type_size(type);
-  // Block b's slice: whole 16-byte units of elements.
-  const std::size_t unit = 16 / size;
-  const std::size_t per_block = (count + blocks - 1) / blocks;
-  const std::size_t span = (per_block + unit - 1) / unit * unit;
-  const std::size_t start = span * block;
-  const std::size_t first = start < count ? start : count;
-  const std::size_t last = first + span < count ? first + span : count;
+  std::size_t first, last;
+  block_part(0, count, 16 / size, block, blocks, &first, &last);
   const std::size_t generation = sequence & 1;
   const std::size_t slot_offset = generation * members * slot_bytes;
   // Flags: [generation][member][block] of (sequence, signature).
@@ -720,52 +731,12 @@ __device__ void twoshot_reduce(void* out_buffer, const void* in_buffer, const un
   }
 }
 
-template <class E>
-__device__ void twoshot_op(int op, bool bitwise, void* out, const void* in,
-                           const unsigned char* local, unsigned char* remote, std::size_t first,
-                           std::size_t last, std::size_t split, int me) {
-#define FERRY_TWOSHOT(kOp) \
-  return twoshot_reduce<E, kOp>(out, in, local, remote, first, last, split, me)
-  switch (op) {
-    case kSum:
-      FERRY_TWOSHOT(kSum);
-    case kProd:
-      FERRY_TWOSHOT(kProd);
-    case kMin:
-      FERRY_TWOSHOT(kMin);
-    case kMax:
-      FERRY_TWOSHOT(kMax);
-    default:
-      break;
-  }
-  if (!bitwise) return;
-  switch (op) {
-    case kBitAnd:
-      FERRY_TWOSHOT(kBitAnd);
-    case kBitOr:
-      FERRY_TWOSHOT(kBitOr);
-    case kBitXor:
-      FERRY_TWOSHOT(kBitXor);
-    default:
-      break;
-  }
-#undef FERRY_TWOSHOT
-}
 
 // dst = src over `bytes` by the threads of one block.
 __device__ void block_copy(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
   strided_copy(dst, src, bytes, threadIdx.x, blockDim.x);
 }
 
-// Block `block` of `blocks`'s part of [lo, hi): whole 16-byte units of elements.
-__device__ void block_part(std::size_t lo, std::size_t hi, std::size_t unit, unsigned block,
-                           unsigned blocks, std::size_t* first, std::size_t* last) {
-  const std::size_t per_block = (hi - lo + blocks - 1) / blocks;
-  const std::size_t span = (per_block + unit - 1) / unit * unit;
-  const std::size_t start = lo + span * block;
-  *first = start < hi ? start : hi;
-  *last = *first + span < hi ? *first + span : hi;
-}
 
 }  // namespace
 
@@ -813,8 +784,10 @@ extern "C" __global__ void __launch_bounds__(512)
   __syncthreads();
   if (stop == 0) {
     with_element(type, [&](auto element, bool bitwise) {
-      twoshot_op<decltype(element)>(op, bitwise, out, in, local, remote, own_first, own_last, split,
-                                    me);
+      with_op(op, bitwise, [&](auto kOp) {
+        twoshot_reduce<decltype(element), kOp>(out, in, local, remote, own_first, own_last, split,
+                                               me);
+      });
     });
     __syncthreads();
     if (threadIdx.x == 0) {
