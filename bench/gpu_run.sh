@@ -51,10 +51,12 @@ for step in $steps; do
       # Collectives on device buffers against host buffers: 2 ranks, 3 ranks (two share a GPU
       # where there are two, so no one-shot kernel unless FERRY_COLL_DEVICE_SHARED_GPU=1), the
       # bandwidth algorithms forced, and IPC refused (so no one-shot).
-      # Then every device allreduce from 1 KiB to 32 MiB by the two-shot kernel (recursive
-      # doubling's order below FERRY_COLL_SMALL, the ring's from there).
+      # Then every device allreduce from 1 KiB by the two-shot kernel (recursive doubling's order
+      # below FERRY_COLL_SMALL, the ring's from there), and from 64 KiB in rounds of 1 MiB past
+      # 2 MiB.
       for case in "2" "3" "3 FERRY_COLL_DEVICE_SHARED_GPU=1" "2 FERRY_COLL_SMALL=0 FERRY_COLL_CHUNK=64k" \
-          "2 FERRY_TEST_CUDA_IPC_FAIL=1" "2 FERRY_COLL_DEVICE_TWOSHOT=1k"; do
+          "2 FERRY_TEST_CUDA_IPC_FAIL=1" "2 FERRY_COLL_DEVICE_TWOSHOT=1k" \
+          "2 FERRY_COLL_DEVICE_TWOSHOT=64k FERRY_COLL_DEVICE_ONESHOT=1m"; do
         set -- $case
         n=$1; shift
         echo "--- gpu.coll -n $n $*"
@@ -80,7 +82,7 @@ for step in $steps; do
       # kernel off (FERRY_COLL_DEVICE_TWOSHOT=0: one-shot up to 16 MiB, then the ring), the
       # two-shot kernel from GPU_RUN_TWOSHOT_FROM (4m), then NCCL.
       nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
-      sizes=${GPU_RUN_SIZES:-4m,8m,16m,24m,32m,64m}
+      sizes=${GPU_RUN_SIZES:-4m,8m,16m,24m,32m,64m,512m}
       ngpu=$(nvidia-smi -L | wc -l)
       for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
         for twoshot in default 0 "${GPU_RUN_TWOSHOT_FROM:-4m}"; do

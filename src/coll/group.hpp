@@ -201,11 +201,10 @@ class Group : public std::enable_shared_from_this<Group> {
                                 : bytes >= (2u << 20));
   }
   // A device allreduce between two members by the two-shot kernel (from FERRY_COLL_DEVICE_TWOSHOT
-  // up to twice the one-shot limit, which the area's two slots hold), where the one-shot path is
-  // set up.
+  // up; in rounds where it is larger than the area's two slots), where the one-shot path is set
+  // up.
   [[nodiscard]] bool by_twoshot(std::size_t bytes) const {
-    return members_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_ &&
-           bytes <= 2 * oneshot_bytes_;
+    return members_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_;
   }
   bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
     return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());

@@ -120,14 +120,14 @@ class Cuda {
   struct OneShot {
     void* out = nullptr;
     const void* in = nullptr;
-    std::size_t count = 0;  // at most slot_bytes of data (2 x slot_bytes by the two-shot kernel)
+    std::size_t count = 0;  // at most slot_bytes of data (any by the two-shot kernel)
     DataType type = DataType::kUint8;
     ReduceOp op = ReduceOp::kSum;
     int members = 0;
     int me = 0;
     bool ring = false;  // reduce in the ring's order (else recursive doubling's)
-    // Two members only: the two-shot kernel (each member reduces half and sends it back), for
-    // data up to 2 x slot_bytes.
+    // Two members only: the two-shot kernel (each member reduces half and sends it back), in
+    // rounds of slot_bytes where the data is larger than 2 x slot_bytes.
     bool two_shot = false;
     std::uint64_t sequence = 0;  // 1, 2, ...: the same on every member for the same call
     std::size_t slot_bytes = 0;

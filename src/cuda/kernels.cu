@@ -738,12 +738,55 @@ __device__ void block_copy(unsigned char* dst, const unsigned char* src, std::si
 }
 
 
+// One round of a two-shot call, by one block: `out` and `in` start at the round's first element;
+// the block's own and other parts are in elements from there, and so are their places in the
+// areas' `local` and `remote` buffers. `value` is what this round's flags carry. Returns nonzero
+// where the call stops (exchange_flags).
+__device__ int twoshot_round(void* out, const void* in, unsigned char* local, unsigned char* remote,
+                             std::size_t own_first, std::size_t own_last, std::size_t other_first,
+                             std::size_t other_last, std::size_t split, std::size_t size, int type,
+                             int op, int me, const Areas& areas, std::size_t flags_offset,
+                             std::size_t result_flags_offset, unsigned long long value,
+                             unsigned long long signature, volatile unsigned* words) {
+  block_copy(remote + other_first * size, static_cast<const unsigned char*>(in) + other_first * size,
+             (other_last - other_first) * size);
+  __syncthreads();
+  __shared__ int stop;
+  if (threadIdx.x == 0) {
+    stop = exchange_flags(areas, flags_offset, 2, me, blockIdx.x, value, signature, words);
+  }
+  __syncthreads();
+  if (stop != 0) return stop;
+  with_element(type, [&](auto element, bool bitwise) {
+    with_op(op, bitwise, [&](auto kOp) {
+      twoshot_reduce<decltype(element), kOp>(out, in, local, remote, own_first, own_last, split,
+                                             me);
+    });
+  });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    stop = exchange_flags(areas, result_flags_offset, 2, me, blockIdx.x, value, signature, words);
+  }
+  __syncthreads();
+  if (stop != 0) return stop;
+  block_copy(static_cast<unsigned char*>(out) + other_first * size, local + other_first * size,
+             (other_last - other_first) * size);
+  return 0;
+}
+
 }  // namespace
 
 // One launch of a two-shot call (see above; the arguments are ferry_allreduce_oneshot's, with
 // members = 2). Block b of each member handles part b of both halves and waits only for block b
-// of the other, twice.
-extern "C" __global__ void __launch_bounds__(512)
+// of the other, twice. A call larger than the generation's 2 x slot_bytes goes in rounds of
+// slot_bytes, alternating between the two halves of that buffer, each round's halves split at
+// slot_bytes / 2 and its parts placed as if the round were full, so block b's places are the
+// same in every round: block b writes round k + 2's data only after the other's block b raised
+// its flags for round k + 1, which it does after it finished reading round k's. A round's flags
+// carry the sequence number with the round in bits 48 and up (flags are compared for equality).
+// 96 registers (one block of 512 threads per multiprocessor, as the grid has): left to itself
+// the compiler took 64 and spilled.
+extern "C" __global__ void __maxnreg__(96)
     ferry_allreduce_twoshot(void* out, const void* in, unsigned long long count, int type, int op,
                             int members, int me, int ring, unsigned long long sequence,
                             unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
@@ -751,15 +794,8 @@ extern "C" __global__ void __launch_bounds__(512)
   const std::size_t size = type_size(type);
   const std::size_t unit = 16 / size;
   const std::size_t half_way = (count + 1) / 2;
-  const std::size_t rounded = (half_way + unit - 1) / unit * unit;
-  const std::size_t half = rounded < count ? rounded : count;
   const std::size_t split = ring != 0 ? half_way : count;
   const int other = 1 - me;
-  std::size_t own_first, own_last, other_first, other_last;
-  block_part(me == 0 ? 0 : half, me == 0 ? half : count, unit, blockIdx.x, gridDim.x, &own_first,
-             &own_last);
-  block_part(other == 0 ? 0 : half, other == 0 ? half : count, unit, blockIdx.x, gridDim.x,
-             &other_first, &other_last);
   const std::size_t generation = sequence & 1;
   const std::size_t data_offset = generation * members * slot_bytes;
   const std::size_t flags_offset =
@@ -772,32 +808,32 @@ extern "C" __global__ void __launch_bounds__(512)
       count << 8 | static_cast<unsigned long long>(type) << 4 | 8u | static_cast<unsigned>(op);
   unsigned char* local = areas.area[me] + data_offset;
   unsigned char* remote = areas.area[other] + data_offset;
-  const auto* source = static_cast<const unsigned char*>(in);
-
-  block_copy(remote + other_first * size, source + other_first * size,
-             (other_last - other_first) * size);
-  __syncthreads();
-  __shared__ int stop;
-  if (threadIdx.x == 0) {
-    stop = exchange_flags(areas, flags_offset, members, me, blockIdx.x, sequence, signature, words);
+  // One round where the call fits the generation's buffer, its halves split at a whole unit past
+  // half way; else rounds of slot_bytes split at their middle.
+  std::size_t round = count;
+  std::size_t half = (half_way + unit - 1) / unit * unit;
+  if (count * size > 2 * slot_bytes) {
+    round = slot_bytes / size;  // a whole number of units
+    half = round / 2;
   }
-  __syncthreads();
-  if (stop == 0) {
-    with_element(type, [&](auto element, bool bitwise) {
-      with_op(op, bitwise, [&](auto kOp) {
-        twoshot_reduce<decltype(element), kOp>(out, in, local, remote, own_first, own_last, split,
-                                               me);
-      });
-    });
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      stop = exchange_flags(areas, result_flags_offset, members, me, blockIdx.x, sequence,
-                            signature, words);
-    }
-    __syncthreads();
-    if (stop == 0) {
-      block_copy(static_cast<unsigned char*>(out) + other_first * size, local + other_first * size,
-                 (other_last - other_first) * size);
+  if (half > round) half = round;
+  std::size_t own_first, own_last, other_first, other_last;
+  block_part(me == 0 ? 0 : half, me == 0 ? half : round, unit, blockIdx.x, gridDim.x, &own_first,
+             &own_last);
+  block_part(other == 0 ? 0 : half, other == 0 ? half : round, unit, blockIdx.x, gridDim.x,
+             &other_first, &other_last);
+  for (unsigned long long k = 0; k * round < count; ++k) {
+    const std::size_t start = k * round;
+    const std::size_t length = count - start < round ? count - start : round;
+    const auto clip = [&](std::size_t i) { return i < length ? i : length; };
+    const std::size_t places = (k & 1) * slot_bytes;
+    if (twoshot_round(static_cast<unsigned char*>(out) + start * size,
+                      static_cast<const unsigned char*>(in) + start * size, local + places,
+                      remote + places, clip(own_first), clip(own_last), clip(other_first),
+                      clip(other_last), split > start ? split - start : 0, size, type, op, me,
+                      areas, flags_offset, result_flags_offset, sequence | k << 48, signature,
+                      words) != 0) {
+      break;
     }
   }
   finish_call(blocks_done, lane_flag, done);

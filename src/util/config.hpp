@@ -187,9 +187,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "node and has a GPU of its own and no algorithm is forced, run as one kernel per GPU that "    \
     "pushes its data to every member through CUDA IPC (0: never)")                                 \
   X(kCollDeviceTwoshot, "FERRY_COLL_DEVICE_TWOSHOT", kSize, "16m", 0, 1 << 30, "",                 \
-    "device allreduces between two members from this size up to twice FERRY_COLL_DEVICE_ONESHOT, " \
-    "where the one-shot path is set up, run as the two-shot kernel: each member reduces half and " \
-    "pushes it back (0: never; must be the same on every member)")                                 \
+    "device allreduces between two members from this size up, where the one-shot path is set up, " \
+    "run as the two-shot kernel: each member reduces half and pushes it back, in rounds of "       \
+    "FERRY_COLL_DEVICE_ONESHOT past twice that (0: never; must be the same on every member)")      \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",              \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "     \
     "(FERRY_STORE set), else a single process")                                                    \

@@ -349,20 +349,21 @@ TEST_F(GpuColl, NonBlockingCollectivesCompleteInAnyOrder) {
   EXPECT_TRUE(same(hb, from_device(rb, bytes), DataType::kInt32));
 }
 
-// Between two members with a GPU each, allreduces from FERRY_COLL_DEVICE_TWOSHOT (16 MiB) up to
-// twice the one-shot limit (32 MiB) run as the two-shot kernel: each member reduces half and
-// pushes it back. Every type, sizes that split unevenly and at an element that is not a whole
-// 16-byte unit, buffers that are not 16-byte aligned (the element path), in place, with two calls
-// in flight, and mixed with one-shot and ring calls, all against the host path's bits. Elsewhere
-// (or with other sizes forced) the same calls check whichever path takes them.
+// Between two members with a GPU each, allreduces from FERRY_COLL_DEVICE_TWOSHOT (16 MiB) up run as
+// the two-shot kernel: each member reduces half and pushes it back, in one round up to twice the
+// one-shot limit (32 MiB), in rounds of 16 MiB past it. Every type, sizes that split unevenly and
+// at an element that is not a whole 16-byte unit, one round and three, buffers that are not
+// 16-byte aligned (the element path), in place, with two calls in flight, and mixed with one-shot
+// calls, all against the host path's bits. Elsewhere (or with other sizes forced) the same calls
+// check whichever path takes them.
 TEST_F(GpuColl, TwoShotAllreduceMatchesHost) {
   const std::size_t mib = std::size_t{1} << 20;
   std::uint64_t salt = 500;
   for (DataType type : kTypes) {
     const std::size_t size = size_of(type);
     const ReduceOp op = floating(type) ? ReduceOp::kSum : ReduceOp::kBitXor;
-    // Odd counts that split inside a 16-byte unit, and exactly the upper limit.
-    for (std::size_t count : {(17 * mib) / size + 3, (32 * mib) / size}) {
+    // Odd counts that split inside a 16-byte unit, exactly the one-round limit, and three rounds.
+    for (std::size_t count : {(17 * mib) / size + 3, (32 * mib) / size, (40 * mib) / size + 5}) {
       ++salt;
       const std::vector<std::byte> in = input(type, count, world_.rank(), salt);
       std::vector<std::byte> host(in.size());
@@ -394,8 +395,8 @@ TEST_F(GpuColl, TwoShotAllreduceMatchesHost) {
     EXPECT_TRUE(same(host, from_device(recv_.data(), in.size()), DataType::kBfloat16))
         << to_string(op);
   }
-  // One-shot, two-shot and ring calls back to back, then two two-shot calls in flight at once,
-  // waited for in reverse order.
+  // One-shot, two-shot and rounds of two-shot calls back to back, then two two-shot calls in
+  // flight at once, waited for in reverse order.
   const std::size_t counts[] = {(1 * mib) / 4, (24 * mib) / 4 + 1, (40 * mib) / 4, (24 * mib) / 4};
   std::vector<std::vector<std::byte>> inputs;
   std::vector<std::vector<std::byte>> expected;
