@@ -199,12 +199,14 @@ for step in $steps; do
       echo "exit ${PIPESTATUS[0]}" ;;
     coll_kill)
       # A member SIGKILLed while the others run small device allreduces (3 ranks): by the ring
-      # where two share a GPU, then by the one-shot kernels all the same. Then a device
-      # Communicator that outlives its Context.
-      for shared in 0 1; do
-        echo "--- coll_kill FERRY_COLL_DEVICE_SHARED_GPU=$shared"
-        FERRY_COLL_DEVICE_SHARED_GPU=$shared "$bin/ferryrun" --timeout 60 --keep-going -n 3 \
-          "$bin/ferry_fault_test" coll-death-device 2>&1 | tee -a "$out/gpu_coll_kill.log" \
+      # where two share a GPU, then by the one-shot kernels all the same; then with 2 ranks
+      # allreduces of 256 MiB (the two-shot kernel in rounds where there are two GPUs). Then a
+      # device Communicator that outlives its Context.
+      for case in "3 0" "3 1" "2 0 256"; do
+        set -- $case
+        echo "--- coll_kill -n $1 FERRY_COLL_DEVICE_SHARED_GPU=$2 ${3:+(${3} MiB)}"
+        FERRY_COLL_DEVICE_SHARED_GPU=$2 "$bin/ferryrun" --timeout 60 --keep-going -n "$1" \
+          "$bin/ferry_fault_test" coll-death-device ${3:-} 2>&1 | tee -a "$out/gpu_coll_kill.log" \
           | grep -E "rank|FAIL|SKIP"
         echo "exit ${PIPESTATUS[0]}"
       done

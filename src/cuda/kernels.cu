@@ -332,23 +332,41 @@ __device__ __forceinline__ std::size_t type_size(int type) {
                                                                                       : 8;
 }
 
+// Flag values: a call's sequence number in the low 48 bits, a two-shot call's round above them.
+constexpr unsigned long long kSequenceBits = (1ull << 48) - 1;
+
 // Run by thread 0 of block `block`, after the block's stores: raises this member's flag for the
-// block, (sequence, signature), in every peer's flag array at `flags_offset` (of 16-byte flags,
-// [member][block]), then waits for every peer's in its own area. Returns 1 where the block must
-// stop: the host raised words[0] (a member died, or the call timed out), or a peer's call differs
-// (then words[1] is set too).
-__device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
-                              unsigned block, unsigned long long sequence,
-                              unsigned long long signature, volatile unsigned* words) {
-  int stop = 0;
+// block, (value, signature), in every peer's flag array at `flags_offset` (of 16-byte flags,
+// [member][block]).
+__device__ void raise_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
+                            unsigned block, unsigned long long value,
+                            unsigned long long signature) {
   __threadfence_system();
   for (int j = 0; j < members; ++j) {
     if (j == me) continue;
     auto* flag = reinterpret_cast<unsigned long long*>(areas.area[j] + flags_offset) +
                  2 * (static_cast<std::size_t>(me) * kMaxBlocks + block);
     flag[1] = signature;
-    store_release(flag, sequence);
+    store_release(flag, value);
   }
+}
+
+// Whether a flag that reads `seen` shows `value`: equal, or where kRounds a later round of the
+// same call (a two-shot member may raise round k + 1's flag before its peer saw round k's).
+template <bool kRounds>
+__device__ __forceinline__ bool reached(unsigned long long seen, unsigned long long value) {
+  if (!kRounds) return seen == value;
+  return (seen & kSequenceBits) == (value & kSequenceBits) && seen >= value;
+}
+
+// Run by thread 0 of block `block`: waits for every peer's flag for the block to show `value` in
+// this member's area. Returns 1 where the block must stop: the host raised words[0] (a member
+// died, or the call timed out), or a peer's call differs (then words[1] is set too).
+template <bool kRounds>
+__device__ int wait_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
+                          unsigned block, unsigned long long value, unsigned long long signature,
+                          volatile unsigned* words) {
+  int stop = 0;
   for (int j = 0; j < members && stop == 0; ++j) {
     if (j == me) continue;
     const auto* flag = reinterpret_cast<const unsigned long long*>(areas.area[me] + flags_offset) +
@@ -358,8 +376,9 @@ __device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int 
     // read: look at it once in a while.
     const auto* block0 = flag - 2 * static_cast<std::size_t>(block);
     bool differs = false;
-    for (unsigned spins = 1; load_relaxed(flag) != sequence; ++spins) {
-      if ((spins & 63) == 0 && block != 0 && load_relaxed(block0) == sequence) {
+    for (unsigned spins = 1; !reached<kRounds>(load_relaxed(flag), value); ++spins) {
+      if ((spins & 63) == 0 && block != 0 &&
+          (load_relaxed(block0) & kSequenceBits) == (value & kSequenceBits)) {
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         if (block0[1] != signature) {
           differs = true;
@@ -378,6 +397,14 @@ __device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int 
     }
   }
   return stop;
+}
+
+// raise_flags, then wait_flags for a one-shot call.
+__device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
+                              unsigned block, unsigned long long sequence,
+                              unsigned long long signature, volatile unsigned* words) {
+  raise_flags(areas, flags_offset, members, me, block, sequence, signature);
+  return wait_flags<false>(areas, flags_offset, members, me, block, sequence, signature, words);
 }
 
 // Block `block` of `blocks`'s part of [lo, hi): whole 16-byte units of elements.
@@ -738,54 +765,21 @@ __device__ void block_copy(unsigned char* dst, const unsigned char* src, std::si
 }
 
 
-// One round of a two-shot call, by one block: `out` and `in` start at the round's first element;
-// the block's own and other parts are in elements from there, and so are their places in the
-// areas' `local` and `remote` buffers. `value` is what this round's flags carry. Returns nonzero
-// where the call stops (exchange_flags).
-__device__ int twoshot_round(void* out, const void* in, unsigned char* local, unsigned char* remote,
-                             std::size_t own_first, std::size_t own_last, std::size_t other_first,
-                             std::size_t other_last, std::size_t split, std::size_t size, int type,
-                             int op, int me, const Areas& areas, std::size_t flags_offset,
-                             std::size_t result_flags_offset, unsigned long long value,
-                             unsigned long long signature, volatile unsigned* words) {
-  block_copy(remote + other_first * size, static_cast<const unsigned char*>(in) + other_first * size,
-             (other_last - other_first) * size);
-  __syncthreads();
-  __shared__ int stop;
-  if (threadIdx.x == 0) {
-    stop = exchange_flags(areas, flags_offset, 2, me, blockIdx.x, value, signature, words);
-  }
-  __syncthreads();
-  if (stop != 0) return stop;
-  with_element(type, [&](auto element, bool bitwise) {
-    with_op(op, bitwise, [&](auto kOp) {
-      twoshot_reduce<decltype(element), kOp>(out, in, local, remote, own_first, own_last, split,
-                                             me);
-    });
-  });
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    stop = exchange_flags(areas, result_flags_offset, 2, me, blockIdx.x, value, signature, words);
-  }
-  __syncthreads();
-  if (stop != 0) return stop;
-  block_copy(static_cast<unsigned char*>(out) + other_first * size, local + other_first * size,
-             (other_last - other_first) * size);
-  return 0;
-}
-
 }  // namespace
 
 // One launch of a two-shot call (see above; the arguments are ferry_allreduce_oneshot's, with
 // members = 2). Block b of each member handles part b of both halves and waits only for block b
-// of the other, twice. A call larger than the generation's 2 x slot_bytes goes in rounds of
-// slot_bytes, alternating between the two halves of that buffer, each round's halves split at
-// slot_bytes / 2 and its parts placed as if the round were full, so block b's places are the
-// same in every round: block b writes round k + 2's data only after the other's block b raised
-// its flags for round k + 1, which it does after it finished reading round k's. A round's flags
-// carry the sequence number with the round in bits 48 and up (flags are compared for equality).
-// 96 registers (one block of 512 threads per multiprocessor, as the grid has): left to itself
-// the compiler took 64 and spilled.
+// of the other. A call larger than the generation's 2 x slot_bytes goes in rounds of slot_bytes,
+// alternating between the two halves of that buffer, each round's halves split at slot_bytes / 2
+// and its parts placed as if the round were full, so block b's places are the same in every
+// round. Round k + 1's push goes out before the wait for round k's results, so that wait and
+// the next round's overlap the copies: block b writes round k + 1's push into the place of round
+// k - 1 once it has seen the other's round k push flag (raised after the other copied round
+// k - 1's results out) and round k - 1's result flag (raised after the other reduced its round
+// k - 1 input). A round's flags carry the round above the sequence number, and a wait takes a
+// later round of the same call as well (a member may raise round k + 1's push flag before the
+// other saw round k's). 96 registers (one block of 512 threads per multiprocessor, as the grid
+// has): left to itself the compiler took 64 and spilled.
 extern "C" __global__ void __maxnreg__(96)
     ferry_allreduce_twoshot(void* out, const void* in, unsigned long long count, int type, int op,
                             int members, int me, int ring, unsigned long long sequence,
@@ -798,10 +792,9 @@ extern "C" __global__ void __maxnreg__(96)
   const int other = 1 - me;
   const std::size_t generation = sequence & 1;
   const std::size_t data_offset = generation * members * slot_bytes;
-  const std::size_t flags_offset =
+  const std::size_t push_flags =
       2 * static_cast<std::size_t>(members) * slot_bytes + generation * members * kMaxBlocks * 16;
-  const std::size_t result_flags_offset =
-      flags_offset + 2 * static_cast<std::size_t>(members) * kMaxBlocks * 16;
+  const std::size_t result_flags = push_flags + 2 * static_cast<std::size_t>(members) * kMaxBlocks * 16;
   // Bit 3 (ops are below 8) tells a two-shot call from a one-shot one of the same count, which
   // members whose FERRY_COLL_DEVICE_TWOSHOT differ would make.
   const unsigned long long signature =
@@ -817,24 +810,68 @@ extern "C" __global__ void __maxnreg__(96)
     half = round / 2;
   }
   if (half > round) half = round;
+  const unsigned long long rounds = (count + round - 1) / round;
   std::size_t own_first, own_last, other_first, other_last;
   block_part(me == 0 ? 0 : half, me == 0 ? half : round, unit, blockIdx.x, gridDim.x, &own_first,
              &own_last);
   block_part(other == 0 ? 0 : half, other == 0 ? half : round, unit, blockIdx.x, gridDim.x,
              &other_first, &other_last);
-  for (unsigned long long k = 0; k * round < count; ++k) {
+  // Round k's part [first, last) of a block, in bytes from the call's start, and its place in the
+  // areas' buffers.
+  struct Part {
+    std::size_t first, last, place;
+  };
+  const auto part = [&](unsigned long long k, std::size_t first, std::size_t last) {
     const std::size_t start = k * round;
     const std::size_t length = count - start < round ? count - start : round;
-    const auto clip = [&](std::size_t i) { return i < length ? i : length; };
-    const std::size_t places = (k & 1) * slot_bytes;
-    if (twoshot_round(static_cast<unsigned char*>(out) + start * size,
-                      static_cast<const unsigned char*>(in) + start * size, local + places,
-                      remote + places, clip(own_first), clip(own_last), clip(other_first),
-                      clip(other_last), split > start ? split - start : 0, size, type, op, me,
-                      areas, flags_offset, result_flags_offset, sequence | k << 48, signature,
-                      words) != 0) {
-      break;
+    const std::size_t a = first < length ? first : length;
+    const std::size_t b = last < length ? last : length;
+    return Part{(start + a) * size, (start + b) * size, (k & 1) * slot_bytes + a * size};
+  };
+  const auto push = [&](unsigned long long k) {
+    const Part p = part(k, other_first, other_last);
+    block_copy(remote + p.place, static_cast<const unsigned char*>(in) + p.first, p.last - p.first);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      raise_flags(areas, push_flags, 2, me, blockIdx.x, sequence | k << 48, signature);
     }
+  };
+  // One word per wait: no barrier separates a round's last read of a word from thread 0's next
+  // write of the other.
+  __shared__ int pushed_stop, results_stop;
+  push(0);
+  for (unsigned long long k = 0; k < rounds; ++k) {
+    const unsigned long long value = sequence | k << 48;
+    if (threadIdx.x == 0) {
+      pushed_stop = wait_flags<true>(areas, push_flags, 2, me, blockIdx.x, value, signature, words);
+    }
+    __syncthreads();
+    if (pushed_stop != 0) break;
+    const Part own = part(k, own_first, own_last);
+    const std::size_t start = k * round;
+    with_element(type, [&](auto element, bool bitwise) {
+      with_op(op, bitwise, [&](auto kOp) {
+        twoshot_reduce<decltype(element), kOp>(
+            static_cast<unsigned char*>(out) + start * size,
+            static_cast<const unsigned char*>(in) + start * size, local + (k & 1) * slot_bytes,
+            remote + (k & 1) * slot_bytes, own.first / size - start, own.last / size - start,
+            split > start ? split - start : 0, me);
+      });
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      raise_flags(areas, result_flags, 2, me, blockIdx.x, value, signature);
+    }
+    if (k + 1 < rounds) push(k + 1);
+    if (threadIdx.x == 0) {
+      results_stop =
+          wait_flags<true>(areas, result_flags, 2, me, blockIdx.x, value, signature, words);
+    }
+    __syncthreads();
+    if (results_stop != 0) break;
+    const Part theirs = part(k, other_first, other_last);
+    block_copy(static_cast<unsigned char*>(out) + theirs.first, local + theirs.place,
+               theirs.last - theirs.first);
   }
   finish_call(blocks_done, lane_flag, done);
 }

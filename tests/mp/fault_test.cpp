@@ -125,14 +125,19 @@ int main(int argc, char** argv) {
     return failures == 0 ? 0 : 1;
   }
   if (argc > 1 && std::string(argv[1]) == "coll-death-device") {
-    // On a GPU machine: the last rank dies while the others run small allreduces of device
-    // buffers back to back (the one-shot kernel, which waits on the GPU for every member's flags):
-    // every survivor's allreduce fails with kPeerFailed and its GPU is free again.
+    // On a GPU machine: the last rank dies while the others run device allreduces back to back,
+    // of 2 floats (the one-shot kernel, which waits on the GPU for every member's flags), or of
+    // argv[2] MiB (between two GPUs from 16 MiB the two-shot kernel, in rounds past 32 MiB, whose
+    // blocks wait on the GPU for the other's flags twice a round): every survivor's allreduce
+    // fails with kPeerFailed and its GPU is free again.
     const ferry::cuda::Driver* d = bind_gpu(ctx, "device collective kill");
     if (d == nullptr) return 0;
+    const std::size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
+    const std::size_t bytes = mib == 0 ? 4096 : mib << 20;
+    const std::size_t count = mib == 0 ? 2 : bytes / sizeof(float);
     CUdeviceptr buffer = 0;
-    expect(d->cuMemAlloc(&buffer, 4096) == CUDA_SUCCESS, "cuMemAlloc");
-    d->cuMemsetD8(buffer, 0, 4096);
+    expect(d->cuMemAlloc(&buffer, bytes) == CUDA_SUCCESS, "cuMemAlloc");
+    d->cuMemsetD8(buffer, 0, bytes);
     d->cuCtxSynchronize();
     ferry::Communicator world = ctx.world();
     const int victim = ctx.size() - 1;
@@ -144,19 +149,19 @@ int main(int argc, char** argv) {
       if (ctx.rank() == victim && Clock::now() - start > std::chrono::milliseconds(300)) {
         ::kill(::getpid(), SIGKILL);
       }
-      s = world.allreduce(data, data, 2, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
+      s = world.allreduce(data, data, count, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
       ++calls;
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     expect(s.code() == ferry::Code::kPeerFailed, "the device allreduce fails with kPeerFailed");
     expect(
-        d->cuMemsetD8(buffer, 0x22, 4096) == CUDA_SUCCESS && d->cuCtxSynchronize() == CUDA_SUCCESS,
+        d->cuMemsetD8(buffer, 0x22, bytes) == CUDA_SUCCESS && d->cuCtxSynchronize() == CUDA_SUCCESS,
         "the GPU is free afterwards (no kernel left waiting)");
     d->cuMemFree(buffer);
     std::printf(
-        "rank %d: device allreduces without rank %d: %ld calls, then after %.0f ms: %s, "
-        "%d failures\n",
-        ctx.rank(), victim, calls, ms, s.to_string().c_str(), failures);
+        "rank %d: device allreduces of %zu B without rank %d: %ld calls, then after %.0f ms: "
+        "%s, %d failures\n",
+        ctx.rank(), count * sizeof(float), victim, calls, ms, s.to_string().c_str(), failures);
     return failures == 0 ? 0 : 1;
   }
 #endif
