@@ -1,5 +1,6 @@
-// ferryrun's job: fork+exec of the ranks in one process group, an event loop over the store and a
-// signalfd, failure handling (first failure wins, SIGTERM then SIGKILL) and cleanup on exit.
+// ferryrun's job: fork+exec of the ranks in one process group, an event loop over the store, a
+// signalfd and a pipe for the signals other threads catch, failure handling (first failure wins,
+// SIGTERM then SIGKILL) and cleanup on exit.
 #include "job.hpp"
 
 #include <dirent.h>
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 
@@ -73,6 +75,23 @@ void info(const char* format, ...) {
   std::fprintf(stderr, "ferryrun: %s\n", text);
 }
 
+// The write end of Job's signal pipe, for forward_signal (a handler can reach nothing else).
+int g_signal_pipe = -1;
+
+// The handler for the signals ferryrun waits for, run only in a thread that does not block them:
+// ferryrun's own thread blocks them and reads them from its signalfd, but a thread started by a
+// preloaded library or a tool's injection (compute-sanitizer's is one) blocks nothing, and the
+// kernel hands a process-directed signal to such a thread. Left at the default action there,
+// SIGCHLD was discarded (the job's end went unseen until --timeout) and SIGTERM ended ferryrun
+// without forwarding it. The signal goes on through the pipe to the event loop.
+void forward_signal(int signal) {
+  const int saved = errno;
+  const auto byte = static_cast<unsigned char>(signal);
+  const ssize_t ignored = ::write(g_signal_pipe, &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
 const char* signal_text(int signal) {
   const char* text = ::strsignal(signal);
   return text != nullptr ? text : "unknown signal";
@@ -117,6 +136,7 @@ class Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
   ~Job() {
+    g_signal_pipe = -1;
     server_.reset();
     if (!job_id_.empty()) {
       int swept = sweep_shm(job_id_);
@@ -146,6 +166,9 @@ class Job {
   bool spawn(int rank, int stdin_fd);
   void loop();
   void read_signals();
+  // The signals other threads caught (forward_signal), in the order they came.
+  void read_signal_pipe();
+  void on_signal(int signal);
   void reap();
   void on_exit(int rank, int status);
   // A rank still running (not reaped) whose store connection has closed, other than `rank`, or -1.
@@ -175,6 +198,9 @@ class Job {
   ScratchDir dir_;
   std::unique_ptr<bootstrap::StoreServer> server_;
   util::Fd signal_fd_;
+  util::Fd signal_pipe_[2];  // read, write
+  static constexpr int kSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_actions_[std::size(kSignals)]{};
   sigset_t old_mask_{};
   rlimit old_files_{};
   std::vector<Rank> ranks_;
@@ -232,7 +258,7 @@ bool Job::block_signals() {
   // children restore the old mask before exec.
   sigset_t mask;
   sigemptyset(&mask);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&mask, s);
+  for (int s : kSignals) sigaddset(&mask, s);
   if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) {
     std::fprintf(stderr, "ferryrun: sigprocmask() failed: %s\n", std::strerror(errno));
     return false;
@@ -241,6 +267,25 @@ bool Job::block_signals() {
   if (!signal_fd_.valid()) {
     std::fprintf(stderr, "ferryrun: signalfd() failed: %s\n", std::strerror(errno));
     return false;
+  }
+  // For the signals another thread takes (forward_signal).
+  int ends[2];
+  if (::pipe2(ends, O_NONBLOCK | O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "ferryrun: pipe2() failed: %s\n", std::strerror(errno));
+    return false;
+  }
+  signal_pipe_[0].reset(ends[0]);
+  signal_pipe_[1].reset(ends[1]);
+  g_signal_pipe = ends[1];
+  struct sigaction action {};
+  action.sa_handler = forward_signal;
+  action.sa_mask = mask;
+  action.sa_flags = SA_RESTART;
+  for (std::size_t i = 0; i < std::size(kSignals); ++i) {
+    if (::sigaction(kSignals[i], &action, &old_actions_[i]) != 0) {
+      std::fprintf(stderr, "ferryrun: sigaction() failed: %s\n", std::strerror(errno));
+      return false;
+    }
   }
   return true;
 }
@@ -296,6 +341,11 @@ bool Job::spawn(int rank, int stdin_fd) {
     if (::getppid() != parent) ::_exit(kExitCannotRun);
     if (stdin_fd != STDIN_FILENO) ::dup2(stdin_fd, STDIN_FILENO);
     ::setrlimit(RLIMIT_NOFILE, &old_files_);
+    // The dispositions ferryrun found (a signal ignored under nohup stays ignored in the ranks),
+    // before the signals are unblocked: none may reach ferryrun's pipe from here.
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) {
+      ::sigaction(kSignals[i], &old_actions_[i], nullptr);
+    }
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     ::execvpe(argv[0], argv.data(), envp.data());
     int error = errno;
@@ -325,8 +375,10 @@ void Job::loop() {
       ms = std::max<long long>(ms, 0);
       if (wait_ms < 0 || ms < wait_ms) wait_ms = static_cast<int>(std::min<long long>(ms, 1 << 30));
     }
-    pollfd fds[2] = {{server_->fd(), POLLIN, 0}, {signal_fd_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) {
+    pollfd fds[3] = {{server_->fd(), POLLIN, 0},
+                     {signal_fd_.get(), POLLIN, 0},
+                     {signal_pipe_[0].get(), POLLIN, 0}};
+    if (::poll(fds, 3, wait_ms) < 0 && errno != EINTR) {
       std::fprintf(stderr, "ferryrun: poll() failed: %s; ending the job\n", std::strerror(errno));
       stop_all();
       return;
@@ -334,6 +386,7 @@ void Job::loop() {
     // The store first: an ABORT sent just before a rank exited explains that exit.
     if (fds[0].revents != 0) server_->poll(0);
     if (fds[1].revents != 0) read_signals();
+    if (fds[2].revents != 0) read_signal_pipe();
     now = Clock::now();
     if (timeout_at_ && now >= *timeout_at_) {
       timeout_at_.reset();
@@ -353,24 +406,35 @@ void Job::loop() {
 void Job::read_signals() {
   signalfd_siginfo siginfo;
   while (::read(signal_fd_.get(), &siginfo, sizeof(siginfo)) == sizeof(siginfo)) {
-    int signal = static_cast<int>(siginfo.ssi_signo);
-    if (signal == SIGCHLD) {
-      reap();
-      continue;
-    }
-    const char* name = sigabbrev_np(signal) != nullptr ? sigabbrev_np(signal) : "?";
-    if (terminating_) {
-      // A second interrupt (or one during a failure's grace period): no more waiting.
-      std::fprintf(stderr, "ferryrun: got SIG%s while ending the job; killing it\n", name);
-      signal_job(SIGKILL);
-      kill_at_.reset();
-      continue;
-    }
-    std::fprintf(stderr, "ferryrun: got SIG%s; forwarding it to the job\n", name);
-    fail(128 + signal);
-    terminate(signal);
+    on_signal(static_cast<int>(siginfo.ssi_signo));
   }
+}
+
+void Job::read_signal_pipe() {
+  unsigned char signals[64];
+  ssize_t got;
+  while ((got = ::read(signal_pipe_[0].get(), signals, sizeof(signals))) > 0) {
+    for (ssize_t i = 0; i < got; ++i) on_signal(signals[i]);
+  }
+}
+
+void Job::on_signal(int signal) {
   // SIGCHLDs merge: reap() collects every exited child, whatever signal woke us.
+  if (signal == SIGCHLD) {
+    reap();
+    return;
+  }
+  const char* name = sigabbrev_np(signal) != nullptr ? sigabbrev_np(signal) : "?";
+  if (terminating_) {
+    // A second interrupt (or one during a failure's grace period): no more waiting.
+    std::fprintf(stderr, "ferryrun: got SIG%s while ending the job; killing it\n", name);
+    signal_job(SIGKILL);
+    kill_at_.reset();
+    return;
+  }
+  std::fprintf(stderr, "ferryrun: got SIG%s; forwarding it to the job\n", name);
+  fail(128 + signal);
+  terminate(signal);
 }
 
 void Job::reap() {
