@@ -191,12 +191,15 @@ for step in $steps; do
         echo "exit ${PIPESTATUS[0]}; /dev/shm: $(ls /dev/shm | grep -c '^ferry-') ferry files left"
       done ;;
     coll_sanitizer)
-      # memcheck over both ranks: the reduction kernel (ring), copies, and the one-shot kernel.
-      compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
-        "$bin/ferryrun" --timeout 500 -n 2 "$bin/ferry_gpu_coll_tests" \
-        --gtest_filter='GpuColl.DataMovement*:GpuColl.NonBlocking*:GpuColl.DifferentCounts*:GpuColl.Mixed*:GpuColl.TwoShot*' \
-        2>&1 | tee "$out/memcheck_coll.txt" | grep -E "ERROR SUMMARY|^\[  |Failure"
-      echo "exit ${PIPESTATUS[0]}" ;;
+      # memcheck, racecheck and synccheck over both ranks of the whole collective suite (the
+      # reduction kernel, copies, the one-shot, two-shot and resident kernels).
+      for tool in memcheck racecheck synccheck; do
+        echo "--- $tool"
+        compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
+          "$bin/ferryrun" --timeout 300 -n 2 "$bin/ferry_gpu_coll_tests" 2>&1 \
+          | tee "$out/${tool}_coll.txt" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  |Failure"
+        echo "exit ${PIPESTATUS[0]}"
+      done ;;
     coll_kill)
       # A member SIGKILLed while the others run small device allreduces (3 ranks): by the ring
       # where two share a GPU, then by the one-shot kernels all the same; then with 2 ranks
