@@ -794,7 +794,8 @@ extern "C" __global__ void __maxnreg__(96)
   const std::size_t data_offset = generation * members * slot_bytes;
   const std::size_t push_flags =
       2 * static_cast<std::size_t>(members) * slot_bytes + generation * members * kMaxBlocks * 16;
-  const std::size_t result_flags = push_flags + 2 * static_cast<std::size_t>(members) * kMaxBlocks * 16;
+  const std::size_t result_flags =
+      push_flags + 2 * static_cast<std::size_t>(members) * kMaxBlocks * 16;
   // Bit 3 (ops are below 8) tells a two-shot call from a one-shot one of the same count, which
   // members whose FERRY_COLL_DEVICE_TWOSHOT differ would make.
   const unsigned long long signature =
@@ -816,21 +817,22 @@ extern "C" __global__ void __maxnreg__(96)
              &own_last);
   block_part(other == 0 ? 0 : half, other == 0 ? half : round, unit, blockIdx.x, gridDim.x,
              &other_first, &other_last);
-  // Round k's part [first, last) of a block, in bytes from the call's start, and its place in the
-  // areas' buffers.
+  // A block's part [first, last) of round k, in elements from the round's start (clipped to the
+  // last round's length); the round's data lies at (k & 1) * slot_bytes in each area's buffer.
   struct Part {
-    std::size_t first, last, place;
+    std::size_t start, first, last, place;
   };
   const auto part = [&](unsigned long long k, std::size_t first, std::size_t last) {
     const std::size_t start = k * round;
     const std::size_t length = count - start < round ? count - start : round;
-    const std::size_t a = first < length ? first : length;
-    const std::size_t b = last < length ? last : length;
-    return Part{(start + a) * size, (start + b) * size, (k & 1) * slot_bytes + a * size};
+    return Part{start, first < length ? first : length, last < length ? last : length,
+                (k & 1) * slot_bytes};
   };
   const auto push = [&](unsigned long long k) {
     const Part p = part(k, other_first, other_last);
-    block_copy(remote + p.place, static_cast<const unsigned char*>(in) + p.first, p.last - p.first);
+    block_copy(remote + p.place + p.first * size,
+               static_cast<const unsigned char*>(in) + (p.start + p.first) * size,
+               (p.last - p.first) * size);
     __syncthreads();
     if (threadIdx.x == 0) {
       raise_flags(areas, push_flags, 2, me, blockIdx.x, sequence | k << 48, signature);
@@ -848,14 +850,13 @@ extern "C" __global__ void __maxnreg__(96)
     __syncthreads();
     if (pushed_stop != 0) break;
     const Part own = part(k, own_first, own_last);
-    const std::size_t start = k * round;
     with_element(type, [&](auto element, bool bitwise) {
       with_op(op, bitwise, [&](auto kOp) {
         twoshot_reduce<decltype(element), kOp>(
-            static_cast<unsigned char*>(out) + start * size,
-            static_cast<const unsigned char*>(in) + start * size, local + (k & 1) * slot_bytes,
-            remote + (k & 1) * slot_bytes, own.first / size - start, own.last / size - start,
-            split > start ? split - start : 0, me);
+            static_cast<unsigned char*>(out) + own.start * size,
+            static_cast<const unsigned char*>(in) + own.start * size, local + own.place,
+            remote + own.place, own.first, own.last, split > own.start ? split - own.start : 0,
+            me);
       });
     });
     __syncthreads();
@@ -870,8 +871,8 @@ extern "C" __global__ void __maxnreg__(96)
     __syncthreads();
     if (results_stop != 0) break;
     const Part theirs = part(k, other_first, other_last);
-    block_copy(static_cast<unsigned char*>(out) + theirs.first, local + theirs.place,
-               theirs.last - theirs.first);
+    block_copy(static_cast<unsigned char*>(out) + (theirs.start + theirs.first) * size,
+               local + theirs.place + theirs.first * size, (theirs.last - theirs.first) * size);
   }
   finish_call(blocks_done, lane_flag, done);
 }
