@@ -73,6 +73,10 @@ const bool kRepMovsbSlow = measure_rep_movsb_slow();
 
 const std::size_t kStreamFrom = std::size_t{32} << 20;
 
+void copy_rep(void* dst, const void* src, std::size_t n) noexcept {
+  asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
+}
+
 __attribute__((target("avx2"))) void copy_vector(void* dst, const void* src,
                                                  std::size_t n) noexcept {
   auto* d = static_cast<char*>(dst);

@@ -56,5 +56,19 @@ TEST(Copy, SizesAroundTheThresholds) {
   }
 }
 
+TEST(Copy, RepMovsbAtEveryAlignmentAndAroundItsThreshold) {
+  // copy_rep directly (util::copy takes it from kRepFrom only where `rep movsb` is not slow).
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{4097}}) {
+    for (std::size_t from = 0; from < 4; ++from) {
+      check(n, from, 3 - from, [](void* d, const void* s, std::size_t k) { copy_rep(d, s, k); });
+    }
+  }
+  for (std::size_t n : {kRepFrom - 1, kRepFrom, kRepFrom + 17}) {
+    check(n, 0, 0, [](void* d, const void* s, std::size_t k) { copy(d, s, k); });
+    check(n, 5, 2, [](void* d, const void* s, std::size_t k) { copy(d, s, k); });
+    check(n, 1, 0, [](void* d, const void* s, std::size_t k) { copy_rep(d, s, k); });
+  }
+}
+
 }  // namespace
 }  // namespace ferry::util
