@@ -116,9 +116,17 @@ Status Context::barrier() {
   auto entry = engine_->enter();
   return engine_->barrier();
 }
+namespace {
+// Out of line, so that progress() without the lock (FERRY_THREADS=single) saves no registers.
+[[gnu::noinline]] int locked_progress(proto::Engine* engine) {
+  auto entry = engine->enter();
+  return engine->progress();
+}
+}  // namespace
+
 int Context::progress() {
-  auto entry = engine_->enter();
-  return engine_->progress();
+  proto::Engine* engine = engine_.get();
+  return engine->threaded() ? locked_progress(engine) : engine->progress();
 }
 void Context::abort(int code, const std::string& reason) { engine_->abort(code, reason); }
 int Context::event_fd() const {

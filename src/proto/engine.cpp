@@ -154,9 +154,11 @@ void Engine::setup_transports() {
       throw Error(Code::kBootstrapError,
                   bootstrap_->name() + " lists this node's ranks without " + std::to_string(rank_));
     }
-    transports_.push_back(std::make_unique<transport::shm::ShmTransport>(
-        config_, bootstrap_->job_id(), rank_, static_cast<int>(it - local.begin()), local, this));
-    polled_.push_back(transports_.back().get());
+    auto shm = std::make_unique<transport::shm::ShmTransport>(
+        config_, bootstrap_->job_id(), rank_, static_cast<int>(it - local.begin()), local, this);
+    shm_ = shm.get();
+    transports_.push_back(std::move(shm));
+    polled_.push_back(shm_);
     transport_notes_.push_back("shm: available (" + std::to_string(local.size()) +
                                " processes on this node)");
   }
@@ -344,6 +346,7 @@ void Engine::finalize() {
   }
   endpoints_.clear();
   polled_.clear();
+  shm_ = nullptr;
   self_ = nullptr;
   transports_.clear();
 }

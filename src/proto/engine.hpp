@@ -4,6 +4,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <deque>
@@ -32,6 +33,9 @@
 
 namespace ferry::transport::self {
 class SelfTransport;
+}
+namespace ferry::transport::shm {
+class ShmTransport;
 }
 
 namespace ferry::proto {
@@ -75,6 +79,8 @@ class Engine final : public transport::AmHandler {
     Engine* engine_;
   };
   Entry enter() { return Entry(this); }
+  // Whether calls lock (FERRY_THREADS=multi); fixed for the engine's life.
+  [[nodiscard]] bool threaded() const { return threaded_; }
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
@@ -170,6 +176,24 @@ class Engine final : public transport::AmHandler {
   // which reports what is wrong.
   std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
                         bool local_device);
+  // direct_now's answer without its calls, for another access to the peer region that the last
+  // direct access reached: the same key (rank, region, secret), in range of both the key's size
+  // and the size mapped, the region still registered. Null: ask direct_now (a first access,
+  // another region, device memory, anything it would refuse).
+  [[gnu::always_inline]] std::byte* direct_again(int rank, std::uint64_t region,
+                                                 std::uint64_t secret, std::size_t key_size,
+                                                 std::uint64_t offset, const void* local,
+                                                 std::size_t bytes) {
+    const LastDirect& last = last_direct_;
+    if (last.data == nullptr || last.rank != rank || last.region != region ||
+        last.secret != secret || bytes == 0 || local == nullptr ||
+        offset > std::min(key_size, last.size) || bytes > std::min(key_size, last.size) - offset ||
+        std::atomic_ref<std::uint32_t>(*last.live).load(std::memory_order_acquire) == 0 ||
+        device_of(local) >= 0) {
+      return nullptr;
+    }
+    return last.data + offset;
+  }
   // What a region's key carries besides its id and secret: where peers on this node find it
   // (-1: they do not), and whether other nodes may reach it natively (RmaTarget's fields).
   struct RegionAccess {
@@ -426,6 +450,20 @@ class Engine final : public transport::AmHandler {
   // lookup was a tenth of them).
   const Mapping* last_mapping_ = nullptr;
   std::pair<int, std::uint64_t> last_mapped_{-1, 0};
+  // The peer region that the last direct access reached, for direct_again; forgotten with
+  // last_mapping_ (the mapping gone, the peer failed).
+  struct LastDirect {
+    int rank = -1;
+    std::uint64_t region = 0;
+    std::uint64_t secret = 0;
+    std::size_t size = 0;
+    std::byte* data = nullptr;      // the region's first byte here; null: none
+    std::uint32_t* live = nullptr;  // its header's word that deregistration clears
+  } last_direct_;
+  void forget_last_mapping() {
+    last_mapping_ = nullptr;
+    last_direct_.data = nullptr;
+  }
   // Checks an access against the regions; the region's base (*device: whether in device memory),
   // or null with *refusal set.
   std::byte* rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
@@ -544,6 +582,10 @@ class Engine final : public transport::AmHandler {
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   transport::self::SelfTransport* self_ = nullptr;  // polled only when it has work
   std::vector<transport::Transport*> polled_;       // the other transports, polled every time
+  // The shm transport among them, if any: progress asks it inline whether it has anything to do
+  // (an idle poll is then a few loads; a waiting loop that calls progress() sees a peer's store
+  // sooner, docs/PERFORMANCE.md, "One-sided").
+  transport::shm::ShmTransport* shm_ = nullptr;
   std::vector<std::string> transport_notes_;        // why each transport is or is not here
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Peer> peers_;
@@ -602,6 +644,7 @@ class Engine final : public transport::AmHandler {
   bool crash_on_send_ = false;                  // FERRY_TEST_CRASH_AT=first-send names this rank
   bool crash_mid_pipeline_ = false;             // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
   std::size_t outstanding_sends_ = 0;           // send requests not yet complete
+  int progress_all();  // progress() past its idle poll
   std::uint32_t progress_calls_ = 0;            // peers are checked every kCheckPeersEvery calls
   util::Clock::time_point next_yield_check_{};  // check_peers_before_yield's next
 };

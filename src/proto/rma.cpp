@@ -488,7 +488,7 @@ std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
     // Deregistered since: forget the mapping, and let the owner answer (it knows best why).
     ::munmap(mapped->mapping, mapped->mapping_length);
     mappings_.erase({target.rank, target.region});
-    last_mapping_ = nullptr;
+    forget_last_mapping();
     return nullptr;
   }
   if (header->secret != target.secret) {  // mapped under this id by another key
@@ -500,6 +500,9 @@ std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
     *refusal = kRmaOutOfRange;
     return nullptr;
   }
+  last_direct_ = LastDirect{
+      target.rank,  target.region, target.secret, mapped->size, mapped->mapping + kHeaderBytes,
+      &header->live};
   return mapped->mapping + kHeaderBytes + target.offset;
 }
 
@@ -833,7 +836,7 @@ void Engine::handle_native_revoked(int source, std::span<const std::byte> data) 
 }
 
 void Engine::unmap_peer_regions(int rank) {
-  last_mapping_ = nullptr;
+  forget_last_mapping();
   for (auto it = mappings_.begin(); it != mappings_.end();) {
     if (rank >= 0 && it->first.first != rank) {
       ++it;

@@ -361,6 +361,33 @@ TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
   }
   EXPECT_EQ(spare[0], std::byte{0x5a});
   good_key_works();  // after all that
+
+  // The same refusals right after an access through the good key succeeded: on this node a later
+  // access to the region accessed last takes a shorter path (Context::iput, direct_again), which
+  // must refuse them as well, write nothing and leave the good key working.
+  std::vector<std::byte> other_bytes(8192, std::byte{0x11});
+  ASSERT_TRUE(ctx().iput(data.data(), 8, good, 0).wait().is_ok());
+  ASSERT_TRUE(ctx().iget(&result, 8, good, 8).wait().is_ok());
+  expect_fails(ctx().iput(other_bytes.data(), 16, good, 4090), Code::kInvalidArgument,
+               "past the end, after a good access", "outside");
+  expect_fails(ctx().iget(other_bytes.data(), 4097, good, 0), Code::kInvalidArgument,
+               "too long, after a good access", "outside");
+  expect_fails(ctx().iput(other_bytes.data(), 8192, too_big, 0), Code::kInvalidArgument,
+               "forged size, after a good access", "outside the region");
+  expect_fails(ctx().iget(other_bytes.data(), 16, too_big, 5000), Code::kInvalidArgument,
+               "forged size get, after a good access", "outside the region");
+  expect_fails(ctx().iput(other_bytes.data(), 8, wrong_secret, 0), Code::kInvalidArgument,
+               "wrong secret, after a good access", "does not match");
+  expect_fails(ctx().iget(other_bytes.data(), 8, wrong_secret, 0), Code::kInvalidArgument,
+               "wrong secret get, after a good access", "does not match");
+  EXPECT_EQ(ctx().flush(next()).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(ctx().flush(next()).is_ok());
+  EXPECT_EQ(other_bytes, std::vector<std::byte>(8192, std::byte{0x11})) << "a refused get wrote";
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  for (std::size_t i = 0; i < 4096; ++i) {
+    ASSERT_EQ(window[i], std::byte{0x77}) << "a refused access wrote byte " << i;
+  }
+  good_key_works();
 }
 
 TEST(OneSided, AllocatedMemoryOfThisNodeNeedsNoProgressFromItsOwner) {

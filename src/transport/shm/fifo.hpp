@@ -132,6 +132,8 @@ class FifoConsumer {
   // Where the consumer waits: the index of the next element, and whether it is published.
   [[nodiscard]] std::uint64_t position() const { return read_; }
   [[nodiscard]] bool head_published() const { return peek() != nullptr; }
+  // Whether the tail says every element popped so far is free again.
+  [[nodiscard]] bool all_released() const { return released_ == read_; }
   // Done with the element peek returned (or with a hole: see is_hole_of_dead_producer); the
   // tail moves every `batch` elements.
   [[gnu::always_inline]] inline void pop() {

@@ -33,6 +33,11 @@ class ShmTransport final : public Transport {
   void on_all_connected() override { own_.unlink(); }
   void check_peers(std::vector<std::pair<int, std::string>>* failed) override;
   int progress() override;
+  // Whether progress() would find nothing to do: no element published, no tail to publish, no
+  // dead producer's hole to look for. Inline, for the engine's idle poll.
+  [[nodiscard]] bool quiet() const {
+    return consumer_.peek() == nullptr && consumer_.all_released() && dead_producers_ == 0;
+  }
   [[nodiscard]] int wait_fd() const override { return doorbell_.get(); }
   bool arm() override;
   void disarm() override;
