@@ -206,6 +206,10 @@ Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std:
 Request Context::iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
                          std::uint64_t operand, void* result, std::uint64_t compare) {
   auto entry = engine_->enter();
+  if (engine_->atomic_again(op, width, key.rank_, key.id_, key.secret_, key.size_, offset, operand,
+                            result, compare)) {
+    return Request(engine_.get(), Request::kDone);
+  }
   return engine_->iatomic(op, width, KeyAccess::target(key, offset), operand, result, compare);
 }
 

@@ -211,6 +211,11 @@ class Engine final : public transport::AmHandler {
   Request iget(void* local, std::size_t bytes, const RmaTarget& target);
   Request iatomic(AtomicOp op, std::size_t width, const RmaTarget& target, std::uint64_t operand,
                   void* result, std::uint64_t compare);
+  // iatomic's direct case on the peer region accessed last (direct_again), done here: true when
+  // it was; false: ask iatomic (which reports anything wrong).
+  bool atomic_again(AtomicOp op, std::size_t width, int rank, std::uint64_t region,
+                    std::uint64_t secret, std::size_t key_size, std::uint64_t offset,
+                    std::uint64_t operand, void* result, std::uint64_t compare);
   Status flush(int rank);  // -1: every rank
   // Null once this engine is finalized (MemoryRegions outlive their Context harmlessly).
   [[nodiscard]] const std::shared_ptr<Engine*>& handle() const { return handle_; }
@@ -586,7 +591,7 @@ class Engine final : public transport::AmHandler {
   // (an idle poll is then a few loads; a waiting loop that calls progress() sees a peer's store
   // sooner, docs/PERFORMANCE.md, "One-sided").
   transport::shm::ShmTransport* shm_ = nullptr;
-  std::vector<std::string> transport_notes_;        // why each transport is or is not here
+  std::vector<std::string> transport_notes_;  // why each transport is or is not here
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Peer> peers_;
   // Other ranks that have an endpoint and have not failed: at 0 no one is left to match a receive
@@ -602,6 +607,7 @@ class Engine final : public transport::AmHandler {
   std::vector<std::pair<std::uint32_t, std::unique_ptr<Operation>>> operations_;
   bool advancing_ = false;  // an operation's own calls must not advance operations again
   int advance_operations();
+  int progress_all();  // progress() past its idle poll
   // Threads (FERRY_THREADS, FERRY_PROGRESS_THREAD).
   // A spin lock: uncontended, one atomic exchange and a plain store (a mutex costs a second
   // atomic operation to let go). Waiters spin a little, then yield: the holder is polling, not
@@ -644,7 +650,6 @@ class Engine final : public transport::AmHandler {
   bool crash_on_send_ = false;                  // FERRY_TEST_CRASH_AT=first-send names this rank
   bool crash_mid_pipeline_ = false;             // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
   std::size_t outstanding_sends_ = 0;           // send requests not yet complete
-  int progress_all();  // progress() past its idle poll
   std::uint32_t progress_calls_ = 0;            // peers are checked every kCheckPeersEvery calls
   util::Clock::time_point next_yield_check_{};  // check_peers_before_yield's next
 };

@@ -1000,6 +1000,19 @@ Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
   return request;
 }
 
+bool Engine::atomic_again(AtomicOp op, std::size_t width, int rank, std::uint64_t region,
+                          std::uint64_t secret, std::size_t key_size, std::uint64_t offset,
+                          std::uint64_t operand, void* result, std::uint64_t compare) {
+  if ((width != 4 && width != 8) || offset % width != 0 || static_cast<std::uint8_t>(op) > 5 ||
+      (result != nullptr && device_memory(result))) {
+    return false;
+  }
+  std::byte* word = direct_again(rank, region, secret, key_size, offset, &operand, width);
+  if (word == nullptr || reinterpret_cast<std::uintptr_t>(word) % width != 0) return false;
+  apply_atomic_at(word, op, width, operand, compare, result);
+  return true;
+}
+
 Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                         std::uint64_t operand, void* result, std::uint64_t compare) {
   // The result is stored by the CPU: it must be host memory (checked where CUDA is loaded).

@@ -380,6 +380,14 @@ TEST(OneSided, WrongKeysAndRangesFailAndWriteNothing) {
                "wrong secret, after a good access", "does not match");
   expect_fails(ctx().iget(other_bytes.data(), 8, wrong_secret, 0), Code::kInvalidArgument,
                "wrong secret get, after a good access", "does not match");
+  expect_fails(ctx().iatomic(AtomicOp::kAdd, 8, good, 4, 1), Code::kInvalidArgument,
+               "misaligned, after a good access", "aligned");
+  expect_fails(ctx().iatomic(AtomicOp::kAdd, 2, good, 0, 1), Code::kInvalidArgument,
+               "width, after a good access", "width");
+  expect_fails(ctx().iatomic(AtomicOp::kSwap, 8, too_big, 8192, 1, &result), Code::kInvalidArgument,
+               "forged size atomic, after a good access", "outside the region");
+  expect_fails(ctx().iatomic(AtomicOp::kAdd, 8, wrong_secret, 0, 1), Code::kInvalidArgument,
+               "wrong secret atomic, after a good access", "does not match");
   EXPECT_EQ(ctx().flush(next()).code(), Code::kInvalidArgument);
   EXPECT_TRUE(ctx().flush(next()).is_ok());
   EXPECT_EQ(other_bytes, std::vector<std::byte>(8192, std::byte{0x11})) << "a refused get wrote";
