@@ -20,9 +20,10 @@ extern const bool kHaveAvx2;
 extern const bool kRepMovsbSlow;
 // `rep movsb`, for copies of kRepFrom or more where it is not slow. glibc's memcpy stops using it
 // above the L2 size on AMD processors and runs a vector loop there; on this project's AMD EPYC
-// VMs whose `rep movsb` is fast that loop moved 4 MiB at 53-63 GB/s against 62-66 GB/s for
-// `rep movsb`, ahead in 18 of 18 interleaved pairs (docs/PERFORMANCE.md, "One-sided"). Where
-// glibc keeps `rep movsb` (Intel) this is the copy it makes anyway.
+// VM whose `rep movsb` is fast (bench/copy_probe.cpp, interleaved pairs) that loop moved 1 MiB at
+// 57-60 GB/s against 63-68, 16 MiB at 30-36 against 34-46, and 4 MiB 2-4% slower except with the
+// destination 16 bytes off the source's alignment (2-4% faster there; docs/PERFORMANCE.md,
+// "One-sided"). Where glibc keeps `rep movsb` (Intel) this is the copy it makes anyway.
 void copy_rep(void* dst, const void* src, std::size_t n) noexcept;
 constexpr std::size_t kRepFrom = std::size_t{1} << 20;
 
