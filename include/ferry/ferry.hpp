@@ -190,6 +190,9 @@ class MemoryRegion {
   [[nodiscard]] bool valid() const { return id_ != 0; }
   [[nodiscard]] void* address() const { return address_; }
   [[nodiscard]] std::size_t size() const { return size_; }
+  // Registered from memory this process cannot write (Context::register_memory): peers may get
+  // from it; their puts and atomics fail with kInvalidArgument.
+  [[nodiscard]] bool read_only() const { return read_only_; }
   // The key to hand to the ranks that may access the region (a few dozen bytes).
   [[nodiscard]] std::vector<std::byte> remote_key() const;
   // Accesses that arrive afterwards fail at their initiator; gets still being answered from the
@@ -222,6 +225,7 @@ class MemoryRegion {
   int slot_ = -1;
   // Whether the network transport may reach it by itself once its owner grants the key.
   bool native_ = false;
+  bool read_only_ = false;
 };
 
 // A region of another rank (or of this one), as received from its owner.
@@ -231,6 +235,8 @@ class RemoteKey {
   static Status unpack(std::span<const std::byte> packed, RemoteKey* out);
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] std::size_t size() const { return size_; }
+  // The owner registered the region from memory it cannot write: gets only.
+  [[nodiscard]] bool read_only() const { return read_only_; }
 
  private:
   friend class Context;
@@ -243,6 +249,7 @@ class RemoteKey {
   int guard_fd_ = -1;
   int slot_ = -1;
   bool native_ = false;
+  bool read_only_ = false;
 };
 
 // Atomic operations on a 4- or 8-byte unsigned word of a region. Each returns the word's previous
@@ -301,8 +308,12 @@ class Context {
   // All ranks enter before any leaves; progresses communication while waiting.
   Status barrier();
 
-  // One-sided communication (see MemoryRegion above). register_memory registers host memory;
-  // the region stays accessible until deregistered (or destroyed).
+  // One-sided communication (see MemoryRegion above). register_memory registers host memory (or
+  // CUDA device memory); the region stays accessible until deregistered (or destroyed). Host
+  // memory must be mapped readable (else kInvalidArgument naming the gap); memory this process
+  // cannot write (a read-only mapping, constant data) is registered read-only: peers' puts and
+  // atomics on it fail at the peer. Memory unmapped while registered is never written or read
+  // by a peer's operation: it fails at the peer (the owner goes on), as after deregister.
   Status register_memory(void* address, std::size_t bytes, MemoryRegion* region);
   // Allocates `bytes` of zeroed host memory for one-sided access and registers it (region->
   // address()); the memory lives until the region is deregistered. Ranks on this node map it

@@ -27,20 +27,23 @@ struct PackedKey {
 constexpr std::uint32_t kKeyMagic = 0x4b524546;  // "FERK"
 constexpr std::uint32_t kKeyVersion = 4;
 constexpr std::uint32_t kNative = 1;
+constexpr std::uint32_t kReadOnly = 2;  // registered from memory the owner cannot write
 
 }  // namespace
 
 // The target of one access through `key`, as the engine takes it.
 struct KeyAccess {
   static proto::Engine::RmaTarget target(const RemoteKey& key, std::uint64_t offset) {
-    return proto::Engine::RmaTarget{key.rank_, key.id_,       key.secret_, key.size_,  offset,
-                                    key.fd_,   key.guard_fd_, key.slot_,   key.native_};
+    return proto::Engine::RmaTarget{key.rank_,   key.id_,       key.secret_,   key.size_,
+                                    offset,      key.fd_,       key.guard_fd_, key.slot_,
+                                    key.native_, key.read_only_};
   }
   // What the engine says of a region it registered, kept for its key.
   static void set(const proto::Engine::RegionAccess& access, MemoryRegion* region) {
     region->guard_fd_ = access.guard_fd;
     region->slot_ = access.slot;
     region->native_ = access.native;
+    region->read_only_ = access.read_only;
   }
 };
 
@@ -74,7 +77,8 @@ MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
       fd_(other.fd_),
       guard_fd_(other.guard_fd_),
       slot_(other.slot_),
-      native_(other.native_) {}
+      native_(other.native_),
+      read_only_(other.read_only_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
   if (this != &other) {
@@ -89,6 +93,7 @@ MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
     guard_fd_ = other.guard_fd_;
     slot_ = other.slot_;
     native_ = other.native_;
+    read_only_ = other.read_only_;
   }
   return *this;
 }
@@ -105,7 +110,7 @@ std::vector<std::byte> MemoryRegion::remote_key() const {
                       size_,
                       static_cast<std::uint32_t>(guard_fd_ + 1),
                       static_cast<std::uint32_t>(slot_ + 1),
-                      native_ ? kNative : 0u,
+                      (native_ ? kNative : 0u) | (read_only_ ? kReadOnly : 0u),
                       0};
   std::vector<std::byte> out(sizeof(key));
   std::memcpy(out.data(), &key, sizeof(key));
@@ -124,6 +129,7 @@ Status MemoryRegion::deregister() {
 // ---- RemoteKey ----
 
 Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
+  if (out == nullptr) return Status(Code::kInvalidArgument, "RemoteKey::unpack: null key to fill");
   PackedKey key;
   if (packed.size() != sizeof(key)) {
     return Status(Code::kInvalidArgument, "remote key of " + std::to_string(packed.size()) +
@@ -136,7 +142,7 @@ Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
   }
   if (key.rank < 0 || key.region == 0 || key.size == 0 || key.fd_plus_one > INT32_MAX ||
       key.guard_fd_plus_one > INT32_MAX || key.slot_plus_one > INT32_MAX ||
-      (key.flags & ~kNative) != 0) {
+      (key.flags & ~(kNative | kReadOnly)) != 0) {
     return Status(Code::kInvalidArgument, "corrupt remote key (rank, region, size or slot)");
   }
   out->rank_ = key.rank;
@@ -147,6 +153,7 @@ Status RemoteKey::unpack(std::span<const std::byte> packed, RemoteKey* out) {
   out->guard_fd_ = static_cast<int>(key.guard_fd_plus_one) - 1;
   out->slot_ = static_cast<int>(key.slot_plus_one) - 1;
   out->native_ = (key.flags & kNative) != 0;
+  out->read_only_ = (key.flags & kReadOnly) != 0;
   return Status::ok();
 }
 

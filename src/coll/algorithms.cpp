@@ -14,6 +14,7 @@
 #include "coll/reduce.hpp"
 #include "coll/schedule.hpp"
 #include "proto/engine.hpp"
+#include "util/extent.hpp"
 
 namespace ferry::coll {
 namespace {
@@ -311,11 +312,13 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
   if (Status c = check_reduction(type, op); !c.is_ok()) {
     return Status(c.code(), "reduce_scatter: " + c.message());
   }
-  if (Status bad =
-          check(p, "reduce_scatter", {send, recv}, count * static_cast<std::size_t>(n), type);
-      !bad.is_ok()) {
-    return bad;
+  std::size_t total = 0;
+  if (!util::multiply(count, static_cast<std::size_t>(n), &total)) {
+    return Status(Code::kInvalidArgument,
+                  "reduce_scatter: " + std::to_string(count) + " elements per member is too many");
   }
+  if (Status bad = check(p, "reduce_scatter", {send}, total, type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, "reduce_scatter", {recv}, count, type); !bad.is_ok()) return bad;
   const std::size_t bytes = count * size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
@@ -338,7 +341,13 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
 Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count, DataType type) {
   const int n = size();
   p.describe({"allgather", count, type});
-  if (Status bad = check(p, "allgather", {send, recv}, count, type); !bad.is_ok()) return bad;
+  std::size_t total = 0;
+  if (!util::multiply(count, static_cast<std::size_t>(n), &total)) {
+    return Status(Code::kInvalidArgument,
+                  "allgather: " + std::to_string(count) + " elements per member is too many");
+  }
+  if (Status bad = check(p, "allgather", {send}, count, type); !bad.is_ok()) return bad;
+  if (Status bad = check(p, "allgather", {recv}, total, type); !bad.is_ok()) return bad;
   const std::size_t bytes = count * size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);
@@ -385,9 +394,16 @@ Status Group::allgatherv(Plan& p, const void* send, void* recv, std::span<const 
                                            " displacements for " + std::to_string(n) + " members"));
   }
   std::size_t total = 0;
-  for (std::size_t c : counts) total += c;
+  for (std::size_t c : counts) {
+    if (__builtin_add_overflow(total, c, &total)) {
+      return Status(Code::kInvalidArgument, "allgatherv: the counts add up past SIZE_MAX");
+    }
+  }
   if (Status bad = check(p, "allgatherv", {total > 0 ? recv : nullptr}, total, type);
       !bad.is_ok()) {
+    return bad;
+  }
+  if (Status bad = check_blocks("allgatherv", recv, counts, displacements, type); !bad.is_ok()) {
     return bad;
   }
   if (Status bad = check(p, "allgatherv", {send}, counts[rank_], type); !bad.is_ok()) return bad;
@@ -418,11 +434,20 @@ Status Group::alltoallv(Plan& p, const void* send, std::span<const std::size_t> 
   std::size_t sent = 0;
   std::size_t received = 0;
   for (std::size_t m = 0; m < un; ++m) {
-    sent += send_counts[m];
-    received += recv_counts[m];
+    if (__builtin_add_overflow(sent, send_counts[m], &sent) ||
+        __builtin_add_overflow(received, recv_counts[m], &received)) {
+      return Status(Code::kInvalidArgument,
+                    std::string(name) + ": the counts add up past SIZE_MAX");
+    }
   }
   if (Status bad = check(p, name, {send}, sent, type); !bad.is_ok()) return bad;
   if (Status bad = check(p, name, {recv}, received, type); !bad.is_ok()) return bad;
+  if (Status bad = check_blocks(name, send, send_counts, send_displacements, type); !bad.is_ok()) {
+    return bad;
+  }
+  if (Status bad = check_blocks(name, recv, recv_counts, recv_displacements, type); !bad.is_ok()) {
+    return bad;
+  }
   const std::size_t element = size_of(type);
   const auto* in = static_cast<const std::byte*>(send);
   auto* result = static_cast<std::byte*>(recv);

@@ -10,6 +10,7 @@
 #include "coll/schedule.hpp"
 #include "cuda/cuda.hpp"
 #include "proto/engine.hpp"
+#include "util/extent.hpp"
 #include "util/log.hpp"
 
 namespace ferry::coll {
@@ -341,6 +342,9 @@ Status Group::check(Plan& p, const char* name, std::initializer_list<const void*
       return bad(Code::kInvalidArgument,
                  "a null buffer with " + std::to_string(elements) + " elements");
     }
+    if (Status s = util::check_extent(name, "buffer", buffer, elements * element); !s.is_ok()) {
+      return s;
+    }
     cuda::Cuda* gpu = engine_->cuda();
     const mem::MemoryInfo memory = gpu != nullptr ? gpu->classify(buffer) : mem::MemoryInfo{};
     const int device = memory.device_only() ? std::max(memory.device, 0) : Plan::kHost;
@@ -355,6 +359,26 @@ Status Group::check(Plan& p, const char* name, std::initializer_list<const void*
       }
     }
     p.place(device);
+  }
+  return Status();
+}
+
+Status Group::check_blocks(const char* name, const void* buffer,
+                           std::span<const std::size_t> counts,
+                           std::span<const std::size_t> displacements, DataType type) {
+  const std::size_t element = size_of(type);
+  for (std::size_t m = 0; m < counts.size(); ++m) {
+    std::size_t end = 0;
+    std::size_t bytes = 0;
+    if (counts[m] == 0) continue;
+    if (__builtin_add_overflow(displacements[m], counts[m], &end) ||
+        !util::multiply(end, element, &bytes) || !util::fits_address_space(buffer, bytes)) {
+      return Status(Code::kInvalidArgument, std::string(name) + ": block " + std::to_string(m) +
+                                                " (" + std::to_string(counts[m]) +
+                                                " elements at displacement " +
+                                                std::to_string(displacements[m]) +
+                                                ") reaches past the end of the address space");
+    }
   }
   return Status();
 }

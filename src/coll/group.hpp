@@ -174,6 +174,11 @@ class Group : public std::enable_shared_from_this<Group> {
   // or one GPU), which every call of one collective must agree on.
   Status check(Plan& p, const char* name, std::initializer_list<const void*> buffers,
                std::size_t elements, DataType type, int root = 0);
+  // The blocks of a v-collective's buffer: each block's end (displacement + count, in
+  // elements) must fit the address space from `buffer`.
+  static Status check_blocks(const char* name, const void* buffer,
+                             std::span<const std::size_t> counts,
+                             std::span<const std::size_t> displacements, DataType type);
   // "host memory", "on cuda:1"
   static std::string where(int device);
   // The algorithms' choices by size (FERRY_COLL_SMALL, FERRY_COLL_CHUNK) or by a forced algorithm

@@ -15,6 +15,7 @@
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
 #include "util/copy.hpp"
+#include "util/extent.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
 
@@ -73,6 +74,9 @@ void Engine::isend_device(std::uint32_t index, int destination, const mem::Memor
 void Engine::handle_rts_dev(int source, std::span<const std::byte> data) {
   RtsDevHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short RTS_DEV header");
+  if (header.size > util::kAddressSpaceEnd) {
+    return protocol_error(source, "RTS_DEV for a message larger than any buffer can be");
+  }
   cuda::IpcKey key;
   const bool has_key = (header.flags & kRtsHasKey) != 0;
   if (has_key) {

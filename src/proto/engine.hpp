@@ -169,13 +169,14 @@ class Engine final : public transport::AmHandler {
     // through which peers on this node reach it directly; -1: through the owner.
     int guard_fd = -1;
     int slot = -1;
-    bool native = false;  // the network transport may reach it once the owner grants the key
+    bool native = false;     // the network transport may reach it once the owner grants the key
+    bool read_only = false;  // registered from memory its owner cannot write: gets only
   };
   // Where a put or get of `bytes` at `target` can be done now by a CPU copy (mapped host memory,
   // a local buffer in host memory, valid arguments), or null: then it goes through a request,
   // which reports what is wrong.
   std::byte* direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
-                        bool local_device);
+                        bool local_device, bool write);
   // direct_now's answer without its calls, for another access to the peer region that the last
   // direct access reached: the same key (rank, region, secret), in range of both the key's size
   // and the size mapped, the region still registered. Null: ask direct_now (a first access,
@@ -200,6 +201,7 @@ class Engine final : public transport::AmHandler {
     int guard_fd = -1;
     int slot = -1;
     bool native = false;
+    bool read_only = false;
   };
   Status register_region(void* address, std::size_t bytes, std::uint64_t* id, std::uint64_t* secret,
                          RegionAccess* access = nullptr);
@@ -372,6 +374,11 @@ class Engine final : public transport::AmHandler {
     transport::Endpoint::RemoteRegion native_remote;
     bool native_failed = false;     // registering it failed: no grant
     std::vector<int> native_ranks;  // the ranks granted native access (asked, key checked)
+    // The application's own host memory (not allocated here, not device memory): it may be
+    // unmapped behind the registration, so the owner writes it with mem::checked_write and looks
+    // before reading it.
+    bool user_host = false;
+    bool read_only = false;  // registered while not all writable: puts and atomics refused
   };
   // Registered regions that peers on this node reach without the owner's progress: host memory
   // by CMA, device memory by CUDA IPC. Each access is bracketed by the accessing rank's counters
@@ -444,12 +451,18 @@ class Engine final : public transport::AmHandler {
   };
   // Where a one-sided access of `length` bytes goes when it needs no message: this process's own
   // region, or a peer's allocated region mapped here; *device says whether it is device memory.
-  // Null: by active messages; null with *refusal set: refused (a RmaRefusal code).
-  std::byte* direct_target(const RmaTarget& target, std::size_t length, std::uint32_t* refusal,
-                           bool* device);
+  // Null: by active messages; null with *refusal set: refused (a RmaRefusal code). `write`: a
+  // put or atomic.
+  std::byte* direct_target(const RmaTarget& target, std::size_t length, bool write,
+                           std::uint32_t* refusal, bool* device);
   // The mapping of a peer's allocated region, made on first use; null: not mappable here.
   const Mapping* map_peer_region(const RmaTarget& target, Peer& peer);
   void unmap_peer_regions(int rank);
+  // Unmaps the peers' regions that their owners deregistered since: a mapping keeps the memory
+  // alive (the owner's munmap frees nothing while a peer maps it), so this runs before every new
+  // mapping and every kCheckPeersEvery progress calls, and what a deregistration frees is freed
+  // once each rank that accessed the region next calls into ferry.
+  void sweep_mappings();
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
   // The mapping used last and its key (an 8-byte get is a few dozen instructions: the tree's
   // lookup was a tenth of them).
@@ -471,8 +484,14 @@ class Engine final : public transport::AmHandler {
   }
   // Checks an access against the regions; the region's base (*device: whether in device memory),
   // or null with *refusal set.
+  // `write`: a put or atomic (refused on a read-only region).
   std::byte* rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
-                       std::uint64_t length, std::uint32_t* refusal, bool* device);
+                       std::uint64_t length, bool write, std::uint32_t* refusal, bool* device);
+  // The region behind a check that passed, for what the owner must know before touching it.
+  const Region* rma_region(std::uint64_t id) const {
+    auto it = regions_.find(id);
+    return it == regions_.end() ? nullptr : &it->second;
+  }
   // Moves the bytes of a one-sided access where either end may be device memory (`device`): by
   // CUDA, waited for, else by the CPU.
   Status rma_move(void* destination, const void* source, std::size_t bytes, bool device);
@@ -490,8 +509,8 @@ class Engine final : public transport::AmHandler {
   // at once by `apply` on the target's bytes where direct_target finds them. False: it goes by
   // messages. (Defined in rma.cpp, its only user.)
   template <typename Apply>
-  bool rma_settled(std::uint32_t index, const RmaTarget& target, std::size_t length, Status early,
-                   Apply apply);
+  bool rma_settled(std::uint32_t index, const RmaTarget& target, std::size_t length, bool write,
+                   Status early, Apply apply);
   void handle_put(int source, std::span<const std::byte> data);
   void handle_get(int source, std::span<const std::byte> data);
   void handle_atomic(int source, std::span<const std::byte> data);

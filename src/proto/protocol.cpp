@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "proto/engine.hpp"
@@ -15,6 +17,7 @@
 #include "transport/shm/transport.hpp"
 #include "util/clock.hpp"
 #include "util/copy.hpp"
+#include "util/extent.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
 
@@ -57,6 +60,10 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
   if (buffer == nullptr && bytes > 0) {
     complete(index, Status(Code::kInvalidArgument,
                            "isend: null buffer with " + std::to_string(bytes) + " bytes"));
+    return request;
+  }
+  if (Status bad = util::check_extent("isend", "buffer", buffer, bytes); !bad) {
+    complete(index, std::move(bad));
     return request;
   }
   Peer& peer = peers_[static_cast<std::size_t>(destination)];
@@ -168,6 +175,10 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
                            "irecv: null buffer with capacity " + std::to_string(capacity)));
     return request;
   }
+  if (Status bad = util::check_extent("irecv", "buffer", buffer, capacity); !bad) {
+    complete(index, std::move(bad));
+    return request;
+  }
   if (cuda_ && capacity > 0) {
     const mem::MemoryInfo memory = cuda_->classify(buffer);
     if (memory.device_only()) slot.device = memory.device;
@@ -246,6 +257,7 @@ int Engine::progress_all() {
   if (++progress_calls_ >= kCheckPeersEvery) {
     progress_calls_ = 0;
     check_peers();
+    if (!mappings_.empty()) sweep_mappings();
   }
   return events;
 }
@@ -566,6 +578,9 @@ void Engine::handle_eager(int source, std::span<const std::byte> data) {
 void Engine::handle_rts(int source, std::span<const std::byte> data) {
   RtsHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short RTS header");
+  if (header.size > util::kAddressSpaceEnd) {
+    return protocol_error(source, "RTS for a message larger than any buffer can be");
+  }
   if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
     start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address, nullptr);
     return;
@@ -578,6 +593,9 @@ void Engine::handle_rts(int source, std::span<const std::byte> data) {
 void Engine::handle_rts_read(int source, std::span<const std::byte> data) {
   RtsReadHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short RTS_READ header");
+  if (header.size > util::kAddressSpaceEnd) {
+    return protocol_error(source, "RTS_READ for a message larger than any buffer can be");
+  }
   const Peer& peer = peers_[static_cast<std::size_t>(source)];
   if (peer.endpoint == nullptr || !peer.endpoint->has_read()) {
     // Only a transport with one-sided reads announces one; anything else is a forgery.
@@ -635,16 +653,26 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
     if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
     Status status = peer.endpoint->get(slot.recv_buffer, address, length);
     if (status && peer.endpoint->was_withdrawn(sreq)) {
-      // The sender gave up (FERRY_TIMEOUT) while we read: its buffer may have been reused.
+      // The sender gave up on the send (its timeout, or its collective failed) while we read:
+      // its buffer may have been reused.
       return complete(index, Status(Code::kCanceled, "rank " + std::to_string(source) +
                                                          " withdrew this message while it was "
-                                                         "being read (FERRY_TIMEOUT)"));
+                                                         "being read (it gave up on the send)"));
     }
-    if (!status) {
+    if (!status && status.code() == Code::kPeerFailed) {
+      check_peers();  // the sender is gone: fail what involves it, this receive included
+      if (done(index)) return;
+    }
+    if (!status && status.code() == Code::kUnsupported) {
       peer.get_failed = true;
       FERRY_LOG(kWarn,
-                "%s: zero-copy get from rank %d failed (%s); its large messages are "
+                "%s: zero-copy get from rank %d refused (%s); its large messages are "
                 "pipelined from now on",
+                peer.transport.c_str(), source, status.to_string().c_str());
+    } else if (!status) {
+      // A failure of this copy only (a range not mapped, a transient error): this message goes
+      // pipelined, the next ones try again.
+      FERRY_LOG(kInfo, "%s: zero-copy get from rank %d failed (%s); this message is pipelined",
                 peer.transport.c_str(), source, status.to_string().c_str());
     }
     if (status) {
@@ -861,13 +889,18 @@ Status Engine::wait(std::uint32_t index) {
 }
 
 Status Engine::wait_for(std::uint32_t index, double seconds) {
+  if (std::isnan(seconds)) {
+    return Status(Code::kInvalidArgument, "wait_for: NaN seconds (INFINITY waits without a limit)");
+  }
   const auto deadline = util::deadline_after(seconds);
   int idle = 0;
   for (std::uint32_t polls = 0; !done(index); ++polls) {
     wait_step(&idle);
     // A request that completed in this very step (however late) is not a timeout.
     if ((polls & 255) == 0 && !done(index) && util::Clock::now() >= deadline) {
-      return Status(Code::kTimeout, "request not complete after " + std::to_string(seconds) + " s");
+      char text[64];
+      std::snprintf(text, sizeof(text), "request not complete after %g s", seconds);
+      return Status(Code::kTimeout, text);
     }
   }
   return requests_[index].status;

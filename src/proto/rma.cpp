@@ -36,11 +36,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include "mem/host_access.hpp"
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
 #include "util/clock.hpp"
 #include "util/cma.hpp"
 #include "util/copy.hpp"
+#include "util/extent.hpp"
 #include "util/log.hpp"
 
 namespace ferry::proto {
@@ -74,9 +76,9 @@ struct GuardSlot {
   std::uint64_t secret;
   std::uint64_t size;
   std::uint64_t address;
-  std::int32_t ipc_fd;  // device memory exported as a descriptor: the owner's number; else -1
-  std::uint32_t reserved;
-  cuda::IpcKey ipc;  // device memory: the allocation, offset at the region's start
+  std::int32_t ipc_fd;      // device memory exported as a descriptor: the owner's number; else -1
+  std::uint32_t read_only;  // 1: registered from read-only memory (gets only)
+  cuda::IpcKey ipc;         // device memory: the allocation, offset at the region's start
 };
 
 template <typename T>
@@ -123,6 +125,12 @@ std::string refusal_text(std::uint32_t code, int target) {
       return who + " could not copy to or from the region's device memory (its log says why)";
     case kRmaNotNative:
       return who + " has not registered the region with the network transport";
+    case kRmaReadOnly:
+      return who + " registered the region from memory it cannot write: only gets may use it";
+    case kRmaUnmapped:
+      return who +
+             "'s memory behind the region is no longer mapped (it was freed or unmapped "
+             "without being deregistered)";
     default:
       return who + " refused the operation with unknown code " + std::to_string(code);
   }
@@ -230,6 +238,7 @@ void Engine::guard_region(Region* region, std::uint64_t id, const mem::MemoryInf
   slot.address = reinterpret_cast<std::uint64_t>(region->base);
   slot.ipc = ipc;
   slot.ipc_fd = exported.valid() ? exported.get() : -1;
+  slot.read_only = region->read_only ? 1 : 0;
   region->ipc_fd = exported.release();
   shared(slot.live).store(1, std::memory_order_release);
 }
@@ -274,6 +283,9 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
   if (address == nullptr || bytes == 0) {
     return Status(Code::kInvalidArgument, "register_memory: null address or zero bytes");
   }
+  if (Status bad = util::check_extent("register_memory", "range", address, bytes); !bad) {
+    return bad;
+  }
   int device = -1;
   mem::MemoryInfo info;
   if (cuda_) {
@@ -291,12 +303,29 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
       device = info.device < 0 ? 0 : info.device;
     }
   }
+  // The application's host memory: peers' puts and gets must find it there, and only puts into
+  // memory the owner can write (read-only memory exposes data for gets).
+  bool read_only = false;
+  if (device < 0 && access != nullptr) {
+    std::string why;
+    switch (mem::host_access(address, bytes, &why)) {
+      case mem::HostAccess::kUnmapped:
+        return Status(Code::kInvalidArgument, "register_memory: " + why);
+      case mem::HostAccess::kReadOnly:
+        read_only = true;
+        break;
+      case mem::HostAccess::kReadWrite:
+        break;
+    }
+  }
   std::uint64_t key = 0;
   while (key == 0) key = secrets_();
   *id = next_region_++;
   *secret = key;
   Region region{static_cast<std::byte*>(address), bytes, key};
   region.device = device;
+  region.user_host = device < 0 && access != nullptr;
+  region.read_only = read_only;
   if (access != nullptr) {
     *access = RegionAccess{};
     guard_region(&region, *id, info);
@@ -305,6 +334,7 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
       access->slot = region.slot;
     }
     access->native = native_rma_ != nullptr && device < 0;
+    access->read_only = read_only;
   }
   regions_.emplace(*id, region);
   return Status::ok();
@@ -315,8 +345,9 @@ bool Engine::register_native(Region* region, std::uint64_t id) {
   if (native_rma_ == nullptr || region->device >= 0 || region->native_failed) return false;
   // The secret is the key asked for where the provider takes one: a key forged or gone stale is
   // then also the provider's to refuse.
-  Status status = native_rma_->register_region(region->base, region->size, region->secret,
-                                               &region->native_remote, &region->native);
+  Status status =
+      native_rma_->register_region(region->base, region->size, region->secret, !region->read_only,
+                                   &region->native_remote, &region->native);
   if (!status) {
     region->native_failed = true;
     FERRY_LOG(kInfo, "region %llu is reached by other nodes through its owner: %s",
@@ -421,7 +452,8 @@ Status Engine::deregister_region(std::uint64_t id) {
 }
 
 std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::uint64_t offset,
-                             std::uint64_t length, std::uint32_t* refusal, bool* device) {
+                             std::uint64_t length, bool write, std::uint32_t* refusal,
+                             bool* device) {
   auto it = regions_.find(region);
   if (it == regions_.end()) {
     *refusal = kRmaNoRegion;
@@ -434,6 +466,10 @@ std::byte* Engine::rma_check(std::uint64_t region, std::uint64_t secret, std::ui
   }
   if (offset > r.size || length > r.size - offset) {
     *refusal = kRmaOutOfRange;
+    return nullptr;
+  }
+  if (write && r.read_only) {
+    *refusal = kRmaReadOnly;
     return nullptr;
   }
   *device = r.device >= 0;
@@ -470,12 +506,12 @@ Status Engine::rma_bounce(RequestSlot& slot, const void* local, std::size_t byte
   return cuda_->copy(slot.host_copy.data(), local, bytes);
 }
 
-std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length,
+std::byte* Engine::direct_target(const RmaTarget& target, std::size_t length, bool write,
                                  std::uint32_t* refusal, bool* device) {
   *device = false;
   if (target.rank == rank_) {
     std::byte* base =
-        rma_check(target.region, target.secret, target.offset, length, refusal, device);
+        rma_check(target.region, target.secret, target.offset, length, write, refusal, device);
     return base == nullptr ? nullptr : base + target.offset;
   }
   if (target.fd < 0) return nullptr;
@@ -538,6 +574,8 @@ const Engine::Mapping* Engine::map_peer_region(const RmaTarget& target, Peer& pe
     last_mapped_ = it->first;
     return last_mapping_ = &it->second;
   }
+  // Each mapping holds its region's memory: let go of those deregistered before taking more.
+  sweep_mappings();
   util::Fd fd = peer_descriptor(target.rank, peer, target.fd);
   if (!fd.valid()) return nullptr;
   // The descriptor may now be anything the owner opened under that number: check it is the
@@ -614,6 +652,13 @@ bool Engine::guarded_access(std::uint32_t index, const RmaTarget& target, void* 
   if (shared(slot.live).load(std::memory_order_seq_cst) == 1 && slot.region == target.region &&
       slot.secret == target.secret && target.offset <= slot.size &&
       bytes <= slot.size - target.offset) {
+    if (put && slot.read_only != 0) {
+      // A key that hid the region's read-only mark: the owner's slot says so.
+      shared(mine.ended).fetch_add(1, std::memory_order_release);
+      complete(index,
+               Status(Code::kInvalidArgument, "put: " + refusal_text(kRmaReadOnly, target.rank)));
+      return true;
+    }
     if (slot.device < 0) {
       // Host memory by CMA, where the transport's probe found it allowed.
       if (!local_device && peer.endpoint->has_get() && peer.cma_rma_refused.empty()) {
@@ -623,10 +668,15 @@ bool Engine::guarded_access(std::uint32_t index, const RmaTarget& target, void* 
                            : util::cma_read(pid, local, remote, bytes);
         if (moved) {
           done = true;
-        } else {
+        } else if (moved.code() == Code::kUnsupported) {
           peer.cma_rma_refused = moved.message();
           FERRY_LOG(kInfo, "rank %d's registered memory is reached by messages: %s", target.rank,
                     peer.cma_rma_refused.c_str());
+        } else {
+          // This copy only (memory not mapped on either side, the owner gone, a transient
+          // error): this access goes by messages, where the owner says what is wrong.
+          FERRY_LOG(kDebug, "a direct %s to rank %d failed (%s); by messages this once",
+                    put ? "put" : "get", target.rank, moved.message().c_str());
         }
       }
     } else if (cuda_ && cuda_ipc_ && peer.device_rma_refused.empty()) {
@@ -776,6 +826,8 @@ void Engine::handle_native_ask(int source, std::span<const std::byte> data) {
     grant.code = kRmaNoRegion;
   } else if (it->second.secret != header.secret) {
     grant.code = kRmaBadKey;
+  } else if (it->second.user_host && !mem::still_mapped(it->second.base, it->second.size)) {
+    grant.code = kRmaUnmapped;  // the provider would write into whatever comes there next
   } else if (!register_native(&it->second, header.region)) {
     grant.code = kRmaNotNative;
   } else {
@@ -835,6 +887,18 @@ void Engine::handle_native_revoked(int source, std::span<const std::byte> data) 
   std::erase(waiting->second, source);
 }
 
+void Engine::sweep_mappings() {
+  for (auto it = mappings_.begin(); it != mappings_.end();) {
+    if (load_live(reinterpret_cast<SharedHeader*>(it->second.mapping)) != 0) {
+      ++it;
+      continue;
+    }
+    forget_last_mapping();  // it may be the one accessed last
+    ::munmap(it->second.mapping, it->second.mapping_length);
+    it = mappings_.erase(it);
+  }
+}
+
 void Engine::unmap_peer_regions(int rank) {
   forget_last_mapping();
   for (auto it = mappings_.begin(); it != mappings_.end();) {
@@ -870,6 +934,11 @@ std::uint32_t Engine::rma_request(RequestKind kind, Rma rma, const RmaTarget& ta
                                                 std::to_string(size_) + ")");
   } else if (local == nullptr && bytes > 0) {
     *early = Status(Code::kInvalidArgument, std::string(what) + ": null local buffer");
+  } else if (Status bad = util::check_extent(what, "local buffer", local, bytes); !bad) {
+    *early = std::move(bad);
+  } else if (rma != Rma::kGet && target.read_only) {
+    *early = Status(Code::kInvalidArgument,
+                    std::string(what) + ": " + refusal_text(kRmaReadOnly, target.rank));
   } else if (target.offset > target.size || bytes > target.size - target.offset) {
     *early = Status(Code::kInvalidArgument,
                     std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
@@ -898,14 +967,14 @@ void Engine::rma_done(const RequestSlot& slot, const Status& status) {
 
 template <typename Apply>
 bool Engine::rma_settled(std::uint32_t index, const RmaTarget& target, std::size_t length,
-                         Status early, Apply apply) {
+                         bool write, Status early, Apply apply) {
   if (!early.is_ok() || length == 0) {
     complete(index, std::move(early));
     return true;
   }
   std::uint32_t refusal = kRmaOk;
   bool device = false;
-  if (std::byte* bytes = direct_target(target, length, &refusal, &device)) {
+  if (std::byte* bytes = direct_target(target, length, write, &refusal, &device)) {
     complete(index, apply(bytes, device));
     return true;
   }
@@ -917,7 +986,7 @@ bool Engine::rma_settled(std::uint32_t index, const RmaTarget& target, std::size
 }
 
 std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::size_t bytes,
-                              bool local_device) {
+                              bool local_device, bool write) {
   if (bytes == 0 || local == nullptr || local_device || target.rank < 0 || target.rank >= size_ ||
       target.offset > target.size || bytes > target.size - target.offset) {
     return nullptr;
@@ -926,23 +995,24 @@ std::byte* Engine::direct_now(const RmaTarget& target, const void* local, std::s
   if (peer.endpoint == nullptr || peer.failed) return nullptr;
   std::uint32_t refusal = kRmaOk;  // a refusal is reported by the request that follows
   bool device = false;
-  std::byte* bytes_there = direct_target(target, bytes, &refusal, &device);
+  std::byte* bytes_there = direct_target(target, bytes, write, &refusal, &device);
   return device ? nullptr : bytes_there;
 }
 
 Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
   const int local_gpu = bytes > 0 ? device_of(local) : -1;
   const bool local_device = local_gpu >= 0;
-  if (std::byte* destination = direct_now(target, local, bytes, local_device)) {
+  if (std::byte* destination = direct_now(target, local, bytes, local_device, true)) {
     util::copy_large(destination, local, bytes);
     return Request(this, Request::kDone);
   }
   Status early;
   std::uint32_t index = rma_request(RequestKind::kSend, Rma::kPut, target, local, bytes, &early);
   Request request(this, index);
-  if (rma_settled(index, target, bytes, std::move(early), [&](std::byte* destination, bool device) {
-        return rma_move(destination, local, bytes, device || local_device);
-      })) {
+  if (rma_settled(index, target, bytes, true, std::move(early),
+                  [&](std::byte* destination, bool device) {
+                    return rma_move(destination, local, bytes, device || local_device);
+                  })) {
     return request;
   }
   if (guarded_access(index, target, const_cast<void*>(local), bytes, true, local_gpu)) {
@@ -971,14 +1041,14 @@ Request Engine::iput(const void* local, std::size_t bytes, const RmaTarget& targ
 Request Engine::iget(void* local, std::size_t bytes, const RmaTarget& target) {
   const int local_gpu = bytes > 0 ? device_of(local) : -1;
   const bool local_device = local_gpu >= 0;
-  if (const std::byte* source = direct_now(target, local, bytes, local_device)) {
+  if (const std::byte* source = direct_now(target, local, bytes, local_device, false)) {
     util::copy(local, source, bytes);
     return Request(this, Request::kDone);
   }
   Status early;
   std::uint32_t index = rma_request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
   Request request(this, index);
-  if (rma_settled(index, target, bytes, std::move(early),
+  if (rma_settled(index, target, bytes, false, std::move(early),
                   [&](const std::byte* source, bool device) {
                     return rma_move(local, source, bytes, device || local_device);
                   })) {
@@ -1019,7 +1089,7 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
   const bool result_device = result != nullptr && device_memory(result);
   if ((width == 4 || width == 8) && target.offset % width == 0 &&
       static_cast<std::uint8_t>(op) <= 5 && !result_device) {
-    std::byte* word = direct_now(target, &operand, width, false);
+    std::byte* word = direct_now(target, &operand, width, false, true);
     if (word != nullptr && reinterpret_cast<std::uintptr_t>(word) % width == 0) {
       apply_atomic_at(word, op, width, operand, compare, result);
       return Request(this, Request::kDone);
@@ -1043,7 +1113,7 @@ Request Engine::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                                                mem::to_string(cuda_->classify(result)) + ")");
   }
   const bool settled =
-      rma_settled(index, target, width, std::move(early), [&](std::byte* word, bool device) {
+      rma_settled(index, target, width, true, std::move(early), [&](std::byte* word, bool device) {
         if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
           return Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank));
         }
@@ -1161,9 +1231,18 @@ void Engine::handle_put(int source, std::span<const std::byte> data) {
   auto payload = data.subspan(sizeof(header));
   std::uint32_t refusal = kRmaOk;
   bool device = false;
-  std::byte* base =
-      rma_check(header.region, header.secret, header.offset, payload.size(), &refusal, &device);
-  if (base != nullptr) {
+  std::byte* base = rma_check(header.region, header.secret, header.offset, payload.size(), true,
+                              &refusal, &device);
+  if (base != nullptr && rma_region(header.region)->user_host) {
+    // The application's memory, which it may have unmapped since: a write that cannot land is
+    // the initiator's error, not a fault here.
+    Status status = mem::checked_write(base + header.offset, payload.data(), payload.size());
+    if (!status) {
+      FERRY_LOG(kWarn, "a put from rank %d into region %llu refused: %s", source,
+                static_cast<unsigned long long>(header.region), status.message().c_str());
+      refusal = kRmaUnmapped;
+    }
+  } else if (base != nullptr) {
     Status status = rma_move(base + header.offset, payload.data(), payload.size(), device);
     if (!status) {
       FERRY_LOG(kWarn, "a put from rank %d into device memory failed: %s", source,
@@ -1179,10 +1258,14 @@ void Engine::handle_get(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return protocol_error(source, "short GET header");
   std::uint32_t refusal = kRmaOk;
   bool device = false;
-  std::byte* base =
-      rma_check(header.region, header.secret, header.offset, header.length, &refusal, &device);
+  std::byte* base = rma_check(header.region, header.secret, header.offset, header.length, false,
+                              &refusal, &device);
   if (base == nullptr || header.length == 0) {
     return rma_ack(source, header.id, 0, base == nullptr ? refusal : kRmaOutOfRange);
+  }
+  if (rma_region(header.region)->user_host &&
+      !mem::still_mapped(base + header.offset, header.length)) {
+    return rma_ack(source, header.id, 0, kRmaUnmapped);  // reading it would fault here
   }
   // Device memory is sent from a host copy, taken now.
   std::vector<std::byte> copy;
@@ -1227,11 +1310,16 @@ void Engine::handle_atomic(int source, std::span<const std::byte> data) {
       header.offset % header.width != 0) {
     refusal = kRmaBadAtomic;
   } else {
-    base = rma_check(header.region, header.secret, header.offset, header.width, &refusal, &device);
+    base = rma_check(header.region, header.secret, header.offset, header.width, true, &refusal,
+                     &device);
     if (base != nullptr &&
         reinterpret_cast<std::uintptr_t>(base + header.offset) % header.width != 0) {
       base = nullptr;  // a region at an unaligned address
       refusal = kRmaBadAtomic;
+    } else if (base != nullptr && rma_region(header.region)->user_host &&
+               !mem::word_writable(base + header.offset)) {
+      base = nullptr;  // unmapped or made read-only since: the atomic would fault here
+      refusal = kRmaUnmapped;
     }
   }
   std::uint64_t previous = 0;

@@ -172,6 +172,8 @@ enum RmaRefusal : std::uint32_t {
   kRmaCutShort = 5,    // the region was deregistered while a get was answered from it
   kRmaDeviceCopy = 6,  // the region is device memory and the owner's CUDA copy failed
   kRmaNotNative = 7,   // the region is not registered with the network transport
+  kRmaReadOnly = 8,    // a put or atomic on a region registered from read-only memory
+  kRmaUnmapped = 9,    // the owner's memory behind the region is no longer mapped (writable)
 };
 
 template <typename H>

@@ -159,9 +159,11 @@ class Transport {
   [[nodiscard]] virtual bool delivered() { return true; }
   // Registers this process's host memory for the peers' Endpoint::write_direct / read_direct
   // (native one-sided over ofi). `key` is the key asked for (a provider that chooses its own says
-  // which in region->key); `region` is what the peers need; released by release_region(*handle).
+  // which in region->key); `writable`: peers may write it (else reads only); `region` is what the
+  // peers need; released by release_region(*handle).
   virtual Status register_region(void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
-                                 Endpoint::RemoteRegion* /*region*/, void** /*handle*/) {
+                                 bool /*writable*/, Endpoint::RemoteRegion* /*region*/,
+                                 void** /*handle*/) {
     return Status(Code::kUnsupported, "no one-sided access by the transport");
   }
   virtual void release_region(void* /*handle*/) {}

@@ -9,6 +9,22 @@
 namespace ferry::util {
 namespace {
 
+// What a failure means for the next copy (cma.hpp).
+Code code_of(int error) {
+  switch (error) {
+    case EPERM:
+    case EACCES:
+    case ENOSYS:
+      return Code::kUnsupported;  // refused: the same call will be refused again
+    case ESRCH:
+      return Code::kPeerFailed;  // no such process
+    case EFAULT:
+      return Code::kInvalidArgument;  // a range not mapped (here or there): this copy only
+    default:
+      return Code::kIoError;  // ENOMEM and the like: transient
+  }
+}
+
 Status cma_copy(int pid, void* local, std::uint64_t remote, std::size_t length, bool write) {
   auto* near = static_cast<char*>(local);
   const char* call = write ? "process_vm_writev" : "process_vm_readv";
@@ -20,7 +36,7 @@ Status cma_copy(int pid, void* local, std::uint64_t remote, std::size_t length, 
                             : ::process_vm_readv(pid, &local_iov, 1, &remote_iov, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Status(Code::kIoError, std::string(call) + " of " + std::to_string(length) +
+      return Status(code_of(errno), std::string(call) + " of " + std::to_string(length) +
                                         " bytes " + (write ? "to" : "from") + " pid " +
                                         std::to_string(pid) + " failed: " + std::strerror(errno));
     }

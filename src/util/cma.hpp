@@ -11,6 +11,10 @@
 
 namespace ferry::util {
 
+// Failures say what they mean for the next copy: kUnsupported where CMA is refused (EPERM, EACCES,
+// ENOSYS: it will be again), kPeerFailed where the process is gone (ESRCH), kInvalidArgument where
+// a range is not mapped (EFAULT: this copy only), kIoError otherwise (transient).
+//
 // Reads `length` bytes at `remote` in process `pid` into `local`, looping over partial reads.
 Status cma_read(int pid, void* local, std::uint64_t remote, std::size_t length);
 // Writes `length` bytes from `local` to `remote` in process `pid`, looping over partial writes.

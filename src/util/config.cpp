@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "ferry/status.hpp"
@@ -39,7 +40,13 @@ std::vector<std::string> split(const std::string& text, char sep) {
 
 std::string range_text(const VarSpec& spec) {
   std::ostringstream out;
-  out << "expected " << type_name(spec.type) << " in [" << spec.min << ", " << spec.max << "]";
+  out << "expected " << type_name(spec.type) << " in [";
+  if (spec.type == VarType::kSeconds) {
+    out << spec.min << ", " << spec.max;
+  } else {  // whole numbers, printed whole (2^50 is not 1.1259e+15)
+    out << static_cast<long long>(spec.min) << ", " << static_cast<long long>(spec.max);
+  }
+  out << "]";
   return out.str();
 }
 
@@ -119,8 +126,8 @@ void parse_value(const VarSpec& spec, const std::string& text, std::int64_t* int
       } else if (!suffix.empty()) {
         reject(spec, text, range_text(spec));
       }
-      // Bound before scaling (no llabs: LLONG_MIN has no absolute value).
-      const long long limit = (1LL << 40) / scale;
+      // Bound before scaling, so that scaling cannot overflow (no llabs: LLONG_MIN has none).
+      const long long limit = std::numeric_limits<long long>::max() / scale;
       if (v > limit || v < -limit) reject(spec, text, range_text(spec));
       v *= scale;
       if (static_cast<double>(v) < spec.min || static_cast<double>(v) > spec.max) {
@@ -197,6 +204,13 @@ Config Config::load(const std::map<std::string, std::string>& overrides) {
     const VarSpec& spec = kRegistry[static_cast<std::size_t>(var)];
     const Value& value = config.values_[static_cast<std::size_t>(var)];
     if (!is_power_of_two(value.integer)) reject(spec, value.text, "expected a power of two");
+  }
+  // The release batch's default follows a smaller FIFO (16 elements take batches of 8), so that
+  // every FIFO size ferry-info prints works when set alone; a batch given too large is refused.
+  Value& batch = config.values_[static_cast<std::size_t>(Var::kShmReleaseBatch)];
+  if (batch.source == "default" && batch.integer * 2 > config.get_int(Var::kShmFifoSize)) {
+    batch.integer = config.get_int(Var::kShmFifoSize) / 2;
+    batch.text = std::to_string(batch.integer);
   }
   if (config.get_int(Var::kShmReleaseBatch) * 2 > config.get_int(Var::kShmFifoSize)) {
     reject(kRegistry[static_cast<std::size_t>(Var::kShmReleaseBatch)],

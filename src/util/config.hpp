@@ -80,8 +80,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "how long finalize waits to drain queued sends and for the other ranks")                       \
   X(kShmFifoSize, "FERRY_SHM_FIFO_SIZE", kInt, "1024", 16, 65536, "",                              \
     "elements in each process's receive FIFO (a power of two)")                                    \
-  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 1024, "",                          \
-    "FIFO elements the receiver consumes before it publishes the tail (a power of two)")           \
+  X(kShmReleaseBatch, "FERRY_SHM_RELEASE_BATCH", kInt, "16", 1, 512, "",                           \
+    "FIFO elements the receiver consumes before it publishes the tail (a power of two, at most "   \
+    "half of FERRY_SHM_FIFO_SIZE; by default 16, or half of a smaller FIFO)")                      \
   X(kShmBounceSize, "FERRY_SHM_BOUNCE_SIZE", kSize, "32768", 1024, 1 << 24, "",                    \
     "bytes in each bounce buffer of a sender's pool (eager messages, pipelined chunks)")           \
   X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                           \

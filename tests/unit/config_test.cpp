@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -60,6 +62,48 @@ TEST(Config, InvalidValuesNameTheVariableTheValueAndWhatIsAllowed) {
   EXPECT_NE(e.find("FERRY_BOOTSTRAP_TIMEOUT"), std::string::npos) << e;
   e = error_of({{"FERRY_NO_SUCH_THING", "1"}});
   EXPECT_NE(e.find("unknown configuration variable"), std::string::npos) << e;
+}
+
+TEST(Config, EveryBoundAndWordThatFerryInfoPrintsLoadsAlone) {
+  // A value at a variable's printed minimum or maximum, or any of its printed words, set alone
+  // (other variables at their defaults), must be accepted: no hidden constraint between them.
+  for (const auto& spec : registry()) {
+    std::vector<std::string> values;
+    switch (spec.type) {
+      case VarType::kInt:
+      case VarType::kSize:
+        for (double bound : {spec.min, spec.max}) {
+          values.push_back(std::to_string(static_cast<long long>(bound)));
+        }
+        break;
+      case VarType::kSeconds:
+        for (double bound : {spec.min, spec.max}) {
+          char text[64];
+          std::snprintf(text, sizeof(text), "%.17g", bound);
+          values.emplace_back(text);
+        }
+        break;
+      case VarType::kEnum:
+      case VarType::kList: {
+        std::string allowed = spec.allowed;
+        for (std::size_t start = 0; start <= allowed.size();) {
+          const std::size_t bar = std::min(allowed.find('|', start), allowed.size());
+          values.push_back(allowed.substr(start, bar - start));
+          start = bar + 1;
+        }
+        break;
+      }
+      case VarType::kBool:
+      case VarType::kString:
+        continue;
+    }
+    for (const std::string& value : values) {
+      EXPECT_EQ(error_of({{spec.name, value}}), "") << spec.name << "=" << value;
+    }
+  }
+  // The smallest FIFO takes a release batch that fits it.
+  Config tiny = Config::load({{"FERRY_SHM_FIFO_SIZE", "16"}});
+  EXPECT_EQ(tiny.get_int(Var::kShmReleaseBatch), 8);
 }
 
 TEST(Config, ReleaseBatchMustLeaveRoomInTheFifo) {

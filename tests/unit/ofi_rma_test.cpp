@@ -156,7 +156,7 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
     std::vector<std::byte> memory(64);
     Endpoint::RemoteRegion region;
     void* handle = nullptr;
-    EXPECT_EQ(transports_[0]->register_region(memory.data(), 64, 42, &region, &handle).code(),
+    EXPECT_EQ(transports_[0]->register_region(memory.data(), 64, 42, true, &region, &handle).code(),
               Code::kUnsupported);
     return;
   }
@@ -168,8 +168,8 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
   Endpoint::RemoteRegion region;
   void* handle = nullptr;
   const std::uint64_t key = 0x1234abcd5678ef01ULL;
-  ASSERT_TRUE(
-      transports_[1]->register_region(memory.data(), memory.size() * 4, key, &region, &handle));
+  ASSERT_TRUE(transports_[1]->register_region(memory.data(), memory.size() * 4, key, true, &region,
+                                              &handle));
   EXPECT_EQ(region.key, key) << "tcp takes the key asked for";
   std::vector<std::uint32_t> out(memory.size() / 2);
   std::iota(out.begin(), out.end(), 3u);

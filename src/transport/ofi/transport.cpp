@@ -685,10 +685,11 @@ std::string OfiTransport::rma() const {
 }
 
 Status OfiTransport::register_region(void* data, std::size_t length, std::uint64_t key,
-                                     Endpoint::RemoteRegion* region, void** handle) {
+                                     bool writable, Endpoint::RemoteRegion* region, void** handle) {
   if (!native_) return Status(Code::kUnsupported, "ofi: " + native_why_);
   fid_mr* mr = nullptr;
-  const int ret = register_memory(data, length, FI_REMOTE_READ | FI_REMOTE_WRITE, -1, &mr, key);
+  const std::uint64_t access = FI_REMOTE_READ | (writable ? FI_REMOTE_WRITE : 0);
+  const int ret = register_memory(data, length, access, -1, &mr, key);
   if (ret != 0) {
     return Status(Code::kIoError,
                   "ofi: registering a " + std::to_string(length) +

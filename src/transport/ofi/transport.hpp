@@ -71,7 +71,7 @@ class OfiTransport final : public Transport {
   // provider (libfabric's newer tcp, with reliable datagram endpoints of its own; FI_PROTO_XNET).
   [[nodiscard]] bool over_tcp_sockets() const { return passthru() || protocol_ == FI_PROTO_XNET; }
   [[nodiscard]] bool has_native_rma() const { return native_; }
-  Status register_region(void* buffer, std::size_t length, std::uint64_t key,
+  Status register_region(void* buffer, std::size_t length, std::uint64_t key, bool writable,
                          Endpoint::RemoteRegion* region, void** handle) override;
   void release_region(void* handle) override;
   [[nodiscard]] const mem::RegistrationCache::Stats& registrations() const {
