@@ -135,7 +135,14 @@ StoreBootstrap::StoreBootstrap(StoreOptions options) : options_(std::move(option
             o.size, local_ranks_.size());
 }
 
-StoreBootstrap::~StoreBootstrap() { shutdown(); }
+StoreBootstrap::~StoreBootstrap() {
+  if (socket_.valid() && broken_) {
+    Status status = store::send_all(socket_.get(), store::encode_bye(),
+                                    store::Clock::now() + std::chrono::seconds(1));
+    if (!status) FERRY_LOG(kDebug, "%s: BYE not sent: %s", name_.c_str(), status.message().c_str());
+  }
+  shutdown();
+}
 
 void StoreBootstrap::shutdown() {
   if (watcher_.joinable()) {
@@ -400,6 +407,19 @@ void StoreBootstrap::abort(int code, const std::string& reason) {
   }
 }
 
+std::string StoreBootstrap::ask_missing() {
+  const auto until = store::Clock::now() + std::chrono::seconds(1);
+  if (!store::send_all(socket_.get(), store::encode_missing(), until)) return "";
+  for (;;) {
+    store::Frame reply;
+    if (!store::receive_frame(socket_.get(), &reader_, &reply, until)) return "";
+    std::string text;
+    if (reply.op == store::Op::kMissingList && store::decode_missing_list(reply.payload, &text)) {
+      return text;
+    }
+  }
+}
+
 Status StoreBootstrap::send(const store::Bytes& frame, const std::string& what,
                             const IdleFn& idle) {
   Status status = store::send_all(socket_.get(), frame, deadline(), idle);
@@ -446,12 +466,17 @@ Status StoreBootstrap::broken(const Status& status, const std::string& what) {
   switch (status.code()) {
     case Code::kTimeout: {
       bool is_get = what.rfind("get of", 0) == 0;
-      result = Status(Code::kTimeout, name_ + ": " + what + " timed out after " +
-                                          seconds_text(options_.timeout_s) +
-                                          " (FERRY_BOOTSTRAP_TIMEOUT)" +
-                                          (is_get ? "; no rank put that key"
-                                                  : "; rank " + std::to_string(options_.rank) +
-                                                        " was still waiting for the other ranks"));
+      std::string waiting;
+      if (!is_get) {
+        waiting = ask_missing();
+        waiting = "; rank " + std::to_string(options_.rank) +
+                  (waiting.empty() ? " was still waiting for the other ranks"
+                                   : " was still waiting: " + waiting);
+      }
+      result =
+          Status(Code::kTimeout,
+                 name_ + ": " + what + " timed out after " + seconds_text(options_.timeout_s) +
+                     " (FERRY_BOOTSTRAP_TIMEOUT)" + (is_get ? "; no rank put that key" : waiting));
       // A GET that timed out leaves nothing behind; a half-done round or a partly sent frame
       // leaves the connection out of step with the store.
       if (is_get) return result;

@@ -39,7 +39,9 @@ class StoreBootstrap final : public Bootstrap {
   // Connects and says HELLO. Throws ferry::Error(kBootstrapError) naming the store and what failed
   // (bad options, no socket, the store refused the rank, no answer within the timeout).
   explicit StoreBootstrap(StoreOptions options);
-  // Rank 0 of the TCP store serves the others until they have all left (at most linger_s).
+  // Says BYE (the rank's Context ended in order: a launcher tells a rank that exited without
+  // ending it, leaving its peers waiting, from one that did). Rank 0 of the TCP store then serves
+  // the others until they have all left (at most linger_s).
   ~StoreBootstrap() override;
   StoreBootstrap(const StoreBootstrap&) = delete;
   StoreBootstrap& operator=(const StoreBootstrap&) = delete;
@@ -60,6 +62,9 @@ class StoreBootstrap final : public Bootstrap {
   void abort(int code, const std::string& reason) override;
 
  private:
+  // After a barrier or allgather ran out of time: the store's word on whom it still waits for
+  // (empty if it does not answer within a second).
+  std::string ask_missing();
   // Sends one request; `what` names the operation for messages ("get of key 'x'").
   Status send(const store::Bytes& frame, const std::string& what, const IdleFn& idle);
   // Waits for the reply `want` (for kValue: the value of `key`), skipping replies left over from

@@ -86,6 +86,12 @@ std::string op_name(Op op) {
       return "WATCH";
     case Op::kAborted:
       return "ABORTED";
+    case Op::kBye:
+      return "BYE";
+    case Op::kMissing:
+      return "MISSING";
+    case Op::kMissingList:
+      return "MISSING_LIST";
   }
   return "op " + std::to_string(static_cast<int>(op));
 }
@@ -173,6 +179,27 @@ Bytes encode_allgather_done(std::span<const Bytes> blobs) {
   w.put<std::uint32_t>(static_cast<std::uint32_t>(blobs.size()));
   for (const auto& blob : blobs) w.put_bytes(blob);
   return finish(&w);
+}
+
+Bytes encode_bye() {
+  util::Writer w = start(Op::kBye);
+  return finish(&w);
+}
+
+Bytes encode_missing() {
+  util::Writer w = start(Op::kMissing);
+  return finish(&w);
+}
+
+Bytes encode_missing_list(std::string_view text) {
+  util::Writer w = start(Op::kMissingList);
+  w.put_string(text.substr(0, kMaxReasonBytes));
+  return finish(&w);
+}
+
+bool decode_missing_list(std::span<const std::byte> payload, std::string* text) {
+  util::Reader r(payload);
+  return r.get_string(text, kMaxReasonBytes) && r.remaining() == 0;
 }
 
 Bytes encode_error(Code code, std::string_view message) {

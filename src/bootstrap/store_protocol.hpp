@@ -37,6 +37,8 @@ enum class Op : std::uint8_t {
   kAllgather = 5,  // bytes blob; answered by kAllgatherDone (all blobs in rank order)
   kAbort = 6,      // i32 code, string reason; not answered
   kWatch = 7,      // as kHello, on a second connection that only ever receives kAborted
+  kBye = 8,        // empty; not answered: this rank finalized, its connection closes next
+  kMissing = 9,    // empty; answered by kMissingList: whom this rank's round still waits for
   // Replies, store to client.
   kHelloOk = 16,        // empty
   kValue = 17,          // string key, bytes value
@@ -44,6 +46,7 @@ enum class Op : std::uint8_t {
   kAllgatherDone = 19,  // u32 count, count x bytes
   kError = 20,          // i32 ferry::Code, string message
   kAborted = 21,        // i32 rank, i32 code, string reason: to watchers, when a rank aborted
+  kMissingList = 22,    // string: the ranks a barrier or allgather round waits for, and why
 };
 
 // "HELLO", "PUT", ... for messages; "op <n>" for a value that is no op.
@@ -69,6 +72,9 @@ Bytes encode_allgather_done(std::span<const Bytes> blobs);
 Bytes encode_error(Code code, std::string_view message);
 Bytes encode_watch(int rank, int size, int pid);
 Bytes encode_aborted(int rank, int code, std::string_view reason);
+Bytes encode_bye();
+Bytes encode_missing();
+Bytes encode_missing_list(std::string_view text);
 
 // Payload length of the kAllgatherDone frame for `blobs`, to check it against kMaxFrameBytes
 // before building it.
@@ -111,6 +117,7 @@ struct ErrorReply {
                                          std::vector<Bytes>* blobs);
 [[nodiscard]] bool decode_error(std::span<const std::byte> payload, ErrorReply* out);
 [[nodiscard]] bool decode_aborted(std::span<const std::byte> payload, Aborted* out);
+[[nodiscard]] bool decode_missing_list(std::span<const std::byte> payload, std::string* text);
 
 // Accumulates bytes from a non-blocking stream socket and cuts them into frames.
 class FrameReader {

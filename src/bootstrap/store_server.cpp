@@ -95,6 +95,10 @@ StoreServer::StoreServer(util::Fd listener, std::string label, std::string path,
       listener_(std::move(listener)),
       rank_client_(static_cast<std::size_t>(std::max(size, 0)), 0),
       departed_pid_(static_cast<std::size_t>(std::max(size, 0)), 0),
+      joined_(static_cast<std::size_t>(std::max(size, 0)), false),
+      finalized_(static_cast<std::size_t>(std::max(size, 0)), false),
+      exit_note_(static_cast<std::size_t>(std::max(size, 0))),
+      departed_at_(static_cast<std::size_t>(std::max(size, 0)), 0),
       in_barrier_(static_cast<std::size_t>(std::max(size, 0)), false),
       gathered_(static_cast<std::size_t>(std::max(size, 0))),
       in_allgather_(static_cast<std::size_t>(std::max(size, 0)), false) {
@@ -249,6 +253,10 @@ void StoreServer::handle(Client* client, store::Frame* frame) {
       return handle_allgather(client, *frame);
     case store::Op::kAbort:
       return handle_abort(client, *frame);
+    case store::Op::kBye:
+      return handle_bye(client, *frame);
+    case store::Op::kMissing:
+      return handle_missing(client, *frame);
     default:
       reject(client, Code::kProtocolError,
              store::op_name(frame->op) + " is not a request the store accepts");
@@ -284,6 +292,7 @@ void StoreServer::handle_hello(Client* client, const store::Frame& frame) {
   client->rank = hello.rank;
   client->pid = hello.pid;
   rank_client_[rank] = client->id;
+  joined_[rank] = true;
   FERRY_LOG(kDebug, "%s: rank %d (pid %d) connected", label_.c_str(), hello.rank, hello.pid);
   send(client, std::make_shared<const store::Bytes>(store::encode_hello_ok()));
 }
@@ -413,6 +422,73 @@ void StoreServer::handle_watch(Client* client, const store::Frame& frame) {
   send(client, std::make_shared<const store::Bytes>(store::encode_hello_ok()));
 }
 
+void StoreServer::handle_bye(Client* client, const store::Frame& frame) {
+  if (!store::decode_empty(frame.payload)) {
+    return reject(client, Code::kProtocolError, "malformed BYE");
+  }
+  finalized_[static_cast<std::size_t>(client->rank)] = true;
+}
+
+void StoreServer::handle_missing(Client* client, const store::Frame& frame) {
+  if (!store::decode_empty(frame.payload)) {
+    return reject(client, Code::kProtocolError, "malformed MISSING");
+  }
+  const auto rank = static_cast<std::size_t>(client->rank);
+  std::string text;
+  if (in_allgather_[rank]) {
+    text =
+        "allgather round " + std::to_string(allgather_round_) + ": " + waiting_for(in_allgather_);
+  } else if (in_barrier_[rank]) {
+    text = "barrier round " + std::to_string(barrier_round_) + ": " + waiting_for(in_barrier_);
+  } else {
+    text = "this rank is in no barrier or allgather round";
+  }
+  send(client, std::make_shared<const store::Bytes>(store::encode_missing_list(text)));
+}
+
+std::string StoreServer::waiting_for(const std::vector<bool>& joined) const {
+  std::vector<int> unconnected, absent, left;
+  for (std::size_t r = 0; r < joined.size(); ++r) {
+    if (joined[r]) continue;
+    const int rank = static_cast<int>(r);
+    if (departed_pid_[r] != 0) {
+      left.push_back(rank);
+    } else if (rank_client_[r] == 0) {
+      unconnected.push_back(rank);
+    } else {
+      absent.push_back(rank);
+    }
+  }
+  auto list = [](const std::vector<int>& ranks) {
+    std::string out = ranks.size() == 1 ? "rank" : "ranks";
+    for (std::size_t i = 0; i < ranks.size() && i < 32; ++i) {
+      out += (i == 0 ? " " : ", ") + std::to_string(ranks[i]);
+    }
+    if (ranks.size() > 32) out += " and " + std::to_string(ranks.size() - 32) + " more";
+    return out;
+  };
+  std::string out;
+  auto add = [&](const std::vector<int>& ranks, const char* why) {
+    if (ranks.empty()) return;
+    out += (out.empty() ? "" : "; ") + list(ranks) + why;
+  };
+  add(unconnected, " never connected to the store (not started, or not yet in Context::init)");
+  add(absent, " connected but had not arrived");
+  add(left, " left the job");
+  return out.empty() ? "every rank has arrived" : "waiting for " + out;
+}
+
+void StoreServer::rank_exited(int rank, int pid, const std::string& how) {
+  if (!valid(rank)) return;
+  const auto r = static_cast<std::size_t>(rank);
+  exit_note_[r] = how;
+  if (joined_[r] || departed_pid_[r] != 0) return;  // its closed connection said it already
+  departed_pid_[r] = pid > 0 ? pid : -1;
+  departed_at_[r] = ++departures_;
+  FERRY_LOG(kDebug, "%s: rank %d %s before it joined", label_.c_str(), rank, how.c_str());
+  fail_rounds(rank);
+}
+
 void StoreServer::reject(Client* client, Code code, const std::string& message) {
   FERRY_LOG(kWarn, "%s: dropping %s: %s", label_.c_str(), describe(client).c_str(),
             message.c_str());
@@ -487,6 +563,7 @@ void StoreServer::kill(Client* client) {
   auto rank = static_cast<std::size_t>(client->rank);
   rank_client_[rank] = 0;
   departed_pid_[rank] = client->pid != 0 ? client->pid : -1;
+  departed_at_[rank] = ++departures_;
   FERRY_LOG(kDebug, "%s: %s closed its connection", label_.c_str(), describe(client).c_str());
   fail_rounds(client->rank);
 }
@@ -498,14 +575,25 @@ void StoreServer::drop_dead() {
 }
 
 int StoreServer::missing_departed(const std::vector<bool>& joined) const {
+  int first = -1;
   for (std::size_t rank = 0; rank < departed_pid_.size(); ++rank) {
-    if (departed_pid_[rank] != 0 && !joined[rank]) return static_cast<int>(rank);
+    if (departed_pid_[rank] == 0 || joined[rank]) continue;
+    if (first < 0 || departed_at_[rank] < departed_at_[static_cast<std::size_t>(first)]) {
+      first = static_cast<int>(rank);
+    }
   }
-  return -1;
+  return first;
 }
 
 std::string StoreServer::departed_message(int rank, const char* what, std::uint64_t round) const {
   int pid = departed_pid_[static_cast<std::size_t>(rank)];
+  if (!joined_[static_cast<std::size_t>(rank)]) {
+    return "rank " + std::to_string(rank) + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : "") +
+           " " + exit_note_[static_cast<std::size_t>(rank)] +
+           " before it joined the job (it never called Context::init, or ended during it), "
+           "so the " +
+           what + " round " + std::to_string(round) + " cannot complete";
+  }
   return "rank " + std::to_string(rank) + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : "") +
          " closed its connection to the store before it joined " + what + " round " +
          std::to_string(round) + ", so the round cannot complete";

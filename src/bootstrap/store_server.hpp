@@ -52,11 +52,20 @@ class StoreServer {
   [[nodiscard]] int connected_ranks() const;
   // Whether replies or notices still wait for room in some client's socket.
   [[nodiscard]] bool output_pending() const;
-  // Whether `rank` said HELLO and has since closed its connection (cleanly or not).
+  // Whether `rank` said HELLO and has since closed its connection (cleanly or not), or exited
+  // without ever saying it (rank_exited).
   [[nodiscard]] bool departed(int rank) const {
     return rank >= 0 && static_cast<std::size_t>(rank) < departed_pid_.size() &&
            departed_pid_[static_cast<std::size_t>(rank)] != 0;
   }
+  // Whether `rank` joined the job (its HELLO was accepted), and whether it then finalized (BYE):
+  // a rank that joined and exited without finalizing left its peers waiting.
+  [[nodiscard]] bool joined(int rank) const { return valid(rank) && joined_[rank]; }
+  [[nodiscard]] bool finalized(int rank) const { return valid(rank) && finalized_[rank]; }
+  // The launcher saw `rank` (process `pid`) end, as `how` says ("exited with code 0"). A rank
+  // that never joined cannot join any more: the rounds waiting for it fail at once, naming it,
+  // instead of running into FERRY_BOOTSTRAP_TIMEOUT.
+  void rank_exited(int rank, int pid, const std::string& how);
 
  private:
   struct Client {
@@ -76,6 +85,10 @@ class StoreServer {
     bool watcher = false;  // a WATCH connection: receives ABORTED, sends nothing more
   };
 
+  [[nodiscard]] bool valid(int rank) const {
+    return rank >= 0 && static_cast<std::size_t>(rank) < joined_.size();
+  }
+
   StoreServer(util::Fd listener, std::string label, std::string path, int size, AbortFn on_abort);
 
   void accept_clients();
@@ -90,6 +103,11 @@ class StoreServer {
   void handle_allgather(Client* client, const store::Frame& frame);
   void handle_abort(Client* client, const store::Frame& frame);
   void handle_watch(Client* client, const store::Frame& frame);
+  void handle_bye(Client* client, const store::Frame& frame);
+  void handle_missing(Client* client, const store::Frame& frame);
+  // The ranks a round whose arrivals are `joined` waits for, by what keeps them: "rank 2 has not
+  // connected; rank 3 connected but has not arrived; rank 1 left".
+  [[nodiscard]] std::string waiting_for(const std::vector<bool>& joined) const;
   // Replies with an error and drops the client once the reply has left.
   void reject(Client* client, Code code, const std::string& message);
   void send(Client* client, std::shared_ptr<const store::Bytes> frame);
@@ -101,7 +119,8 @@ class StoreServer {
   void drop_dead();
   // A rank left: rounds it never joined can no longer complete.
   void fail_rounds(int rank);
-  // A rank that left the job without joining the round whose arrivals are `joined`, or -1.
+  // The rank that left the job first among those missing from the round whose arrivals are
+  // `joined`, or -1.
   [[nodiscard]] int missing_departed(const std::vector<bool>& joined) const;
   [[nodiscard]] std::string departed_message(int rank, const char* what, std::uint64_t round) const;
   [[nodiscard]] std::string describe(const Client* client) const;
@@ -116,6 +135,11 @@ class StoreServer {
   std::map<std::uint64_t, std::unique_ptr<Client>> clients_;
   std::vector<std::uint64_t> rank_client_;  // client id per rank, 0 when not connected
   std::vector<int> departed_pid_;           // pid of a rank that closed its connection, else 0
+  std::vector<bool> joined_;                // HELLO accepted once
+  std::vector<bool> finalized_;             // BYE received
+  std::vector<std::string> exit_note_;      // how a rank that never joined ended (rank_exited)
+  std::vector<std::uint64_t> departed_at_;  // order of departures (1 first): the first is the cause
+  std::uint64_t departures_ = 0;
   std::map<std::string, store::Bytes> values_;
   std::map<std::string, std::set<std::uint64_t>> waiting_;  // GETs on keys not put yet
   std::vector<bool> in_barrier_;

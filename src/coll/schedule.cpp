@@ -145,6 +145,19 @@ Execution::State Execution::poll(Status* failure) {
                                     : std::string("the peer sent more than ") +
                                           std::to_string(f.action.size) + " bytes") +
                      " (do the members pass the same counts, types and root?)");
+    } else if (Status dead = member_death(where + s.message(), true); !dead.is_ok()) {
+      // A member died: that is the cause wherever the failure showed (a live member that gave
+      // up on its part because of it withdrew what it sent here: kCanceled).
+      *failure = std::move(dead);
+    } else if (s.code() != Code::kPeerFailed && blame_by_ == Clock::time_point{}) {
+      // No death seen yet, though a live member may have given up because of one: deaths are
+      // seen within milliseconds on a node and within keepalives across nodes, so look a while.
+      blame_by_ = Clock::now() + kBlameGrace;
+      running = true;
+      continue;
+    } else if (s.code() != Code::kPeerFailed && Clock::now() < blame_by_) {
+      running = true;
+      continue;
     } else {
       *failure = Status(s.code(), where + s.message());
     }
@@ -155,16 +168,31 @@ Execution::State Execution::poll(Status* failure) {
   // A member that died fails the collective everywhere, also on members that wait for a live
   // one (which gave up when it saw the death), so nobody waits forever.
   if ((++polls_ & 1023) == 0) {
-    for (int m = 0; m < group_->size(); ++m) {
-      if (const std::string* why = engine->peer_failure(group_->member(m))) {
-        *failure =
-            Status(Code::kPeerFailed, what() + " failed: " + peer_name(m) + " is gone: " + *why);
-        withdraw();
-        return State::kFailed;
-      }
+    if (Status dead = member_death("", false); !dead.is_ok()) {
+      *failure = std::move(dead);
+      withdraw();
+      return State::kFailed;
     }
   }
   return State::kRunning;
+}
+
+Status Execution::member_death(const std::string& context, bool ask_transports) {
+  proto::Engine* engine = group_->engine();
+  if (ask_transports) engine->look_for_failures();
+  int first = -1;
+  std::uint64_t earliest = 0;
+  for (int m = 0; m < group_->size(); ++m) {
+    const std::uint64_t order = engine->failure_order(group_->member(m));
+    if (order != 0 && (first < 0 || order < earliest)) {
+      first = m;
+      earliest = order;
+    }
+  }
+  if (first < 0) return Status();
+  return Status(Code::kPeerFailed, what() + " failed: " + peer_name(first) +
+                                       " is gone: " + *engine->peer_failure(group_->member(first)) +
+                                       (context.empty() ? std::string() : " (" + context + ")"));
 }
 
 void Execution::withdraw() {

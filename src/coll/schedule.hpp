@@ -111,6 +111,13 @@ class Execution : public Plan {
   // Cancels unmatched receives, withdraws unsent data and waits for matched transfers, so that
   // nothing touches the caller's buffers afterwards.
   void withdraw();
+  // kPeerFailed naming the member that died first, with `context` (where the failure showed),
+  // or ok when no member is known dead (`ask_transports`: after asking the transports now).
+  Status member_death(const std::string& context, bool ask_transports);
+  // A transfer that failed without a death seen yet is held until then (Execution::poll).
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::seconds kBlameGrace{3};
+  Clock::time_point blame_by_{};
   [[nodiscard]] std::string what() const;
   [[nodiscard]] std::string peer_name(int member) const;
 

@@ -86,7 +86,7 @@ void Engine::start_chunked_receive(std::uint32_t index, int source, std::uint64_
   slot.direct = true;
   if (!peer.endpoint->has_direct()) {
     // The sender must not wait for a CTS: FIN with a code fails it.
-    send_control(source, kAmFin, as_bytes(FinHeader{sreq, 1, 0}));
+    send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
     return complete(index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
   if (needs_bounce(slot, *peer.endpoint) && (slot.bounce = take_bounce()) == nullptr) {
@@ -183,7 +183,7 @@ void Engine::chunk_done(std::uint32_t index, Status status) {
       send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
     } else {
       // The receiver's failure reaches the sender as a FIN with a code (handle_fin).
-      send_control(peer_rank, kAmFin, as_bytes(FinHeader{slot.stage_rreq, 1, 0}));
+      send_control(peer_rank, kAmFin, as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
     }
     return complete(index, std::move(status));
   }

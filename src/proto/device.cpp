@@ -90,6 +90,7 @@ void Engine::handle_rts_dev(int source, std::span<const std::byte> data) {
                             has_key ? &key : nullptr);
     return;
   }
+  if (finalizing_) return refuse_unmatched(source, header.sreq);
   Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.device = true;
   if (has_key) {
@@ -379,13 +380,19 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
 void Engine::fail_staged_receive(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
   // The sender learns of it (FIN with a code) and stops: neither side waits for the other.
-  send_control(slot.info.source, kAmFin, as_bytes(FinHeader{slot.stage_rreq, 1, 0}));
+  send_control(slot.info.source, kAmFin, as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
   complete_when_idle(index, std::move(status));
 }
 
-void Engine::receiver_failed(std::uint32_t index, int source) {
+void Engine::receiver_failed(std::uint32_t index, int source, std::uint32_t code) {
   Peer& peer = peers_[static_cast<std::size_t>(source)];
   std::erase(peer.stage_streams, index);
+  if (code == kFinNeverMatched) {
+    ++never_matched_;
+    return complete_when_idle(
+        index, Status(Code::kCanceled, "rank " + std::to_string(source) +
+                                           " finalized without a receive for this message"));
+  }
   complete_when_idle(index, Status(Code::kIoError, "rank " + std::to_string(source) +
                                                        " reported that it could not receive "
                                                        "this message"));
@@ -438,7 +445,8 @@ int Engine::poll_device_ops() {
         if (slot.device_ops > 0) continue;  // other pieces of the message still copying
         cuda_->unpin(op.peer, slot.device, op.key);
         // A code tells the sender the receive failed (slot.deferred: an error waits).
-        send_control(op.peer, kAmFin, as_bytes(FinHeader{op.wire, slot.deferred ? 1u : 0u, 0}));
+        send_control(op.peer, kAmFin,
+                     as_bytes(FinHeader{op.wire, slot.deferred ? kFinFailed : kFinDone, 0}));
         if (!slot.deferred) {
           complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
           continue;

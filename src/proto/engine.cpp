@@ -193,6 +193,72 @@ void Engine::setup_ofi(std::size_t local_count) {
 #endif
 }
 
+namespace {
+
+// The entry of the published blob that carries the job-wide settings (util::kJobWide), one
+// "NAME=value" line each: never a transport's name.
+constexpr const char* kSettingsEntry = "settings";
+
+std::string job_settings(const util::Config& config) {
+  std::string text;
+  for (util::Var var : util::kJobWide) {
+    text += std::string(util::registry()[static_cast<std::size_t>(var)].name) + "=" +
+            config.canonical(var) + "\n";
+  }
+  return text;
+}
+
+// "rank 3", "ranks 0, 2-5, 7".
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Fails (on every rank alike, since every rank sees every blob) where the ranks' job-wide
+// settings differ, naming each variable, its values and the ranks that hold each.
+void check_job_settings(const std::vector<std::string>& settings) {
+  std::string differences;
+  for (util::Var var : util::kJobWide) {
+    const std::string name = util::registry()[static_cast<std::size_t>(var)].name;
+    std::vector<std::pair<std::string, std::vector<int>>> values;  // in order of first rank
+    for (std::size_t r = 0; r < settings.size(); ++r) {
+      std::string value = "(not published)";
+      const std::string key = name + "=";
+      if (std::size_t at = settings[r].find(key); at != std::string::npos) {
+        const std::size_t start = at + key.size();
+        value = settings[r].substr(start, settings[r].find('\n', start) - start);
+      }
+      auto it = std::find_if(values.begin(), values.end(),
+                             [&](const auto& entry) { return entry.first == value; });
+      if (it == values.end()) it = values.insert(values.end(), {value, {}});
+      it->second.push_back(static_cast<int>(r));
+    }
+    if (values.size() < 2) continue;
+    differences += (differences.empty() ? "" : "; ") + name + " is ";
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      differences += (i == 0                   ? ""
+                      : i + 1 == values.size() ? " and "
+                                               : ", ") +
+                     values[i].first + " on " + ranks_text(values[i].second);
+    }
+  }
+  if (!differences.empty()) {
+    throw Error(Code::kInvalidArgument,
+                "settings that every rank must share differ: " + differences +
+                    " (set them alike on every rank, or leave them unset)");
+  }
+}
+
+}  // namespace
+
 void Engine::connect_peers() {
   std::vector<std::vector<std::byte>> addresses;
   Published mine;
@@ -200,6 +266,8 @@ void Engine::connect_peers() {
   for (std::size_t i = 0; i < transports_.size(); ++i) {
     mine.emplace_back(transports_[i]->capabilities().name, addresses[i]);
   }
+  const std::string settings = job_settings(config_);
+  mine.emplace_back(kSettingsEntry, std::as_bytes(std::span(settings.data(), settings.size())));
   std::vector<bootstrap::Blob> all;
   auto idle = [this] { progress(); };
   Status status = bootstrap_->allgather(encode_addresses(mine), &all, idle);
@@ -209,14 +277,26 @@ void Engine::connect_peers() {
                                            std::to_string(all.size()) + " addresses for " +
                                            std::to_string(size_) + " ranks");
   }
-  std::vector<int> local = bootstrap_->local_ranks();
+  std::vector<Published> everyone(static_cast<std::size_t>(size_));
+  std::vector<std::string> their_settings(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) {
-    // What rank r published: (transport name, address) pairs.
-    Published published;
+    // What rank r published: (transport name, address) pairs, and its job-wide settings.
+    Published& published = everyone[static_cast<std::size_t>(r)];
     if (!decode_addresses(all[static_cast<std::size_t>(r)], &published)) {
       throw Error(Code::kProtocolError,
                   "rank " + std::to_string(r) + " published a malformed address blob");
     }
+    for (const auto& [name, blob] : published) {
+      if (name == kSettingsEntry) {
+        their_settings[static_cast<std::size_t>(r)].assign(
+            reinterpret_cast<const char*>(blob.data()), blob.size());
+      }
+    }
+  }
+  check_job_settings(their_settings);
+  std::vector<int> local = bootstrap_->local_ranks();
+  for (int r = 0; r < size_; ++r) {
+    const Published& published = everyone[static_cast<std::size_t>(r)];
     auto it = std::find(local.begin(), local.end(), r);
     Peer& peer = peers_[static_cast<std::size_t>(r)];
     std::string tried;
@@ -306,9 +386,30 @@ void Engine::shutdown() {
 
 void Engine::finalize() {
   const auto deadline = util::deadline_after(config_.get_seconds(util::Var::kFinalizeTimeout));
+  // No receive is posted from here on: what peers announced and nothing matched never will be.
+  finalizing_ = true;
+  std::size_t dropped = 0;
+  for (const Unexpected& message : matcher_.take_all_unexpected()) {
+    ++dropped;
+    if (message.rendezvous && !peers_[static_cast<std::size_t>(message.source)].failed) {
+      refuse_unmatched(message.source, message.sreq);
+    }
+  }
+  if (dropped > 0) {
+    FERRY_LOG(kWarn,
+              "finalize: %zu message(s) sent to this rank were never received (no receive "
+              "matched them)",
+              dropped);
+  }
   int idle = 0;
   while ((!pending_peers_.empty() || outstanding_sends_ > 0) && Clock::now() < deadline) {
     wait_step(&idle);
+  }
+  if (never_matched_ > 0) {
+    FERRY_LOG(kWarn,
+              "finalize: %zu send(s) of this rank were never received: their receivers "
+              "finalized without a matching receive",
+              never_matched_);
   }
   if (!pending_peers_.empty() || outstanding_sends_ > 0) {
     FERRY_LOG(kWarn,
@@ -409,7 +510,8 @@ void Engine::spin_step(int* idle_polls) {
 // Sleeping is for waits that only a message can end: not while device copies, queued sends
 // (the receiver frees room without ringing) or collectives with GPU work are in flight.
 bool Engine::may_sleep() const {
-  return device_ops_.empty() && pending_peers_.empty() && (!cuda_ || operations_.empty());
+  return device_ops_.empty() && pending_peers_.empty() && suspects_.empty() &&
+         (!cuda_ || operations_.empty());
 }
 
 void Engine::sleep_until_work(bool locked) {

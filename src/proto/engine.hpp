@@ -93,6 +93,13 @@ class Engine final : public transport::AmHandler {
     const Peer& peer = peers_[static_cast<std::size_t>(rank)];
     return peer.failed ? &peer.why : nullptr;
   }
+  // When `rank`'s death was seen, as an order among the deaths seen here (1 the first); 0 while
+  // it is alive. Whoever died first is the cause of what failed after.
+  [[nodiscard]] std::uint64_t failure_order(int rank) const {
+    return peers_[static_cast<std::size_t>(rank)].failure_order;
+  }
+  // Asks the transports now which peers died (as progress does every few thousand calls).
+  void look_for_failures() { check_peers(); }
   // The GPU holding `buffer` where only a CUDA device can read it, else -1.
   [[nodiscard]] int device_of(const void* buffer) {
     if (!cuda_) return -1;
@@ -235,6 +242,8 @@ class Engine final : public transport::AmHandler {
 
   void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override;
   void on_direct(std::uint64_t cookie, Status status) override;
+  // What a direct transfer's end means for its request (on_direct, or settle_suspects later).
+  void direct_outcome(std::uint32_t index, Status status);
   void on_batch_end() override {
     if (!ack_peers_.empty()) send_acks();
   }
@@ -270,8 +279,9 @@ class Engine final : public transport::AmHandler {
     bool direct_failed = false;   // a direct receive could not be posted: pipeline from now on
     bool read_failed = false;     // a one-sided read failed: clear-to-send from now on
     bool failed = false;          // the peer died: everything involving it fails with `why`
-    bool shares_memory = false;   // self or shm: device data can go by CUDA IPC or staging ring
-    std::deque<Pending> pending;  // in order; nothing bypasses it
+    std::uint64_t failure_order = 0;  // Engine::failure_order
+    bool shares_memory = false;       // self or shm: device data can go by CUDA IPC or staging ring
+    std::deque<Pending> pending;      // in order; nothing bypasses it
     // Device buffers: the fallback ladder's verdict for this peer, per way of mapping memory
     // (legacy CUDA IPC, cuMem descriptors), and the staging rings.
     struct IpcVerdict {
@@ -557,7 +567,14 @@ class Engine final : public transport::AmHandler {
   // A staged receive that cannot go on: it fails, and so does the send (FIN with a code).
   void fail_staged_receive(std::uint32_t index, Status status);
   // A FIN with a code: the receiver failed; so does the send.
-  void receiver_failed(std::uint32_t index, int source);
+  void receiver_failed(std::uint32_t index, int source, std::uint32_t code);
+  // Finalize: no receive will be posted any more, so an announced message that no posted receive
+  // matches never will be: its sender is told (FIN kFinNeverMatched) and its send ends, instead
+  // of holding the sender's finalize for FERRY_FINALIZE_TIMEOUT.
+  void refuse_unmatched(int source, std::uint64_t sreq);
+  bool finalizing_ = false;
+  std::size_t refused_unmatched_ = 0;  // announcements refused so (for finalize's warning)
+  std::size_t never_matched_ = 0;      // sends of ours that peers refused so
   // Rung 1 of a device receive: map the sender's buffer and start the copies.
   Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
                        const cuda::IpcKey& key);
@@ -616,9 +633,20 @@ class Engine final : public transport::AmHandler {
   // Other ranks that have an endpoint and have not failed: at 0 no one is left to match a receive
   // from any source but this rank itself.
   int others_left_ = 0;
-  int last_failed_ = -1;            // the rank whose failure was seen last
+  int last_failed_ = -1;  // the rank whose failure was seen last
+  std::uint64_t failures_seen_ = 0;
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty
   std::vector<int> ack_peers_;      // peers with answers in Peer::acks
+  // Direct transfers that failed while their peer was not (yet) seen dead: held until it is
+  // (then kPeerFailed, through peer_failed) or until `until` (then their own failure).
+  struct Suspect {
+    std::uint64_t cookie;  // the request's wire id
+    int peer;
+    Status status;
+    util::Clock::time_point until;
+  };
+  std::vector<Suspect> suspects_;
+  int settle_suspects();
   RequestPool requests_;
   Matcher matcher_;
   // Operations in flight, by request slot; after requests_ so that they (and the requests they

@@ -51,6 +51,13 @@ const Unexpected* Matcher::find_unexpected(int source, Tag tag, Tag mask) const 
   return nullptr;
 }
 
+std::vector<Unexpected> Matcher::take_all_unexpected() {
+  std::vector<Unexpected> all(std::make_move_iterator(unexpected_.begin()),
+                              std::make_move_iterator(unexpected_.end()));
+  unexpected_.clear();
+  return all;
+}
+
 std::size_t Matcher::drop_rendezvous_from(int source) {
   std::size_t before = unexpected_.size();
   std::erase_if(unexpected_,

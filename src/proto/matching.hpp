@@ -49,6 +49,8 @@ class Matcher {
   // The first unexpected message that a receive with these arguments matches (removed).
   std::optional<Unexpected> take_unexpected(int source, Tag tag, Tag mask);
   [[nodiscard]] const Unexpected* find_unexpected(int source, Tag tag, Tag mask) const;
+  // Every unexpected message, oldest first, the queue emptied (finalize).
+  std::vector<Unexpected> take_all_unexpected();
   // Drops the rendezvous announcements of `source` (its data died with it); returns how many.
   std::size_t drop_rendezvous_from(int source);
   // Drops the rendezvous announcement `sreq` of `source`; false if it is not (or no longer) here.

@@ -235,7 +235,8 @@ int Engine::progress() {
   // (a put's flag) sees the store sooner the shorter this is (docs/PERFORMANCE.md, "One-sided").
   if (polled_.size() == 1 && polled_.front() == shm_ && !armed_ && shm_->quiet() &&
       (self_ == nullptr || !self_->has_work()) && ack_peers_.empty() && pending_peers_.empty() &&
-      device_ops_.empty() && operations_.empty() && progress_calls_ + 1 < kCheckPeersEvery) {
+      device_ops_.empty() && operations_.empty() && suspects_.empty() &&
+      progress_calls_ + 1 < kCheckPeersEvery) {
     ++progress_calls_;
     return 0;
   }
@@ -251,6 +252,7 @@ int Engine::progress_all() {
     if (t != shm_ || !shm_->quiet()) events += t->progress();
   }
   if (!ack_peers_.empty()) events += send_acks();
+  if (!suspects_.empty()) events += settle_suspects();
   if (!pending_peers_.empty()) events += drain_pending();
   if (!device_ops_.empty()) events += poll_device_ops();
   if (!operations_.empty() && !advancing_) events += advance_operations();
@@ -312,6 +314,7 @@ void Engine::peer_failed(int rank, const std::string& why) {
   Peer& peer = peers_[static_cast<std::size_t>(rank)];
   if (peer.failed) return;
   peer.failed = true;
+  peer.failure_order = ++failures_seen_;
   peer.why = why;
   if (peer.endpoint != nullptr && rank != rank_) --others_left_;
   last_failed_ = rank;
@@ -585,6 +588,7 @@ void Engine::handle_rts(int source, std::span<const std::byte> data) {
     start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address, nullptr);
     return;
   }
+  if (finalizing_) return refuse_unmatched(source, header.sreq);
   Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.address = header.address;
   matcher_.add_unexpected(std::move(message));
@@ -606,11 +610,17 @@ void Engine::handle_rts_read(int source, std::span<const std::byte> data) {
     start_rendezvous(*index, source, header.tag, header.size, header.sreq, 0, &remote);
     return;
   }
+  if (finalizing_) return refuse_unmatched(source, header.sreq);
   Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.address = header.address;
   message.readable = true;
   message.key = header.key;
   matcher_.add_unexpected(std::move(message));
+}
+
+void Engine::refuse_unmatched(int source, std::uint64_t sreq) {
+  ++refused_unmatched_;
+  send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinNeverMatched, 0}));
 }
 
 Unexpected Engine::unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
@@ -638,7 +648,7 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
     return start_chunked_receive(index, source, sreq);
   }
   if (address == kRtsFromDevice && length > 0) {
-    send_control(source, kAmFin, as_bytes(FinHeader{sreq, 1, 0}));  // the send fails too
+    send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));  // the send fails too
     return complete(index,
                     Status(Code::kProtocolError,
                            "rank " + std::to_string(source) +
@@ -796,6 +806,52 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
     native_done(slot->peer, slot->rma_region);
   }
   if (slot->state == RequestState::kDone) return;
+  const int peer_rank = slot->kind == RequestKind::kSend ? slot->peer : slot->info.source;
+  if (!status && status.code() != Code::kPeerFailed && !slot->deferred && peer_rank >= 0 &&
+      peer_rank < size_ && peer_rank != rank_) {
+    // A provider reports a peer's death on the transfers in flight with it as their own failure
+    // (tcp: canceled), often before the death itself can be seen (the dying process's sockets
+    // close before its pidfd says so): if the peer turns out dead, that is what failed them.
+    check_peers();
+    if (peers_[static_cast<std::size_t>(peer_rank)].failed) {
+      status = Status(Code::kPeerFailed, peers_[static_cast<std::size_t>(peer_rank)].why);
+    } else {
+      const double keepalive = config_.get_seconds(util::Var::kKeepalive);
+      suspects_.push_back({cookie, peer_rank, std::move(status),
+                           util::deadline_after(std::min(5.0, 0.2 + 2 * keepalive))});
+      return;
+    }
+    if (requests_[index].state == RequestState::kDone) return;
+  }
+  direct_outcome(index, std::move(status));
+}
+
+int Engine::settle_suspects() {
+  check_peers();
+  const auto now = util::Clock::now();
+  int settled = 0;
+  for (std::size_t i = 0; i < suspects_.size();) {
+    Suspect& suspect = suspects_[i];
+    std::uint32_t index = 0;
+    RequestSlot* slot = requests_.lookup(suspect.cookie, &index);
+    const bool dead = peers_[static_cast<std::size_t>(suspect.peer)].failed;
+    if (slot != nullptr && slot->state != RequestState::kDone && !dead && now < suspect.until) {
+      ++i;
+      continue;
+    }
+    Suspect done = std::move(suspect);
+    suspect = std::move(suspects_.back());
+    suspects_.pop_back();
+    ++settled;
+    // Gone or ended (a dead peer's requests end in peer_failed): nothing left to do.
+    if (slot == nullptr || slot->state == RequestState::kDone) continue;
+    direct_outcome(index, std::move(done.status));
+  }
+  return settled;
+}
+
+void Engine::direct_outcome(std::uint32_t index, Status status) {
+  RequestSlot* slot = &requests_[index];
   if (slot->chunk > 0 && !slot->deferred) return chunk_done(index, std::move(status));
   if (slot->deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
     if (slot->device_ops == 0) {
@@ -865,7 +921,7 @@ void Engine::handle_fin(int source, std::span<const std::byte> data) {
   }
   if (header.code != 0 && slot->kind == RequestKind::kSend &&
       slot->state == RequestState::kActive && slot->peer == source && !slot->deferred) {
-    return receiver_failed(index, source);  // the receiver failed (IPC copy or staging)
+    return receiver_failed(index, source, header.code);  // the receiver failed or finalized
   }
   if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source) {

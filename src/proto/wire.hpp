@@ -74,8 +74,14 @@ struct FragHeader {
 };
 struct FinHeader {
   std::uint64_t sreq;
-  std::uint32_t code;
+  std::uint32_t code;  // FinCode
   std::uint32_t reserved;
+};
+enum FinCode : std::uint32_t {
+  kFinDone = 0,  // the message was received
+  kFinFailed =
+      1,  // the receiver could not receive it (IPC copy, staging, chunks): so fails the send
+  kFinNeverMatched = 2,  // the receiver finalized with the message announced and no receive for it
 };
 
 struct RtsDevHeader {

@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -241,6 +242,35 @@ bool Config::list_contains(Var var, const std::string& word) const {
     if (w == word) return true;
   }
   return false;
+}
+
+bool job_wide(Var var) noexcept {
+  for (Var v : kJobWide) {
+    if (v == var) return true;
+  }
+  return false;
+}
+
+std::string Config::canonical(Var var) const {
+  const VarSpec& spec = kRegistry[static_cast<std::size_t>(var)];
+  const Value& value = values_[static_cast<std::size_t>(var)];
+  switch (spec.type) {
+    case VarType::kBool:
+    case VarType::kInt:
+    case VarType::kSize:
+      return std::to_string(value.integer);
+    case VarType::kSeconds: {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.17g", value.real);
+      return text;
+    }
+    case VarType::kEnum:
+      return split(spec.allowed, '|')[static_cast<std::size_t>(value.integer)];
+    case VarType::kList:
+    case VarType::kString:
+      return value.text;
+  }
+  return value.text;
 }
 
 std::vector<Config::Entry> Config::entries() const {

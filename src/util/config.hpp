@@ -223,6 +223,22 @@ struct VarSpec {
 std::span<const VarSpec> registry() noexcept;
 const char* type_name(VarType type) noexcept;
 
+// Variables every rank of a job must set alike: the collectives' algorithms and sizes (each
+// member decides alone how a call is split into messages, and members that decide differently
+// wait for each other forever) and the chunks of device data over ofi (the receiver asks for
+// chunks of its size, the sender refuses larger ones than its own). Context::init compares them
+// across the ranks and fails on every rank, naming each variable that differs and where.
+inline constexpr Var kJobWide[] = {
+    Var::kCollSmall,          Var::kCollAllreduce,
+    Var::kCollBroadcast,      Var::kCollReduce,
+    Var::kCollAllgather,      Var::kCollNode,
+    Var::kCollChunk,          Var::kCollDeviceOneshotSlice,
+    Var::kCollDeviceResident, Var::kCollDeviceSharedGpu,
+    Var::kCollDeviceOneshot,  Var::kCollDeviceTwoshot,
+    Var::kOfiChunk,
+};
+[[nodiscard]] bool job_wide(Var var) noexcept;
+
 // A validated snapshot of every variable: environment, then Options overrides on top.
 class Config {
  public:
@@ -238,6 +254,8 @@ class Config {
   [[nodiscard]] const std::string& get_string(Var var) const;
   [[nodiscard]] std::vector<std::string> get_list(Var var) const;
   [[nodiscard]] bool list_contains(Var var, const std::string& word) const;
+  // The value as parsed, in one spelling ("1m" and "1048576" alike), for comparing ranks.
+  [[nodiscard]] std::string canonical(Var var) const;
 
   struct Entry {
     const VarSpec* spec;

@@ -47,8 +47,73 @@ const ferry::cuda::Driver* bind_gpu(const ferry::Context& ctx, const char* what)
 
 }  // namespace
 
+// Modes that end a rank around Context::init, or that need the Context to end before they check.
+int around_init(const std::string& mode) {
+  using Clock = std::chrono::steady_clock;
+  const char* rank_text = std::getenv("FERRY_RANK");
+  const int rank = rank_text != nullptr ? std::atoi(rank_text) : 0;
+  if (mode == "exit-before-init" || mode == "late-before-init") {
+    // Rank 1 exits (code 0) before it calls Context::init: the others' init fails at once,
+    // naming it, instead of waiting FERRY_BOOTSTRAP_TIMEOUT for it. Late: it sleeps first, and
+    // the others' FERRY_BOOTSTRAP_TIMEOUT ends their wait, naming whom they waited for.
+    if (rank == 1 && mode == "late-before-init") ::sleep(3);
+    if (rank == 1) return 0;
+    const auto start = Clock::now();
+    try {
+      ferry::Context ctx = ferry::Context::init();
+      std::printf("FAIL: rank %d: init succeeded without rank 1\n", rank);
+      return 1;
+    } catch (const ferry::Error& e) {
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      std::printf("rank %d: init failed after %.0f ms: %s\n", rank, ms, e.what());
+      return 3;
+    }
+  }
+  if (mode == "exit-unfinalized") {
+    // Rank 1 joins, then exits with code 0 without ending its Context; the others see it gone,
+    // and ferryrun must not call the job a success.
+    ferry::Context ctx = ferry::Context::init();
+    if (ctx.rank() == 1) std::exit(0);  // locals are not destroyed: ctx never finalizes
+    int x = 0;
+    const ferry::Status s = ctx.recv(&x, sizeof(x), 1, 5);
+    std::printf("rank %d: saw rank 1 leave: %s\n", ctx.rank(), s.to_string().c_str());
+    return s.code() == ferry::Code::kPeerFailed ? 0 : 1;
+  }
+  if (mode == "unreceived") {
+    // Rank 0 sends rank 1 a rendezvous message and an eager one that rank 1 never receives; both
+    // finalize. Finalize must not wait FERRY_FINALIZE_TIMEOUT for them: rank 1 tells rank 0 the
+    // announced one will never be received, and that send ends with kCanceled.
+    std::vector<char> big(1 << 20, 'u');
+    ferry::Request large, small;
+    const auto start = Clock::now();
+    {
+      ferry::Context ctx = ferry::Context::init();
+      if (ctx.rank() == 0) {
+        large = ctx.isend(big.data(), big.size(), 1, 7);
+        small = ctx.isend(big.data(), 16, 1, 8);
+      }
+      (void)ctx.barrier();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (rank != 0) {
+      std::printf("rank %d: finalized after %.0f ms\n", rank, ms);
+      return 0;
+    }
+    const ferry::Status s = large.wait();
+    const bool told = s.code() == ferry::Code::kCanceled &&
+                      s.message().find("finalized without a receive") != std::string::npos;
+    std::printf("rank 0: %s after %.0f ms: %s\n", told ? "unreceived send ended" : "FAIL", ms,
+                s.to_string().c_str());
+    return told ? 0 : 1;
+  }
+  return -1;
+}
+
 int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
+  if (argc > 1) {
+    if (const int rc = around_init(argv[1]); rc >= 0) return rc;
+  }
   ferry::Context ctx = ferry::Context::init();
 #if FERRY_HAVE_CUDA
   if (argc > 1 && std::string(argv[1]) == "device") {
@@ -316,6 +381,17 @@ int main(int argc, char** argv) {
                  &keys[static_cast<std::size_t>(r)])
                  .is_ok(),
              "key unpacked");
+    }
+    // While rank 2 lives, ranks 0 and 1 put to and get from its window twice: over ofi the
+    // second time goes by the provider's own one-sided calls (rank 2 granted the key), which a
+    // death then fails as the provider sees it (a canceled write), to be reported as kPeerFailed.
+    {
+      std::vector<std::uint64_t> warm(512, 3);
+      for (int pass = 0; pass < 2 && ctx.rank() != 2; ++pass) {
+        expect(ctx.iput(warm.data(), warm.size() * 8, keys[2], 0).wait().is_ok(), "warm-up put");
+        expect(ctx.iget(warm.data(), warm.size() * 8, keys[2], 0).wait().is_ok(), "warm-up get");
+      }
+      expect(ctx.barrier().is_ok(), "barrier after the warm-up");
     }
     // Rank 2 says it has stopped calling ferry (a small send goes straight into the FIFO, no
     // progress made), so nothing the others start after hearing it is ever applied; any ferry

@@ -138,6 +138,29 @@ expect "FERRY_TIMEOUT bounds blocking send, recv and probe" 0 3 "timeouts, 0 fai
   FERRY_TIMEOUT=0.5 -- -n 3 "$program" timeout
 expect "a member killed mid-collective fails the collectives of every survivor" 137 3 \
   "collectives without rank 3 .* 0 failures" FERRY_COLL_SMALL=0 -- --keep-going -n 4 "$program" coll-death
+# Survivors read each other's messages late (FERRY_TEST_GET_DELAY), after the one next to the
+# victim gave up and withdrew them: still kPeerFailed naming a dead rank, not kCanceled.
+expect "a collective that fails by a withdrawn message still names the death" 137 3 \
+  "collectives without rank 3 after .* peer failed: .* is gone: .* 0 failures" FERRY_COLL_SMALL=0 \
+  FERRY_SHM_CMA_THRESHOLD=0 FERRY_TEST_GET_DELAY=0.3 -- --keep-going -n 4 "$program" coll-death
+# A rank that exits before Context::init: the others' init fails at once, naming it (not after
+# FERRY_BOOTSTRAP_TIMEOUT, 300 s).
+expect "a rank that exits before init fails the others' init at once, naming it" 3 2 \
+  "init failed after [0-9]* ms: .*rank 1 (pid [0-9]*) exited with code 0 before it joined" \
+  -- --keep-going -n 3 "$program" exit-before-init
+expect "a bootstrap timeout names the rank that never came" 3 2 \
+  "init failed after .*timed out after 1 s .*rank 1 never connected to the store" \
+  FERRY_BOOTSTRAP_TIMEOUT=1 -- --keep-going -n 3 "$program" late-before-init
+# A rank that joined and exits 0 without finalizing: the job fails, and ferryrun says why.
+expect "a rank that exits 0 without finalizing fails the job" 1 1 \
+  "rank 1 (pid [0-9]*) exited with code 0 without finalizing ferry" \
+  -- -n 3 "$program" exit-unfinalized
+expect "a rank that exits 0 without finalizing fails the job (--keep-going)" 1 2 \
+  "saw rank 1 leave: peer failed" -- --keep-going -n 3 "$program" exit-unfinalized
+# Messages nobody receives do not hold finalize for FERRY_FINALIZE_TIMEOUT (30 s): the job ends
+# well inside ferryrun's --timeout, and the announced send ends with kCanceled.
+expect "a send nobody receives does not hold finalize" 0 1 "unreceived send ended" \
+  -- --timeout 15 -n 2 "$program" unreceived
 expect "a rank that left the store is named as the cause when its peers exit first" 137 1 \
   "rank 1 (pid [0-9]*) was killed by signal 9" -- -n 3 "$program" late-death
 start=$(date +%s%N)

@@ -484,8 +484,39 @@ void Job::report_deferred() {
 
 void Job::on_exit(int rank, int status) {
   pid_t pid = ranks_[static_cast<std::size_t>(rank)].pid;
+  // What it told the store before it went (a BYE), and what the store now knows of it: rounds
+  // waiting for a rank that never joined fail at once, naming it.
+  server_->poll(0);
+  {
+    char how[64];
+    if (WIFSIGNALED(status)) {
+      std::snprintf(how, sizeof(how), "was killed by signal %d", WTERMSIG(status));
+    } else {
+      std::snprintf(how, sizeof(how), "exited with code %d", WEXITSTATUS(status));
+    }
+    server_->rank_exited(rank, pid, how);
+  }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    info("rank %d (pid %d) exited with code 0", rank, pid);
+    if (!server_->joined(rank) || server_->finalized(rank) || terminating_) {
+      info("rank %d (pid %d) exited with code 0", rank, pid);
+      return;
+    }
+    // Joined the job and left without ending its Context: the ranks that wait for it get
+    // kPeerFailed, and may well exit 0 themselves; the job's status must not.
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "rank %d (pid %d) exited with code 0 without finalizing ferry (its Context was "
+                  "never destroyed)",
+                  rank, pid);
+    if (options_.keep_going) {
+      fail(kExitUnfinalized);
+      std::fprintf(stderr, "ferryrun: %s; the other ranks go on (--keep-going)\n", text);
+    } else if (fail(kExitUnfinalized)) {
+      std::fprintf(stderr, "ferryrun: %s; ending the job\n", text);
+      terminate(SIGTERM);
+    } else {
+      info("%s", text);
+    }
     return;
   }
   if (int removed = remove_provider_regions(pid); removed > 0) {

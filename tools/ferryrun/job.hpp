@@ -21,6 +21,7 @@ inline constexpr int kKillGraceMs = 2000;
 inline constexpr int kDeferMs = 2000;
 // Exit statuses of ferryrun itself (the job's own status passes through otherwise).
 inline constexpr int kExitSetupFailed = 1;
+inline constexpr int kExitUnfinalized = 1;  // a rank joined, then exited 0 without finalizing
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitTimeout = 124;
 inline constexpr int kExitCannotRun = 127;

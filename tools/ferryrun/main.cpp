@@ -40,9 +40,12 @@ constexpr const char* kHelp =
     "Each rank gets FERRY_RANK, FERRY_SIZE, FERRY_LOCAL_RANK, FERRY_LOCAL_SIZE, FERRY_STORE\n"
     "(ferryrun's key-value store, unix:PATH) and FERRY_JOB_ID. Rank 0 inherits stdin unless it is\n"
     "a terminal; the other ranks read /dev/null. SIGINT, SIGTERM and SIGHUP are forwarded to the\n"
-    "job. When a rank exits with a non-zero code, is killed by a signal, or calls abort, ferryrun\n"
-    "sends SIGTERM to the others (SIGKILL 2 s later) and exits with that first failure's status:\n"
-    "the exit code, 128 + the signal number, or the abort code. A program that cannot be run\n"
+    "job. When a rank exits with a non-zero code, is killed by a signal, calls abort, or exits\n"
+    "with code 0 having started ferry without finalizing it (its Context never destroyed),\n"
+    "ferryrun sends SIGTERM to the others (SIGKILL 2 s later) and exits with that first failure's\n"
+    "status: the exit code, 128 + the signal number, the abort code, or 1. A rank that exits\n"
+    "before it joins fails the others' Context::init at once, naming it. A program that cannot be "
+    "run\n"
     "exits 127; bad arguments exit 2. On exit ferryrun removes the store's directory and the\n"
     "job's /dev/shm/ferry-<job id>-* segments.\n";
 
