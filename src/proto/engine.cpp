@@ -19,6 +19,7 @@
 #include "util/clock.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
+#include "util/signals.hpp"
 #if FERRY_HAVE_OFI
 #include "transport/ofi/transport.hpp"
 #endif
@@ -177,6 +178,7 @@ void Engine::setup_ofi(std::size_t local_count) {
   }
 #if FERRY_HAVE_OFI
   try {
+    const util::FatalSignalGuard handlers;  // providers loaded now must not take them either
     auto ofi = std::make_unique<transport::ofi::OfiTransport>(config_, rank_, size_, this);
     transport_notes_.push_back("ofi: " + ofi->provider());
     if (ofi->has_native_rma()) native_rma_ = ofi.get();

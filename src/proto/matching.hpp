@@ -1,11 +1,20 @@
 // Tag matching: the posted-receive queue and the unexpected-message queue. Both are searched in
 // arrival order, which is what keeps messages of one sender with matching tags from overtaking.
+//
+// A short queue is scanned (the common case: a receive or two posted, a message or two early).
+// Past kIndexFrom entries each queue also indexes its exact entries by (source, tag), so that a
+// receive naming its source and whole tag, or a message meeting exact receives, finds its match
+// without a scan: 100,000 unexpected messages taken in reverse tag order cost a lookup each, not
+// a scan of the rest. Receives with a wildcard (any source, a partial mask) are scanned, as in
+// every MPI.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -22,6 +31,8 @@ struct PostedRecv {
   Tag tag;
   Tag mask;
   std::uint32_t request;
+  // Names one source and every tag bit: found by (source, tag) in an indexed queue.
+  [[nodiscard]] bool exact() const { return source != kAnySource && mask == kFullMask; }
 };
 
 struct Unexpected {
@@ -37,18 +48,79 @@ struct Unexpected {
   std::vector<std::byte> data;  // eager: a copy of the message
 };
 
+// Entries in arrival order under increasing sequence numbers. A taken entry leaves a hole until
+// the front passes it, or until holes outnumber the entries (then the queue is compacted), so
+// scans stay proportional to the entries left.
+template <typename T>
+class Arrivals {
+ public:
+  struct Entry {
+    std::uint64_t seq;
+    bool live;
+    T value;
+  };
+  std::uint64_t push(T&& value) {
+    entries_.push_back({next_, true, std::move(value)});
+    ++live_;
+    return next_++;
+  }
+  // The live entry `seq`, or null.
+  T* find(std::uint64_t seq) {
+    auto it = locate(seq);
+    return it != entries_.end() && it->seq == seq && it->live ? &it->value : nullptr;
+  }
+  T take(std::uint64_t seq) {
+    auto it = locate(seq);
+    T value = std::move(it->value);
+    it->live = false;
+    --live_;
+    tidy();
+    return value;
+  }
+  [[nodiscard]] std::size_t size() const { return live_; }
+  std::deque<Entry>& entries() { return entries_; }
+  void clear() {
+    entries_.clear();
+    live_ = 0;
+  }
+
+ private:
+  typename std::deque<Entry>::iterator locate(std::uint64_t seq) {
+    if (!entries_.empty() && seq - entries_.front().seq < entries_.size() &&
+        entries_[seq - entries_.front().seq].seq == seq) {
+      return entries_.begin() + static_cast<std::ptrdiff_t>(seq - entries_.front().seq);
+    }
+    // Compacted: still in order.
+    auto it = std::lower_bound(entries_.begin(), entries_.end(), seq,
+                               [](const Entry& e, std::uint64_t s) { return e.seq < s; });
+    return it;
+  }
+  void tidy() {
+    while (!entries_.empty() && !entries_.front().live) entries_.pop_front();
+    if (entries_.size() > 2 * live_ + 64) {
+      std::erase_if(entries_, [](const Entry& e) { return !e.live; });
+    }
+  }
+  std::deque<Entry> entries_;
+  std::uint64_t next_ = 0;
+  std::size_t live_ = 0;
+};
+
 class Matcher {
  public:
-  void post(const PostedRecv& recv) { posted_.push_back(recv); }
+  // Queues from this length on are indexed (and stay so until they empty).
+  static constexpr std::size_t kIndexFrom = 16;
+
+  void post(const PostedRecv& recv);
   // The first posted receive that matches (removed from the queue).
   std::optional<std::uint32_t> match_posted(int source, Tag tag);
   // Removes a posted receive (cancel); false if it is no longer posted.
   bool remove_posted(std::uint32_t request);
 
-  void add_unexpected(Unexpected&& message) { unexpected_.push_back(std::move(message)); }
+  void add_unexpected(Unexpected&& message);
   // The first unexpected message that a receive with these arguments matches (removed).
   std::optional<Unexpected> take_unexpected(int source, Tag tag, Tag mask);
-  [[nodiscard]] const Unexpected* find_unexpected(int source, Tag tag, Tag mask) const;
+  [[nodiscard]] const Unexpected* find_unexpected(int source, Tag tag, Tag mask);
   // Every unexpected message, oldest first, the queue emptied (finalize).
   std::vector<Unexpected> take_all_unexpected();
   // Drops the rendezvous announcements of `source` (its data died with it); returns how many.
@@ -62,11 +134,45 @@ class Matcher {
 
   [[nodiscard]] std::size_t posted_count() const { return posted_.size(); }
   [[nodiscard]] std::size_t unexpected_count() const { return unexpected_.size(); }
+  // Entries looked at by scans so far: what matching costs, beside a lookup per call.
+  [[nodiscard]] std::uint64_t examined() const { return examined_; }
 
  private:
-  std::deque<PostedRecv> posted_;
-  std::deque<Unexpected> unexpected_;
+  struct Key {
+    int source;
+    Tag tag;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const noexcept {
+      return static_cast<std::size_t>(
+          (k.tag * 0x9e3779b97f4a7c15ull) ^
+          static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.source)));
+    }
+  };
+  // Sequence numbers of a queue's exact entries by key, oldest first.
+  using Index = std::unordered_map<Key, std::deque<std::uint64_t>, KeyHash>;
+  static void unindex(Index* index, const Key& key, std::uint64_t seq);
+
+  // Posted receives: all in order; indexed, the exact ones by key and the others' numbers.
+  void index_posted();
+  void remove_posted_at(std::uint64_t seq);
+  Arrivals<PostedRecv> posted_;
+  bool posted_indexed_ = false;
+  Index posted_exact_;
+  std::deque<std::uint64_t> posted_wild_;
+
+  // Unexpected messages (every one has a source and a whole tag).
+  void index_unexpected();
+  // The first matching message's number, or none.
+  std::optional<std::uint64_t> first_unexpected(int source, Tag tag, Tag mask);
+  Unexpected take_unexpected_at(std::uint64_t seq);
+  Arrivals<Unexpected> unexpected_;
+  bool unexpected_indexed_ = false;
+  Index unexpected_by_key_;
+
   std::vector<std::vector<std::byte>> spare_;
+  std::uint64_t examined_ = 0;
 };
 
 }  // namespace ferry::proto

@@ -36,6 +36,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "mem/fault_guard.hpp"
 #include "mem/host_access.hpp"
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
@@ -307,6 +308,11 @@ Status Engine::register_region(void* address, std::size_t bytes, std::uint64_t* 
   // memory the owner can write (read-only memory exposes data for gets).
   bool read_only = false;
   if (device < 0 && access != nullptr) {
+    if (!mem::install_fault_handler()) {
+      return Status(Code::kInternal,
+                    "register_memory: the fault handler that keeps peers' "
+                    "accesses from ending this process could not be installed");
+    }
     std::string why;
     switch (mem::host_access(address, bytes, &why)) {
       case mem::HostAccess::kUnmapped:
@@ -1234,12 +1240,15 @@ void Engine::handle_put(int source, std::span<const std::byte> data) {
   std::byte* base = rma_check(header.region, header.secret, header.offset, payload.size(), true,
                               &refusal, &device);
   if (base != nullptr && rma_region(header.region)->user_host) {
-    // The application's memory, which it may have unmapped since: a write that cannot land is
-    // the initiator's error, not a fault here.
-    Status status = mem::checked_write(base + header.offset, payload.data(), payload.size());
-    if (!status) {
-      FERRY_LOG(kWarn, "a put from rank %d into region %llu refused: %s", source,
-                static_cast<unsigned long long>(header.region), status.message().c_str());
+    // The application's memory, which it may have unmapped or made read-only since: a write
+    // that cannot land is the initiator's error, not a fault here.
+    std::byte* destination = base + header.offset;
+    if (!mem::guarded(destination, payload.size(),
+                      [&] { util::copy(destination, payload.data(), payload.size()); })) {
+      FERRY_LOG(kWarn,
+                "a put from rank %d into region %llu faulted: its memory is no longer "
+                "mapped writable",
+                source, static_cast<unsigned long long>(header.region));
       refusal = kRmaUnmapped;
     }
   } else if (base != nullptr) {
@@ -1263,9 +1272,8 @@ void Engine::handle_get(int source, std::span<const std::byte> data) {
   if (base == nullptr || header.length == 0) {
     return rma_ack(source, header.id, 0, base == nullptr ? refusal : kRmaOutOfRange);
   }
-  if (rma_region(header.region)->user_host &&
-      !mem::still_mapped(base + header.offset, header.length)) {
-    return rma_ack(source, header.id, 0, kRmaUnmapped);  // reading it would fault here
+  if (rma_region(header.region)->user_host && !mem::readable(base + header.offset, header.length)) {
+    return rma_ack(source, header.id, 0, kRmaUnmapped);  // streaming it would fault here
   }
   // Device memory is sent from a host copy, taken now.
   std::vector<std::byte> copy;
@@ -1306,6 +1314,7 @@ void Engine::handle_atomic(int source, std::span<const std::byte> data) {
   std::uint32_t refusal = kRmaOk;
   std::byte* base = nullptr;
   bool device = false;
+  std::uint64_t previous = 0;
   if ((header.width != 4 && header.width != 8) || header.op > 5 ||
       header.offset % header.width != 0) {
     refusal = kRmaBadAtomic;
@@ -1316,13 +1325,18 @@ void Engine::handle_atomic(int source, std::span<const std::byte> data) {
         reinterpret_cast<std::uintptr_t>(base + header.offset) % header.width != 0) {
       base = nullptr;  // a region at an unaligned address
       refusal = kRmaBadAtomic;
-    } else if (base != nullptr && rma_region(header.region)->user_host &&
-               !mem::word_writable(base + header.offset)) {
-      base = nullptr;  // unmapped or made read-only since: the atomic would fault here
-      refusal = kRmaUnmapped;
+    } else if (base != nullptr && rma_region(header.region)->user_host) {
+      // Unmapped or made read-only since, the atomic faults: ended here, refused there.
+      std::byte* word = base + header.offset;
+      base = nullptr;
+      if (!mem::guarded(word, header.width, [&] {
+            previous =
+                atomic_at(word, static_cast<AtomicOp>(header.op), header.width, operand, compare);
+          })) {
+        refusal = kRmaUnmapped;
+      }
     }
   }
-  std::uint64_t previous = 0;
   if (base != nullptr) {
     Status status = rma_atomic(base + header.offset, device, static_cast<AtomicOp>(header.op),
                                header.width, operand, compare, &previous);

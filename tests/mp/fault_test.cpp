@@ -539,6 +539,14 @@ int main(int argc, char** argv) {
     }
     ::_exit(s.is_ok() ? 0 : 3);  // finalize would try the launcher again
   }
+  if (argc > 1 && std::string(argv[1]) == "segfault") {
+    // Rank 1 crashes (SIGSEGV) once ferry is up, with libfabric loaded: it must die by its
+    // signal, not by a provider's handler that writes a backtrace file and exits 1.
+    if (ctx.rank() == 1) std::raise(SIGSEGV);
+    int x = 0;
+    ctx.recv(&x, sizeof(x), 1, 99);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "abort") {
     // Rank 1 ends the job while the others wait for a message that never comes.
     if (ctx.rank() == 1) ctx.abort(7, "fault_test asked for it");

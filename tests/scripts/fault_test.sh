@@ -163,6 +163,21 @@ expect "a send nobody receives does not hold finalize" 0 1 "unreceived send ende
   -- --timeout 15 -n 2 "$program" unreceived
 expect "a rank that left the store is named as the cause when its peers exit first" 137 1 \
   "rank 1 (pid [0-9]*) was killed by signal 9" -- -n 3 "$program" late-death
+if [ "$with_ofi" = ofi ]; then
+  # A rank that crashes with libfabric loaded dies by its signal, and leaves no backtrace files.
+  scratch=$(mktemp -d)
+  out=$(cd "$scratch" && FERRY_TRANSPORTS=self,ofi FERRY_OFI_PROVIDER=tcp timeout 60 "$ferryrun" \
+        -n 2 "$program" segfault 2>&1)
+  rc=$?
+  if [ "$rc" -eq 139 ] && echo "$out" | grep -q "rank 1 .*killed by signal 11" &&
+     [ -z "$(ls "$scratch")" ]; then
+    passed=$((passed + 1)); echo "ok   a crash with libfabric loaded is reported as the signal"
+  else
+    failed=$((failed + 1)); echo "FAIL a crash with libfabric loaded: rc $rc, files: $(ls "$scratch")"
+    echo "$out" | tail -4
+  fi
+  rm -rf "$scratch"
+fi
 start=$(date +%s%N)
 out=$(timeout 60 "$ferryrun" -n 3 "$program" abort 2>&1)
 rc=$?

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include "util/signals.hpp"
+
 namespace ferry::transport::ofi {
 namespace {
 
@@ -13,6 +15,7 @@ struct Loaded {
 
 Loaded load() {
   Loaded loaded;
+  const util::FatalSignalGuard handlers;  // the PSM providers' constructors install theirs
   void* library = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     const char* error = dlerror();

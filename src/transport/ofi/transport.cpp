@@ -360,11 +360,13 @@ Reachability OfiTransport::reach(const PeerInfo& peer) const {
   AddressHeader header{};
   std::span<const std::byte> name;
   if (parse_address(peer.address, &header, &name) && header.protocol != protocol_) {
-    // tcp;ofi_rxm with and without pass-through, say: their connections would carry garbage.
+    // Another provider (net and tcp), or tcp;ofi_rxm with and without pass-through: their
+    // connections would carry garbage.
     return {false, "rank " + std::to_string(peer.rank) + "'s endpoint speaks wire protocol " +
                        std::to_string(header.protocol) + ", this rank's " +
                        std::to_string(protocol_) + " (" + provider_ +
-                       "): set FERRY_OFI_PASSTHRU alike on every rank"};
+                       "): the ranks chose different providers or protocols; set "
+                       "FERRY_OFI_PROVIDER and FERRY_OFI_PASSTHRU alike on every rank"};
   }
   return {true, provider_};
 }
