@@ -151,8 +151,14 @@ Execution::State Execution::poll(Status* failure) {
       *failure = std::move(dead);
     } else if (s.code() != Code::kPeerFailed && blame_by_ == Clock::time_point{}) {
       // No death seen yet, though a live member may have given up because of one: deaths are
-      // seen within milliseconds on a node and within keepalives across nodes, so look a while.
-      blame_by_ = Clock::now() + kBlameGrace;
+      // seen within milliseconds on a node and within keepalives across nodes, so look a while
+      // before blaming the member that gave up.
+      const double keepalive = engine->config().get_seconds(util::Var::kKeepalive);
+      const double grace = engine->shares_memory(group_->member(f.action.member))
+                               ? 0.15
+                               : std::min(3.0, 0.5 + 2 * keepalive);
+      blame_by_ = util::deadline_after(grace);
+      held_ = Status(s.code(), where + s.message());
       running = true;
       continue;
     } else if (s.code() != Code::kPeerFailed && Clock::now() < blame_by_) {
@@ -380,9 +386,12 @@ void Immediate::next_round() {
       engine->wait_step(&idle);
       if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
         withdraw();
-        status_ = Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
-                                             std::to_string(timeout_) + " s, in round " +
-                                             std::to_string(round_) + "); withdrawn");
+        // A failure held while deaths were looked for is the better answer than the timeout.
+        status_ = !held_.is_ok()
+                      ? held_
+                      : Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
+                                                   std::to_string(timeout_) + " s, in round " +
+                                                   std::to_string(round_) + "); withdrawn");
         return;
       }
     }

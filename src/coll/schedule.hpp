@@ -116,8 +116,8 @@ class Execution : public Plan {
   Status member_death(const std::string& context, bool ask_transports);
   // A transfer that failed without a death seen yet is held until then (Execution::poll).
   using Clock = std::chrono::steady_clock;
-  static constexpr std::chrono::seconds kBlameGrace{3};
   Clock::time_point blame_by_{};
+  Status held_;  // that failure, reported if nothing better comes
   [[nodiscard]] std::string what() const;
   [[nodiscard]] std::string peer_name(int member) const;
 

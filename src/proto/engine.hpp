@@ -100,6 +100,11 @@ class Engine final : public transport::AmHandler {
   }
   // Asks the transports now which peers died (as progress does every few thousand calls).
   void look_for_failures() { check_peers(); }
+  // Whether `rank` is reached through memory shared with it (self, shm): its death is seen in
+  // milliseconds, not keepalives.
+  [[nodiscard]] bool shares_memory(int rank) const {
+    return peers_[static_cast<std::size_t>(rank)].shares_memory;
+  }
   // The GPU holding `buffer` where only a CUDA device can read it, else -1.
   [[nodiscard]] int device_of(const void* buffer) {
     if (!cuda_) return -1;
