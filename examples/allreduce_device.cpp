@@ -24,8 +24,8 @@ int main() {
     if (cudaMalloc(&data, count * sizeof(float)) != cudaSuccess) return 1;
     cudaMemcpy(data, host.data(), count * sizeof(float), cudaMemcpyHostToDevice);
     cudaDeviceSynchronize();  // ready before ferry reads it
-    ferry::Status s = ctx.world().allreduce(data, data, count, ferry::DataType::kFloat32,
-                                            ferry::ReduceOp::kSum);
+    ferry::Status s =
+        ctx.world().allreduce(data, data, count, ferry::DataType::kFloat32, ferry::ReduceOp::kSum);
     cudaMemcpy(host.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost);
     cudaFree(data);
     const int n = ctx.size();

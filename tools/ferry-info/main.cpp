@@ -23,8 +23,8 @@ void print_config(const ferry::util::Config& config) {
       std::snprintf(range, sizeof(range), " in [%.12g, %.12g]", spec.min, spec.max);
       type += range;
     }
-    std::printf("  %s = %s [%s]: %s; %s%s\n", spec.name, entry.value.c_str(),
-                entry.source.c_str(), type.c_str(), spec.doc,
+    std::printf("  %s = %s [%s]: %s; %s%s\n", spec.name, entry.value.c_str(), entry.source.c_str(),
+                type.c_str(), spec.doc,
                 ferry::util::job_wide(spec.id) ? " [job-wide: every rank must set it alike]" : "");
   }
   for (const auto& name : config.unknown()) {
