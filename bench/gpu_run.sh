@@ -15,6 +15,8 @@ if [ "${1:-}" = pack ]; then
      "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
   [ -x "$build/bench/nccl_perf" ] && cp "$build/bench/nccl_perf" "$here/.devbin/bin/"
   [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
+  [ -x "$build/bench/pinned_rate" ] && cp "$build/bench/pinned_rate" "$here/.devbin/bin/"
+  [ -f "$build/kernels.fatbin" ] && cp "$build/kernels.fatbin" "$here/.devbin/"
   cp -P "$build"/libferry.so* "$here/.devbin/lib/"
   strip --strip-debug "$here"/.devbin/bin/* "$here"/.devbin/lib/libferry.so.*.* 2>/dev/null
   du -sh "$here/.devbin"

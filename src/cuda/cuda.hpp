@@ -86,6 +86,11 @@ class Cuda {
   // hidden behind them) and the size is in FERRY_CUDA_IPC_KERNEL_COPY..._MAX, by a copy kernel.
   virtual Status copy_device_async(int device, int lane, void* dst, const void* src,
                                    std::size_t bytes, bool streaming, Ticket* ticket) = 0;
+  // A copy between host memory (a staging ring's pinned slot) and `device`'s memory, on the
+  // device's own stream for that direction (`to_device`), completed by an event: fills and drains
+  // of the host-staged path overlap at the copy engines' rate.
+  virtual Status copy_staged_async(int device, bool to_device, void* dst, const void* src,
+                                   std::size_t bytes, Ticket* ticket) = 0;
   [[nodiscard]] virtual bool done(const Ticket& ticket) = 0;
   // Synchronous copy (small eager messages into device memory, tools, tests), by the context of
   // the GPU that holds dst (else src).

@@ -292,8 +292,8 @@ void Engine::pump_stage(int peer_rank) {
     if (slot.device >= 0) {
       DeviceOp op{DeviceOp::kStageFill, {},    index, peer_rank, slot.stage_rreq, offset,
                   ring_offset,          chunk, {}};
-      Status status = cuda_->copy_async(slot.device, next_lane_++, target,
-                                        slot.send_buffer + offset, chunk, &op.ticket);
+      Status status = cuda_->copy_staged_async(slot.device, false, target,
+                                               slot.send_buffer + offset, chunk, &op.ticket);
       if (!status) {
         peer.stage_streams.pop_front();
         send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
@@ -358,8 +358,8 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
   if (slot->device >= 0) {
     DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
                 header.length,         {}};
-    Status status = cuda_->copy_async(slot->device, next_lane_++, slot->recv_buffer + header.offset,
-                                      from, header.length, &op.ticket);
+    Status status = cuda_->copy_staged_async(slot->device, true, slot->recv_buffer + header.offset,
+                                             from, header.length, &op.ticket);
     if (!status) {
       fail_staged_receive(index, std::move(status));
       send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));

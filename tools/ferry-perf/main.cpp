@@ -65,9 +65,9 @@ struct Record {
       "  --check            verify every byte received\n"
       "  --register         one-sided on host memory: the exposed buffer is the program's own,\n"
       "                     given to register_memory (reached by CMA on this node)\n"
-      "  -m, --mem A[:B]    buffers in host or cuda memory on rank 0 (A) and rank 1\n"
-      "                     (B, default A; in collectives every rank after 0 uses B); cuda uses\n"
-      "                     GPU local_rank %% device count\n"
+      "  -m, --mem A[:B]    buffers in host, pinned (host memory page-locked by CUDA) or cuda\n"
+      "                     memory on rank 0 (A) and rank 1 (B, default A; in collectives every\n"
+      "                     rank after 0 uses B); cuda uses GPU local_rank %% device count\n"
       "  --json | --csv     machine-readable output (default: a table)\n"
       "With no test named it runs latency and bandwidth.\n");
   std::exit(error ? 2 : 0);
@@ -143,8 +143,8 @@ Args parse(int argc, char** argv) {
       args.mem[0] = spec.substr(0, colon);
       args.mem[1] = colon == std::string::npos ? args.mem[0] : spec.substr(colon + 1);
       for (const std::string& m : args.mem) {
-        if (m != "host" && m != "cuda")
-          usage(("bad memory kind '" + m + "' (host or cuda)").c_str());
+        if (m != "host" && m != "cuda" && m != "pinned")
+          usage(("bad memory kind '" + m + "' (host, pinned or cuda)").c_str());
       }
     } else if (a == "--check") {
       args.check = true;
@@ -177,13 +177,18 @@ class Space {
 #ifdef FERRY_HAVE_CUDA
     std::string why;
     d_ = ferry::cuda::driver(&why);
-    if (d_ == nullptr) fail("--mem cuda: " + why);
+    if (d_ == nullptr) fail("--mem " + kind + ": " + why);
     CUdevice dev;
-    device_ = local_rank % d_->device_count;
-    check(d_->cuDeviceGet(&dev, device_), "cuDeviceGet");
+    const int ordinal = local_rank % d_->device_count;
+    check(d_->cuDeviceGet(&dev, ordinal), "cuDeviceGet");
     CUcontext context;
     check(d_->cuDevicePrimaryCtxRetain(&context, dev), "cuDevicePrimaryCtxRetain");
     check(d_->cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    if (kind == "cuda") {
+      device_ = ordinal;
+    } else {
+      pinned_ = true;  // host memory from cuMemHostAlloc, page-locked for the GPU's DMA
+    }
 #else
     (void)local_rank;
     fail("--mem cuda: this ferry-perf was built without CUDA support");
@@ -191,7 +196,7 @@ class Space {
   }
   [[nodiscard]] bool device() const { return device_ >= 0; }
   [[nodiscard]] std::string name() const {
-    return device() ? "cuda:" + std::to_string(device_) : "host";
+    return device() ? "cuda:" + std::to_string(device_) : pinned_ ? "pinned host" : "host";
   }
 
   std::byte* allocate(std::size_t bytes) {
@@ -202,6 +207,11 @@ class Space {
       check(d_->cuMemAlloc(&p, bytes), "cuMemAlloc");
       return reinterpret_cast<std::byte*>(p);
     }
+    if (pinned_) {
+      void* p = nullptr;
+      check(d_->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+      return static_cast<std::byte*>(p);
+    }
 #endif
     // Page-aligned, as ucx_perftest's buffers (UCX maps them) and the OSU benchmarks' are: the
     // alignment of a copy's source against its destination moves a 4 MiB copy by several percent.
@@ -211,6 +221,10 @@ class Space {
 #ifdef FERRY_HAVE_CUDA
     if (device()) {
       d_->cuMemFree(reinterpret_cast<CUdeviceptr>(p));
+      return;
+    }
+    if (pinned_) {
+      d_->cuMemFreeHost(p);
       return;
     }
 #endif
@@ -254,6 +268,7 @@ class Space {
   const ferry::cuda::Driver* d_ = nullptr;
 #endif
   int device_ = -1;
+  bool pinned_ = false;
 };
 
 // A buffer in a Space, with a host shadow for data checks.
