@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare twoshot resident check
-# sanitizer ofi ofi_perf kill (default: info tests perf).
+# Steps: info probe guard tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare twoshot
+# resident check sanitizer ofi ofi_perf kill (default: info tests perf). guard measures every GPU
+# figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
+# their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
 # The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
 # source .devlibs/env.sh first.
 set -u
@@ -155,6 +157,8 @@ for step in $steps; do
         LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "${run[@]}" "$bin/nccl_perf" --sizes "$sizes" \
           2>&1 | grep -v "^NCCL INFO" | tee -a "$out/compare_nccl.txt"
       done ;;
+    guard)
+      python3 "$here/bench/gpu_guard.py" --rounds "${GPU_RUN_ROUNDS:-2}" --out "$out" ;;
     probe)
       b=0; [ "$(nvidia-smi -L | wc -l)" -gt 1 ] && b=1
       "$bin/cuda_probe" 0 $b "$here/.devbin/kernels.fatbin" 2>&1 | tee "$out/probe.txt" ;;

@@ -92,5 +92,25 @@ int main(int argc, char** argv) {
         best_rate(bytes, engine(device_pointer, h[0])), best_rate(bytes, engine(h[1], h[0])),
         best_rate(bytes, [&] { std::memcpy(h[1], h[0], bytes); }));
   }
+  // The peer copy over the GPUs' link, where there is another GPU (the one-sided and IPC paths'
+  // reference).
+  if (d->device_count > 1) {
+    const int other = (ordinal + 1) % d->device_count;
+    CUdevice peer_device;
+    CUcontext peer_context;
+    check(d->cuDeviceGet(&peer_device, other), "cuDeviceGet");
+    check(d->cuDevicePrimaryCtxRetain(&peer_context, peer_device), "cuDevicePrimaryCtxRetain");
+    check(d->cuCtxSetCurrent(peer_context), "cuCtxSetCurrent");
+    CUdeviceptr far = 0;
+    check(d->cuMemAlloc(&far, bytes), "cuMemAlloc (peer)");
+    check(d->cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    // Direct over the link (without peer access the driver stages the copy through the host).
+    const CUresult enabled = d->cuCtxEnablePeerAccess(peer_context, 0);
+    if (enabled != CUDA_SUCCESS && enabled != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+      check(enabled, "cuCtxEnablePeerAccess");
+    }
+    std::printf("%-25s %5zu MiB: cuda:%d -> cuda:%d %.1f GB/s\n", "peer copy", bytes >> 20, ordinal,
+                other, best_rate(bytes, engine(reinterpret_cast<void*>(far), device_pointer)));
+  }
   return 0;
 }

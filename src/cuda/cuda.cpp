@@ -104,6 +104,10 @@ class CudaImpl final : public Cuda {
           for (CUevent event : lane.spare_events) d_->cuEventDestroy(event);
           d_->cuStreamDestroy(lane.stream);
         }
+        for (Bounce& bounce : dev.bounces) {
+          d_->cuMemFree(bounce.memory);
+          d_->cuEventDestroy(bounce.filled);
+        }
         if (dev.flags != nullptr) d_->cuMemFreeHost(dev.flags);
         if (dev.counters != 0) d_->cuMemFree(dev.counters);
         if (dev.sync_stream != nullptr) d_->cuStreamDestroy(dev.sync_stream);
@@ -113,6 +117,19 @@ class CudaImpl final : public Cuda {
       }
       d_->cuDevicePrimaryCtxRelease(dev.handle);
     }
+  }
+
+  int current_device() const override {
+    CUcontext context = nullptr;
+    CUdevice device = 0;
+    if (d_->cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr ||
+        d_->cuCtxGetDevice(&device) != CUDA_SUCCESS) {
+      return -1;
+    }
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      if (devices_[i].handle == device) return static_cast<int>(i);
+    }
+    return -1;
   }
 
   mem::MemoryInfo classify(const void* pointer) override {
@@ -402,6 +419,55 @@ class CudaImpl final : public Cuda {
                      static_cast<std::uint32_t>(lane_number);
     ticket->sequence = sequence;
     return Status::ok();
+  }
+
+  Status copy_through_device_async(int device_ordinal, void* dst, const void* src,
+                                   std::size_t bytes, Ticket* ticket) override {
+    Device& dev = device(device_ordinal);
+    ScopedContext scope(d_, dev.context);
+    // A bounce of the device's whose last copy out has ended, else a new one (at most kBounces).
+    Bounce* bounce = nullptr;
+    for (Bounce& b : dev.bounces) {
+      if (b.bytes >= bytes && (!b.used || done(b.ticket))) {
+        bounce = &b;
+        break;
+      }
+    }
+    if (bounce == nullptr) {
+      if (dev.bounces.size() >= kBounces) {
+        return Status(Code::kWouldBlock, "every device bounce is in use");
+      }
+      Bounce fresh;
+      fresh.bytes = std::max<std::size_t>(bytes, std::size_t{4} << 20);
+      CUresult result = d_->cuMemAlloc(&fresh.memory, fresh.bytes);
+      if (result != CUDA_SUCCESS) return driver_error("cuMemAlloc (device bounce)", result);
+      result = d_->cuEventCreate(&fresh.filled, CU_EVENT_DISABLE_TIMING);
+      if (result != CUDA_SUCCESS) {
+        d_->cuMemFree(fresh.memory);
+        return driver_error("cuEventCreate", result);
+      }
+      dev.bounces.push_back(fresh);
+      bounce = &dev.bounces.back();
+    }
+    // Host to the bounce on the to-device stream, the bounce to host on the to-host stream after
+    // it: chunk k's copy out overlaps chunk k + 1's copy in, each direction of the link busy.
+    Lane& in = dev.lanes[kStageToDevice];
+    Lane& out = dev.lanes[kStageToHost];
+    CUresult result =
+        d_->cuMemcpyAsync(bounce->memory, reinterpret_cast<CUdeviceptr>(src), bytes, in.stream);
+    if (result == CUDA_SUCCESS) result = d_->cuEventRecord(bounce->filled, in.stream);
+    if (result == CUDA_SUCCESS) result = d_->cuStreamWaitEvent(out.stream, bounce->filled, 0);
+    if (result == CUDA_SUCCESS) {
+      result =
+          d_->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst), bounce->memory, bytes, out.stream);
+    }
+    if (result != CUDA_SUCCESS) return driver_error("a copy through the device", result);
+    Status marked = mark(device_ordinal, kStageToHost, ticket);
+    if (marked) {
+      bounce->ticket = *ticket;
+      bounce->used = true;
+    }
+    return marked;
   }
 
   Status copy_staged_async(int device_ordinal, bool to_device, void* dst, const void* src,
@@ -800,6 +866,14 @@ class CudaImpl final : public Cuda {
   }
 
  private:
+  struct Bounce {
+    CUdeviceptr memory = 0;
+    std::size_t bytes = 0;
+    CUevent filled = nullptr;  // recorded once the copy in has ended
+    Ticket ticket;             // of the copy out: free again once done
+    bool used = false;
+  };
+  static constexpr std::size_t kBounces = 16;
   struct Lane {
     CUstream stream = nullptr;
     std::uint32_t issued = 0;
@@ -817,6 +891,8 @@ class CudaImpl final : public Cuda {
     // kLanesPerDevice lanes by the flag where the GPU can write one, then the two staging lanes,
     // always by events.
     std::array<Lane, kLaneSlots> lanes;
+    // Device memory that host-to-host copies pass through (copy_through_device_async).
+    std::vector<Bounce> bounces;
     CUstream sync_stream = nullptr;  // copy()'s
     void* flags_device = nullptr;    // flags as kernels see them
     CUdeviceptr counters = 0;        // a kernel's finished blocks, one per lane (zeroed)

@@ -32,6 +32,7 @@ namespace ferry::cuda {
   X(cuCtxGetCurrent, 4000)                         \
   X(cuCtxGetDevice, 2000)                          \
   X(cuCtxSynchronize, 2000)                        \
+  X(cuCtxEnablePeerAccess, 4000)                   \
   X(cuPointerGetAttribute, 4000)                   \
   X(cuPointerGetAttributes, 7000)                  \
   X(cuMemGetAddressRange, 3020)                    \
@@ -51,6 +52,7 @@ namespace ferry::cuda {
   X(cuStreamCreate, 2000)                          \
   X(cuStreamDestroy, 4000)                         \
   X(cuStreamSynchronize, 2000)                     \
+  X(cuStreamWaitEvent, 3020)                       \
   X(cuStreamQuery, 2000)                           \
   X(cuEventCreate, 2000)                           \
   X(cuEventDestroy, 4000)                          \

@@ -302,6 +302,21 @@ void Engine::pump_stage(int peer_rank) {
       }
       ++slot.device_ops;
       device_ops_.push_back(op);
+    } else if (DeviceOp op{DeviceOp::kStageFill,
+                           {},
+                           index,
+                           peer_rank,
+                           slot.stage_rreq,
+                           offset,
+                           ring_offset,
+                           chunk,
+                           {}};
+               slot.pinned_device >= 0 &&
+               cuda_->copy_through_device_async(slot.pinned_device, target,
+                                                slot.send_buffer + offset, chunk, &op.ticket)) {
+      // Page-locked host memory: through this GPU at its copy engines' rate, not the CPU's.
+      ++slot.device_ops;
+      device_ops_.push_back(op);
     } else {
       util::copy(target, slot.send_buffer + offset, chunk);
       send_control(peer_rank, kAmStageFrag,
@@ -368,6 +383,17 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
     ++slot->device_ops;
     device_ops_.push_back(op);
     return;
+  }
+  if (slot->pinned_device >= 0) {
+    // Page-locked host memory: through this GPU (else, all bounces busy, by the CPU below).
+    DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
+                header.length,         {}};
+    if (cuda_->copy_through_device_async(slot->pinned_device, slot->recv_buffer + header.offset,
+                                         from, header.length, &op.ticket)) {
+      ++slot->device_ops;
+      device_ops_.push_back(op);
+      return;
+    }
   }
   util::copy(slot->recv_buffer + header.offset, from, header.length);
   slot->received += header.length;

@@ -112,6 +112,13 @@ class Engine final : public transport::AmHandler {
     return info.device_only() ? info.device : -1;
   }
   [[nodiscard]] bool device_memory(const void* buffer) { return device_of(buffer) >= 0; }
+  // The GPU that page-locked host memory is staged through: the caller's current one (the GPU
+  // its process works with; a portable allocation names device 0 for every process), else the
+  // one the memory names.
+  [[nodiscard]] int bounce_device(const mem::MemoryInfo& memory) const {
+    const int current = cuda_->current_device();
+    return current >= 0 ? current : memory.device;
+  }
   // The slot behind a request of this engine (for operations built on requests).
   static std::uint32_t index_of(const Request& request) { return request.index_; }
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);

@@ -81,6 +81,7 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
       isend_device(index, destination, memory);
       return request;
     }
+    if (memory.pinned) slot.pinned_device = bounce_device(memory);
     if (memory.device_only() && (bytes <= peer.eager_limit || !peer.endpoint->has_direct())) {
       // No shared memory with the peer (ofi), and small (or no direct transfers): the message
       // goes as host data, from a copy.
@@ -182,6 +183,7 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
   if (cuda_ && capacity > 0) {
     const mem::MemoryInfo memory = cuda_->classify(buffer);
     if (memory.device_only()) slot.device = memory.device;
+    if (memory.pinned) slot.pinned_device = bounce_device(memory);
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
   const Peer* from = source != kAnySource ? &peers_[static_cast<std::size_t>(source)] : nullptr;

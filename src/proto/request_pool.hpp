@@ -37,7 +37,10 @@ struct RequestSlot {
   Status status;
   MessageInfo info;
   // Device buffers (proto/device.cpp).
-  int device = -1;               // CUDA ordinal of the buffer; -1: host memory
+  int device = -1;  // CUDA ordinal of the buffer; -1: host memory
+  // Host memory page-locked by CUDA: the GPU whose copy engines move it to and from a staging
+  // ring (Cuda::copy_through_device_async); -1: the CPU copies it.
+  int pinned_device = -1;
   std::uint32_t device_ops = 0;  // copies or direct transfers in flight that use the buffer
   bool direct = false;           // a transport moves the whole message (Endpoint::*_direct)
   bool exposed = false;          // send: the buffer is exposed for the receiver's read
@@ -88,6 +91,7 @@ class RequestPool {
     slot.size = slot.expected = slot.received = slot.message_size = 0;
     slot.info = {};
     slot.device = -1;
+    slot.pinned_device = -1;
     slot.device_ops = 0;
     slot.direct = false;
     slot.exposed = false;

@@ -39,6 +39,7 @@ void check(CUresult result, const char* what) {
 
 enum class Mem {
   kHost,
+  kPinned,        // host memory from cuMemHostAlloc (page-locked): staged through the GPU
   kDevice,        // cuMemAlloc (cudaMalloc): legacy CUDA IPC
   kCuMem,         // cuMemCreate, shareable as a POSIX file descriptor
   kCuMemPrivate,  // cuMemCreate without a shareable handle type: only staging can move it
@@ -49,8 +50,14 @@ class Buffer {
  public:
   Buffer(bool device, std::size_t bytes) : Buffer(device ? Mem::kDevice : Mem::kHost, bytes) {}
   Buffer(Mem mem, std::size_t bytes)
-      : device_(mem != Mem::kHost), mem_(mem), bytes_(std::max<std::size_t>(bytes, 1)) {
-    if (mem_ == Mem::kDevice) {
+      : device_(mem != Mem::kHost && mem != Mem::kPinned),
+        mem_(mem),
+        bytes_(std::max<std::size_t>(bytes, 1)) {
+    if (mem_ == Mem::kPinned) {
+      void* p = nullptr;
+      check(g_cuda->cuMemHostAlloc(&p, bytes_, 0), "cuMemHostAlloc");
+      data_ = static_cast<std::byte*>(p);
+    } else if (mem_ == Mem::kDevice) {
       CUdeviceptr p = 0;
       check(g_cuda->cuMemAlloc(&p, bytes_), "cuMemAlloc");
       data_ = reinterpret_cast<std::byte*>(p);
@@ -81,7 +88,9 @@ class Buffer {
   }
   ~Buffer() {
     const auto p = reinterpret_cast<CUdeviceptr>(data_);
-    if (mem_ == Mem::kDevice) {
+    if (mem_ == Mem::kPinned) {
+      g_cuda->cuMemFreeHost(data_);
+    } else if (mem_ == Mem::kDevice) {
       g_cuda->cuMemFree(p);
     } else if (device_) {
       g_cuda->cuMemUnmap(p, mapped_);
@@ -166,7 +175,8 @@ std::vector<std::size_t> sizes_up_to_1GiB() {
 // that nothing past the message was written.
 void transfer(Mem mem0, Mem mem1, std::size_t bytes, std::uint64_t seq) {
   constexpr std::size_t kGuard = 64;
-  const bool device0 = mem0 != Mem::kHost, device1 = mem1 != Mem::kHost;
+  const bool device0 = mem0 != Mem::kHost && mem0 != Mem::kPinned;
+  const bool device1 = mem1 != Mem::kHost && mem1 != Mem::kPinned;
   if (me() == 0) {
     Buffer out(mem0, bytes);
     out.write(pattern(bytes, seq));
@@ -194,6 +204,25 @@ TEST(Gpu, EveryMemoryPairAndSizeFromOneByteTo1GiB) {
     for (std::size_t bytes : sizes_up_to_1GiB()) {
       transfer(pair[0] ? Mem::kDevice : Mem::kHost, pair[1] ? Mem::kDevice : Mem::kHost, bytes,
                seq++);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  ASSERT_TRUE(ctx().barrier().is_ok());
+}
+
+TEST(Gpu, PinnedHostMemoryToAndFromDevicesAtEverySize) {
+  // Page-locked host memory is staged through its process's GPU (Cuda::copy_through_device_async)
+  // where the CPU would copy pageable memory: every pair with a pinned end, past the ring's slots.
+  std::uint64_t seq = 5000;
+  const Mem pairs[4][2] = {{Mem::kPinned, Mem::kDevice},
+                           {Mem::kDevice, Mem::kPinned},
+                           {Mem::kPinned, Mem::kPinned},
+                           {Mem::kPinned, Mem::kHost}};
+  for (const auto& pair : pairs) {
+    for (std::size_t bytes :
+         {std::size_t{1}, std::size_t{4097}, std::size_t{1} << 20, (std::size_t{4} << 20) + 3,
+          std::size_t{64} << 20, (std::size_t{100} << 20) + 5}) {
+      transfer(pair[0], pair[1], bytes, seq++);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
