@@ -106,7 +106,7 @@ class Request {
   // Waits for all; returns the first non-ok status (all are waited for even after a failure).
   static Status wait_all(std::span<Request> requests);
   // Waits until one completes; returns its index. Requests that are not valid are skipped;
-  // returns requests.size() when none is valid.
+  // returns requests.size() when none is valid, or when FERRY_TIMEOUT (if set) ran out first.
   static std::size_t wait_any(std::span<Request> requests);
 
  private:

@@ -213,14 +213,18 @@ std::size_t Request::wait_any(std::span<Request> requests) {
   }
   if (engine == nullptr) return requests.size();
   auto entry = engine->enter();
-  int idle = 0;
-  for (;;) {
+  std::size_t found = requests.size();  // also the answer when FERRY_TIMEOUT runs out
+  engine->wait_until([&] {
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const Request& r = requests[i];
-      if (r.valid() && (r.done_at_start() || r.engine_->done(r.index_))) return i;
+      if (r.valid() && (r.done_at_start() || r.engine_->done(r.index_))) {
+        found = i;
+        return true;
+      }
     }
-    engine->wait_step(&idle);
-  }
+    return false;
+  });
+  return found;
 }
 
 }  // namespace ferry

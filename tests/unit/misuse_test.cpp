@@ -109,6 +109,25 @@ TEST(Misuse, WaitForTakesAnyLengthOfTime) {
   EXPECT_TRUE(r.cancel());
 }
 
+TEST(Misuse, WaitAnyHonoursTheTimeout) {
+  // Every blocking call honours FERRY_TIMEOUT: wait_any over receives nobody sends to returns
+  // requests.size() once it runs out, the receives still posted.
+  Context bounded = Context::init({{{"FERRY_TIMEOUT", "0.2"}}});
+  int a = 0, b = 0;
+  std::vector<Request> pending;
+  pending.push_back(bounded.irecv(&a, sizeof(a), 0, 50));
+  pending.push_back(bounded.irecv(&b, sizeof(b), 0, 51));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(Request::wait_any(pending), pending.size());
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 0.15);
+  const int value = 3;
+  ASSERT_TRUE(bounded.send(&value, sizeof(value), 0, 51).is_ok());
+  EXPECT_EQ(Request::wait_any(pending), 1u) << "still posted after the timeout";
+  EXPECT_TRUE(pending[0].cancel());
+}
+
 TEST(Misuse, ReadOnlyMemoryIsRegisteredForGetsOnly) {
   const std::size_t bytes = page();
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
