@@ -33,13 +33,12 @@ constexpr std::uint32_t kReadOnly = 2;  // registered from memory the owner cann
 
 // The target of one access through `key`, as the engine takes it.
 struct KeyAccess {
-  static proto::Engine::RmaTarget target(const RemoteKey& key, std::uint64_t offset) {
-    return proto::Engine::RmaTarget{key.rank_,   key.id_,       key.secret_,   key.size_,
-                                    offset,      key.fd_,       key.guard_fd_, key.slot_,
-                                    key.native_, key.read_only_};
+  static proto::RmaTarget target(const RemoteKey& key, std::uint64_t offset) {
+    return proto::RmaTarget{key.rank_, key.id_,       key.secret_, key.size_,   offset,
+                            key.fd_,   key.guard_fd_, key.slot_,   key.native_, key.read_only_};
   }
   // What the engine says of a region it registered, kept for its key.
-  static void set(const proto::Engine::RegionAccess& access, MemoryRegion* region) {
+  static void set(const proto::RegionAccess& access, MemoryRegion* region) {
     region->guard_fd_ = access.guard_fd;
     region->slot_ = access.slot;
     region->native_ = access.native;
@@ -123,7 +122,7 @@ Status MemoryRegion::deregister() {
   if (engine_ == nullptr || *engine_ == nullptr) return Status::ok();  // the Context is gone
   proto::Engine* engine = *engine_;
   auto entry = engine->enter();
-  return engine->deregister_region(id);
+  return engine->rma().deregister(id);
 }
 
 // ---- RemoteKey ----
@@ -164,8 +163,8 @@ Status Context::register_memory(void* address, std::size_t bytes, MemoryRegion* 
   auto entry = engine_->enter();
   std::uint64_t id = 0;
   std::uint64_t secret = 0;
-  proto::Engine::RegionAccess access;
-  Status status = engine_->register_region(address, bytes, &id, &secret, &access);
+  proto::RegionAccess access;
+  Status status = engine_->rma().register_memory(address, bytes, &id, &secret, &access);
   if (status) {
     *region = MemoryRegion(engine_->handle(), id, secret, address, bytes, rank(), -1);
     KeyAccess::set(access, region);
@@ -180,8 +179,8 @@ Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
   std::uint64_t secret = 0;
   void* address = nullptr;
   int fd = -1;
-  proto::Engine::RegionAccess access;
-  Status status = engine_->allocate_region(bytes, &address, &id, &secret, &fd, &access);
+  proto::RegionAccess access;
+  Status status = engine_->rma().allocate(bytes, &address, &id, &secret, &fd, &access);
   if (status) {
     *region = MemoryRegion(engine_->handle(), id, secret, address, bytes, rank(), fd);
     KeyAccess::set(access, region);
@@ -192,32 +191,37 @@ Status Context::allocate_memory(std::size_t bytes, MemoryRegion* region) {
 Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key,
                       std::uint64_t offset) {
   auto entry = engine_->enter();
-  if (std::byte* destination =
-          engine_->direct_again(key.rank_, key.id_, key.secret_, key.size_, offset, local, bytes)) {
+  proto::Engine* engine = engine_.get();
+  auto is_device = [engine](const void* p) { return engine->device_of(p) >= 0; };
+  if (std::byte* destination = engine->rma().direct_again(
+          key.rank_, key.id_, key.secret_, key.size_, offset, local, bytes, is_device)) {
     util::copy_large(destination, local, bytes);
-    return Request(engine_.get(), Request::kDone);
+    return Request(engine, Request::kDone);
   }
-  return engine_->iput(local, bytes, KeyAccess::target(key, offset));
+  return engine->rma().iput(local, bytes, KeyAccess::target(key, offset));
 }
 
 Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset) {
   auto entry = engine_->enter();
-  if (const std::byte* source =
-          engine_->direct_again(key.rank_, key.id_, key.secret_, key.size_, offset, local, bytes)) {
+  proto::Engine* engine = engine_.get();
+  auto is_device = [engine](const void* p) { return engine->device_of(p) >= 0; };
+  if (const std::byte* source = engine->rma().direct_again(
+          key.rank_, key.id_, key.secret_, key.size_, offset, local, bytes, is_device)) {
     util::copy(local, source, bytes);
-    return Request(engine_.get(), Request::kDone);
+    return Request(engine, Request::kDone);
   }
-  return engine_->iget(local, bytes, KeyAccess::target(key, offset));
+  return engine->rma().iget(local, bytes, KeyAccess::target(key, offset));
 }
 
 Request Context::iatomic(AtomicOp op, std::size_t width, const RemoteKey& key, std::uint64_t offset,
                          std::uint64_t operand, void* result, std::uint64_t compare) {
   auto entry = engine_->enter();
-  if (engine_->atomic_again(op, width, key.rank_, key.id_, key.secret_, key.size_, offset, operand,
-                            result, compare)) {
+  if (engine_->rma().atomic_again(op, width, key.rank_, key.id_, key.secret_, key.size_, offset,
+                                  operand, result, compare)) {
     return Request(engine_.get(), Request::kDone);
   }
-  return engine_->iatomic(op, width, KeyAccess::target(key, offset), operand, result, compare);
+  return engine_->rma().iatomic(op, width, KeyAccess::target(key, offset), operand, result,
+                                compare);
 }
 
 Status Context::flush(int rank) {
@@ -226,12 +230,12 @@ Status Context::flush(int rank) {
     return Status(Code::kInvalidArgument, "flush: rank " + std::to_string(rank) +
                                               " is not in the job (flush_all for every rank)");
   }
-  return engine_->flush(rank);
+  return engine_->rma().flush(rank);
 }
 
 Status Context::flush_all() {
   auto entry = engine_->enter();
-  return engine_->flush(-1);
+  return engine_->rma().flush(-1);
 }
 
 }  // namespace ferry

@@ -484,7 +484,7 @@ int Engine::poll_device_ops() {
         break;
       case DeviceOp::kRmaCopy:
         cuda_->unpin(op.peer, op.device, op.key);
-        end_guarded_access(op.peer);  // the owner may deregister now
+        rma_->access_ended(op.peer);  // the owner may deregister now
         if (!slot.deferred) {
           complete(op.request, Status::ok());
           continue;

@@ -88,6 +88,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   test_ofi_chunked_ = config_.get_bool(util::Var::kTestOfiChunked);
   stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
   setup_transports();
+  rma_ = std::make_unique<rma::OneSided>(*this, native_rma_, size_);
   connect_peers();
   wait_mode_ = static_cast<WaitMode>(config_.get_int(util::Var::kWaitMode));
   const bool progress_thread = config_.get_bool(util::Var::kProgressThread);
@@ -368,17 +369,7 @@ void Engine::shutdown() {
   for (auto& [owner, work] : std::exchange(teardown_, {})) work();
   // Allocated regions still registered (their MemoryRegions outlive the Context) and the peers'
   // regions mapped here.
-  for (auto& [id, region] : regions_) {
-    if (region.native != nullptr) native_rma_->release_region(region.native);
-    if (region.fd >= 0) {
-      ::munmap(region.mapping, region.mapping_length);
-      ::close(region.fd);
-    }
-    if (region.ipc_fd >= 0) ::close(region.ipc_fd);
-  }
-  regions_.clear();
-  unmap_peer_regions(-1);
-  release_guard();
+  rma_->clear();
   for (std::byte* bounce : bounce_pool_) {
     cuda_->unregister_host(bounce);
     std::free(bounce);
@@ -451,6 +442,7 @@ void Engine::finalize() {
   polled_.clear();
   shm_ = nullptr;
   self_ = nullptr;
+  rma_->close_native();  // its registrations belong to a transport closed here
   transports_.clear();
 }
 
@@ -600,31 +592,7 @@ std::string Engine::describe_peer(int rank) const {
   }
   std::string out =
       peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
-  if (peer.endpoint->has_native_rma()) {
-    if (!peer.native_rma_refused.empty()) {
-      out +=
-          "; its regions by messages (a native access failed to start: " + peer.native_rma_refused +
-          ")";
-    } else {
-      auto count = [&](NativeGrant::State state) {
-        return std::count_if(native_grants_.begin(), native_grants_.end(), [&](const auto& entry) {
-          return entry.first.first == rank && entry.second.state == state;
-        });
-      };
-      const auto granted = count(NativeGrant::State::kGranted);
-      const auto refused = count(NativeGrant::State::kRefused);
-      const auto open = std::count_if(regions_.begin(), regions_.end(), [](const auto& entry) {
-        return entry.second.native != nullptr;
-      });
-      out += "; native access granted to " + std::to_string(granted) +
-             " of its regions and refused for " + std::to_string(refused) +
-             "; this rank's regions registered for it: " + std::to_string(open);
-    }
-  }
-  if (peer.acks_sent > 0) {
-    out += "; answers to its one-sided operations: " + std::to_string(peer.acks_sent) + " in " +
-           std::to_string(peer.ack_messages) + " messages";
-  }
+  out += rma_->describe(rank, peer.endpoint->has_native_rma());
   if (cuda_) {
     out += "; device buffers: ";
     if (!peer.shares_memory) {

@@ -236,7 +236,7 @@ int Engine::progress() {
   // queued or in flight, nothing in the shm FIFO. A loop waiting on memory a peer stores into
   // (a put's flag) sees the store sooner the shorter this is (docs/PERFORMANCE.md, "One-sided").
   if (polled_.size() == 1 && polled_.front() == shm_ && !armed_ && shm_->quiet() &&
-      (self_ == nullptr || !self_->has_work()) && ack_peers_.empty() && pending_peers_.empty() &&
+      (self_ == nullptr || !self_->has_work()) && !rma_->acks_waiting() && pending_peers_.empty() &&
       device_ops_.empty() && operations_.empty() && suspects_.empty() &&
       progress_calls_ + 1 < kCheckPeersEvery) {
     ++progress_calls_;
@@ -253,7 +253,7 @@ int Engine::progress_all() {
   for (transport::Transport* t : polled_) {
     if (t != shm_ || !shm_->quiet()) events += t->progress();
   }
-  if (!ack_peers_.empty()) events += send_acks();
+  if (rma_->acks_waiting()) events += rma_->send_acks();
   if (!suspects_.empty()) events += settle_suspects();
   if (!pending_peers_.empty()) events += drain_pending();
   if (!device_ops_.empty()) events += poll_device_ops();
@@ -261,7 +261,7 @@ int Engine::progress_all() {
   if (++progress_calls_ >= kCheckPeersEvery) {
     progress_calls_ = 0;
     check_peers();
-    if (!mappings_.empty()) sweep_mappings();
+    rma_->sweep();
   }
   return events;
 }
@@ -336,8 +336,7 @@ void Engine::peer_failed(int rank, const std::string& why) {
   for (std::uint32_t index : peer.stage_streams) complete_when_idle(index, status);
   peer.stage_streams.clear();
   if (cuda_) cuda_->forget_peer(rank);
-  unmap_peer_regions(rank);
-  std::erase_if(native_grants_, [rank](const auto& entry) { return entry.first.first == rank; });
+  rma_->peer_failed(rank);
   std::erase_if(descriptors_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase(pending_peers_, rank);
   const Status none_left = others_left_ == 0 ? no_one_left() : Status();
@@ -387,7 +386,7 @@ void Engine::complete(std::uint32_t index, Status status) {
     if (status) status = cuda_->copy(slot.rma_device, slot.host_copy.data(), slot.size);
     slot.rma_device = nullptr;
   }
-  if (slot.rma != RequestSlot::Rma::kNone) rma_done(slot, status);
+  if (slot.rma != RequestSlot::Rma::kNone) rma_->request_done(slot, status);
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
   if (slot.kind == RequestKind::kSend) --outstanding_sends_;
@@ -466,8 +465,7 @@ int Engine::drain_pending() {
   return sent;
 }
 
-Engine::Pending Engine::stream(std::uint8_t am, std::uint32_t index, std::uint64_t id,
-                               std::size_t length) {
+Pending Engine::stream(std::uint8_t am, std::uint32_t index, std::uint64_t id, std::size_t length) {
   Pending pending;
   pending.am = am;
   pending.stream = index;
@@ -523,26 +521,9 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_stage_frag(source, data);
     case kAmStageAck:
       return handle_stage_ack(source, data);
-    case kAmPut:
-      return handle_put(source, data);
-    case kAmGet:
-      return handle_get(source, data);
-    case kAmAtomic:
-      return handle_atomic(source, data);
-    case kAmRmaAck:
-      return handle_rma_ack(source, data);
-    case kAmRmaAcks:
-      return handle_rma_acks(source, data);
-    case kAmNativeAsk:
-      return handle_native_ask(source, data);
-    case kAmNativeGrant:
-      return handle_native_grant(source, data);
-    case kAmNativeRevoke:
-      return handle_native_revoke(source, data);
-    case kAmNativeRevoked:
-      return handle_native_revoked(source, data);
     default:
-      return protocol_error(source, "unknown active message id");
+      if (!rma_->on_am(id, source, data)) protocol_error(source, "unknown active message id");
+      return;
   }
 }
 
@@ -805,7 +786,7 @@ void Engine::on_direct(std::uint64_t cookie, Status status) {
   --slot->device_ops;
   if (slot->rma_native) {
     slot->rma_native = false;
-    native_done(slot->peer, slot->rma_region);
+    rma_->native_ended(slot->peer, slot->rma_region);
   }
   if (slot->state == RequestState::kDone) return;
   const int peer_rank = slot->kind == RequestKind::kSend ? slot->peer : slot->info.source;

@@ -122,8 +122,9 @@ void put_u64(std::vector<std::byte>* message, std::size_t offset, std::uint64_t 
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   g_engine = proto::Engine::create({});
-  FUZZ_CHECK(g_engine->register_region(g_window, sizeof(g_window), &g_region, &g_secret),
-             "registering the one-sided window failed");
+  FUZZ_CHECK(
+      g_engine->rma().register_memory(g_window, sizeof(g_window), &g_region, &g_secret, nullptr),
+      "registering the one-sided window failed");
   // Check the pool model: a FIN naming the send's modelled wire id must complete that send.
   Posted send = post_send(kRendezvousBytes, 1);
   proto::FinHeader fin{g_pool.wire_id(send.index), 0, 0};

@@ -72,8 +72,8 @@ TEST(HostileInput, NativeAccessGrantsAreGivenOnlyForRealKeys) {
   std::vector<std::byte> memory(64, std::byte{0x11});
   std::uint64_t id = 0;
   std::uint64_t secret = 0;
-  proto::Engine::RegionAccess access;
-  ASSERT_TRUE(engine->register_region(memory.data(), memory.size(), &id, &secret, &access));
+  proto::RegionAccess access;
+  ASSERT_TRUE(engine->rma().register_memory(memory.data(), memory.size(), &id, &secret, &access));
   std::byte junk[3] = {};
   for (std::uint8_t am : {proto::kAmNativeAsk, proto::kAmNativeGrant, proto::kAmNativeRevoke,
                           proto::kAmNativeRevoked}) {
@@ -92,15 +92,15 @@ TEST(HostileInput, NativeAccessGrantsAreGivenOnlyForRealKeys) {
   for (std::byte b : memory) ASSERT_EQ(b, std::byte{0x11});
   EXPECT_EQ(engine->describe_peer(0).find("native access granted"), std::string::npos);
   // The region is still reached through its key, and deregisters at once (nobody was granted).
-  proto::Engine::RmaTarget target;
+  proto::RmaTarget target;
   target.rank = 0;
   target.region = id;
   target.secret = secret;
   target.size = memory.size();
   std::vector<std::byte> data(8, std::byte{0x22});
-  ASSERT_TRUE(engine->iput(data.data(), data.size(), target).wait().is_ok());
+  ASSERT_TRUE(engine->rma().iput(data.data(), data.size(), target).wait().is_ok());
   EXPECT_EQ(memory[7], std::byte{0x22});
-  EXPECT_TRUE(engine->deregister_region(id).is_ok());
+  EXPECT_TRUE(engine->rma().deregister(id).is_ok());
 }
 
 TEST(HostileInput, DeviceProtocolMessagesAreValidatedBeforeUse) {

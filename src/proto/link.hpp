@@ -1,0 +1,87 @@
+// What the parts of the protocol engine share about each peer and what they send it: its Link,
+// and the Pending active messages queued in order behind one that found no room.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda.hpp"
+#include "cuda/stage_ring.hpp"
+#include "ferry/ferry.hpp"
+#include "mem/memory.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry::proto {
+
+struct Pending {
+  std::uint8_t am = 0;
+  std::uint8_t header_size = 0;
+  std::array<std::byte, 40> header{};
+  const std::byte* payload = nullptr;
+  std::size_t payload_size = 0;
+  std::uint32_t request = UINT32_MAX;  // completed with the error if sending fails
+  bool complete_on_send = false;       // eager sends complete once the transport has the data
+  // A pipelined rendezvous stream (am == kAmFrag): send [offset, length) of `stream` in chunks.
+  std::uint32_t stream = UINT32_MAX;
+  std::uint64_t rreq = 0;
+  std::size_t offset = 0;
+  std::size_t length = 0;
+  // A put (am == kAmPut with a stream): where in which region the stream's bytes go.
+  std::uint64_t region = 0;
+  std::uint64_t secret = 0;
+  std::uint64_t region_offset = 0;
+};
+// One peer's link: the transport that reaches it, what it was found to allow, and the queue of
+// what waits for room in it. Everything else about a peer belongs to the part that uses it.
+struct Link {
+  transport::Endpoint* endpoint = nullptr;  // null: unreachable (why says why)
+  std::string transport;
+  std::string why;
+  std::size_t eager_limit = 0;      // largest message sent eagerly
+  std::size_t frag_size = 0;        // payload per fragment of a pipelined message
+  std::size_t get_from = 0;         // rendezvous messages from this size up use the endpoint's get
+  std::size_t read_from = 0;        // from this size up the receiver reads them (below: direct)
+  bool get_failed = false;          // a zero-copy get failed once: pipeline from now on
+  bool direct_failed = false;       // a direct receive could not be posted: pipeline from now on
+  bool read_failed = false;         // a one-sided read failed: clear-to-send from now on
+  bool failed = false;              // the peer died: everything involving it fails with `why`
+  std::uint64_t failure_order = 0;  // Engine::failure_order
+  bool shares_memory = false;       // self or shm: device data can go by CUDA IPC or staging ring
+  std::deque<Pending> pending;      // in order; nothing bypasses it
+  // Device buffers: the fallback ladder's verdict for this peer, per way of mapping memory
+  // (legacy CUDA IPC, cuMem descriptors), and the staging rings.
+  struct IpcVerdict {
+    bool refused = false;  // failed or refused once: staged from now on
+    std::string why;
+  };
+  IpcVerdict ipc_legacy;
+  IpcVerdict ipc_fd;
+  IpcVerdict& verdict(mem::IpcKind kind) {
+    return kind == mem::IpcKind::kPosixFd ? ipc_fd : ipc_legacy;
+  }
+  std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use)
+  std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
+  std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
+  std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
+};
+// A copy in flight on a CUDA stream, polled by progress.
+struct DeviceOp {
+  // kRmaCopy: a put or get on a peer's device region mapped here (guarded_access).
+  enum Kind : std::uint8_t { kIpcGet, kStageFill, kStageDrain, kRmaCopy } kind;
+  cuda::Ticket ticket;
+  std::uint32_t request;
+  int peer;
+  std::uint64_t wire = 0;         // kIpcGet: the sender's request; kStageFill: the receiver's
+  std::uint64_t offset = 0;       // in the message
+  std::uint64_t ring_offset = 0;  // staging: the slot
+  std::uint64_t length = 0;
+  cuda::IpcKey key;  // kIpcGet, kRmaCopy: unpinned when done
+  int device = -1;   // kRmaCopy: the GPU the mapping was made for
+};
+
+}  // namespace ferry::proto

@@ -1,0 +1,610 @@
+// One-sided operations: requests, the owner's answers, flush (see one_sided.hpp).
+#include "proto/rma/one_sided.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "mem/fault_guard.hpp"
+#include "proto/engine.hpp"
+#include "util/copy.hpp"
+#include "util/extent.hpp"
+#include "util/log.hpp"
+
+namespace ferry::proto::rma {
+
+Status OneSided::register_memory(void* address, std::size_t bytes, std::uint64_t* id,
+                                 std::uint64_t* secret, RegionAccess* access) {
+  Status status = regions_.add(address, bytes, id, secret, access);
+  if (status && access != nullptr)
+    access->native = native_.offered(regions_.find(*id)->device >= 0);
+  return status;
+}
+
+Status OneSided::allocate(std::size_t bytes, void** address, std::uint64_t* id,
+                          std::uint64_t* secret, int* fd, RegionAccess* access) {
+  Status status = regions_.allocate(bytes, address, id, secret, fd);
+  if (status) {
+    *access = RegionAccess{};
+    access->native = native_.offered(false);  // peers on this node map it: no guard slot
+  }
+  return status;
+}
+
+Status OneSided::deregister(std::uint64_t id) {
+  if (regions_.find(id) == nullptr) {
+    return Status(Code::kInvalidArgument, "deregister: no memory region " + std::to_string(id));
+  }
+  // The ranks granted native access stop first; then the registration closes, then the guard
+  // slot (waiting for direct accesses begun), then the memory.
+  Status waited = native_.revoke(id);
+  Status removed = regions_.remove(id);
+  if (waited.is_ok()) waited = std::move(removed);
+  // Answers to gets still queued from it would read memory the caller is about to release: cut
+  // them short, and tell their initiators (after the fragments already sent, so in order).
+  std::vector<std::pair<int, std::uint64_t>> cut;
+  for (int rank = 0; rank < engine_.size(); ++rank) {
+    std::erase_if(engine_.link(rank).pending, [&](const Pending& pending) {
+      if (pending.stream == UINT32_MAX) return false;
+      RequestSlot& slot = engine_.requests()[pending.stream];
+      if (slot.rma != Rma::kGetReply || slot.rma_region != id) return false;
+      cut.emplace_back(rank, pending.rreq);
+      engine_.complete(pending.stream, Status(Code::kCanceled, "region deregistered"));
+      return true;
+    });
+  }
+  for (const auto& [rank, rreq] : cut) {
+    engine_.send_control(rank, kAmRmaAck, as_bytes(RmaAckHeader{rreq, 0, kRmaCutShort, 0}));
+  }
+  return waited;
+}
+
+bool OneSided::atomic_again(AtomicOp op, std::size_t width, int rank, std::uint64_t region,
+                            std::uint64_t secret, std::size_t key_size, std::uint64_t offset,
+                            std::uint64_t operand, void* result, std::uint64_t compare) {
+  if ((width != 4 && width != 8) || offset % width != 0 || static_cast<std::uint8_t>(op) > 5 ||
+      (result != nullptr && engine_.device_memory(result))) {
+    return false;
+  }
+  std::byte* word =
+      peers_direct_.again(rank, region, secret, key_size, offset, &operand, width,
+                          [](const void*) { return false; });  // the operand is on our stack
+  if (word == nullptr || reinterpret_cast<std::uintptr_t>(word) % width != 0) return false;
+  apply_atomic_at(word, op, width, operand, compare, result);
+  return true;
+}
+
+bool OneSided::on_am(std::uint8_t id, int source, std::span<const std::byte> data) {
+  switch (id) {
+    case kAmPut:
+      on_put(source, data);
+      return true;
+    case kAmGet:
+      on_get(source, data);
+      return true;
+    case kAmAtomic:
+      on_atomic(source, data);
+      return true;
+    case kAmRmaAck:
+      on_ack(source, data);
+      return true;
+    case kAmRmaAcks:
+      on_acks(source, data);
+      return true;
+    case kAmNativeAsk:
+      native_.on_ask(source, data);
+      return true;
+    case kAmNativeGrant:
+      native_.on_grant(source, data);
+      return true;
+    case kAmNativeRevoke:
+      native_.on_revoke(source, data);
+      return true;
+    case kAmNativeRevoked:
+      native_.on_revoked(source, data);
+      return true;
+    default:
+      return false;
+  }
+}
+
+void OneSided::peer_failed(int rank) {
+  peers_direct_.unmap(rank);
+  native_.peer_failed(rank);
+}
+
+std::string OneSided::describe(int rank, bool native) const {
+  std::string out;
+  if (native) out += "; " + native_.describe(rank);
+  const PeerState& peer = peers_[static_cast<std::size_t>(rank)];
+  if (peer.acks_sent > 0) {
+    out += "; answers to its one-sided operations: " + std::to_string(peer.acks_sent) + " in " +
+           std::to_string(peer.ack_messages) + " messages";
+  }
+  if (std::string refused = peers_direct_.refusals(rank); !refused.empty()) out += "; " + refused;
+  return out;
+}
+
+void OneSided::clear() {
+  native_.clear();
+  regions_.clear();
+  peers_direct_.unmap(-1);
+}
+
+std::uint32_t OneSided::request(RequestKind kind, Rma rma, const RmaTarget& target,
+                                const void* local, std::size_t bytes, Status* early) {
+  std::uint32_t index = engine_.requests().allocate(kind);
+  RequestSlot& slot = engine_.requests()[index];
+  slot.rma = rma;
+  slot.peer = target.rank;
+  slot.size = bytes;
+  if (kind == RequestKind::kSend) engine_.count_send();
+  const char* what = rma == Rma::kPut ? "put" : rma == Rma::kGet ? "get" : "atomic";
+  if (target.rank < 0 || target.rank >= engine_.size()) {
+    *early = Status(Code::kInvalidArgument, std::string(what) + ": the key names rank " +
+                                                std::to_string(target.rank) + ", not in [0, " +
+                                                std::to_string(engine_.size()) + ")");
+  } else if (local == nullptr && bytes > 0) {
+    *early = Status(Code::kInvalidArgument, std::string(what) + ": null local buffer");
+  } else if (Status bad = util::check_extent(what, "local buffer", local, bytes); !bad) {
+    *early = std::move(bad);
+  } else if (rma != Rma::kGet && target.read_only) {
+    *early = Status(Code::kInvalidArgument,
+                    std::string(what) + ": " + refusal_text(kRmaReadOnly, target.rank));
+  } else if (target.offset > target.size || bytes > target.size - target.offset) {
+    *early = Status(Code::kInvalidArgument,
+                    std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
+                        std::to_string(target.offset) + " reach outside the " +
+                        std::to_string(target.size) + "-byte region");
+  } else {
+    const Link& link = engine_.link(target.rank);
+    if (link.endpoint == nullptr || link.failed) {
+      *early = Status(link.failed ? Code::kPeerFailed : Code::kUnsupported, link.why);
+    } else {
+      ++peers_[static_cast<std::size_t>(target.rank)].outstanding;
+      slot.rma_region = target.region;
+      return index;
+    }
+  }
+  slot.rma = Rma::kNone;  // never counted
+  return index;
+}
+
+void OneSided::request_done(const RequestSlot& slot, const Status& status) {
+  if (slot.rma == Rma::kGetReply) return;
+  PeerState& peer = peers_[static_cast<std::size_t>(slot.peer)];
+  --peer.outstanding;
+  if (!status && peer.error.is_ok()) peer.error = status;
+}
+
+template <typename Apply>
+bool OneSided::settled(std::uint32_t index, const RmaTarget& target, std::size_t length, bool write,
+                       Status early, Apply apply) {
+  if (!early.is_ok() || length == 0) {
+    engine_.complete(index, std::move(early));
+    return true;
+  }
+  std::uint32_t refusal = kRmaOk;
+  bool device = false;
+  if (std::byte* bytes = peers_direct_.target(target, length, write, &refusal, &device)) {
+    engine_.complete(index, apply(bytes, device));
+    return true;
+  }
+  if (refusal != kRmaOk) {
+    engine_.complete(index, Status(Code::kInvalidArgument, refusal_text(refusal, target.rank)));
+    return true;
+  }
+  return false;
+}
+
+Status OneSided::move(void* destination, const void* source, std::size_t bytes, bool device) {
+  if (!device) {
+    util::copy(destination, source, bytes);
+    return Status::ok();
+  }
+  return engine_.cuda()->copy(destination, source, bytes);
+}
+
+Status OneSided::atomic(std::byte* word, bool device, AtomicOp op, std::size_t width,
+                        std::uint64_t operand, std::uint64_t compare, std::uint64_t* previous) {
+  if (!device) {
+    *previous = atomic_at(word, op, width, operand, compare);
+    return Status::ok();
+  }
+  alignas(8) std::byte copy[8];
+  Status status = engine_.cuda()->copy(copy, word, width);
+  if (!status) return status;
+  *previous = atomic_at(copy, op, width, operand, compare);
+  return engine_.cuda()->copy(word, copy, width);
+}
+
+Status OneSided::bounce(RequestSlot& slot, const void* local, std::size_t bytes, bool put) {
+  slot.host_copy.resize(bytes);
+  if (!put) {
+    slot.rma_device = static_cast<std::byte*>(const_cast<void*>(local));
+    return Status::ok();
+  }
+  return engine_.cuda()->copy(slot.host_copy.data(), local, bytes);
+}
+
+Request OneSided::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
+  const int local_gpu = bytes > 0 ? engine_.device_of(local) : -1;
+  const bool local_device = local_gpu >= 0;
+  if (std::byte* destination = peers_direct_.now(target, local, bytes, local_device, true)) {
+    util::copy_large(destination, local, bytes);
+    return engine_.completed_request();
+  }
+  Status early;
+  std::uint32_t index = request(RequestKind::kSend, Rma::kPut, target, local, bytes, &early);
+  Request request = engine_.request(index);
+  if (settled(index, target, bytes, true, std::move(early),
+              [&](std::byte* destination, bool device) {
+                return move(destination, local, bytes, device || local_device);
+              })) {
+    return request;
+  }
+  if (peers_direct_.guarded(index, target, const_cast<void*>(local), bytes, true, local_gpu)) {
+    return request;
+  }
+  if (native_.start(index, target, const_cast<void*>(local), bytes, true, local_device)) {
+    return request;
+  }
+  RequestSlot& slot = engine_.requests()[index];
+  slot.send_buffer = static_cast<const std::byte*>(local);
+  if (local_device) {
+    if (Status status = bounce(slot, local, bytes, true); !status) {
+      engine_.complete(index,
+                       Status(status.code(), "put: from device memory: " + status.message()));
+      return request;
+    }
+    slot.send_buffer = slot.host_copy.data();
+  }
+  Pending pending = engine_.stream(kAmPut, index, engine_.requests().wire_id(index), bytes);
+  pending.region = target.region;
+  pending.secret = target.secret;
+  pending.region_offset = target.offset;
+  engine_.send_or_queue(target.rank, std::move(pending));
+  return request;
+}
+
+Request OneSided::iget(void* local, std::size_t bytes, const RmaTarget& target) {
+  const int local_gpu = bytes > 0 ? engine_.device_of(local) : -1;
+  const bool local_device = local_gpu >= 0;
+  if (const std::byte* source = peers_direct_.now(target, local, bytes, local_device, false)) {
+    util::copy(local, source, bytes);
+    return engine_.completed_request();
+  }
+  Status early;
+  std::uint32_t index = request(RequestKind::kRecv, Rma::kGet, target, local, bytes, &early);
+  Request request = engine_.request(index);
+  if (settled(index, target, bytes, false, std::move(early),
+              [&](const std::byte* source, bool device) {
+                return move(local, source, bytes, device || local_device);
+              })) {
+    return request;
+  }
+  if (peers_direct_.guarded(index, target, local, bytes, false, local_gpu)) return request;
+  if (native_.start(index, target, local, bytes, false, local_device)) return request;
+  RequestSlot& slot = engine_.requests()[index];
+  slot.recv_buffer = static_cast<std::byte*>(local);
+  if (local_device) {
+    (void)bounce(slot, local, bytes, false);  // the copy to `local` runs at completion
+    slot.recv_buffer = slot.host_copy.data();
+  }
+  slot.expected = slot.message_size = bytes;
+  slot.info = {target.rank, 0, bytes};
+  const GetHeader header{engine_.requests().wire_id(index), target.region, target.secret,
+                         target.offset, bytes};
+  engine_.send_control(target.rank, kAmGet, as_bytes(header));
+  return request;
+}
+
+Request OneSided::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
+                          std::uint64_t operand, void* result, std::uint64_t compare) {
+  // The result is stored by the CPU: it must be host memory (checked where CUDA is loaded).
+  const bool result_device = result != nullptr && engine_.device_memory(result);
+  if ((width == 4 || width == 8) && target.offset % width == 0 &&
+      static_cast<std::uint8_t>(op) <= 5 && !result_device) {
+    std::byte* word = peers_direct_.now(target, &operand, width, false, true);
+    if (word != nullptr && reinterpret_cast<std::uintptr_t>(word) % width == 0) {
+      apply_atomic_at(word, op, width, operand, compare, result);
+      return engine_.completed_request();
+    }
+  }
+  Status early;
+  const bool valid_width = width == 4 || width == 8;
+  std::uint32_t index =
+      request(RequestKind::kSend, Rma::kAtomic, target, &operand, valid_width ? width : 0, &early);
+  Request request = engine_.request(index);
+  if (early.is_ok() && !valid_width) {
+    early = Status(Code::kInvalidArgument,
+                   "atomic: width " + std::to_string(width) + " is not 4 or 8 bytes");
+  } else if (early.is_ok() && target.offset % width != 0) {
+    early = Status(Code::kInvalidArgument, "atomic: offset " + std::to_string(target.offset) +
+                                               " is not aligned to " + std::to_string(width));
+  } else if (early.is_ok() && static_cast<std::uint8_t>(op) > 5) {
+    early = Status(Code::kInvalidArgument, "atomic: unknown operation");
+  } else if (early.is_ok() && result_device) {
+    early =
+        Status(Code::kInvalidArgument, "atomic: the result must be in host memory (it is " +
+                                           mem::to_string(engine_.cuda()->classify(result)) + ")");
+  }
+  const bool finished =
+      settled(index, target, width, true, std::move(early), [&](std::byte* word, bool device) {
+        if (reinterpret_cast<std::uintptr_t>(word) % width != 0) {
+          return Status(Code::kInvalidArgument, refusal_text(kRmaBadAtomic, target.rank));
+        }
+        std::uint64_t previous = 0;
+        Status status = atomic(word, device, op, width, operand, compare, &previous);
+        if (status) store_result(result, width, previous);
+        return status;
+      });
+  if (finished) return request;
+  RequestSlot& slot = engine_.requests()[index];
+  slot.rma_width = static_cast<std::uint8_t>(width);
+  slot.rma_result = result;
+  slot.rma_operands[0] = operand;  // the payload, kept in the slot (it never moves) until sent
+  slot.rma_operands[1] = compare;
+  AtomicHeader header{engine_.requests().wire_id(index),
+                      target.region,
+                      target.secret,
+                      target.offset,
+                      static_cast<std::uint8_t>(op),
+                      static_cast<std::uint8_t>(width),
+                      {}};
+  Pending pending;
+  pending.am = kAmAtomic;
+  pending.header_size = sizeof(header);
+  static_assert(sizeof(header) <= sizeof(pending.header));
+  std::memcpy(pending.header.data(), &header, sizeof(header));
+  pending.payload = reinterpret_cast<const std::byte*>(slot.rma_operands);
+  pending.payload_size = 16;
+  pending.request = index;  // failed if sending fails; completed by the target's answer
+  engine_.send_or_queue(target.rank, std::move(pending));
+  return request;
+}
+
+Status OneSided::flush(int rank) {
+  if (rank < -1 || rank >= engine_.size()) {
+    return Status(Code::kInvalidArgument,
+                  "flush: rank " + std::to_string(rank) + " is not in the job");
+  }
+  auto outstanding = [&] {
+    if (rank >= 0) return peers_[static_cast<std::size_t>(rank)].outstanding > 0;
+    for (const PeerState& peer : peers_) {
+      if (peer.outstanding > 0) return true;
+    }
+    return false;
+  };
+  if (!engine_.wait_until([&] { return !outstanding(); })) {
+    return Status(Code::kTimeout, "flush: one-sided operations still incomplete after " +
+                                      std::to_string(engine_.timeout()) + " s (FERRY_TIMEOUT)");
+  }
+  Status first;
+  for (int r = 0; r < engine_.size(); ++r) {
+    if (rank >= 0 && r != rank) continue;
+    PeerState& peer = peers_[static_cast<std::size_t>(r)];
+    if (!peer.error.is_ok() && first.is_ok()) first = peer.error;
+    peer.error = Status();
+  }
+  if (first.is_ok() && rank >= 0 && engine_.link(rank).failed) {
+    return Status(Code::kPeerFailed, engine_.link(rank).why);
+  }
+  return first;
+}
+
+void OneSided::ack(int peer, std::uint64_t id, std::uint64_t value, std::uint32_t code) {
+  std::vector<RmaAckHeader>& acks = peers_[static_cast<std::size_t>(peer)].acks;
+  if (acks.empty()) ack_peers_.push_back(peer);
+  acks.push_back(RmaAckHeader{id, value, code, 0});
+}
+
+// A window of atomics or put fragments from one peer is mostly handled in one pass; answering
+// it with one message instead of one each halves the messages of a window over the network
+// (docs/PERFORMANCE.md, "Atomics over tcp"). A lone answer keeps its own message, and answers
+// that cannot go at once are queued one by one, in order.
+int OneSided::send_acks() {
+  int sent = 0;
+  for (int rank : ack_peers_) {
+    PeerState& peer = peers_[static_cast<std::size_t>(rank)];
+    const Link& link = engine_.link(rank);
+    std::span<const RmaAckHeader> acks = peer.acks;
+    const std::size_t room = link.frag_size > sizeof(RmaAcksHeader)
+                                 ? (link.frag_size - sizeof(RmaAcksHeader)) / sizeof(RmaAckHeader)
+                                 : 1;
+    const std::size_t most = std::clamp<std::size_t>(room, 1, kMaxAcksPerMessage);
+    while (!acks.empty() && !link.failed) {
+      const std::size_t count = std::min(acks.size(), most);
+      const auto batch = acks.first(count);
+      acks = acks.subspan(count);
+      // Together where there are several and nothing is queued before them; otherwise (or
+      // when the transport has no room now) each goes as its own kAmRmaAck, queued in order.
+      Status status(Code::kWouldBlock);
+      if (count > 1 && link.pending.empty()) {
+        const RmaAcksHeader header{static_cast<std::uint32_t>(count), 0};
+        status = link.endpoint->am_send(kAmRmaAcks, as_bytes(header), std::as_bytes(batch),
+                                        transport::AmHint::kNone);
+      }
+      if (status.code() == Code::kWouldBlock) {
+        for (const RmaAckHeader& ack : batch) engine_.send_control(rank, kAmRmaAck, as_bytes(ack));
+        peer.ack_messages += count;
+      } else if (status) {
+        ++peer.ack_messages;
+      } else if (status.code() != Code::kPeerFailed) {
+        FERRY_LOG(kError, "%s: %zu one-sided answers lost: %s", link.transport.c_str(), count,
+                  status.to_string().c_str());
+      }
+      peer.acks_sent += count;
+      ++sent;
+    }
+    peer.acks.clear();
+  }
+  ack_peers_.clear();
+  return sent;
+}
+
+void OneSided::on_put(int source, std::span<const std::byte> data) {
+  PutHeader header;
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short PUT header");
+  auto payload = data.subspan(sizeof(header));
+  std::uint32_t refusal = kRmaOk;
+  bool device = false;
+  std::byte* base = regions_.check(header.region, header.secret, header.offset, payload.size(),
+                                   true, &refusal, &device);
+  if (base != nullptr && regions_.find(header.region)->user_host) {
+    // The application's memory, which it may have unmapped or made read-only since: a write
+    // that cannot land is the initiator's error, not a fault here.
+    std::byte* destination = base + header.offset;
+    if (!mem::guarded(destination, payload.size(),
+                      [&] { util::copy(destination, payload.data(), payload.size()); })) {
+      FERRY_LOG(kWarn,
+                "a put from rank %d into region %llu faulted: its memory is no longer "
+                "mapped writable",
+                source, static_cast<unsigned long long>(header.region));
+      refusal = kRmaUnmapped;
+    }
+  } else if (base != nullptr) {
+    Status status = move(base + header.offset, payload.data(), payload.size(), device);
+    if (!status) {
+      FERRY_LOG(kWarn, "a put from rank %d into device memory failed: %s", source,
+                status.message().c_str());
+      refusal = kRmaDeviceCopy;
+    }
+  }
+  ack(source, header.id, payload.size(), refusal);
+}
+
+void OneSided::on_get(int source, std::span<const std::byte> data) {
+  GetHeader header;
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short GET header");
+  std::uint32_t refusal = kRmaOk;
+  bool device = false;
+  std::byte* base = regions_.check(header.region, header.secret, header.offset, header.length,
+                                   false, &refusal, &device);
+  if (base == nullptr || header.length == 0) {
+    return ack(source, header.id, 0, base == nullptr ? refusal : kRmaOutOfRange);
+  }
+  if (regions_.find(header.region)->user_host &&
+      !mem::readable(base + header.offset, header.length)) {
+    return ack(source, header.id, 0, kRmaUnmapped);  // streaming it would fault here
+  }
+  // Device memory is sent from a host copy, taken now.
+  std::vector<std::byte> copy;
+  if (device) {
+    copy.resize(header.length);
+    if (Status status = engine_.cuda()->copy(copy.data(), base + header.offset, header.length);
+        !status) {
+      FERRY_LOG(kWarn, "a get by rank %d from device memory failed: %s", source,
+                status.message().c_str());
+      return ack(source, header.id, 0, kRmaDeviceCopy);
+    }
+  }
+  // The answer is a stream of fragments into the initiator's request, from the region itself.
+  std::uint32_t index = engine_.requests().allocate(RequestKind::kSend);
+  RequestSlot& slot = engine_.requests()[index];
+  slot.handle_alive = false;  // freed when sent
+  slot.rma = Rma::kGetReply;
+  slot.rma_region = header.region;
+  slot.peer = source;
+  slot.send_buffer = base + header.offset;
+  if (device) {
+    slot.host_copy = std::move(copy);
+    slot.send_buffer = slot.host_copy.data();
+  }
+  slot.size = header.length;
+  engine_.count_send();
+  engine_.send_or_queue(source, engine_.stream(kAmFrag, index, header.id, header.length));
+}
+
+void OneSided::on_atomic(int source, std::span<const std::byte> data) {
+  AtomicHeader header;
+  if (!decode(data, &header) || data.size() != sizeof(header) + 16) {
+    return engine_.protocol_error(source, "ATOMIC of the wrong size");
+  }
+  std::uint64_t operand = 0;
+  std::uint64_t compare = 0;
+  std::memcpy(&operand, data.data() + sizeof(header), 8);
+  std::memcpy(&compare, data.data() + sizeof(header) + 8, 8);
+  std::uint32_t refusal = kRmaOk;
+  std::byte* base = nullptr;
+  bool device = false;
+  std::uint64_t previous = 0;
+  if ((header.width != 4 && header.width != 8) || header.op > 5 ||
+      header.offset % header.width != 0) {
+    refusal = kRmaBadAtomic;
+  } else {
+    base = regions_.check(header.region, header.secret, header.offset, header.width, true, &refusal,
+                          &device);
+    if (base != nullptr &&
+        reinterpret_cast<std::uintptr_t>(base + header.offset) % header.width != 0) {
+      base = nullptr;  // a region at an unaligned address
+      refusal = kRmaBadAtomic;
+    } else if (base != nullptr && regions_.find(header.region)->user_host) {
+      // Unmapped or made read-only since, the atomic faults: ended here, refused there.
+      std::byte* word = base + header.offset;
+      base = nullptr;
+      if (!mem::guarded(word, header.width, [&] {
+            previous =
+                atomic_at(word, static_cast<AtomicOp>(header.op), header.width, operand, compare);
+          })) {
+        refusal = kRmaUnmapped;
+      }
+    }
+  }
+  if (base != nullptr) {
+    Status status = atomic(base + header.offset, device, static_cast<AtomicOp>(header.op),
+                           header.width, operand, compare, &previous);
+    if (!status) {
+      FERRY_LOG(kWarn, "an atomic by rank %d on device memory failed: %s", source,
+                status.message().c_str());
+      refusal = kRmaDeviceCopy;
+    }
+  }
+  ack(source, header.id, previous, refusal);
+}
+
+void OneSided::on_acks(int source, std::span<const std::byte> data) {
+  RmaAcksHeader header;
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short RMA_ACKS header");
+  const auto acks = data.subspan(sizeof(header));
+  if (header.count == 0 || header.count > kMaxAcksPerMessage ||
+      acks.size() != std::size_t{header.count} * sizeof(RmaAckHeader)) {
+    return engine_.protocol_error(source, "RMA_ACKS whose count does not match its length");
+  }
+  for (std::size_t i = 0; i < header.count && !engine_.link(source).failed; ++i) {
+    on_ack(source, acks.subspan(i * sizeof(RmaAckHeader), sizeof(RmaAckHeader)));
+  }
+}
+
+void OneSided::on_ack(int source, std::span<const std::byte> data) {
+  RmaAckHeader header;
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short RMA_ACK header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = engine_.requests().lookup(header.id, &index);
+  if (slot == nullptr || slot->state != RequestState::kActive || slot->peer != source ||
+      (slot->rma != Rma::kPut && slot->rma != Rma::kGet && slot->rma != Rma::kAtomic)) {
+    // Also the later acknowledgements of a put that failed on an earlier fragment.
+    FERRY_LOG(kDebug, "RMA_ACK from rank %d for no one-sided operation in progress", source);
+    return;
+  }
+  if (header.code != kRmaOk) {
+    if (header.code == kRmaNoRegion) native_.region_gone(source, slot->rma_region);
+    return engine_.complete(index,
+                            Status(Code::kInvalidArgument, refusal_text(header.code, source)));
+  }
+  switch (slot->rma) {
+    case Rma::kPut:
+      if (header.value > slot->size - slot->received) {
+        return engine_.protocol_error(source, "RMA_ACK for more bytes than the put has");
+      }
+      slot->received += header.value;
+      if (slot->received == slot->size) engine_.complete(index, Status::ok());
+      return;
+    case Rma::kAtomic:
+      store_result(slot->rma_result, slot->rma_width, header.value);
+      return engine_.complete(index, Status::ok());
+    default:  // a get is answered by fragments; an acknowledgement with code 0 is not expected
+      return engine_.protocol_error(source, "RMA_ACK without a refusal for a get");
+  }
+}
+
+}  // namespace ferry::proto::rma
