@@ -1,15 +1,6 @@
-// Device data with a peer that shares no memory with us (ofi): a message in device memory on
-// either side travels as a series of direct transfers of FERRY_OFI_CHUNK bytes. Where the NIC
-// registers that GPU's memory (Endpoint::device_direct: FI_HMEM, and a trial registration that
-// succeeded) a device side sends from or receives into its buffer as it is; elsewhere each chunk
-// goes through a pinned host bounce on the device side:
-//   sender:   RTS (address kRtsFromDevice when its buffer is device memory)
-//   receiver: posts a direct receive for chunk 0 (into its buffer, or into its bounce), answers
-//             CTS_CHUNKED {length, chunk}
-//   sender:   chunk k: copy device -> bounce (a device buffer), direct send; on completion, k + 1
-//   receiver: chunk k arrived: copy bounce -> device (a device buffer), post k + 1
-// Chunks of one message share a key and the provider matches them in order. Memory in flight is
-// one chunk per message on each side. Copies are synchronous; the network is the slower leg.
+// Device data over ofi in chunks (see chunked.hpp).
+#include "proto/chunked.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -25,32 +16,44 @@ namespace {
 constexpr std::size_t kMaxBounces = 16;  // pinned bounces per process; more transfers wait
 }  // namespace
 
-std::byte* Engine::take_bounce() {
-  if (!bounce_pool_.empty()) {
-    std::byte* bounce = bounce_pool_.back();
-    bounce_pool_.pop_back();
+ChunkedPath::ChunkedPath(Engine& engine, const util::Config& config)
+    : engine_(engine),
+      chunk_(config.get_size(util::Var::kOfiChunk)),
+      forced_(config.get_bool(util::Var::kTestOfiChunked)) {}
+
+ChunkedPath::~ChunkedPath() {
+  for (std::byte* bounce : pool_) {
+    engine_.cuda()->unregister_host(bounce);
+    std::free(bounce);
+  }
+}
+
+std::byte* ChunkedPath::take_bounce() {
+  if (!pool_.empty()) {
+    std::byte* bounce = pool_.back();
+    pool_.pop_back();
     return bounce;
   }
-  if (bounces_made_ >= kMaxBounces) return nullptr;  // the caller waits for one
-  auto* bounce = static_cast<std::byte*>(std::aligned_alloc(4096, ofi_chunk_));
+  if (made_ >= kMaxBounces) return nullptr;  // the caller waits for one
+  auto* bounce = static_cast<std::byte*>(std::aligned_alloc(4096, chunk_));
   if (bounce == nullptr) return nullptr;
-  ++bounces_made_;
-  if (!cuda_->register_host(bounce, ofi_chunk_)) {
+  ++made_;
+  if (!engine_.cuda()->register_host(bounce, chunk_)) {
     // Pageable is slower for the copy engine but still correct.
     FERRY_LOG(kDebug, "a chunk bounce could not be pinned; using it pageable");
   }
   return bounce;
 }
 
-void Engine::return_bounce(RequestSlot* slot) {
-  bounce_pool_.push_back(std::exchange(slot->bounce, nullptr));
+void ChunkedPath::return_bounce(RequestSlot* slot) {
+  pool_.push_back(std::exchange(slot->bounce, nullptr));
   // A transfer that waited for a bounce starts now (registering one costs a millisecond; a
   // bounded set reused beats one per message).
-  while (!bounce_waiters_.empty() && !bounce_pool_.empty()) {
-    const std::uint64_t wire = bounce_waiters_.front();
-    bounce_waiters_.pop_front();
+  while (!waiting_.empty() && !pool_.empty()) {
+    const std::uint64_t wire = waiting_.front();
+    waiting_.pop_front();
     std::uint32_t index = 0;
-    RequestSlot* waiting = requests_.lookup(wire, &index);
+    RequestSlot* waiting = engine_.requests().lookup(wire, &index);
     if (waiting == nullptr || waiting->state != RequestState::kActive || waiting->chunk == 0 ||
         waiting->bounce != nullptr || waiting->deferred) {
       continue;  // ended (failed, timed out) while it waited
@@ -62,55 +65,56 @@ void Engine::return_bounce(RequestSlot* slot) {
 
 // The first chunk of a transfer that has its bounce (if it needs one): post it, and on the
 // receiving side ask the sender for the chunks.
-void Engine::start_chunks(std::uint32_t index) {
-  RequestSlot& slot = requests_[index];
+void ChunkedPath::start_chunks(std::uint32_t index) {
+  RequestSlot& slot = engine_.requests()[index];
   const bool send = slot.kind == RequestKind::kSend;
   const int peer_rank = send ? slot.peer : slot.info.source;
   Status status = post_chunk(index);
   if (!status) return chunk_done(index, std::move(status));
   if (!send) {
-    send_control(peer_rank, kAmCtsChunked,
-                 as_bytes(ChunkCtsHeader{slot.stage_rreq, requests_.wire_id(index), slot.expected,
-                                         slot.chunk}));
+    engine_.send_control(peer_rank, kAmCtsChunked,
+                         as_bytes(ChunkCtsHeader{slot.stage_rreq, engine_.requests().wire_id(index),
+                                                 slot.expected, slot.chunk}));
   }
 }
 
-void Engine::start_chunked_receive(std::uint32_t index, int source, std::uint64_t sreq) {
-  RequestSlot& slot = requests_[index];
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
+void ChunkedPath::start_receive(std::uint32_t index, int source, std::uint64_t sreq) {
+  RequestSlot& slot = engine_.requests()[index];
+  const Link& peer = engine_.link(source);
   slot.state = RequestState::kActive;
   slot.stage_rreq = sreq;  // the sender's request, for a FIN that fails it
   slot.expected = slot.info.bytes;
   slot.received = 0;
-  slot.chunk = std::min(ofi_chunk_, slot.expected);
+  slot.chunk = std::min(chunk_, slot.expected);
   slot.direct = true;
   if (!peer.endpoint->has_direct()) {
     // The sender must not wait for a CTS: FIN with a code fails it.
-    send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
-    return complete(index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
+    engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
+    return engine_.complete(
+        index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
   if (needs_bounce(slot, *peer.endpoint) && (slot.bounce = take_bounce()) == nullptr) {
-    bounce_waiters_.push_back(requests_.wire_id(index));  // started by return_bounce
+    waiting_.push_back(engine_.requests().wire_id(index));  // started by return_bounce
     return;
   }
   start_chunks(index);
 }
 
-bool Engine::needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint) {
+bool ChunkedPath::needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint) {
   if (slot.device < 0) return false;
   const bool send = slot.kind == RequestKind::kSend;
   const void* buffer = send ? static_cast<const void*>(slot.send_buffer) : slot.recv_buffer;
   return !endpoint.device_direct(slot.device, buffer, slot.expected);
 }
 
-void Engine::handle_cts_chunked(int source, std::span<const std::byte> data) {
+void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
   ChunkCtsHeader header;
-  if (!decode(data, &header)) return protocol_error(source, "short CTS_CHUNKED header");
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short CTS_CHUNKED header");
   std::uint32_t index = 0;
   RequestSlot* slot =
-      cts_target(source, CtsHeader{header.sreq, header.rreq, header.length}, &index);
+      engine_.cts_target(source, CtsHeader{header.sreq, header.rreq, header.length}, &index);
   if (slot == nullptr) return;
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  const Link& peer = engine_.link(source);
   Status status;
   if (header.chunk == 0 || header.chunk > (std::uint64_t{1} << 30) ||
       !peer.endpoint->has_direct()) {
@@ -123,27 +127,27 @@ void Engine::handle_cts_chunked(int source, std::span<const std::byte> data) {
   slot->stage_rreq = header.rreq;
   slot->chunk = static_cast<std::size_t>(header.chunk);
   slot->direct = true;
-  if (status && slot->device >= 0 && header.chunk > ofi_chunk_) {
+  if (status && slot->device >= 0 && header.chunk > chunk_) {
     status = Status(Code::kProtocolError, "rank " + std::to_string(source) +
                                               " asked for chunks larger than FERRY_OFI_CHUNK");
   }
   if (!status) {
-    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
-    return complete(index, std::move(status));
+    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    return engine_.complete(index, std::move(status));
   }
   if (needs_bounce(*slot, *peer.endpoint) && (slot->bounce = take_bounce()) == nullptr) {
-    bounce_waiters_.push_back(requests_.wire_id(index));  // started by return_bounce
+    waiting_.push_back(engine_.requests().wire_id(index));  // started by return_bounce
     return;
   }
   start_chunks(index);
 }
 
 // Posts the next chunk of a chunked send or receive (sync copy out of device memory first).
-Status Engine::post_chunk(std::uint32_t index) {
-  RequestSlot& slot = requests_[index];
+Status ChunkedPath::post_chunk(std::uint32_t index) {
+  RequestSlot& slot = engine_.requests()[index];
   const bool send = slot.kind == RequestKind::kSend;
   const int peer_rank = send ? slot.peer : slot.info.source;
-  Peer& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  const Link& peer = engine_.link(peer_rank);
   const std::size_t offset = send ? slot.staged : slot.received;
   const std::size_t bytes = std::min(slot.chunk, slot.expected - offset);
   // Device memory without a bounce: the NIC registers it (device_direct said so).
@@ -152,58 +156,57 @@ Status Engine::post_chunk(std::uint32_t index) {
   if (send) {
     const std::byte* source = slot.send_buffer + offset;
     if (slot.bounce != nullptr) {
-      status = cuda_->copy(slot.bounce, source, bytes);
+      status = engine_.cuda()->copy(slot.bounce, source, bytes);
       source = slot.bounce;
     }
     if (status) {
       status = peer.endpoint->send_direct(source, bytes, device, slot.stage_rreq,
-                                          requests_.wire_id(index));
+                                          engine_.requests().wire_id(index));
     }
   } else {
     std::byte* target = slot.bounce != nullptr ? slot.bounce : slot.recv_buffer + offset;
-    const std::uint64_t rreq = requests_.wire_id(index);
+    const std::uint64_t rreq = engine_.requests().wire_id(index);
     status = peer.endpoint->recv_direct(target, bytes, device, rreq, rreq);
   }
   if (status) ++slot.device_ops;
   return status;
 }
 
-void Engine::chunk_done(std::uint32_t index, Status status) {
-  RequestSlot& slot = requests_[index];
+void ChunkedPath::chunk_done(std::uint32_t index, Status status) {
+  RequestSlot& slot = engine_.requests()[index];
   const bool send = slot.kind == RequestKind::kSend;
   const int peer_rank = send ? slot.peer : slot.info.source;
   std::size_t& done = send ? slot.staged : slot.received;
   const std::size_t bytes = std::min(slot.chunk, slot.expected - done);
   if (status && !send && slot.bounce != nullptr) {
-    status = cuda_->copy(slot.recv_buffer + done, slot.bounce, bytes);
+    status = engine_.cuda()->copy(slot.recv_buffer + done, slot.bounce, bytes);
   }
   if (!status) {
     // Tell the other side, so that it does not wait for chunks that will never come.
     if (send) {
-      send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
+      engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
     } else {
       // The receiver's failure reaches the sender as a FIN with a code (handle_fin).
-      send_control(peer_rank, kAmFin, as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
+      engine_.send_control(peer_rank, kAmFin, as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
     }
-    return complete(index, std::move(status));
+    return engine_.complete(index, std::move(status));
   }
   done += bytes;
   // FERRY_TEST_CRASH_AT=mid-pipeline: a sender dies after its first chunk.
-  if (send && crash_mid_pipeline_)
-    util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
+  if (send) engine_.crash_point(util::CrashPoint::kMidPipeline);
   if (done < slot.expected) {
     status = post_chunk(index);
     if (status) return;
     return chunk_done(index, std::move(status));  // reports the failure as above
   }
-  if (send) return complete(index, Status::ok());
-  complete(index,
-           slot.message_size > slot.size
-               ? Status(Code::kTruncated, "message of " + std::to_string(slot.message_size) +
-                                              " bytes from rank " + std::to_string(peer_rank) +
-                                              " truncated to the " + std::to_string(slot.size) +
-                                              "-byte receive buffer")
-               : Status::ok());
+  if (send) return engine_.complete(index, Status::ok());
+  engine_.complete(
+      index, slot.message_size > slot.size
+                 ? Status(Code::kTruncated, "message of " + std::to_string(slot.message_size) +
+                                                " bytes from rank " + std::to_string(peer_rank) +
+                                                " truncated to the " + std::to_string(slot.size) +
+                                                "-byte receive buffer")
+                 : Status::ok());
 }
 
 }  // namespace ferry::proto

@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "proto/address_blob.hpp"
+#include "proto/chunked.hpp"
+#include "proto/device_path.hpp"
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
 #include "transport/shm/transport.hpp"
@@ -68,25 +70,24 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
     throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
   }
   cuda_ipc_ = config_.get_bool(util::Var::kCudaIpc);
+  std::unique_ptr<util::FdMailbox> mailbox;
+  std::string mailbox_why;
   if (cuda_ && cuda_ipc_ && bootstrap_->local_ranks().size() > 1) {
     // Bound before the address exchange, so a peer never finds it missing.
     try {
-      mailbox_ = std::make_unique<util::FdMailbox>(bootstrap_->job_id(), rank_);
+      mailbox = std::make_unique<util::FdMailbox>(bootstrap_->job_id(), rank_);
     } catch (const Error& e) {
-      mailbox_why_ = e.what();
+      mailbox_why = e.what();
       FERRY_LOG(kInfo, "cuMem allocations go by host staging: %s", e.what());
     }
   } else {
-    mailbox_why_ = "no descriptor mailbox (CUDA IPC off or no other process on this node)";
+    mailbox_why = "no descriptor mailbox (CUDA IPC off or no other process on this node)";
   }
-  ipc_split_ = config_.get_size(util::Var::kCudaIpcSplit);
   test_host_staging_ = config_.get_bool(util::Var::kTestHostStaging);
   test_get_delay_ = config_.get_seconds(util::Var::kTestGetDelay);
-  test_stage_open_fail_ = config_.get_bool(util::Var::kTestStageOpenFail);
-  stage_chunk_ = config_.get_size(util::Var::kCudaStageChunk);
-  ofi_chunk_ = config_.get_size(util::Var::kOfiChunk);
-  test_ofi_chunked_ = config_.get_bool(util::Var::kTestOfiChunked);
-  stage_slots_ = static_cast<std::size_t>(config_.get_int(util::Var::kCudaStageSlots));
+  device_ = std::make_unique<DevicePath>(*this, config_, std::move(mailbox), std::move(mailbox_why),
+                                         size_);
+  chunked_ = std::make_unique<ChunkedPath>(*this, config_);
   setup_transports();
   rma_ = std::make_unique<rma::OneSided>(*this, native_rma_, size_);
   connect_peers();
@@ -370,11 +371,7 @@ void Engine::shutdown() {
   // Allocated regions still registered (their MemoryRegions outlive the Context) and the peers'
   // regions mapped here.
   rma_->clear();
-  for (std::byte* bounce : bounce_pool_) {
-    cuda_->unregister_host(bounce);
-    std::free(bounce);
-  }
-  bounce_pool_.clear();
+  chunked_.reset();  // its pinned bounces, while CUDA is here
 }
 
 void Engine::finalize() {
@@ -410,7 +407,7 @@ void Engine::finalize() {
               "were they received?",
               outstanding_sends_, config_.get_seconds(util::Var::kFinalizeTimeout));
   }
-  drain_device_ops();
+  device_->drain();
   util::crash_point(config_, rank_, util::CrashPoint::kFinalize);
   // Peers may still be reading our bounce buffers or our memory: leave only together.
   Status status = bootstrap_->barrier([this] { progress(); });
@@ -433,11 +430,8 @@ void Engine::finalize() {
                 config_.get_seconds(util::Var::kFinalizeTimeout));
     }
   }
-  drain_device_ops();
-  for (Peer& peer : peers_) {
-    peer.ring_tx.reset();
-    peer.ring_rx.reset();
-  }
+  device_->drain();
+  device_->close_rings();
   endpoints_.clear();
   polled_.clear();
   shm_ = nullptr;
@@ -504,7 +498,7 @@ void Engine::spin_step(int* idle_polls) {
 // Sleeping is for waits that only a message can end: not while device copies, queued sends
 // (the receiver frees room without ringing) or collectives with GPU work are in flight.
 bool Engine::may_sleep() const {
-  return device_ops_.empty() && pending_peers_.empty() && suspects_.empty() &&
+  return !device_->busy() && pending_peers_.empty() && suspects_.empty() &&
          (!cuda_ || operations_.empty());
 }
 
@@ -575,7 +569,7 @@ std::string Engine::describe_peer(int rank) const {
   std::string large;
   if (peer.get_failed) {
     large = "pipelined (zero-copy get failed earlier)";
-  } else if (peer.endpoint->has_read() && !peer.read_failed && !test_ofi_chunked_) {
+  } else if (peer.endpoint->has_read() && !peer.read_failed && !chunked_->forced()) {
     const bool direct = peer.endpoint->has_direct() && !peer.direct_failed;
     large = direct ? "by one-sided read of the sender's buffer (direct transfer if a read fails)"
                    : "by one-sided read of the sender's buffer (pipelined if a read fails)";
@@ -605,12 +599,7 @@ std::string Engine::describe_peer(int rank) const {
     } else if (rank == rank_) {
       out += "host-staged (same process)";
     } else {
-      out += peer.ipc_legacy.refused ? "host-staged (CUDA IPC refused: " + peer.ipc_legacy.why + ")"
-                                     : std::string("CUDA IPC (host-staged if refused)");
-      out += peer.ipc_fd.refused
-                 ? "; cuMem allocations host-staged (" + peer.ipc_fd.why + ")"
-                 : std::string(mailbox_ ? "; cuMem allocations by descriptor passing"
-                                        : "; cuMem allocations host-staged (" + mailbox_why_ + ")");
+      out += device_->describe(rank);
     }
     if (std::string done = cuda_->completion(); !done.empty()) {
       out += "; GPU copies complete " + done;

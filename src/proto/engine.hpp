@@ -20,7 +20,6 @@
 
 #include "bootstrap/bootstrap.hpp"
 #include "cuda/cuda.hpp"
-#include "cuda/stage_ring.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/link.hpp"
 #include "proto/matching.hpp"
@@ -31,7 +30,7 @@
 #include "transport/transport.hpp"
 #include "util/clock.hpp"
 #include "util/config.hpp"
-#include "util/fd_mailbox.hpp"
+#include "util/faults.hpp"
 
 namespace ferry::transport::self {
 class SelfTransport;
@@ -42,7 +41,9 @@ class ShmTransport;
 
 namespace ferry::proto {
 
-struct CtsHeader;  // proto/wire.hpp
+struct CtsHeader;   // proto/wire.hpp
+class DevicePath;   // proto/device_path.hpp
+class ChunkedPath;  // proto/chunked.hpp
 
 class Engine final : public transport::AmHandler {
  public:
@@ -221,7 +222,33 @@ class Engine final : public transport::AmHandler {
   Pending stream(std::uint8_t am, std::uint32_t index, std::uint64_t id, std::size_t length);
   void protocol_error(int source, const char* what);
   // A copy in flight on a CUDA stream, completed in progress.
-  void add_device_op(const DeviceOp& op) { device_ops_.push_back(op); }
+  void add_device_op(const DeviceOp& op);
+  // Matching: the posted receive an arriving message from `source` with `tag` matches (removed
+  // from the posted list), or none; an unmatched message waits for its receive.
+  std::optional<std::uint32_t> match_posted(int source, Tag tag) {
+    return matcher_.match_posted(source, tag);
+  }
+  void add_unexpected(Unexpected&& message) { matcher_.add_unexpected(std::move(message)); }
+  // An announced rendezvous message that waits for its receive.
+  static Unexpected unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
+                                          std::uint64_t sreq);
+  // Finalize: no receive will be posted any more, so an announced message that no posted receive
+  // matches never will be: its sender is told (FIN kFinNeverMatched) and its send ends, instead
+  // of holding the sender's finalize for FERRY_FINALIZE_TIMEOUT.
+  [[nodiscard]] bool finalizing() const { return finalizing_; }
+  void refuse_unmatched(int source, std::uint64_t sreq);
+  // Sends what waits in the peers' queues, as far as the transports take it.
+  int drain_pending();
+  // FERRY_TEST_CRASH_AT: this rank dies here if the test names it and this point.
+  void crash_point(util::CrashPoint point) const {
+    if ((point == util::CrashPoint::kMidPipeline && crash_mid_pipeline_) ||
+        (point == util::CrashPoint::kFirstSend && crash_on_send_)) {
+      util::crash_point(config_, rank_, point);
+    }
+  }
+  // Validates a CTS (plain, direct or chunked) for one of our rendezvous sends; null (NACKed) if
+  // not.
+  RequestSlot* cts_target(int source, const CtsHeader& header, std::uint32_t* index);
   // Whether device buffers may move by CUDA IPC (FERRY_CUDA_IPC).
   [[nodiscard]] bool cuda_ipc() const { return cuda_ipc_; }
 
@@ -234,7 +261,6 @@ class Engine final : public transport::AmHandler {
 
   using Peer = Link;
   bool try_send(Peer& peer, Pending& pending);  // true when fully sent
-  int drain_pending();
   // Asks the transports which peers died, and fails what involves them.
   void check_peers();
   // Before a wait gives up the CPU: check_peers at most every 10 ms. When the CPUs are busy a
@@ -249,19 +275,6 @@ class Engine final : public transport::AmHandler {
   void handle_rts_read(int source, std::span<const std::byte> data);
   void handle_cts(int source, std::span<const std::byte> data);
   void handle_cts_direct(int source, std::span<const std::byte> data);
-  // Device data with a peer that shares no memory (proto/chunked.cpp).
-  void start_chunked_receive(std::uint32_t index, int source, std::uint64_t sreq);
-  void handle_cts_chunked(int source, std::span<const std::byte> data);
-  Status post_chunk(std::uint32_t index);
-  void start_chunks(std::uint32_t index);
-  void chunk_done(std::uint32_t index, Status status);
-  // Whether a chunked transfer's device buffer must go through a pinned bounce (the NIC does
-  // not register that GPU's memory).
-  static bool needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint);
-  std::byte* take_bounce();
-  void return_bounce(RequestSlot* slot);
-  // Validates a CTS (plain or direct) for one of our rendezvous sends; null (NACKed) if not.
-  RequestSlot* cts_target(int source, const CtsHeader& header, std::uint32_t* index);
   void handle_frag(int source, std::span<const std::byte> data);
   void handle_fin(int source, std::span<const std::byte> data);
   void handle_cancel(int source, std::span<const std::byte> data);
@@ -279,67 +292,25 @@ class Engine final : public transport::AmHandler {
   // Asks the sender for a matched rendezvous message: a direct transfer, else fragments.
   void request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length);
 
-  // Device buffers (device.cpp).
+  // Buffers' memory kinds (host for every buffer without CUDA).
   mem::MemoryInfo classify(const void* buffer) {
     return cuda_ ? cuda_->classify(buffer) : mem::MemoryInfo{};
   }
-  void isend_device(std::uint32_t index, int destination, const mem::MemoryInfo& memory);
-  void start_device_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
-                               std::uint64_t sreq, const cuda::IpcKey* key);
-  void start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
-                            std::uint32_t flags);
-  void handle_rts_dev(int source, std::span<const std::byte> data);
-  void handle_stage_cts(int source, std::span<const std::byte> data);
-  void handle_stage_frag(int source, std::span<const std::byte> data);
-  void handle_stage_ack(int source, std::span<const std::byte> data);
-  // A staged receive that cannot go on: it fails, and so does the send (FIN with a code).
-  void fail_staged_receive(std::uint32_t index, Status status);
   // A FIN with a code: the receiver failed; so does the send.
   void receiver_failed(std::uint32_t index, int source, std::uint32_t code);
-  // Finalize: no receive will be posted any more, so an announced message that no posted receive
-  // matches never will be: its sender is told (FIN kFinNeverMatched) and its send ends, instead
-  // of holding the sender's finalize for FERRY_FINALIZE_TIMEOUT.
-  void refuse_unmatched(int source, std::uint64_t sreq);
   bool finalizing_ = false;
   std::size_t refused_unmatched_ = 0;  // announcements refused so (for finalize's warning)
   std::size_t never_matched_ = 0;      // sends of ours that peers refused so
-  // Rung 1 of a device receive: map the sender's buffer and start the copies.
-  Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
-                       const cuda::IpcKey& key);
-  // An announced rendezvous message that waits for its receive.
-  static Unexpected unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
-                                          std::uint64_t sreq);
-  // Records that a way of mapping device memory failed with a peer, once, and logs it.
-  void refuse_ipc(int peer, mem::IpcKind kind, const std::string& why);
-  // The descriptor that came with a cuMem key from `source` (closed, or invalid if none came).
-  util::Fd take_descriptor(int source, std::uint64_t buffer_id);
-  void pump_stage(int peer);
-  int poll_device_ops();
-  void drain_device_ops();
 
   util::Config config_;
   std::unique_ptr<bootstrap::Bootstrap> bootstrap_;
   std::unique_ptr<cuda::Cuda> cuda_;  // null: every buffer is host memory (cuda_why_ says why)
   std::string cuda_why_;
   bool cuda_ipc_ = true;
-  bool test_host_staging_ = false;     // FERRY_TEST_HOST_STAGING
-  double test_get_delay_ = 0;          // FERRY_TEST_GET_DELAY
-  bool test_stage_open_fail_ = false;  // FERRY_TEST_STAGE_OPEN_FAIL
-  std::size_t ipc_split_ = 0;
-  int next_lane_ = 0;  // copies rotate over the device's streams (and so its copy engines)
-  std::size_t stage_chunk_ = 0;
-  std::size_t stage_slots_ = 0;
-  std::vector<DeviceOp> device_ops_;
-  std::size_t ofi_chunk_ = 0;            // FERRY_OFI_CHUNK
-  bool test_ofi_chunked_ = false;        // FERRY_TEST_OFI_CHUNKED
-  std::vector<std::byte*> bounce_pool_;  // pinned, ofi_chunk_ bytes each, free for reuse
-  std::size_t bounces_made_ = 0;
-  std::deque<std::uint64_t> bounce_waiters_;  // chunked transfers (wire ids) waiting for a bounce
-  // cuMem descriptors: our mailbox (null, mailbox_why_ says why), and those received but not yet
-  // used, by (sender, memory block id), oldest first for a bound.
-  std::unique_ptr<util::FdMailbox> mailbox_;
-  std::string mailbox_why_;
-  std::deque<std::pair<std::pair<int, std::uint64_t>, util::Fd>> descriptors_;
+  bool test_host_staging_ = false;        // FERRY_TEST_HOST_STAGING
+  double test_get_delay_ = 0;             // FERRY_TEST_GET_DELAY
+  std::unique_ptr<DevicePath> device_;    // device buffers with peers that share memory
+  std::unique_ptr<ChunkedPath> chunked_;  // device buffers over ofi
   int rank_ = 0;
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;

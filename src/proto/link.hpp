@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "cuda/cuda.hpp"
-#include "cuda/stage_ring.hpp"
 #include "ferry/ferry.hpp"
 #include "mem/memory.hpp"
 #include "transport/transport.hpp"
@@ -53,21 +52,6 @@ struct Link {
   std::uint64_t failure_order = 0;  // Engine::failure_order
   bool shares_memory = false;       // self or shm: device data can go by CUDA IPC or staging ring
   std::deque<Pending> pending;      // in order; nothing bypasses it
-  // Device buffers: the fallback ladder's verdict for this peer, per way of mapping memory
-  // (legacy CUDA IPC, cuMem descriptors), and the staging rings.
-  struct IpcVerdict {
-    bool refused = false;  // failed or refused once: staged from now on
-    std::string why;
-  };
-  IpcVerdict ipc_legacy;
-  IpcVerdict ipc_fd;
-  IpcVerdict& verdict(mem::IpcKind kind) {
-    return kind == mem::IpcKind::kPosixFd ? ipc_fd : ipc_legacy;
-  }
-  std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use)
-  std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
-  std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
-  std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
 };
 // A copy in flight on a CUDA stream, polled by progress.
 struct DeviceOp {

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "proto/chunked.hpp"
+#include "proto/device_path.hpp"
 #include "proto/engine.hpp"
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
@@ -78,7 +80,7 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     // One driver query per send while CUDA is in use (bench/cuda_probe: 87-234 ns).
     const mem::MemoryInfo memory = cuda_->classify(buffer);
     if (memory.device_only() && peer.shares_memory) {
-      isend_device(index, destination, memory);
+      device_->send(index, destination, memory);
       return request;
     }
     if (memory.pinned) slot.pinned_device = bounce_device(memory);
@@ -125,7 +127,7 @@ Request Engine::isend(const void* buffer, std::size_t bytes, int destination, Ta
     const bool read_size =
         bytes >= peer.read_from || !peer.endpoint->has_direct() || peer.direct_failed;
     if (slot.device < 0 && rts_address != kRtsFromDevice && peer.endpoint->has_read() &&
-        !peer.read_failed && !test_ofi_chunked_ && read_size) {
+        !peer.read_failed && !chunked_->forced() && read_size) {
       // The receiver may read the buffer itself (no clear-to-send round trip).
       Status status = peer.endpoint->expose(slot.send_buffer, bytes, sreq, &region);
       if (status) {
@@ -200,8 +202,8 @@ Request Engine::irecv(void* buffer, std::size_t capacity, int source, Tag tag, T
     cuda::IpcKey key;
     const bool has_key = message->data.size() == sizeof(key);
     if (has_key) std::memcpy(&key, message->data.data(), sizeof(key));
-    start_device_rendezvous(index, message->source, message->tag, message->size, message->sreq,
-                            has_key ? &key : nullptr);
+    device_->start_receive(index, message->source, message->tag, message->size, message->sreq,
+                           has_key ? &key : nullptr);
   } else if (!message->rendezvous) {
     deliver_eager(index, message->source, message->tag, message->data);
     matcher_.recycle(std::move(message->data));
@@ -237,7 +239,7 @@ int Engine::progress() {
   // (a put's flag) sees the store sooner the shorter this is (docs/PERFORMANCE.md, "One-sided").
   if (polled_.size() == 1 && polled_.front() == shm_ && !armed_ && shm_->quiet() &&
       (self_ == nullptr || !self_->has_work()) && !rma_->acks_waiting() && pending_peers_.empty() &&
-      device_ops_.empty() && operations_.empty() && suspects_.empty() &&
+      !device_->busy() && operations_.empty() && suspects_.empty() &&
       progress_calls_ + 1 < kCheckPeersEvery) {
     ++progress_calls_;
     return 0;
@@ -256,7 +258,7 @@ int Engine::progress_all() {
   if (rma_->acks_waiting()) events += rma_->send_acks();
   if (!suspects_.empty()) events += settle_suspects();
   if (!pending_peers_.empty()) events += drain_pending();
-  if (!device_ops_.empty()) events += poll_device_ops();
+  if (device_->busy()) events += device_->poll();
   if (!operations_.empty() && !advancing_) events += advance_operations();
   if (++progress_calls_ >= kCheckPeersEvery) {
     progress_calls_ = 0;
@@ -333,11 +335,8 @@ void Engine::peer_failed(int rank, const std::string& why) {
     }
   }
   peer.pending.clear();
-  for (std::uint32_t index : peer.stage_streams) complete_when_idle(index, status);
-  peer.stage_streams.clear();
-  if (cuda_) cuda_->forget_peer(rank);
+  device_->peer_failed(rank, status);
   rma_->peer_failed(rank);
-  std::erase_if(descriptors_, [rank](const auto& entry) { return entry.first.first == rank; });
   std::erase(pending_peers_, rank);
   const Status none_left = others_left_ == 0 ? no_one_left() : Status();
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
@@ -374,7 +373,7 @@ Status Engine::no_one_left() const {
 
 void Engine::complete(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
-  if (slot.bounce != nullptr) return_bounce(&slot);
+  if (slot.bounce != nullptr) chunked_->return_bounce(&slot);
   if (slot.exposed) {
     // A send that did not end well must not stay readable (its buffer is the caller's again).
     slot.exposed = false;
@@ -504,7 +503,7 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
     case kAmCtsDirect:
       return handle_cts_direct(source, data);
     case kAmCtsChunked:
-      return handle_cts_chunked(source, data);
+      return chunked_->on_cts(source, data);
     case kAmFrag:
       return handle_frag(source, data);
     case kAmFin:
@@ -513,16 +512,10 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
       return handle_cancel(source, data);
     case kAmNack:
       return handle_nack(source, data);
-    case kAmRtsDev:
-      return handle_rts_dev(source, data);
-    case kAmStageCts:
-      return handle_stage_cts(source, data);
-    case kAmStageFrag:
-      return handle_stage_frag(source, data);
-    case kAmStageAck:
-      return handle_stage_ack(source, data);
     default:
-      if (!rma_->on_am(id, source, data)) protocol_error(source, "unknown active message id");
+      if (!device_->on_am(id, source, data) && !rma_->on_am(id, source, data)) {
+        protocol_error(source, "unknown active message id");
+      }
       return;
   }
 }
@@ -626,9 +619,9 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   slot.message_size = size;
   Peer& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.shares_memory && length > 0 &&
-      (slot.device >= 0 || address == kRtsFromDevice || test_ofi_chunked_)) {
+      (slot.device >= 0 || address == kRtsFromDevice || chunked_->forced())) {
     // Device memory on either side, no shared memory (ofi): in chunks through pinned bounces.
-    return start_chunked_receive(index, source, sreq);
+    return chunked_->start_receive(index, source, sreq);
   }
   if (address == kRtsFromDevice && length > 0) {
     send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));  // the send fails too
@@ -639,7 +632,7 @@ void Engine::start_rendezvous(std::uint32_t index, int source, Tag tag, std::siz
   }
   if ((slot.device >= 0 || test_host_staging_) && length > 0) {
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
-    return start_staged_receive(index, source, sreq, 0);
+    return device_->start_staged_receive(index, source, sreq, 0);
   }
   if (remote == nullptr && length > 0 && length >= peer.get_from && peer.endpoint->has_get() &&
       !peer.get_failed) {
@@ -835,7 +828,7 @@ int Engine::settle_suspects() {
 
 void Engine::direct_outcome(std::uint32_t index, Status status) {
   RequestSlot* slot = &requests_[index];
-  if (slot->chunk > 0 && !slot->deferred) return chunk_done(index, std::move(status));
+  if (slot->chunk > 0 && !slot->deferred) return chunked_->chunk_done(index, std::move(status));
   if (slot->deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
     if (slot->device_ops == 0) {
       slot->deferred = false;
@@ -991,11 +984,7 @@ Status Engine::abandon_send(std::uint32_t index) {
       return timeout;
     }
   }
-  auto staged = std::find(peer.stage_streams.begin(), peer.stage_streams.end(), index);
-  if (staged != peer.stage_streams.end()) {
-    // Mid-staging: the receive is told; copies already issued finish before the buffer is free.
-    peer.stage_streams.erase(staged);
-    send_control(slot.peer, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
+  if (device_->withdraw_staged(index, slot.peer, slot.stage_rreq)) {
     complete_when_idle(index, timeout);
     int idle = 0;
     while (!done(index)) wait_step(&idle);
@@ -1055,5 +1044,31 @@ bool Engine::retire() {
   }
   return held_after_ > 0;
 }
+
+}  // namespace ferry::proto
+
+namespace ferry::proto {
+
+void Engine::receiver_failed(std::uint32_t index, int source, std::uint32_t code) {
+  device_->forget_staged(index, source);
+  if (code == kFinNeverMatched) {
+    ++never_matched_;
+    return complete_when_idle(
+        index, Status(Code::kCanceled, "rank " + std::to_string(source) +
+                                           " finalized without a receive for this message"));
+  }
+  complete_when_idle(index, Status(Code::kIoError, "rank " + std::to_string(source) +
+                                                       " reported that it could not receive "
+                                                       "this message"));
+}
+
+void Engine::complete_when_idle(std::uint32_t index, Status status) {
+  RequestSlot& slot = requests_[index];
+  if (slot.device_ops == 0) return complete(index, std::move(status));
+  slot.deferred = true;
+  slot.status = std::move(status);
+}
+
+void Engine::add_device_op(const DeviceOp& op) { device_->add(op); }
 
 }  // namespace ferry::proto

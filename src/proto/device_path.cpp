@@ -1,13 +1,6 @@
-// Device buffers (see engine.hpp). Every device send is a rendezvous: RTS_DEV carries an IPC key
-// unless IPC to that peer failed before. The receiver climbs down the fallback ladder:
-//   1. CUDA IPC: map the sender's allocation (cached) and copy on a stream; FIN when done.
-//   2. Host staging: STAGE_CTS; the sender fills slots of a pinned ring in shared memory
-//      (device -> host copy), announces each with STAGE_FRAG; the receiver empties it (host ->
-//      device copy) and returns the slot with STAGE_ACK. Slots double-buffer, so the copy out of
-//      chunk k overlaps the copy into chunk k+1.
-// A receiver that cannot use the key says so in STAGE_CTS, so both sides stop trying IPC with
-// that peer. Host senders to device receivers take rung 2 as well (a CTS would bring fragments
-// the receiver could only copy synchronously). Copies complete by polling, never by blocking.
+// Device buffers between processes that share memory (see device_path.hpp).
+#include "proto/device_path.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -31,23 +24,97 @@ Status truncation_status(int source, std::size_t size, std::size_t capacity) {
 
 }  // namespace
 
-void Engine::isend_device(std::uint32_t index, int destination, const mem::MemoryInfo& memory) {
-  RequestSlot& slot = requests_[index];
-  Peer& peer = peers_[static_cast<std::size_t>(destination)];
+DevicePath::DevicePath(Engine& engine, const util::Config& config,
+                       std::unique_ptr<util::FdMailbox> mailbox, std::string mailbox_why, int ranks)
+    : engine_(engine),
+      peers_(static_cast<std::size_t>(ranks)),
+      ipc_split_(config.get_size(util::Var::kCudaIpcSplit)),
+      stage_chunk_(config.get_size(util::Var::kCudaStageChunk)),
+      stage_slots_(static_cast<std::size_t>(config.get_int(util::Var::kCudaStageSlots))),
+      test_stage_open_fail_(config.get_bool(util::Var::kTestStageOpenFail)),
+      mailbox_(std::move(mailbox)),
+      mailbox_why_(std::move(mailbox_why)) {}
+
+DevicePath::~DevicePath() = default;
+
+bool DevicePath::on_am(std::uint8_t id, int source, std::span<const std::byte> data) {
+  switch (id) {
+    case kAmRtsDev:
+      on_rts(source, data);
+      return true;
+    case kAmStageCts:
+      on_stage_cts(source, data);
+      return true;
+    case kAmStageFrag:
+      on_stage_frag(source, data);
+      return true;
+    case kAmStageAck:
+      on_stage_ack(source, data);
+      return true;
+    default:
+      return false;
+  }
+}
+
+void DevicePath::forget_staged(std::uint32_t index, int peer) {
+  std::erase(peers_[static_cast<std::size_t>(peer)].stage_streams, index);
+}
+
+bool DevicePath::withdraw_staged(std::uint32_t index, int peer, std::uint64_t stage_rreq) {
+  std::deque<std::uint32_t>& streams = peers_[static_cast<std::size_t>(peer)].stage_streams;
+  auto staged = std::find(streams.begin(), streams.end(), index);
+  if (staged == streams.end()) return false;
+  // Mid-staging: the receive is told; copies already issued finish before the buffer is free.
+  streams.erase(staged);
+  engine_.send_control(peer, kAmNack, as_bytes(NackHeader{stage_rreq}));
+  return true;
+}
+
+void DevicePath::peer_failed(int rank, const Status& status) {
+  PeerState& peer = peers_[static_cast<std::size_t>(rank)];
+  for (std::uint32_t index : peer.stage_streams) engine_.complete_when_idle(index, status);
+  peer.stage_streams.clear();
+  if (cuda::Cuda* cuda = engine_.cuda()) cuda->forget_peer(rank);
+  std::erase_if(descriptors_, [rank](const auto& entry) { return entry.first.first == rank; });
+}
+
+void DevicePath::close_rings() {
+  for (PeerState& peer : peers_) {
+    peer.ring_tx.reset();
+    peer.ring_rx.reset();
+  }
+}
+
+std::string DevicePath::describe(int rank) const {
+  const PeerState& peer = peers_[static_cast<std::size_t>(rank)];
+  std::string out = peer.ipc_legacy.refused
+                        ? "host-staged (CUDA IPC refused: " + peer.ipc_legacy.why + ")"
+                        : std::string("CUDA IPC (host-staged if refused)");
+  out += peer.ipc_fd.refused
+             ? "; cuMem allocations host-staged (" + peer.ipc_fd.why + ")"
+             : std::string(mailbox_ ? "; cuMem allocations by descriptor passing"
+                                    : "; cuMem allocations host-staged (" + mailbox_why_ + ")");
+  return out;
+}
+
+void DevicePath::send(std::uint32_t index, int destination, const mem::MemoryInfo& memory) {
+  RequestSlot& slot = engine_.requests()[index];
+  PeerState& peer = peers_[static_cast<std::size_t>(destination)];
   FERRY_LOG(kDebug, "send of %zu B to rank %d from %s (allocation %zu B, buffer id %llu)",
             slot.size, destination, mem::to_string(memory).c_str(),
             static_cast<std::size_t>(memory.extent),
             static_cast<unsigned long long>(memory.buffer_id));
   slot.device = memory.device;
   slot.rendezvous = true;
-  RtsDevHeader header{slot.tag, slot.size, requests_.wire_id(index), 0, 0};
+  RtsDevHeader header{slot.tag, slot.size, engine_.requests().wire_id(index), 0, 0};
   // Managed memory, allocations without a buffer id and cuMem allocations that cannot be shared
   // have no usable IPC handle: they go by host staging without changing the verdict for the peer.
   const bool exportable = memory.kind == mem::MemoryKind::kCudaDevice && memory.buffer_id != 0 &&
                           memory.ipc != mem::IpcKind::kNone;
-  if (cuda_ipc_ && exportable && !peer.verdict(memory.ipc).refused && destination != rank_) {
+  if (engine_.cuda_ipc() && exportable && !peer.verdict(memory.ipc).refused &&
+      destination != engine_.rank()) {
     util::Fd descriptor;
-    Status status = cuda_->export_ipc(slot.send_buffer, memory, &slot.key, &descriptor);
+    Status status = engine_.cuda()->export_ipc(slot.send_buffer, memory, &slot.key, &descriptor);
     if (status && memory.ipc == mem::IpcKind::kPosixFd) {
       // The descriptor goes first: it waits in the peer's mailbox when RTS_DEV arrives.
       status = mailbox_ ? mailbox_->send(destination, slot.key.buffer_id, descriptor.get())
@@ -68,64 +135,63 @@ void Engine::isend_device(std::uint32_t index, int destination, const mem::Memor
     pending.payload = reinterpret_cast<const std::byte*>(&slot.key);  // a deque slot: stable
     pending.payload_size = sizeof(cuda::IpcKey);
   }
-  send_or_queue(destination, std::move(pending));
+  engine_.send_or_queue(destination, std::move(pending));
 }
 
-void Engine::handle_rts_dev(int source, std::span<const std::byte> data) {
+void DevicePath::on_rts(int source, std::span<const std::byte> data) {
   RtsDevHeader header;
-  if (!decode(data, &header)) return protocol_error(source, "short RTS_DEV header");
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short RTS_DEV header");
   if (header.size > util::kAddressSpaceEnd) {
-    return protocol_error(source, "RTS_DEV for a message larger than any buffer can be");
+    return engine_.protocol_error(source, "RTS_DEV for a message larger than any buffer can be");
   }
   cuda::IpcKey key;
   const bool has_key = (header.flags & kRtsHasKey) != 0;
   if (has_key) {
     if (data.size() != sizeof(header) + sizeof(key)) {
-      return protocol_error(source, "RTS_DEV with a key of the wrong size");
+      return engine_.protocol_error(source, "RTS_DEV with a key of the wrong size");
     }
     std::memcpy(&key, data.data() + sizeof(header), sizeof(key));
   }
-  if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
-    start_device_rendezvous(*index, source, header.tag, header.size, header.sreq,
-                            has_key ? &key : nullptr);
+  if (std::optional<std::uint32_t> index = engine_.match_posted(source, header.tag)) {
+    start_receive(*index, source, header.tag, header.size, header.sreq, has_key ? &key : nullptr);
     return;
   }
-  if (finalizing_) return refuse_unmatched(source, header.sreq);
-  Unexpected message = unexpected_rendezvous(source, header.tag, header.size, header.sreq);
+  if (engine_.finalizing()) return engine_.refuse_unmatched(source, header.sreq);
+  Unexpected message = Engine::unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.device = true;
   if (has_key) {
     message.data.resize(sizeof(key));
     std::memcpy(message.data.data(), &key, sizeof(key));
   }
-  matcher_.add_unexpected(std::move(message));
+  engine_.add_unexpected(std::move(message));
 }
 
-void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
-                                     std::uint64_t sreq, const cuda::IpcKey* key) {
-  RequestSlot& slot = requests_[index];
+void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::size_t size,
+                               std::uint64_t sreq, const cuda::IpcKey* key) {
+  RequestSlot& slot = engine_.requests()[index];
   const std::size_t length = std::min(size, slot.size);
   slot.info = {source, tag, length};
   slot.message_size = size;
   if (length == 0) {
-    complete(index, truncation_status(source, size, slot.size));
-    send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+    engine_.complete(index, truncation_status(source, size, slot.size));
+    engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
     return;
   }
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  PeerState& peer = peers_[static_cast<std::size_t>(source)];
   std::uint32_t flags = 0;
   if (key != nullptr && slot.device >= 0) {
     // Rung 1; a host receive buffer skips it (the sender fills the ring, the CPU empties it).
     std::string refusal;
     if (key->kind != mem::IpcKind::kLegacy && key->kind != mem::IpcKind::kPosixFd) {
-      protocol_error(source, "RTS_DEV key of an unknown kind (staged instead)");
+      engine_.protocol_error(source, "RTS_DEV key of an unknown kind (staged instead)");
       refusal = "the peer sent an IPC key of an unknown kind";
     } else if (peer.verdict(key->kind).refused) {
       refusal = peer.verdict(key->kind).why;
     } else if (key->offset + length > key->extent) {
-      protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
+      engine_.protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
       refusal = "the peer sent an IPC key that does not cover its message";
     }
-    if (refusal.empty()) refusal = cuda_->ipc_refusal(key->uuid, slot.device);
+    if (refusal.empty()) refusal = engine_.cuda()->ipc_refusal(key->uuid, slot.device);
     bool passing = false;  // this transfer only: IPC stays on for the peer
     if (refusal.empty()) {
       Status status = start_ipc_get(index, source, sreq, *key);
@@ -145,14 +211,14 @@ void Engine::start_device_rendezvous(std::uint32_t index, int source, Tag tag, s
   start_staged_receive(index, source, sreq, flags);
 }
 
-Status Engine::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
-                             const cuda::IpcKey& key) {
-  RequestSlot& slot = requests_[index];
+Status DevicePath::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
+                                 const cuda::IpcKey& key) {
+  RequestSlot& slot = engine_.requests()[index];
   const std::size_t length = slot.info.bytes;
   void* mapped = nullptr;
   util::Fd descriptor;
   if (key.kind == mem::IpcKind::kPosixFd) descriptor = take_descriptor(source, key.buffer_id);
-  Status status = cuda_->import_ipc(source, key, slot.device, &descriptor, &mapped);
+  Status status = engine_.cuda()->import_ipc(source, key, slot.device, &descriptor, &mapped);
   if (!status) return status;
   // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by default:
   // on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
@@ -160,51 +226,52 @@ Status Engine::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq
   if (ipc_split_ > 0 && length >= ipc_split_) pieces = std::clamp<std::size_t>(length >> 20, 1, 4);
   const std::size_t piece = (length / pieces + 4095) & ~std::size_t{4095};
   slot.state = RequestState::kActive;
-  const bool streaming = !device_ops_.empty();  // other copies in flight
+  const bool streaming = !ops_.empty();  // other copies in flight
   for (std::size_t offset = 0; offset < length && status; offset += piece) {
     const std::size_t bytes = std::min(piece, length - offset);
     DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, key};
-    status = cuda_->copy_device_async(slot.device, next_lane_++, slot.recv_buffer + offset,
-                                      static_cast<std::byte*>(mapped) + offset, bytes, streaming,
-                                      &op.ticket);
+    status = engine_.cuda()->copy_device_async(slot.device, next_lane_++, slot.recv_buffer + offset,
+                                               static_cast<std::byte*>(mapped) + offset, bytes,
+                                               streaming, &op.ticket);
     if (status) {
       ++slot.device_ops;
-      device_ops_.push_back(op);
+      ops_.push_back(op);
     }
   }
   if (!status && slot.device_ops > 0) {
     // Some pieces are in flight: the receive ends with the error once they are done.
-    complete_when_idle(index, status);
+    engine_.complete_when_idle(index, status);
   } else if (!status) {
-    cuda_->unpin(source, slot.device, key);
+    engine_.cuda()->unpin(source, slot.device, key);
   }
   return status;
 }
 
-void Engine::start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
-                                  std::uint32_t flags) {
-  RequestSlot& slot = requests_[index];
+void DevicePath::start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
+                                      std::uint32_t flags) {
+  RequestSlot& slot = engine_.requests()[index];
   slot.state = RequestState::kActive;
   slot.expected = slot.info.bytes;
   slot.received = 0;
   slot.stage_rreq = sreq;  // on a receive: the sender's request, for a FIN that fails it
-  send_control(source, kAmStageCts,
-               as_bytes(StageCtsHeader{sreq, requests_.wire_id(index), slot.expected, flags, 0}));
+  engine_.send_control(
+      source, kAmStageCts,
+      as_bytes(StageCtsHeader{sreq, engine_.requests().wire_id(index), slot.expected, flags, 0}));
 }
 
-void Engine::handle_stage_cts(int source, std::span<const std::byte> data) {
+void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   StageCtsHeader header;
-  if (!decode(data, &header)) return protocol_error(source, "short STAGE_CTS header");
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short STAGE_CTS header");
   std::uint32_t index = 0;
-  RequestSlot* slot = requests_.lookup(header.sreq, &index);
+  RequestSlot* slot = engine_.requests().lookup(header.sreq, &index);
   if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
       header.length > slot->size) {
-    send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     if (slot == nullptr) return;  // withdrawn after FERRY_TIMEOUT
-    return protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
+    return engine_.protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
   }
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if ((header.flags & kStageIpcRefused) != 0) {
     refuse_ipc(
         source, slot->key.kind,
@@ -215,13 +282,14 @@ void Engine::handle_stage_cts(int source, std::span<const std::byte> data) {
   if (!peer.ring_tx) {
     try {
       peer.ring_tx = cuda::StageRing::create(
-          cuda_.get(), cuda::StageRing::name(bootstrap_->job_id(), rank_, source),
+          engine_.cuda(), cuda::StageRing::name(engine_.job_id(), engine_.rank(), source),
           stage_chunk_ * stage_slots_);
     } catch (const Error& e) {
       slot->rendezvous = false;
-      send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
-      complete(index, Status(e.code(), std::string("host staging to rank ") +
-                                           std::to_string(source) + " impossible: " + e.what()));
+      engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+      engine_.complete(
+          index, Status(e.code(), std::string("host staging to rank ") + std::to_string(source) +
+                                      " impossible: " + e.what()));
       return;
     }
     peer.free_slots.clear();
@@ -235,8 +303,8 @@ void Engine::handle_stage_cts(int source, std::span<const std::byte> data) {
   pump_stage(source);
 }
 
-void Engine::refuse_ipc(int peer_rank, mem::IpcKind kind, const std::string& why) {
-  Peer::IpcVerdict& verdict = peers_[static_cast<std::size_t>(peer_rank)].verdict(kind);
+void DevicePath::refuse_ipc(int peer_rank, mem::IpcKind kind, const std::string& why) {
+  IpcVerdict& verdict = peers_[static_cast<std::size_t>(peer_rank)].verdict(kind);
   if (verdict.refused) return;
   verdict.refused = true;
   verdict.why = why;
@@ -245,7 +313,7 @@ void Engine::refuse_ipc(int peer_rank, mem::IpcKind kind, const std::string& why
             why.c_str());
 }
 
-util::Fd Engine::take_descriptor(int source, std::uint64_t buffer_id) {
+util::Fd DevicePath::take_descriptor(int source, std::uint64_t buffer_id) {
   constexpr std::size_t kMaxWaiting = 256;  // descriptors of messages not yet matched
   if (mailbox_) {
     std::vector<util::FdMailbox::Letter> letters;
@@ -254,12 +322,10 @@ util::Fd Engine::take_descriptor(int source, std::uint64_t buffer_id) {
     if (rejected > 0) FERRY_LOG(kWarn, "dropped %zu malformed descriptor message(s)", rejected);
     for (util::FdMailbox::Letter& letter : letters) {
       // Only from a rank of this job whose process the kernel vouches for.
-      const bool known =
-          letter.sender_rank >= 0 && letter.sender_rank < size_ &&
-          peers_[static_cast<std::size_t>(letter.sender_rank)].endpoint != nullptr &&
-          letter.sender_pid != 0 &&
-          peers_[static_cast<std::size_t>(letter.sender_rank)].endpoint->peer_pid() ==
-              letter.sender_pid;
+      const bool known = letter.sender_rank >= 0 && letter.sender_rank < engine_.size() &&
+                         engine_.link(letter.sender_rank).endpoint != nullptr &&
+                         letter.sender_pid != 0 &&
+                         engine_.link(letter.sender_rank).endpoint->peer_pid() == letter.sender_pid;
       if (!known) {
         FERRY_LOG(kWarn, "dropped a descriptor from pid %d claiming to be rank %d",
                   static_cast<int>(letter.sender_pid), letter.sender_rank);
@@ -280,11 +346,11 @@ util::Fd Engine::take_descriptor(int source, std::uint64_t buffer_id) {
   return {};
 }
 
-void Engine::pump_stage(int peer_rank) {
-  Peer& peer = peers_[static_cast<std::size_t>(peer_rank)];
+void DevicePath::pump_stage(int peer_rank) {
+  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
   while (!peer.stage_streams.empty() && !peer.free_slots.empty()) {
     const std::uint32_t index = peer.stage_streams.front();
-    RequestSlot& slot = requests_[index];
+    RequestSlot& slot = engine_.requests()[index];
     const std::size_t offset = slot.staged;
     const std::size_t chunk = std::min(stage_chunk_, slot.expected - offset);
     const std::uint64_t ring_offset = peer.free_slots.back();
@@ -292,16 +358,16 @@ void Engine::pump_stage(int peer_rank) {
     if (slot.device >= 0) {
       DeviceOp op{DeviceOp::kStageFill, {},    index, peer_rank, slot.stage_rreq, offset,
                   ring_offset,          chunk, {}};
-      Status status = cuda_->copy_staged_async(slot.device, false, target,
-                                               slot.send_buffer + offset, chunk, &op.ticket);
+      Status status = engine_.cuda()->copy_staged_async(
+          slot.device, false, target, slot.send_buffer + offset, chunk, &op.ticket);
       if (!status) {
         peer.stage_streams.pop_front();
-        send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
-        complete_when_idle(index, std::move(status));
+        engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
+        engine_.complete_when_idle(index, std::move(status));
         continue;
       }
       ++slot.device_ops;
-      device_ops_.push_back(op);
+      ops_.push_back(op);
     } else if (DeviceOp op{DeviceOp::kStageFill,
                            {},
                            index,
@@ -312,41 +378,41 @@ void Engine::pump_stage(int peer_rank) {
                            chunk,
                            {}};
                slot.pinned_device >= 0 &&
-               cuda_->copy_through_device_async(slot.pinned_device, target,
-                                                slot.send_buffer + offset, chunk, &op.ticket)) {
+               engine_.cuda()->copy_through_device_async(
+                   slot.pinned_device, target, slot.send_buffer + offset, chunk, &op.ticket)) {
       // Page-locked host memory: through this GPU at its copy engines' rate, not the CPU's.
       ++slot.device_ops;
-      device_ops_.push_back(op);
+      ops_.push_back(op);
     } else {
       util::copy(target, slot.send_buffer + offset, chunk);
-      send_control(peer_rank, kAmStageFrag,
-                   as_bytes(StageFragHeader{slot.stage_rreq, offset, ring_offset, chunk}));
+      engine_.send_control(peer_rank, kAmStageFrag,
+                           as_bytes(StageFragHeader{slot.stage_rreq, offset, ring_offset, chunk}));
     }
     peer.free_slots.pop_back();
     slot.staged += chunk;
-    if (crash_mid_pipeline_) util::crash_point(config_, rank_, util::CrashPoint::kMidPipeline);
+    engine_.crash_point(util::CrashPoint::kMidPipeline);
     if (slot.staged == slot.expected) {
       peer.stage_streams.pop_front();
-      complete_when_idle(index, Status::ok());
+      engine_.complete_when_idle(index, Status::ok());
     }
   }
 }
 
-void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
+void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
   StageFragHeader header;
-  if (!decode(data, &header)) return protocol_error(source, "short STAGE_FRAG header");
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short STAGE_FRAG header");
   std::uint32_t index = 0;
-  RequestSlot* slot = requests_.lookup(header.rreq, &index);
+  RequestSlot* slot = engine_.requests().lookup(header.rreq, &index);
   if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
       slot->info.source != source || header.offset > slot->expected ||
       header.length > slot->expected - header.offset ||
       header.length > slot->expected - slot->received) {
     // Give the slot back all the same (the sender checks it lent it): a receive that already
     // failed must not leave the sender's ring short of slots.
-    send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
-    return protocol_error(source, "staged fragment outside any receive in progress");
+    engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+    return engine_.protocol_error(source, "staged fragment outside any receive in progress");
   }
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.ring_rx) {
     try {
       if (test_stage_open_fail_) {
@@ -354,92 +420,80 @@ void Engine::handle_stage_frag(int source, std::span<const std::byte> data) {
       }
       // At most what the largest allowed configuration makes (64 slots of 1 GiB).
       peer.ring_rx = cuda::StageRing::open(
-          cuda_.get(), cuda::StageRing::name(bootstrap_->job_id(), source, rank_),
+          engine_.cuda(), cuda::StageRing::name(engine_.job_id(), source, engine_.rank()),
           std::size_t{64} << 30);
       peer.ring_rx->unlink();  // both sides have it now
     } catch (const Error& e) {
       // FIN first: the sender must learn of the failure before more slots come back to it.
       fail_staged_receive(index, Status(e.code(), std::string("host staging from rank ") +
                                                       std::to_string(source) + ": " + e.what()));
-      send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+      engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
       return;
     }
   }
   if (header.ring_offset > peer.ring_rx->size() ||
       header.length > peer.ring_rx->size() - header.ring_offset) {
-    return protocol_error(source, "staged fragment outside the sender's ring");
+    return engine_.protocol_error(source, "staged fragment outside the sender's ring");
   }
   const std::byte* from = peer.ring_rx->data() + header.ring_offset;
   if (slot->device >= 0) {
     DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
                 header.length,         {}};
-    Status status = cuda_->copy_staged_async(slot->device, true, slot->recv_buffer + header.offset,
-                                             from, header.length, &op.ticket);
+    Status status = engine_.cuda()->copy_staged_async(
+        slot->device, true, slot->recv_buffer + header.offset, from, header.length, &op.ticket);
     if (!status) {
       fail_staged_receive(index, std::move(status));
-      send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+      engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
       return;
     }
     ++slot->device_ops;
-    device_ops_.push_back(op);
+    ops_.push_back(op);
     return;
   }
   if (slot->pinned_device >= 0) {
     // Page-locked host memory: through this GPU (else, all bounces busy, by the CPU below).
     DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
                 header.length,         {}};
-    if (cuda_->copy_through_device_async(slot->pinned_device, slot->recv_buffer + header.offset,
-                                         from, header.length, &op.ticket)) {
+    if (engine_.cuda()->copy_through_device_async(slot->pinned_device,
+                                                  slot->recv_buffer + header.offset, from,
+                                                  header.length, &op.ticket)) {
       ++slot->device_ops;
-      device_ops_.push_back(op);
+      ops_.push_back(op);
       return;
     }
   }
   util::copy(slot->recv_buffer + header.offset, from, header.length);
   slot->received += header.length;
-  send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+  engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
   if (slot->received == slot->expected) {
-    complete(index, truncation_status(source, slot->message_size, slot->size));
+    engine_.complete(index, truncation_status(source, slot->message_size, slot->size));
   }
 }
 
-void Engine::fail_staged_receive(std::uint32_t index, Status status) {
-  RequestSlot& slot = requests_[index];
+void DevicePath::fail_staged_receive(std::uint32_t index, Status status) {
+  RequestSlot& slot = engine_.requests()[index];
   // The sender learns of it (FIN with a code) and stops: neither side waits for the other.
-  send_control(slot.info.source, kAmFin, as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
-  complete_when_idle(index, std::move(status));
+  engine_.send_control(slot.info.source, kAmFin,
+                       as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
+  engine_.complete_when_idle(index, std::move(status));
 }
 
-void Engine::receiver_failed(std::uint32_t index, int source, std::uint32_t code) {
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
-  std::erase(peer.stage_streams, index);
-  if (code == kFinNeverMatched) {
-    ++never_matched_;
-    return complete_when_idle(
-        index, Status(Code::kCanceled, "rank " + std::to_string(source) +
-                                           " finalized without a receive for this message"));
-  }
-  complete_when_idle(index, Status(Code::kIoError, "rank " + std::to_string(source) +
-                                                       " reported that it could not receive "
-                                                       "this message"));
-}
-
-void Engine::handle_stage_ack(int source, std::span<const std::byte> data) {
+void DevicePath::on_stage_ack(int source, std::span<const std::byte> data) {
   StageAckHeader header;
-  if (!decode(data, &header)) return protocol_error(source, "short STAGE_ACK header");
-  Peer& peer = peers_[static_cast<std::size_t>(source)];
+  if (!decode(data, &header)) return engine_.protocol_error(source, "short STAGE_ACK header");
+  PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.ring_tx || stage_chunk_ == 0 || header.ring_offset % stage_chunk_ != 0 ||
       header.ring_offset >= peer.ring_tx->size() ||
       std::find(peer.free_slots.begin(), peer.free_slots.end(), header.ring_offset) !=
           peer.free_slots.end() ||
       peer.free_slots.size() >= stage_slots_) {
-    return protocol_error(source, "STAGE_ACK for a slot that is not in use");
+    return engine_.protocol_error(source, "STAGE_ACK for a slot that is not in use");
   }
   peer.free_slots.push_back(header.ring_offset);
   pump_stage(source);
 }
 
-int Engine::poll_device_ops() {
+int DevicePath::poll() {
   int finished = 0;
   std::size_t keep = 0;
   // Streams seen busy in this pass, with the first sequence not done: a later one on the same
@@ -455,46 +509,48 @@ int Engine::poll_device_ops() {
     }
     return false;
   };
-  for (std::size_t i = 0; i < device_ops_.size(); ++i) {
-    DeviceOp& op = device_ops_[i];
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    DeviceOp& op = ops_[i];
     const bool skip = known_busy(op.ticket);
-    if (skip || !cuda_->done(op.ticket)) {
+    if (skip || !engine_.cuda()->done(op.ticket)) {
       if (!skip && busy_count < busy.size()) busy[busy_count++] = op.ticket;
-      device_ops_[keep++] = op;
+      ops_[keep++] = op;
       continue;
     }
     ++finished;
-    RequestSlot& slot = requests_[op.request];
+    RequestSlot& slot = engine_.requests()[op.request];
     --slot.device_ops;
     switch (op.kind) {
       case DeviceOp::kIpcGet:
         if (slot.device_ops > 0) continue;  // other pieces of the message still copying
-        cuda_->unpin(op.peer, slot.device, op.key);
+        engine_.cuda()->unpin(op.peer, slot.device, op.key);
         // A code tells the sender the receive failed (slot.deferred: an error waits).
-        send_control(op.peer, kAmFin,
-                     as_bytes(FinHeader{op.wire, slot.deferred ? kFinFailed : kFinDone, 0}));
+        engine_.send_control(
+            op.peer, kAmFin,
+            as_bytes(FinHeader{op.wire, slot.deferred ? kFinFailed : kFinDone, 0}));
         if (!slot.deferred) {
-          complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
+          engine_.complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
           continue;
         }
         break;
       case DeviceOp::kStageFill:
-        send_control(op.peer, kAmStageFrag,
-                     as_bytes(StageFragHeader{op.wire, op.offset, op.ring_offset, op.length}));
+        engine_.send_control(
+            op.peer, kAmStageFrag,
+            as_bytes(StageFragHeader{op.wire, op.offset, op.ring_offset, op.length}));
         break;
       case DeviceOp::kRmaCopy:
-        cuda_->unpin(op.peer, op.device, op.key);
-        rma_->access_ended(op.peer);  // the owner may deregister now
+        engine_.cuda()->unpin(op.peer, op.device, op.key);
+        engine_.rma().access_ended(op.peer);  // the owner may deregister now
         if (!slot.deferred) {
-          complete(op.request, Status::ok());
+          engine_.complete(op.request, Status::ok());
           continue;
         }
         break;
       case DeviceOp::kStageDrain:
-        send_control(op.peer, kAmStageAck, as_bytes(StageAckHeader{op.ring_offset}));
+        engine_.send_control(op.peer, kAmStageAck, as_bytes(StageAckHeader{op.ring_offset}));
         slot.received += op.length;
         if (!slot.deferred && slot.received == slot.expected && slot.device_ops == 0) {
-          complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
+          engine_.complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
           continue;
         }
         break;
@@ -502,25 +558,18 @@ int Engine::poll_device_ops() {
     // A completion that waited for this buffer's copies (a failure, or a staged send).
     if (slot.deferred && slot.device_ops == 0 && slot.state != RequestState::kDone) {
       slot.deferred = false;
-      complete(op.request, slot.status);
+      engine_.complete(op.request, slot.status);
     }
   }
-  device_ops_.resize(keep);
+  ops_.resize(keep);
   return finished;
 }
 
-void Engine::complete_when_idle(std::uint32_t index, Status status) {
-  RequestSlot& slot = requests_[index];
-  if (slot.device_ops == 0) return complete(index, std::move(status));
-  slot.deferred = true;
-  slot.status = std::move(status);
-}
-
-void Engine::drain_device_ops() {
+void DevicePath::drain() {
   // Copies always finish: a GPU copy does not wait on a peer.
-  while (!device_ops_.empty()) {
-    poll_device_ops();
-    drain_pending();
+  while (!ops_.empty()) {
+    poll();
+    engine_.drain_pending();
   }
 }
 

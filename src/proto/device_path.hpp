@@ -1,0 +1,118 @@
+// Device buffers between processes that share memory (shm, self). Every device send is a
+// rendezvous: RTS_DEV carries an IPC key unless IPC to that peer failed before. The receiver
+// climbs down the fallback ladder:
+//   1. CUDA IPC: map the sender's allocation (cached) and copy on a stream; FIN when done.
+//   2. Host staging: STAGE_CTS; the sender fills slots of a pinned ring in shared memory
+//      (device -> host copy), announces each with STAGE_FRAG; the receiver empties it (host ->
+//      device copy) and returns the slot with STAGE_ACK. Slots double-buffer, so the copy out of
+//      chunk k overlaps the copy into chunk k+1.
+// A receiver that cannot use the key says so in STAGE_CTS, so both sides stop trying IPC with
+// that peer. Host senders to device receivers take rung 2 as well (a CTS would bring fragments
+// the receiver could only copy synchronously); page-locked host memory is staged through its
+// process's GPU. Copies complete by polling, never by blocking.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda.hpp"
+#include "cuda/stage_ring.hpp"
+#include "ferry/ferry.hpp"
+#include "proto/link.hpp"
+#include "proto/request_pool.hpp"
+#include "util/config.hpp"
+#include "util/fd.hpp"
+#include "util/fd_mailbox.hpp"
+
+namespace ferry::proto {
+
+class Engine;
+
+class DevicePath {
+ public:
+  // `mailbox`: where cuMem allocations' descriptors arrive (null: mailbox_why says why).
+  DevicePath(Engine& engine, const util::Config& config, std::unique_ptr<util::FdMailbox> mailbox,
+             std::string mailbox_why, int ranks);
+  ~DevicePath();
+  DevicePath(const DevicePath&) = delete;
+  DevicePath& operator=(const DevicePath&) = delete;
+
+  // A send from device memory to a peer that shares memory with us: RTS_DEV.
+  void send(std::uint32_t index, int destination, const mem::MemoryInfo& memory);
+  // A receive matched RTS_DEV (`key`: the sender's IPC key, if it sent one): IPC, else staged.
+  void start_receive(std::uint32_t index, int source, Tag tag, std::size_t size, std::uint64_t sreq,
+                     const cuda::IpcKey* key);
+  // Rung 2 for a matched receive (also a host sender's message into a device buffer).
+  void start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
+                            std::uint32_t flags);
+  // An active message of the device path (true), or another's (false).
+  bool on_am(std::uint8_t id, int source, std::span<const std::byte> data);
+  // A send that ends before its staging does (its receiver failed): no more slots for it.
+  void forget_staged(std::uint32_t index, int peer);
+  // A blocking send withdrawn mid-staging: true if it was staging (the receive is told).
+  bool withdraw_staged(std::uint32_t index, int peer, std::uint64_t stage_rreq);
+  // Copies in flight, polled in progress; drain() waits for them (they never wait on a peer).
+  [[nodiscard]] bool busy() const { return !ops_.empty(); }
+  void add(const DeviceOp& op) { ops_.push_back(op); }
+  int poll();
+  void drain();
+  void peer_failed(int rank, const Status& status);
+  // Finalize: the rings go (the shared memory is unlinked once both sides mapped it).
+  void close_rings();
+  [[nodiscard]] std::string describe(int rank) const;
+
+ private:
+  // Per peer: the fallback ladder's verdict per way of mapping memory (legacy CUDA IPC, cuMem
+  // descriptors), and the staging rings.
+  struct IpcVerdict {
+    bool refused = false;  // failed or refused once: staged from now on
+    std::string why;
+  };
+  struct PeerState {
+    IpcVerdict ipc_legacy;
+    IpcVerdict ipc_fd;
+    IpcVerdict& verdict(mem::IpcKind kind) {
+      return kind == mem::IpcKind::kPosixFd ? ipc_fd : ipc_legacy;
+    }
+    std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use)
+    std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
+    std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
+    std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
+  };
+  // Rung 1 of a device receive: map the sender's buffer and start the copies.
+  Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
+                       const cuda::IpcKey& key);
+  void on_rts(int source, std::span<const std::byte> data);
+  void on_stage_cts(int source, std::span<const std::byte> data);
+  void on_stage_frag(int source, std::span<const std::byte> data);
+  void on_stage_ack(int source, std::span<const std::byte> data);
+  // A staged receive that cannot go on: it fails, and so does the send (FIN with a code).
+  void fail_staged_receive(std::uint32_t index, Status status);
+  // Records that a way of mapping device memory failed with a peer, once, and logs it.
+  void refuse_ipc(int peer, mem::IpcKind kind, const std::string& why);
+  // The descriptor that came with a cuMem key from `source` (closed, or invalid if none came).
+  util::Fd take_descriptor(int source, std::uint64_t buffer_id);
+  void pump_stage(int peer);
+
+  Engine& engine_;
+  std::vector<PeerState> peers_;
+  std::vector<DeviceOp> ops_;
+  std::size_t ipc_split_;    // FERRY_CUDA_IPC_SPLIT
+  std::size_t stage_chunk_;  // FERRY_CUDA_STAGE_CHUNK
+  std::size_t stage_slots_;  // FERRY_CUDA_STAGE_SLOTS
+  bool test_stage_open_fail_;
+  int next_lane_ = 0;  // copies rotate over the device's streams (and so its copy engines)
+  // cuMem descriptors: our mailbox, and those received but not yet used, by (sender, memory
+  // block id), oldest first for a bound.
+  std::unique_ptr<util::FdMailbox> mailbox_;
+  std::string mailbox_why_;
+  std::deque<std::pair<std::pair<int, std::uint64_t>, util::Fd>> descriptors_;
+};
+
+}  // namespace ferry::proto
