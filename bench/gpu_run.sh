@@ -5,7 +5,8 @@
 # resident check sanitizer ofi ofi_perf kill (default: info tests perf). guard measures every GPU
 # figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
 # their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
-# The ofi step needs libfabric there: carry .devlibs (../shared/tools/device-libs libfabric1) and
+# The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
+# dependencies, with an env.sh that puts them on LD_LIBRARY_PATH) and
 # source .devlibs/env.sh first.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,6 +1,6 @@
 // The face every transport shows the protocol layer: active messages (an id, a small header and an
 // optional payload, copied by the transport) and, where the transport can, a zero-copy get from a
-// peer's memory. Transports obey; src/proto decides what to send and when (DESIGN.md).
+// peer's memory. Transports obey; src/proto decides what to send and when.
 #pragma once
 
 #include <cstddef>
