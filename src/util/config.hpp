@@ -131,6 +131,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test: ofi acts as if the provider offered FI_HMEM (assume: the trial registration of GPU "    \
     "memory runs against the real provider; fail: it fails with -FI_EINVAL, as a NIC that "        \
     "cannot map GPU memory answers)")                                                              \
+  X(kTestOfiFailAt, "FERRY_TEST_OFI_FAIL_AT", kString, "", 0, 0, "",                               \
+    "test fault: opening the ofi transport fails at the named step (fi_fabric, fi_domain, "        \
+    "fi_cq_open, fi_av_open, fi_endpoint, fi_ep_bind(cq), fi_ep_bind(av), fi_enable, fi_mr_reg "   \
+    "(bounce buffers), fi_mr_bind, fi_mr_enable, fi_getname)")                                     \
   X(kTestOfiReadFail, "FERRY_TEST_OFI_READ_FAIL", kBool, "0", 0, 0, "",                            \
     "test fault: ofi's one-sided reads fail (with an error completion, never reaching the "        \
     "provider); the receiver must fall back to clear-to-send")                                     \

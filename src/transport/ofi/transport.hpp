@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mem/registration_cache.hpp"
+#include "transport/ofi/handles.hpp"
 #include "transport/ofi/wire.hpp"
 #include "transport/transport.hpp"
 #include "util/fd.hpp"
@@ -99,6 +100,19 @@ class OfiTransport final : public Transport {
 
  private:
   struct Op;
+  // Opening, step by step (open.cpp); each throws ferry::Error naming its step.
+  void choose_provider(const util::Config& config, bool want_passthru);
+  static const fi_info* pick_offer(const fi_info* list, const std::string& allowed,
+                                   bool want_passthru, std::string* seen);
+  void probe_hmem(const util::Config& config);
+  void describe_provider(const util::Config& config);
+  void decide_rma(const util::Config& config);
+  void open_endpoint();
+  void publish_address();
+  void open_cache(const util::Config& config);
+  void set_capabilities(const util::Config& config);
+  // Throws, naming `step`, unless `ret` is 0.
+  void check(const char* step, int ret);
   struct PeerState {
     fi_addr_t address = FI_ADDR_UNSPEC;
     bool connected = false;
@@ -148,6 +162,18 @@ class OfiTransport final : public Transport {
   int rank_;
   int size_;
   AmHandler* handler_;
+  std::string fail_at_;  // FERRY_TEST_OFI_FAIL_AT: the step of opening that fails
+  // What opening made, in the order it is made (and closed in reverse when the transport goes or
+  // a later step fails); the registration cache, declared after, goes before all of them.
+  Info info_;
+  Fid<fid_fabric> fabric_;
+  Fid<fid_domain> domain_;
+  Fid<fid_cq> cq_;
+  Fid<fid_av> av_;
+  std::unique_ptr<std::byte, Free>
+      buffers_;     // receive buffers, then send buffers, kBufferSize each
+  Fid<fid_mr> mr_;  // the buffers' registration, where needed
+  Fid<fid_ep> ep_;
   Capabilities capabilities_;
   std::string provider_;
   std::string hmem_ = "FI_HMEM not probed";
@@ -167,17 +193,9 @@ class OfiTransport final : public Transport {
   std::unique_ptr<mem::RegistrationCache> cache_;                              // host registrations
   std::unordered_map<std::uint64_t, mem::RegistrationCache::Entry*> exposed_;  // by cookie
   std::vector<std::byte> address_;
-  fi_info* info_ = nullptr;
-  fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
-  fid_cq* cq_ = nullptr;
-  fid_av* av_ = nullptr;
-  fid_ep* ep_ = nullptr;
-  fid_mr* mr_ = nullptr;
   void* desc_ = nullptr;  // the bounce buffers' registration, where the provider wants one
   std::size_t inject_size_ = 0;
   std::vector<std::byte> inject_scratch_;  // a message built for fi_inject
-  std::byte* buffers_ = nullptr;           // receive buffers, then send buffers, kBufferSize each
   std::unique_ptr<Op[]> ops_;
   std::vector<std::uint32_t> free_sends_;
   std::vector<std::uint32_t> reposts_;  // receives the provider had no room for
