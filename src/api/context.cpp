@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
 #include "util/clock.hpp"
 
 namespace ferry {
@@ -54,7 +55,7 @@ Request Context::isend(const void* buffer, std::size_t bytes, int destination, T
   if ((tag & kReservedTagBit) != 0) [[unlikely]] {
     return engine_->failed(reserved("isend", tag));
   }
-  return engine_->isend(buffer, bytes, destination, tag);
+  return engine_->messages().isend(buffer, bytes, destination, tag);
 }
 
 Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
@@ -63,7 +64,8 @@ Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, 
     return engine_->failed(reserved("irecv", tag));
   }
   // The bit always takes part in matching, so no receive of ours meets a collective's message.
-  return engine_->irecv(buffer, capacity, source, tag & ~kReservedTagBit, mask | kReservedTagBit);
+  return engine_->messages().irecv(buffer, capacity, source, tag & ~kReservedTagBit,
+                                   mask | kReservedTagBit);
 }
 
 Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag tag) {
@@ -72,7 +74,7 @@ Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag
   Status status = request.wait();
   if (status.code() == Code::kTimeout && !request.test()) {
     // The caller gets the buffer back: nothing may read it after this returns.
-    return engine_->abandon_send(request.index_);
+    return engine_->messages().abandon_send(request.index_);
   }
   return status;
 }
@@ -94,7 +96,7 @@ Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, Me
 
 std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
   auto entry = engine_->enter();
-  return engine_->iprobe(source, tag & ~kReservedTagBit, mask | kReservedTagBit);
+  return engine_->messages().iprobe(source, tag & ~kReservedTagBit, mask | kReservedTagBit);
 }
 
 MessageInfo Context::probe(int source, Tag tag, Tag mask) {
@@ -178,7 +180,7 @@ Status Request::wait_for(double seconds) {
 bool Request::cancel() {
   if (engine_ == nullptr || done_at_start()) return false;
   auto entry = engine_->enter();
-  return engine_->cancel(index_);
+  return engine_->messages().cancel(index_);
 }
 
 Status Request::status() const {

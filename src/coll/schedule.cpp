@@ -8,6 +8,7 @@
 #include "coll/group.hpp"
 #include "coll/reduce.hpp"
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
 #include "util/clock.hpp"
 
 namespace ferry::coll {
@@ -34,9 +35,9 @@ void Execution::post(const Action& a) {
   proto::Engine* engine = group_->engine();
   const int peer = group_->member(a.member);
   if (a.kind == Action::kRecv) {
-    in_flight_.push_back({engine->irecv(a.to, a.size, peer, tag_, kFullMask), a});
+    in_flight_.push_back({engine->messages().irecv(a.to, a.size, peer, tag_, kFullMask), a});
   } else {
-    in_flight_.push_back({engine->isend(a.from, a.size, peer, tag_), a});
+    in_flight_.push_back({engine->messages().isend(a.from, a.size, peer, tag_), a});
   }
 }
 
@@ -207,9 +208,9 @@ void Execution::withdraw() {
     const std::uint32_t index = proto::Engine::index_of(f.request);
     if (engine->done(index)) continue;
     if (f.action.kind == Action::kRecv) {
-      engine->cancel(index);
+      engine->messages().cancel(index);
     } else {
-      engine->abandon_send(index);
+      engine->messages().abandon_send(index);
     }
   }
   int idle = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
 #include "proto/wire.hpp"
 #include "util/faults.hpp"
 #include "util/log.hpp"
@@ -111,8 +112,8 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
   ChunkCtsHeader header;
   if (!decode(data, &header)) return engine_.protocol_error(source, "short CTS_CHUNKED header");
   std::uint32_t index = 0;
-  RequestSlot* slot =
-      engine_.cts_target(source, CtsHeader{header.sreq, header.rreq, header.length}, &index);
+  RequestSlot* slot = engine_.messages().cts_target(
+      source, CtsHeader{header.sreq, header.rreq, header.length}, &index);
   if (slot == nullptr) return;
   const Link& peer = engine_.link(source);
   Status status;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
 #include "proto/wire.hpp"
 #include "util/copy.hpp"
 #include "util/extent.hpp"
@@ -152,18 +153,20 @@ void DevicePath::on_rts(int source, std::span<const std::byte> data) {
     }
     std::memcpy(&key, data.data() + sizeof(header), sizeof(key));
   }
-  if (std::optional<std::uint32_t> index = engine_.match_posted(source, header.tag)) {
+  if (std::optional<std::uint32_t> index = engine_.messages().match_posted(source, header.tag)) {
     start_receive(*index, source, header.tag, header.size, header.sreq, has_key ? &key : nullptr);
     return;
   }
-  if (engine_.finalizing()) return engine_.refuse_unmatched(source, header.sreq);
-  Unexpected message = Engine::unexpected_rendezvous(source, header.tag, header.size, header.sreq);
+  if (engine_.messages().finalizing())
+    return engine_.messages().refuse_unmatched(source, header.sreq);
+  Unexpected message =
+      Messages::unexpected_rendezvous(source, header.tag, header.size, header.sreq);
   message.device = true;
   if (has_key) {
     message.data.resize(sizeof(key));
     std::memcpy(message.data.data(), &key, sizeof(key));
   }
-  engine_.add_unexpected(std::move(message));
+  engine_.messages().add_unexpected(std::move(message));
 }
 
 void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::size_t size,

@@ -15,6 +15,7 @@
 #include "proto/address_blob.hpp"
 #include "proto/chunked.hpp"
 #include "proto/device_path.hpp"
+#include "proto/messages.hpp"
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
 #include "transport/shm/transport.hpp"
@@ -83,8 +84,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   } else {
     mailbox_why = "no descriptor mailbox (CUDA IPC off or no other process on this node)";
   }
-  test_host_staging_ = config_.get_bool(util::Var::kTestHostStaging);
-  test_get_delay_ = config_.get_seconds(util::Var::kTestGetDelay);
+  messages_ = std::make_unique<Messages>(*this, config_);
   device_ = std::make_unique<DevicePath>(*this, config_, std::move(mailbox), std::move(mailbox_why),
                                          size_);
   chunked_ = std::make_unique<ChunkedPath>(*this, config_);
@@ -377,14 +377,7 @@ void Engine::shutdown() {
 void Engine::finalize() {
   const auto deadline = util::deadline_after(config_.get_seconds(util::Var::kFinalizeTimeout));
   // No receive is posted from here on: what peers announced and nothing matched never will be.
-  finalizing_ = true;
-  std::size_t dropped = 0;
-  for (const Unexpected& message : matcher_.take_all_unexpected()) {
-    ++dropped;
-    if (message.rendezvous && !peers_[static_cast<std::size_t>(message.source)].failed) {
-      refuse_unmatched(message.source, message.sreq);
-    }
-  }
+  const std::size_t dropped = messages_->finalize();
   if (dropped > 0) {
     FERRY_LOG(kWarn,
               "finalize: %zu message(s) sent to this rank were never received (no receive "
@@ -395,11 +388,11 @@ void Engine::finalize() {
   while ((!pending_peers_.empty() || outstanding_sends_ > 0) && Clock::now() < deadline) {
     wait_step(&idle);
   }
-  if (never_matched_ > 0) {
+  if (const std::size_t never_matched = messages_->never_matched(); never_matched > 0) {
     FERRY_LOG(kWarn,
               "finalize: %zu send(s) of this rank were never received: their receivers "
               "finalized without a matching receive",
-              never_matched_);
+              never_matched);
   }
   if (!pending_peers_.empty() || outstanding_sends_ > 0) {
     FERRY_LOG(kWarn,

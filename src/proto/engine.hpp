@@ -44,6 +44,7 @@ namespace ferry::proto {
 struct CtsHeader;   // proto/wire.hpp
 class DevicePath;   // proto/device_path.hpp
 class ChunkedPath;  // proto/chunked.hpp
+class Messages;     // proto/messages.hpp
 
 class Engine final : public transport::AmHandler {
  public:
@@ -85,8 +86,8 @@ class Engine final : public transport::AmHandler {
   // Whether calls lock (FERRY_THREADS=multi); fixed for the engine's life.
   [[nodiscard]] bool threaded() const { return threaded_; }
 
-  Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
-  Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
+  // Tag-matched point-to-point (proto/messages.hpp): isend, irecv, iprobe, cancel.
+  [[nodiscard]] Messages& messages() { return *messages_; }
   // A request that has already failed with `status` (bad arguments found above the engine).
   Request failed(Status status);
   // Runs `operation` behind a request; it moves forward in every progress call.
@@ -124,7 +125,6 @@ class Engine final : public transport::AmHandler {
   }
   // The slot behind a request of this engine (for operations built on requests).
   static std::uint32_t index_of(const Request& request) { return request.index_; }
-  std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
   // No message not already here can come from `source` any more: it failed, cannot be reached
   // or is no rank (kAnySource: no other rank is left). Never this rank itself.
   [[nodiscard]] bool none_can_come(int source) const;
@@ -138,10 +138,6 @@ class Engine final : public transport::AmHandler {
   Status wait_for(std::uint32_t index, double seconds);
   // FERRY_TIMEOUT in seconds (0: none).
   [[nodiscard]] double timeout() const { return timeout_; }
-  // A blocking send ran out of time and its caller is about to release the buffer: withdraw what
-  // is still queued, tell the receiver of an announced message, and complete it with kTimeout.
-  Status abandon_send(std::uint32_t index);
-  bool cancel(std::uint32_t index);
   [[nodiscard]] Status status(std::uint32_t index) { return requests_[index].status; }
   [[nodiscard]] MessageInfo info(std::uint32_t index) { return requests_[index].info; }
   [[nodiscard]] bool done(std::uint32_t index) {
@@ -223,32 +219,20 @@ class Engine final : public transport::AmHandler {
   void protocol_error(int source, const char* what);
   // A copy in flight on a CUDA stream, completed in progress.
   void add_device_op(const DeviceOp& op);
-  // Matching: the posted receive an arriving message from `source` with `tag` matches (removed
-  // from the posted list), or none; an unmatched message waits for its receive.
-  std::optional<std::uint32_t> match_posted(int source, Tag tag) {
-    return matcher_.match_posted(source, tag);
-  }
-  void add_unexpected(Unexpected&& message) { matcher_.add_unexpected(std::move(message)); }
-  // An announced rendezvous message that waits for its receive.
-  static Unexpected unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
-                                          std::uint64_t sreq);
-  // Finalize: no receive will be posted any more, so an announced message that no posted receive
-  // matches never will be: its sender is told (FIN kFinNeverMatched) and its send ends, instead
-  // of holding the sender's finalize for FERRY_FINALIZE_TIMEOUT.
-  [[nodiscard]] bool finalizing() const { return finalizing_; }
-  void refuse_unmatched(int source, std::uint64_t sreq);
   // Sends what waits in the peers' queues, as far as the transports take it.
   int drain_pending();
+  // The failure of a receive from any source once no other rank is left.
+  [[nodiscard]] Status no_one_left() const;
+  [[nodiscard]] DevicePath& device() { return *device_; }
+  [[nodiscard]] ChunkedPath& chunked() { return *chunked_; }
   // FERRY_TEST_CRASH_AT: this rank dies here if the test names it and this point.
-  void crash_point(util::CrashPoint point) const {
-    if ((point == util::CrashPoint::kMidPipeline && crash_mid_pipeline_) ||
-        (point == util::CrashPoint::kFirstSend && crash_on_send_)) {
-      util::crash_point(config_, rank_, point);
-    }
+  [[nodiscard]] bool crashes_at(util::CrashPoint point) const {
+    return (point == util::CrashPoint::kMidPipeline && crash_mid_pipeline_) ||
+           (point == util::CrashPoint::kFirstSend && crash_on_send_);
   }
-  // Validates a CTS (plain, direct or chunked) for one of our rendezvous sends; null (NACKed) if
-  // not.
-  RequestSlot* cts_target(int source, const CtsHeader& header, std::uint32_t* index);
+  void crash_point(util::CrashPoint point) const {
+    if (crashes_at(point)) util::crash_point(config_, rank_, point);
+  }
   // Whether device buffers may move by CUDA IPC (FERRY_CUDA_IPC).
   [[nodiscard]] bool cuda_ipc() const { return cuda_ipc_; }
 
@@ -267,48 +251,22 @@ class Engine final : public transport::AmHandler {
   // yield may cost a time slice, and kCheckPeersEvery progress calls then take seconds.
   void check_peers_before_yield();
   void peer_failed(int rank, const std::string& why);
-  // The failure of a receive from any source once no other rank is left (others_left_ == 0).
-  Status no_one_left() const;
 
-  void handle_eager(int source, std::span<const std::byte> data);
-  void handle_rts(int source, std::span<const std::byte> data);
-  void handle_rts_read(int source, std::span<const std::byte> data);
-  void handle_cts(int source, std::span<const std::byte> data);
-  void handle_cts_direct(int source, std::span<const std::byte> data);
-  void handle_frag(int source, std::span<const std::byte> data);
-  void handle_fin(int source, std::span<const std::byte> data);
-  void handle_cancel(int source, std::span<const std::byte> data);
-  void handle_nack(int source, std::span<const std::byte> data);
   std::shared_ptr<Engine*> handle_;
   bool shut_down_ = false;      // shutdown() ran
   std::size_t held_after_ = 0;  // after retire(): Request handles still held
   bool retired_ = false;
   std::map<const void*, std::function<void()>> teardown_;  // at_teardown's, by owner
-  void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
-  // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).
-  void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
-                        std::uint64_t sreq, std::uint64_t address,
-                        const transport::Endpoint::RemoteRegion* remote);
-  // Asks the sender for a matched rendezvous message: a direct transfer, else fragments.
-  void request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length);
-
   // Buffers' memory kinds (host for every buffer without CUDA).
   mem::MemoryInfo classify(const void* buffer) {
     return cuda_ ? cuda_->classify(buffer) : mem::MemoryInfo{};
   }
-  // A FIN with a code: the receiver failed; so does the send.
-  void receiver_failed(std::uint32_t index, int source, std::uint32_t code);
-  bool finalizing_ = false;
-  std::size_t refused_unmatched_ = 0;  // announcements refused so (for finalize's warning)
-  std::size_t never_matched_ = 0;      // sends of ours that peers refused so
 
   util::Config config_;
   std::unique_ptr<bootstrap::Bootstrap> bootstrap_;
   std::unique_ptr<cuda::Cuda> cuda_;  // null: every buffer is host memory (cuda_why_ says why)
   std::string cuda_why_;
   bool cuda_ipc_ = true;
-  bool test_host_staging_ = false;        // FERRY_TEST_HOST_STAGING
-  double test_get_delay_ = 0;             // FERRY_TEST_GET_DELAY
   std::unique_ptr<DevicePath> device_;    // device buffers with peers that share memory
   std::unique_ptr<ChunkedPath> chunked_;  // device buffers over ofi
   int rank_ = 0;
@@ -348,7 +306,7 @@ class Engine final : public transport::AmHandler {
   std::vector<Suspect> suspects_;
   int settle_suspects();
   RequestPool requests_;
-  Matcher matcher_;
+  std::unique_ptr<Messages> messages_;  // after requests_: its requests go with the pool
   // Operations in flight, by request slot; after requests_ so that they (and the requests they
   // hold) go first.
   std::vector<std::pair<std::uint32_t, std::unique_ptr<Operation>>> operations_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
 #include "proto/wire.hpp"
 #include "transport/shm/transport.hpp"
 #include "util/config.hpp"
@@ -25,7 +26,7 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   std::unique_ptr<proto::Engine> engine = proto::Engine::create({});
   std::vector<std::byte> buffer(64, std::byte{0});
   // The engine's first request: index 0, generation 1 on the wire.
-  Request posted = engine->irecv(buffer.data(), buffer.size(), 0, 42, kFullMask);
+  Request posted = engine->messages().irecv(buffer.data(), buffer.size(), 0, 42, kFullMask);
   const std::uint64_t posted_id = (std::uint64_t{1} << 32) | 0;
 
   std::byte junk[3] = {};
@@ -59,7 +60,7 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
 
   // Real traffic still flows.
   int value = 7;
-  ASSERT_TRUE(engine->isend(&value, sizeof(value), 0, 42).wait().is_ok());
+  ASSERT_TRUE(engine->messages().isend(&value, sizeof(value), 0, 42).wait().is_ok());
   ASSERT_TRUE(posted.wait().is_ok());
   EXPECT_EQ(posted.info().bytes, sizeof(value));
 }
@@ -110,7 +111,7 @@ TEST(HostileInput, DeviceProtocolMessagesAreValidatedBeforeUse) {
   options.config["FERRY_TEST_HOST_STAGING"] = "1";
   std::unique_ptr<proto::Engine> engine = proto::Engine::create(options);
   std::vector<std::byte> buffer(64, std::byte{0});
-  Request posted = engine->irecv(buffer.data(), buffer.size(), 0, 43, kFullMask);
+  Request posted = engine->messages().irecv(buffer.data(), buffer.size(), 0, 43, kFullMask);
   const std::uint64_t posted_id = (std::uint64_t{1} << 32) | 0;
   std::byte junk[3] = {};
   engine->on_am(proto::kAmRtsDev, 0, junk);  // short header
@@ -131,11 +132,11 @@ TEST(HostileInput, DeviceProtocolMessagesAreValidatedBeforeUse) {
   // A real message through the staging ring (FERRY_TEST_HOST_STAGING) still arrives whole.
   std::vector<std::byte> big(1 << 20), got(1 << 20);
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 13);
-  Request r = engine->irecv(got.data(), got.size(), 0, 45, kFullMask);
-  ASSERT_TRUE(engine->isend(big.data(), big.size(), 0, 45).wait().is_ok());
+  Request r = engine->messages().irecv(got.data(), got.size(), 0, 45, kFullMask);
+  ASSERT_TRUE(engine->messages().isend(big.data(), big.size(), 0, 45).wait().is_ok());
   ASSERT_TRUE(r.wait().is_ok()) << r.status().to_string();
   EXPECT_EQ(got, big);
-  EXPECT_TRUE(engine->cancel(0) || posted.test());
+  EXPECT_TRUE(engine->messages().cancel(0) || posted.test());
 }
 
 class Collector : public transport::AmHandler {

@@ -1,0 +1,115 @@
+// Tag-matched point-to-point messages, the engine's part for isend and irecv. Up to the peer's
+// eager limit a message goes whole in one active message (EAGER) and a receive that has not been
+// posted finds it in the unexpected queue. Above it, a rendezvous: the sender announces it (RTS,
+// or RTS_READ with its buffer exposed for a one-sided read); once a receive matches, the
+// receiver takes the data by the best way the link offers:
+//   - a one-sided read of the exposed buffer, then FIN;
+//   - a zero-copy get (shm: CMA), then FIN;
+//   - a direct transfer (ofi: the provider's own rendezvous) after CTS_DIRECT;
+//   - else CTS, and the sender streams fragments (FRAG).
+// Device buffers take the device paths (device_path.hpp, chunked.hpp). A sender that gives up
+// withdraws what it can (CANCEL, NACK); a receiver that fails says so in a FIN with a code.
+// Every header from a peer is size-checked and every request id in it is checked against the
+// pool before use (messages.cpp, rendezvous.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "ferry/ferry.hpp"
+#include "proto/matching.hpp"
+#include "proto/request_pool.hpp"
+#include "transport/transport.hpp"
+#include "util/config.hpp"
+
+namespace ferry::proto {
+
+class Engine;
+struct CtsHeader;
+
+// A message of `size` bytes from `source` that a receive of `capacity` bytes cut short.
+inline Status truncation(int source, std::size_t size, std::size_t capacity) {
+  return Status(Code::kTruncated, "message of " + std::to_string(size) + " bytes from rank " +
+                                      std::to_string(source) + " truncated to the " +
+                                      std::to_string(capacity) + "-byte receive buffer");
+}
+
+class Messages {
+ public:
+  Messages(Engine& engine, const util::Config& config);
+  Messages(const Messages&) = delete;
+  Messages& operator=(const Messages&) = delete;
+
+  Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
+  Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
+  std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
+  // A blocking send ran out of time and its caller is about to release the buffer: withdraw what
+  // is still queued, tell the receiver of an announced message, and complete it with kTimeout.
+  Status abandon_send(std::uint32_t index);
+  // A posted receive that has not matched ends, kCanceled (false if it matched already).
+  bool cancel(std::uint32_t index);
+  // An active message of this part (true), or another's (false).
+  bool on_am(std::uint8_t id, int source, std::span<const std::byte> data);
+  // A one-sided read of a sender's buffer ended: FIN on success; on failure other than the
+  // peer's death, clear-to-send instead (true: the receive goes on that way).
+  bool read_ended(std::uint32_t index, const Status& status);
+  // `rank` failed: receives posted for it (and, with no other rank left, from any source) end,
+  // and its announcements are dropped.
+  void peer_failed(int rank, const Status& status);
+
+  // For the device paths: matching, and the CTS check.
+  std::optional<std::uint32_t> match_posted(int source, Tag tag) {
+    return matcher_.match_posted(source, tag);
+  }
+  void add_unexpected(Unexpected&& message) { matcher_.add_unexpected(std::move(message)); }
+  // An announced rendezvous message that waits for its receive.
+  static Unexpected unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
+                                          std::uint64_t sreq);
+  // Validates a CTS (plain, direct or chunked) for one of our rendezvous sends; null (NACKed) if
+  // not.
+  RequestSlot* cts_target(int source, const CtsHeader& header, std::uint32_t* index);
+
+  // Finalize: no receive will be posted any more, so an announced message that no posted receive
+  // matches never will be: its sender is told (FIN kFinNeverMatched) and its send ends, instead
+  // of holding the sender's finalize for FERRY_FINALIZE_TIMEOUT. Returns how many messages sent
+  // here were never received.
+  std::size_t finalize();
+  [[nodiscard]] bool finalizing() const { return finalizing_; }
+  void refuse_unmatched(int source, std::uint64_t sreq);
+  // Sends of ours that peers refused so.
+  [[nodiscard]] std::size_t never_matched() const { return never_matched_; }
+
+ private:
+  void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
+  void handle_eager(int source, std::span<const std::byte> data);
+  void handle_rts(int source, std::span<const std::byte> data);
+  void handle_rts_read(int source, std::span<const std::byte> data);
+  void handle_cts(int source, std::span<const std::byte> data);
+  void handle_cts_direct(int source, std::span<const std::byte> data);
+  void handle_frag(int source, std::span<const std::byte> data);
+  void handle_fin(int source, std::span<const std::byte> data);
+  void handle_cancel(int source, std::span<const std::byte> data);
+  void handle_nack(int source, std::span<const std::byte> data);
+  // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).
+  void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
+                        std::uint64_t sreq, std::uint64_t address,
+                        const transport::Endpoint::RemoteRegion* remote);
+  // Asks the sender for a matched rendezvous message: a direct transfer, else fragments.
+  void request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length);
+  // A FIN with a code: the receiver failed; so does the send.
+  void receiver_failed(std::uint32_t index, int source, std::uint32_t code);
+
+  Engine& engine_;
+  RequestPool& requests_;
+  Matcher matcher_;
+  bool test_host_staging_;  // FERRY_TEST_HOST_STAGING
+  double test_get_delay_;   // FERRY_TEST_GET_DELAY
+  bool finalizing_ = false;
+  std::size_t refused_unmatched_ = 0;  // announcements refused at finalize
+  std::size_t never_matched_ = 0;
+};
+
+}  // namespace ferry::proto
