@@ -1,5 +1,5 @@
-// The protocol engine's set-up, finalize and descriptions (see engine.hpp); the message protocols
-// are in protocol.cpp.
+// The protocol engine's set-up, finalize and descriptions (see engine.hpp); its core is in
+// progress.cpp, its parts in messages.hpp, device_path.hpp, chunked.hpp and rma/.
 #include "proto/engine.hpp"
 
 #include <poll.h>

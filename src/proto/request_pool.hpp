@@ -36,7 +36,7 @@ struct RequestSlot {
   std::size_t message_size = 0;  // recv: the sender's size (for truncation)
   Status status;
   MessageInfo info;
-  // Device buffers (proto/device.cpp).
+  // Device buffers (proto/device_path.hpp).
   int device = -1;  // CUDA ordinal of the buffer; -1: host memory
   // Host memory page-locked by CUDA: the GPU whose copy engines move it to and from a staging
   // ring (Cuda::copy_through_device_async); -1: the CPU copies it.
@@ -55,7 +55,7 @@ struct RequestSlot {
   std::vector<std::byte> host_copy;
   std::size_t chunk = 0;        // chunked transfer: bytes per direct transfer (0: not chunked)
   std::byte* bounce = nullptr;  // chunked transfer of device memory: the pinned bounce in use
-  // One-sided operations (proto/rma.cpp): what this request is, and for an answer to a peer's
+  // One-sided operations (proto/rma/): what this request is, and for an answer to a peer's
   // get, the region it is sent from; an atomic's result goes to rma_result (rma_width bytes).
   enum class Rma : std::uint8_t { kNone, kPut, kGet, kAtomic, kGetReply } rma = Rma::kNone;
   std::uint8_t rma_width = 0;

@@ -16,7 +16,7 @@ enum AmId : std::uint8_t {
   kAmFin = 5,     // FinHeader: the receiver is done with the sender's buffer
   kAmCancel = 6,  // CancelHeader: the sender gave up an announced message (FERRY_TIMEOUT)
   kAmNack = 7,    // NackHeader: the sender will not send the fragments a receive waits for
-  // Device buffers (proto/device.cpp).
+  // Device buffers (proto/device_path.hpp).
   kAmRtsDev = 8,       // RtsDevHeader [+ cuda::IpcKey]: a device buffer is ready in the sender
   kAmStageCts = 9,     // StageCtsHeader: the receiver wants the message through the staging ring
   kAmStageFrag = 10,   // StageFragHeader: one chunk waits in the sender's staging ring
@@ -24,12 +24,13 @@ enum AmId : std::uint8_t {
   kAmCtsDirect = 12,   // CtsHeader: a direct receive waits under key rreq; send it directly
   kAmCtsChunked = 13,  // ChunkCtsHeader: send it as direct transfers of `chunk` bytes, in order
   kAmRtsRead = 14,     // RtsReadHeader: as kAmRts, and the buffer may be read with the key
-  // One-sided operations (proto/rma.cpp).
+  // One-sided operations (proto/rma/).
   kAmPut = 15,     // PutHeader + bytes to store in a region
   kAmGet = 16,     // GetHeader: send back bytes of a region (as kAmFrag to `id`)
   kAmAtomic = 17,  // AtomicHeader + operand and compare (8 bytes each)
   kAmRmaAck = 18,  // RmaAckHeader: a put fragment stored, an atomic applied, or a refusal
-  // Native one-sided access over the network transport, granted by the owner (proto/rma.cpp).
+  // Native one-sided access over the network transport, granted by the owner
+  // (proto/rma/native.hpp).
   kAmNativeAsk = 19,      // NativeAskHeader: may this rank reach the region by itself?
   kAmNativeGrant = 20,    // NativeGrantHeader: yes, there and under that key; or a refusal
   kAmNativeRevoke = 21,   // NativeRevokeHeader: the region is being deregistered: stop
