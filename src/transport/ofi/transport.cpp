@@ -158,9 +158,10 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
   if (state.failed) return Status(Code::kPeerFailed, state.why);
   const std::size_t length = header.size() + payload.size();
   const std::size_t total = sizeof(Wire) + length;
-  if (total > kBufferSize) {
-    return Status(Code::kInvalidArgument, "ofi: active message of " + std::to_string(total) +
-                                              " bytes exceeds " + std::to_string(kBufferSize));
+  if (length > capabilities_.max_am) {
+    return Status(Code::kInvalidArgument, "ofi: active message of " + std::to_string(length) +
+                                              " bytes exceeds the largest one, " +
+                                              std::to_string(capabilities_.max_am));
   }
   Wire wire{id, 0, kWireMagic, rank_, static_cast<std::uint32_t>(length), state.next_seq};
   auto fill = [&](std::byte* out) {
