@@ -4,6 +4,8 @@
 # placement. Prints every round's csv, then per test and size the medians and the median of the
 # per-round ratios B/A (below 1 is faster for latencies, above 1 for bandwidths).
 #   bench/env_ab.sh ROUNDS "VAR=a ..." "VAR=b ..." FERRY_PERF_ARGS...
+# AB_BUILD=DIR among a side's variables runs that side from another build (two commits
+# against each other: build the other one's tools/ferryrun and tools/ferry-perf in DIR).
 # e.g. bench/env_ab.sh 5 "FERRY_OFI_PROVIDER=tcp" "FERRY_OFI_PROVIDER=net" latency bandwidth \
 #        --sizes 8,64k,1m,4m        (with FERRY_TRANSPORTS=self,ofi in the environment)
 set -euo pipefail
@@ -18,8 +20,12 @@ for round in $(seq 1 "$rounds"); do
   for side in A B; do
     vars=$a; [ "$side" = B ] && vars=$b
     echo "# round $round $side: $vars"
+    side_build=$build
+    for v in $vars; do
+      case $v in AB_BUILD=*) side_build=${v#AB_BUILD=} ;; esac
+    done
     # shellcheck disable=SC2086
-    out=$(env $vars "$build/tools/ferryrun" -n 2 "$build/tools/ferry-perf" "$@" --csv)
+    out=$(env $vars "$side_build/tools/ferryrun" -n 2 "$side_build/tools/ferry-perf" "$@" --csv)
     echo "$out"
     echo "$out" | awk -F, -v r="$round" -v s="$side" \
       'NR > 1 && NF >= 5 { print r, s, $1, $2, ($4 != "" ? $4 : $5) }' >>"$results"
