@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How big ferry's pieces are: the largest source files, the classes with the most methods and
 data members, and the longest functions (with libclang: pip install libclang), plus the lines of
-the docs. What "House in order" (docs/design/engine.md) keeps in bounds: no class over ~40
-methods, no source file over ~600 lines.
+the docs. The bounds the project keeps (docs/ARCHITECTURE.md): no class over ~40 methods, no
+source file over ~600 lines.
 
     python3 bench/code_metrics.py [BUILD_DIR]   # BUILD_DIR has compile_commands.json (build/)
 """
