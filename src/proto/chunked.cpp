@@ -88,24 +88,24 @@ void ChunkedPath::start_receive(std::uint32_t index, int source, std::uint64_t s
   slot.received = 0;
   slot.chunk = std::min(chunk_, slot.expected);
   slot.direct = true;
-  if (!peer.endpoint->has_direct()) {
+  if (peer.direct == nullptr) {
     // The sender must not wait for a CTS: FIN with a code fails it.
     engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
     return engine_.complete(
         index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
-  if (needs_bounce(slot, *peer.endpoint) && (slot.bounce = take_bounce()) == nullptr) {
+  if (needs_bounce(slot, *peer.direct) && (slot.bounce = take_bounce()) == nullptr) {
     waiting_.push_back(engine_.requests().wire_id(index));  // started by return_bounce
     return;
   }
   start_chunks(index);
 }
 
-bool ChunkedPath::needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint) {
+bool ChunkedPath::needs_bounce(const RequestSlot& slot, transport::DirectTransfers& direct) {
   if (slot.device < 0) return false;
   const bool send = slot.kind == RequestKind::kSend;
   const void* buffer = send ? static_cast<const void*>(slot.send_buffer) : slot.recv_buffer;
-  return !endpoint.device_direct(slot.device, buffer, slot.expected);
+  return !direct.device_direct(slot.device, buffer, slot.expected);
 }
 
 void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
@@ -117,8 +117,7 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
   if (slot == nullptr) return;
   const Link& peer = engine_.link(source);
   Status status;
-  if (header.chunk == 0 || header.chunk > (std::uint64_t{1} << 30) ||
-      !peer.endpoint->has_direct()) {
+  if (header.chunk == 0 || header.chunk > (std::uint64_t{1} << 30) || peer.direct == nullptr) {
     status = Status(Code::kProtocolError,
                     "rank " + std::to_string(source) + " asked for chunks of " +
                         std::to_string(header.chunk) + " bytes over " + peer.transport);
@@ -136,7 +135,7 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
     engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     return engine_.complete(index, std::move(status));
   }
-  if (needs_bounce(*slot, *peer.endpoint) && (slot->bounce = take_bounce()) == nullptr) {
+  if (needs_bounce(*slot, *peer.direct) && (slot->bounce = take_bounce()) == nullptr) {
     waiting_.push_back(engine_.requests().wire_id(index));  // started by return_bounce
     return;
   }
@@ -161,13 +160,13 @@ Status ChunkedPath::post_chunk(std::uint32_t index) {
       source = slot.bounce;
     }
     if (status) {
-      status = peer.endpoint->send_direct(source, bytes, device, slot.stage_rreq,
-                                          engine_.requests().wire_id(index));
+      status = peer.direct->send_direct(source, bytes, device, slot.stage_rreq,
+                                        engine_.requests().wire_id(index));
     }
   } else {
     std::byte* target = slot.bounce != nullptr ? slot.bounce : slot.recv_buffer + offset;
     const std::uint64_t rreq = engine_.requests().wire_id(index);
-    status = peer.endpoint->recv_direct(target, bytes, device, rreq, rreq);
+    status = peer.direct->recv_direct(target, bytes, device, rreq, rreq);
   }
   if (status) ++slot.device_ops;
   return status;

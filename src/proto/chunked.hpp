@@ -1,8 +1,8 @@
 // Device data with a peer that shares no memory with us (ofi): a message in device memory on
 // either side travels as a series of direct transfers of FERRY_OFI_CHUNK bytes. Where the NIC
-// registers that GPU's memory (Endpoint::device_direct: FI_HMEM, and a trial registration that
-// succeeded) a device side sends from or receives into its buffer as it is; elsewhere each chunk
-// goes through a pinned host bounce on the device side:
+// registers that GPU's memory (DirectTransfers::device_direct: FI_HMEM, and a trial registration
+// that succeeded) a device side sends from or receives into its buffer as it is; elsewhere each
+// chunk goes through a pinned host bounce on the device side:
 //   sender:   RTS (address kRtsFromDevice when its buffer is device memory)
 //   receiver: posts a direct receive for chunk 0 (into its buffer, or into its bounce), answers
 //             CTS_CHUNKED {length, chunk}
@@ -45,7 +45,7 @@ class ChunkedPath {
   void return_bounce(RequestSlot* slot);
 
  private:
-  static bool needs_bounce(const RequestSlot& slot, transport::Endpoint& endpoint);
+  static bool needs_bounce(const RequestSlot& slot, transport::DirectTransfers& direct);
   std::byte* take_bounce();
   // The first chunk of a transfer that has its bounce (if it needs one): post it, and on the
   // receiving side ask the sender for the chunks.

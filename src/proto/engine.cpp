@@ -330,6 +330,10 @@ void Engine::connect_peers() {
         continue;
       }
       peer.endpoint = endpoints_.back().get();
+      peer.zero_copy = peer.endpoint->zero_copy_get();
+      peer.direct = peer.endpoint->direct();
+      peer.reads = peer.endpoint->reads();
+      peer.writes = peer.endpoint->writes();
       peer.transport = name;
       peer.shares_memory = name == "self" || name == "shm";
       peer.why = peer.endpoint->describe();
@@ -562,31 +566,31 @@ std::string Engine::describe_peer(int rank) const {
   std::string large;
   if (peer.get_failed) {
     large = "pipelined (zero-copy get failed earlier)";
-  } else if (peer.endpoint->has_read() && !peer.read_failed && !chunked_->forced()) {
-    const bool direct = peer.endpoint->has_direct() && !peer.direct_failed;
+  } else if ((peer.reads != nullptr) && !peer.read_failed && !chunked_->forced()) {
+    const bool direct = (peer.direct != nullptr) && !peer.direct_failed;
     large = direct ? "by one-sided read of the sender's buffer (direct transfer if a read fails)"
                    : "by one-sided read of the sender's buffer (pipelined if a read fails)";
     if (direct && peer.read_from > 0) {
       large =
           "by direct transfer below " + std::to_string(peer.read_from) + " B, from there " + large;
     }
-  } else if (peer.endpoint->has_direct() && !peer.direct_failed) {
+  } else if ((peer.direct != nullptr) && !peer.direct_failed) {
     large = "by direct transfer (the transport's own rendezvous)";
-  } else if (peer.endpoint->has_get()) {
+  } else if (peer.zero_copy != nullptr) {
     large = "by zero-copy get from " + std::to_string(peer.get_from) + " B, pipelined below";
   } else {
     large = "pipelined";
   }
   std::string out =
       peer.why + ": eager up to " + std::to_string(peer.eager_limit) + " B, rendezvous " + large;
-  out += rma_->describe(rank, peer.endpoint->has_native_rma());
+  out += rma_->describe(rank, (peer.writes != nullptr));
   if (cuda_) {
     out += "; device buffers: ";
     if (!peer.shares_memory) {
       out +=
           "no shared memory with this peer: small ones copied through host memory, larger "
           "ones in chunks (" +
-          peer.endpoint->device_route() + ")";
+          peer.direct->device_route() + ")";
     } else if (!cuda_ipc_) {
       out += "host-staged (FERRY_CUDA_IPC=0)";
     } else if (rank == rank_) {

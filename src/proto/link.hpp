@@ -39,6 +39,11 @@ struct Pending {
 // what waits for room in it. Everything else about a peer belongs to the part that uses it.
 struct Link {
   transport::Endpoint* endpoint = nullptr;  // null: unreachable (why says why)
+  // What the endpoint offers beyond active messages (null: not offered), asked once.
+  transport::ZeroCopyGet* zero_copy = nullptr;
+  transport::DirectTransfers* direct = nullptr;
+  transport::OneSidedReads* reads = nullptr;
+  transport::OneSidedWrites* writes = nullptr;  // native one-sided over ofi
   std::string transport;
   std::string why;
   std::size_t eager_limit = 0;      // largest message sent eagerly

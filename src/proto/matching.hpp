@@ -43,7 +43,7 @@ struct Unexpected {
   bool device = false;        // RTS_DEV: data holds the cuda::IpcKey, if the sender sent one
   std::uint64_t sreq = 0;     // rendezvous: the sender's request
   std::uint64_t address = 0;  // rendezvous: where the data is in the sender
-  bool readable = false;      // RTS_READ: `address` and `key` read it (Endpoint::read_direct)
+  bool readable = false;      // RTS_READ: `address` and `key` read it (OneSidedReads::read_direct)
   std::uint64_t key = 0;
   std::vector<std::byte> data;  // eager: a copy of the message
 };

@@ -135,7 +135,7 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
       return request;
     }
     if (memory.pinned) slot.pinned_device = engine_.bounce_device(memory);
-    if (memory.device_only() && (bytes <= peer.eager_limit || !peer.endpoint->has_direct())) {
+    if (memory.device_only() && (bytes <= peer.eager_limit || peer.direct == nullptr)) {
       // No shared memory with the peer (ofi), and small (or no direct transfers): the message
       // goes as host data, from a copy.
       slot.host_copy.resize(bytes);
@@ -175,12 +175,11 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
     const std::uint64_t sreq = requests_.wire_id(index);
     transport::Endpoint::RemoteRegion region;
     // Below the endpoint's read size, where it has a direct transfer, that goes instead.
-    const bool read_size =
-        bytes >= peer.read_from || !peer.endpoint->has_direct() || peer.direct_failed;
-    if (slot.device < 0 && rts_address != kRtsFromDevice && peer.endpoint->has_read() &&
+    const bool read_size = bytes >= peer.read_from || peer.direct == nullptr || peer.direct_failed;
+    if (slot.device < 0 && rts_address != kRtsFromDevice && (peer.reads != nullptr) &&
         !peer.read_failed && !engine_.chunked().forced() && read_size) {
       // The receiver may read the buffer itself (no clear-to-send round trip).
-      Status status = peer.endpoint->expose(slot.send_buffer, bytes, sreq, &region);
+      Status status = peer.reads->expose(slot.send_buffer, bytes, sreq, &region);
       if (status) {
         slot.exposed = true;
       } else {
@@ -347,7 +346,7 @@ Status Messages::abandon_send(std::uint32_t index) {
   }
   if (slot.direct && slot.device_ops > 0) {
     // The transport is sending the buffer: ask for it back, and wait until it lets go.
-    peer.endpoint->cancel_direct(requests_.wire_id(index));
+    if (peer.direct != nullptr) peer.direct->cancel_direct(requests_.wire_id(index));
     int idle = 0;
     while (!engine_.done(index)) engine_.wait_step(&idle);
     return slot.status;

@@ -175,8 +175,7 @@ void Engine::complete(std::uint32_t index, Status status) {
   if (slot.exposed) {
     // A send that did not end well must not stay readable (its buffer is the caller's again).
     slot.exposed = false;
-    peers_[static_cast<std::size_t>(slot.peer)].endpoint->unexpose(requests_.wire_id(index),
-                                                                   !status);
+    peers_[static_cast<std::size_t>(slot.peer)].reads->unexpose(requests_.wire_id(index), !status);
   }
   if (slot.rma_device != nullptr) {
     // A get into device memory by messages: the fragments came to the host copy.

@@ -59,7 +59,7 @@ void Messages::handle_rts_read(int source, std::span<const std::byte> data) {
     return engine_.protocol_error(source, "RTS_READ for a message larger than any buffer can be");
   }
   const Link& peer = engine_.link(source);
-  if (peer.endpoint == nullptr || !peer.endpoint->has_read()) {
+  if (peer.endpoint == nullptr || peer.reads == nullptr) {
     // Only a transport with one-sided reads announces one; anything else is a forgery.
     return engine_.protocol_error(source, "RTS_READ over a transport without one-sided reads");
   }
@@ -117,10 +117,10 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
     return engine_.device().start_staged_receive(index, source, sreq, 0);
   }
-  if (remote == nullptr && length > 0 && length >= peer.get_from && peer.endpoint->has_get() &&
+  if (remote == nullptr && length > 0 && length >= peer.get_from && (peer.zero_copy != nullptr) &&
       !peer.get_failed) {
     if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
-    Status status = peer.endpoint->get(slot.recv_buffer, address, length);
+    Status status = peer.zero_copy->get(slot.recv_buffer, address, length);
     if (status && peer.endpoint->was_withdrawn(sreq)) {
       // The sender gave up on the send (its timeout, or its collective failed) while we read:
       // its buffer may have been reused.
@@ -159,11 +159,11 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
     return;
   }
   slot.state = RequestState::kActive;
-  if (remote != nullptr && slot.device < 0 && peer.endpoint->has_read() && !peer.read_failed) {
+  if (remote != nullptr && slot.device < 0 && (peer.reads != nullptr) && !peer.read_failed) {
     // One-sided: read the sender's buffer, then tell it (FIN).
     if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
     Status status =
-        peer.endpoint->read_direct(slot.recv_buffer, length, *remote, requests_.wire_id(index));
+        peer.reads->read_direct(slot.recv_buffer, length, *remote, requests_.wire_id(index));
     if (status) {
       slot.direct = true;
       slot.reading = true;
@@ -185,9 +185,9 @@ void Messages::request_data(std::uint32_t index, int source, std::uint64_t sreq,
   RequestSlot& slot = requests_[index];
   Link& peer = engine_.link(source);
   const std::uint64_t rreq = requests_.wire_id(index);
-  if (peer.endpoint->has_direct() && !peer.direct_failed) {
+  if ((peer.direct != nullptr) && !peer.direct_failed) {
     // The transport moves the whole message into the receive buffer (its own rendezvous).
-    Status status = peer.endpoint->recv_direct(slot.recv_buffer, length, -1, rreq, rreq);
+    Status status = peer.direct->recv_direct(slot.recv_buffer, length, -1, rreq, rreq);
     if (status) {
       slot.direct = true;
       ++slot.device_ops;  // the buffer is the transport's until on_direct
@@ -239,7 +239,7 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
   RequestSlot* slot = cts_target(source, header, &index);
   if (slot == nullptr) return;
   Link& peer = engine_.link(source);
-  if (!peer.endpoint->has_direct()) {
+  if (peer.direct == nullptr) {
     engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     engine_.complete(index, Status(Code::kProtocolError, "rank " + std::to_string(source) +
                                                              " asked for a direct transfer over " +
@@ -248,8 +248,8 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
   }
   // FERRY_TEST_CRASH_AT=mid-pipeline: die with the receiver's direct receive posted.
   engine_.crash_point(util::CrashPoint::kMidPipeline);
-  Status status = peer.endpoint->send_direct(slot->send_buffer, header.length, -1, header.rreq,
-                                             requests_.wire_id(index));
+  Status status = peer.direct->send_direct(slot->send_buffer, header.length, -1, header.rreq,
+                                           requests_.wire_id(index));
   if (!status) {
     engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     engine_.complete(index, std::move(status));
@@ -312,7 +312,7 @@ void Messages::handle_nack(int source, std::span<const std::byte> data) {
     return;  // a receive that already ended: nothing waits
   }
   if (slot->direct && slot->device_ops > 0) {
-    engine_.link(source).endpoint->cancel_direct(header.rreq);
+    if (auto* direct = engine_.link(source).direct) direct->cancel_direct(header.rreq);
   }
   engine_.complete_when_idle(index, Status(Code::kCanceled, "rank " + std::to_string(source) +
                                                                 " gave up sending this message"));

@@ -55,7 +55,8 @@ struct RtsReadHeader {
   std::uint64_t tag;
   std::uint64_t size;
   std::uint64_t sreq;
-  std::uint64_t address;  // for Endpoint::read_direct (an offset where the transport wants one)
+  std::uint64_t
+      address;  // for OneSidedReads::read_direct (an offset where the transport wants one)
   std::uint64_t key;
 };
 struct CtsHeader {

@@ -50,8 +50,8 @@ class AmHandler {
  public:
   virtual ~AmHandler() = default;
   virtual void on_am(std::uint8_t id, int source_rank, std::span<const std::byte> data) = 0;
-  // A direct transfer (Endpoint::send_direct / recv_direct) finished, well or not: `cookie` is
-  // the one its caller passed. Called from the transport's progress.
+  // A direct transfer (DirectTransfers, OneSidedReads, OneSidedWrites) finished, well or not:
+  // `cookie` is the one its caller passed. Called from the transport's progress.
   virtual void on_direct(std::uint64_t /*cookie*/, Status /*status*/) {}
   // The messages the transport had at hand were delivered (more may follow in the same
   // progress): answers the handler collected while handling them can go now. A transport whose
@@ -59,75 +59,93 @@ class AmHandler {
   virtual void on_batch_end() {}
 };
 
+// A region of a peer's memory as the transport names it for one-sided access.
+struct RemoteRegion {
+  std::uint64_t address = 0;
+  std::uint64_t key = 0;
+};
+
+// What an endpoint may offer beyond active messages, each an interface of its own: an endpoint
+// that offers one returns it (Endpoint::zero_copy_get, direct, reads, writes), and one that does
+// not returns null, fixed once connected. Callers keep the pointers (proto::Link).
+
+// A synchronous copy out of the peer's memory at its virtual address (self: memcpy; shm: CMA).
+class ZeroCopyGet {
+ public:
+  virtual ~ZeroCopyGet() = default;
+  // Copies `length` bytes at the peer's address `remote` into `local`. kUnsupported: refused,
+  // and will be again (CMA not permitted); other errors concern this copy only.
+  virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;
+};
+
+// Zero-copy transfer of one whole message by the transport's own matching: the receiver posts
+// recv_direct(buffer, length, key) with a key of its choosing and tells the sender (CTS), which
+// calls send_direct with that key. Each side learns that its buffer is free again through
+// AmHandler::on_direct(cookie). cancel_direct asks for it back early (the completion still comes,
+// with an error). `device` is the GPU whose memory `buffer` is (-1: host memory); only what
+// device_direct() allowed is passed.
+class DirectTransfers {
+ public:
+  virtual ~DirectTransfers() = default;
+  virtual Status send_direct(const void* buffer, std::size_t length, int device, std::uint64_t key,
+                             std::uint64_t cookie) = 0;
+  virtual Status recv_direct(void* buffer, std::size_t length, int device, std::uint64_t key,
+                             std::uint64_t cookie) = 0;
+  virtual void cancel_direct(std::uint64_t cookie) = 0;
+  // Whether direct transfers may use GPU `device`'s memory as it is (the NIC registers GPU
+  // memory). The first question per GPU registers `buffer` for real to find out, and the answer
+  // is kept. False: the caller stages the data through host memory.
+  [[nodiscard]] virtual bool device_direct(int device, const void* buffer, std::size_t length) = 0;
+  // How device data moves over this endpoint, and why.
+  [[nodiscard]] virtual std::string device_route() const = 0;
+};
+
+// One-sided reads (RMA rendezvous, and native gets): the sender exposes its buffer (registered
+// for remote reads; `region` is what the peer needs to read it) until unexpose(cookie); the
+// receiver reads it into its own buffer with read_direct, and learns the end through
+// AmHandler::on_direct(cookie). revoke: the peer must not read it any more (the send was
+// withdrawn or failed), whatever registration caching would keep. Host memory only.
+class OneSidedReads {
+ public:
+  virtual ~OneSidedReads() = default;
+  virtual Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
+                        RemoteRegion* region) = 0;
+  virtual void unexpose(std::uint64_t cookie, bool revoke) = 0;
+  virtual Status read_direct(void* buffer, std::size_t length, RemoteRegion region,
+                             std::uint64_t cookie) = 0;
+};
+
+// One-sided writes by the transport itself (native one-sided over ofi) into a peer's region that
+// the peer registered with Transport::register_region: write_direct copies `length` bytes at
+// `buffer` there and reports (AmHandler::on_direct(cookie)) once they are in the peer's memory;
+// gets use OneSidedReads::read_direct. Offered only where the provider checks keys. Host memory
+// only.
+class OneSidedWrites {
+ public:
+  virtual ~OneSidedWrites() = default;
+  virtual Status write_direct(const void* buffer, std::size_t length, RemoteRegion region,
+                              std::uint64_t cookie) = 0;
+};
+
 // One per (transport, peer).
 class Endpoint {
  public:
+  using RemoteRegion = transport::RemoteRegion;
   virtual ~Endpoint() = default;
   // Copies header and payload to the peer. kWouldBlock when there is no room now (the caller
   // queues and retries after progress); any other error is a real failure.
   virtual Status am_send(std::uint8_t id, std::span<const std::byte> header,
                          std::span<const std::byte> payload, AmHint hint) = 0;
-  // Copies `length` bytes at the peer's virtual address `remote` into `local`, synchronously.
-  // kUnsupported when this endpoint has no zero-copy path (then the caller pipelines through AMs).
-  virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;
-  [[nodiscard]] virtual bool has_get() const = 0;
-  // Zero-copy transfer of one whole message by the transport's own matching: the receiver posts
-  // recv_direct(buffer, length, key) with a key of its choosing and tells the sender (CTS), which
-  // calls send_direct with that key. Each side learns that its buffer is free again through
-  // AmHandler::on_direct(cookie). cancel_direct asks for it back early (the completion still
-  // comes, with an error). A transport without it answers kUnsupported. `device` is the GPU
-  // whose memory `buffer` is (-1: host memory); only what device_direct() allowed is passed.
-  [[nodiscard]] virtual bool has_direct() const { return false; }
-  virtual Status send_direct(const void* /*buffer*/, std::size_t /*length*/, int /*device*/,
-                             std::uint64_t /*key*/, std::uint64_t /*cookie*/) {
-    return Status(Code::kUnsupported, "no direct transfers");
-  }
-  virtual Status recv_direct(void* /*buffer*/, std::size_t /*length*/, int /*device*/,
-                             std::uint64_t /*key*/, std::uint64_t /*cookie*/) {
-    return Status(Code::kUnsupported, "no direct transfers");
-  }
-  // Whether direct transfers may use GPU `device`'s memory as it is (the NIC registers GPU
-  // memory). The first question per GPU registers `buffer` for real to find out, and the answer
-  // is kept. False: the caller stages the data through host memory.
-  [[nodiscard]] virtual bool device_direct(int /*device*/, const void* /*buffer*/,
-                                           std::size_t /*length*/) {
-    return false;
-  }
-  // How device data moves over this endpoint where no memory is shared, and why.
-  [[nodiscard]] virtual std::string device_route() const { return {}; }
-  virtual void cancel_direct(std::uint64_t /*cookie*/) {}
-  // One-sided reads (RMA rendezvous): the sender exposes its buffer (registered for remote
-  // reads; `region` is what the peer needs to read it) until unexpose(cookie); the receiver
-  // reads it into its own buffer with read_direct, and learns the end through
-  // AmHandler::on_direct(cookie). revoke: the peer must not read it any more (the send was
-  // withdrawn or failed), whatever registration caching would keep. Host memory only.
-  struct RemoteRegion {
-    std::uint64_t address = 0;
-    std::uint64_t key = 0;
-  };
-  [[nodiscard]] virtual bool has_read() const { return false; }
-  virtual Status expose(const void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*cookie*/,
-                        RemoteRegion* /*region*/) {
-    return Status(Code::kUnsupported, "no one-sided reads");
-  }
-  virtual void unexpose(std::uint64_t /*cookie*/, bool /*revoke*/) {}
-  virtual Status read_direct(void* /*buffer*/, std::size_t /*length*/, RemoteRegion /*region*/,
-                             std::uint64_t /*cookie*/) {
-    return Status(Code::kUnsupported, "no one-sided reads");
-  }
-  // One-sided access to a peer's registered region by the transport itself (native one-sided
-  // over ofi), where the peer registered it with Transport::register_region: write_direct copies
-  // `length` bytes at `buffer` there and reports (AmHandler::on_direct(cookie)) once they are
-  // in the peer's memory; gets use read_direct. Host memory only.
-  [[nodiscard]] virtual bool has_native_rma() const { return false; }
-  virtual Status write_direct(const void* /*buffer*/, std::size_t /*length*/,
-                              RemoteRegion /*region*/, std::uint64_t /*cookie*/) {
-    return Status(Code::kUnsupported, "no one-sided writes");
-  }
+  // What this endpoint offers beyond active messages (null: not offered).
+  [[nodiscard]] virtual ZeroCopyGet* zero_copy_get() { return nullptr; }
+  [[nodiscard]] virtual DirectTransfers* direct() { return nullptr; }
+  [[nodiscard]] virtual OneSidedReads* reads() { return nullptr; }
+  [[nodiscard]] virtual OneSidedWrites* writes() { return nullptr; }
   // A rendezvous send whose buffer the caller may reuse now (withdrawn after FERRY_TIMEOUT) is
-  // marked where the peer can see it; a receiver that fetched `sreq` with get() asks afterwards
-  // whether it was withdrawn (then what it read may be garbage). Marking comes before the send
-  // returns, and the check after the read, so a clean check proves the read saw live data.
+  // marked where the peer can see it; a receiver that fetched `sreq` with a ZeroCopyGet asks
+  // afterwards whether it was withdrawn (then what it read may be garbage). Marking comes before
+  // the send returns, and the check after the read, so a clean check proves the read saw live
+  // data. Only transports whose peers read a sender's memory unasked keep marks.
   virtual void mark_withdrawn(std::uint64_t /*sreq*/) {}
   [[nodiscard]] virtual bool was_withdrawn(std::uint64_t /*sreq*/) const { return false; }
   // The peer's process id where it runs on this node and the transport knows it, else 0.
@@ -157,13 +175,12 @@ class Transport {
   // what finds out; progress() completes it. A transport whose sends complete only once
   // delivered has nothing to do.
   [[nodiscard]] virtual bool delivered() { return true; }
-  // Registers this process's host memory for the peers' Endpoint::write_direct / read_direct
+  // Registers this process's host memory for the peers' OneSidedWrites / OneSidedReads
   // (native one-sided over ofi). `key` is the key asked for (a provider that chooses its own says
   // which in region->key); `writable`: peers may write it (else reads only); `region` is what the
   // peers need; released by release_region(*handle).
   virtual Status register_region(void* /*buffer*/, std::size_t /*length*/, std::uint64_t /*key*/,
-                                 bool /*writable*/, Endpoint::RemoteRegion* /*region*/,
-                                 void** /*handle*/) {
+                                 bool /*writable*/, RemoteRegion* /*region*/, void** /*handle*/) {
     return Status(Code::kUnsupported, "no one-sided access by the transport");
   }
   virtual void release_region(void* /*handle*/) {}

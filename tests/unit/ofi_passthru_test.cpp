@@ -88,7 +88,7 @@ TEST_F(OfiPassthru, MessagesOfEverySizeArriveInOrderAndTaggedTransfersCross) {
   const std::vector<std::byte> addresses[2] = {transports[0]->address(), transports[1]->address()};
   auto to_one = transports[0]->connect(PeerInfo{1, false, -1, addresses[1]});
   auto to_zero = transports[1]->connect(PeerInfo{0, false, -1, addresses[0]});
-  ASSERT_TRUE(to_one->has_direct());
+  ASSERT_NE(to_one->direct(), nullptr);
 
   // Sizes around the inject size and up to the largest active message, each filled by its index.
   const std::size_t sizes[] = {1, 8, 100, 4000, 16384, 40000, 65000};
@@ -122,9 +122,9 @@ TEST_F(OfiPassthru, MessagesOfEverySizeArriveInOrderAndTaggedTransfersCross) {
   std::vector<std::byte> source(1 << 20);
   for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::byte>(i * 7 + 1);
   std::vector<std::byte> target(source.size()), other(64, std::byte{0x5a});
-  ASSERT_TRUE(to_zero->recv_direct(other.data(), other.size(), -1, 8, 108));
-  ASSERT_TRUE(to_zero->recv_direct(target.data(), target.size(), -1, 7, 107));
-  ASSERT_TRUE(to_one->send_direct(source.data(), source.size(), -1, 7, 207));
+  ASSERT_TRUE(to_zero->direct()->recv_direct(other.data(), other.size(), -1, 8, 108));
+  ASSERT_TRUE(to_zero->direct()->recv_direct(target.data(), target.size(), -1, 7, 107));
+  ASSERT_TRUE(to_one->direct()->send_direct(source.data(), source.size(), -1, 7, 207));
   while ((handlers_[0].directs.empty() || handlers_[1].directs.empty()) &&
          std::chrono::steady_clock::now() < deadline + std::chrono::seconds(20)) {
     transports[0]->progress();
@@ -136,7 +136,7 @@ TEST_F(OfiPassthru, MessagesOfEverySizeArriveInOrderAndTaggedTransfersCross) {
   EXPECT_TRUE(handlers_[1].directs[0]) << handlers_[1].directs[0].message();
   EXPECT_EQ(target, source);
   EXPECT_EQ(std::count(other.begin(), other.end(), std::byte{0x5a}), 64);
-  to_zero->cancel_direct(108);
+  to_zero->direct()->cancel_direct(108);
   while (handlers_[1].directs.size() < 2 &&
          std::chrono::steady_clock::now() < deadline + std::chrono::seconds(30)) {
     transports[1]->progress();

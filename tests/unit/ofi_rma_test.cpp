@@ -83,12 +83,13 @@ TEST_P(OfiRma, TheReceiverReadsTheExposedBufferAndTheRegistrationIsReused) {
   for (std::uint64_t round = 1; round <= 3; ++round) {
     std::vector<std::uint32_t> target(source.size(), 0);
     Endpoint::RemoteRegion region;
-    ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size() * 4, round, &region));
+    ASSERT_TRUE(endpoints_[0]->reads()->expose(source.data(), source.size() * 4, round, &region));
     // Half of it, from an offset: the region names the buffer, not its registration.
-    ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), source.size() * 2, region, 100 + round));
+    ASSERT_TRUE(
+        endpoints_[1]->reads()->read_direct(target.data(), source.size() * 2, region, 100 + round));
     const Status status = wait_read(100 + round);
     ASSERT_TRUE(status) << status.to_string();
-    endpoints_[0]->unexpose(round, false);
+    endpoints_[0]->reads()->unexpose(round, false);
     EXPECT_TRUE(std::equal(source.begin(), source.begin() + source.size() / 2, target.begin()));
     EXPECT_EQ(target[source.size() / 2], 0u) << "read past the length asked for";
   }
@@ -108,9 +109,9 @@ TEST_P(OfiRma, ARevokedBufferCannotBeReadAndTheReadSaysSo) {
   std::vector<std::byte> source(1 << 20, std::byte{9});
   std::vector<std::byte> target(source.size());
   Endpoint::RemoteRegion region;
-  ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size(), 1, &region));
-  endpoints_[0]->unexpose(1, true);  // withdrawn: the registration is closed, cache or not
-  ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), target.size(), region, 2));
+  ASSERT_TRUE(endpoints_[0]->reads()->expose(source.data(), source.size(), 1, &region));
+  endpoints_[0]->reads()->unexpose(1, true);  // withdrawn: the registration is closed, cache or not
+  ASSERT_TRUE(endpoints_[1]->reads()->read_direct(target.data(), target.size(), region, 2));
   const Status status = wait_read(2);
   EXPECT_FALSE(status);
   EXPECT_NE(status.message().find("read from rank 0 failed"), std::string::npos)
@@ -125,12 +126,12 @@ TEST_P(OfiRma, AReadOfAKeyNobodyRegisteredFails) {
   std::vector<std::byte> source(256 << 10, std::byte{3});
   std::vector<std::byte> target(source.size());
   Endpoint::RemoteRegion region;
-  ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size(), 1, &region));
+  ASSERT_TRUE(endpoints_[0]->reads()->expose(source.data(), source.size(), 1, &region));
   region.key ^= 0x5a5a5a5a00000000ULL;
-  ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), target.size(), region, 2));
+  ASSERT_TRUE(endpoints_[1]->reads()->read_direct(target.data(), target.size(), region, 2));
   const Status status = wait_read(2);
   EXPECT_FALSE(status) << "a read of a key nobody registered succeeded";
-  endpoints_[0]->unexpose(1, false);
+  endpoints_[0]->reads()->unexpose(1, false);
 }
 
 TEST_P(OfiRma, TheInjectedReadFailureComesAsACompletion) {
@@ -138,12 +139,12 @@ TEST_P(OfiRma, TheInjectedReadFailureComesAsACompletion) {
   std::vector<std::byte> source(256 << 10, std::byte{3});
   std::vector<std::byte> target(source.size());
   Endpoint::RemoteRegion region;
-  ASSERT_TRUE(endpoints_[0]->expose(source.data(), source.size(), 1, &region));
-  ASSERT_TRUE(endpoints_[1]->read_direct(target.data(), target.size(), region, 2));
+  ASSERT_TRUE(endpoints_[0]->reads()->expose(source.data(), source.size(), 1, &region));
+  ASSERT_TRUE(endpoints_[1]->reads()->read_direct(target.data(), target.size(), region, 2));
   const Status status = wait_read(2);
   EXPECT_NE(status.message().find("FERRY_TEST_OFI_READ_FAIL"), std::string::npos)
       << status.to_string();
-  endpoints_[0]->unexpose(1, false);
+  endpoints_[0]->reads()->unexpose(1, false);
 }
 
 TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
@@ -175,7 +176,7 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
   std::iota(out.begin(), out.end(), 3u);
   Endpoint::RemoteRegion at = region;
   at.address += 4096;  // from an offset
-  ASSERT_TRUE(endpoints_[0]->write_direct(out.data(), out.size() * 4, at, 7));
+  ASSERT_TRUE(endpoints_[0]->writes()->write_direct(out.data(), out.size() * 4, at, 7));
   Status status = wait_done(0, 7);
   ASSERT_TRUE(status) << status.to_string();
   // Complete means delivered: the bytes are there without more progress.
@@ -183,14 +184,14 @@ TEST_P(OfiRma, NativeWritesAndReadsReachTheRegisteredRegionUnderItsKey) {
   EXPECT_TRUE(std::equal(out.begin(), out.end(), memory.begin() + 1024));
   EXPECT_EQ(memory[1024 + out.size()], 0u);
   std::vector<std::uint32_t> back(out.size(), 0);
-  ASSERT_TRUE(endpoints_[0]->read_direct(back.data(), back.size() * 4, at, 8));
+  ASSERT_TRUE(endpoints_[0]->reads()->read_direct(back.data(), back.size() * 4, at, 8));
   status = wait_done(0, 8);
   ASSERT_TRUE(status) << status.to_string();
   EXPECT_EQ(back, out);
   // Released: a write under the old key is refused (and tcp closes the connection, so last).
   transports_[1]->release_region(handle);
   std::fill(memory.begin(), memory.end(), 0u);
-  ASSERT_TRUE(endpoints_[0]->write_direct(out.data(), 4096, region, 9));
+  ASSERT_TRUE(endpoints_[0]->writes()->write_direct(out.data(), 4096, region, 9));
   status = wait_done(0, 9);
   EXPECT_FALSE(status) << "a write under a released key succeeded";
   EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::uint32_t v) { return v == 0; }));

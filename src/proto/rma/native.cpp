@@ -15,7 +15,7 @@ bool NativeAccess::start(std::uint32_t index, const RmaTarget& target, void* loc
   if (!target.native || local_device) return false;
   const Link& link = engine_.link(target.rank);
   std::string& refused = refused_[static_cast<std::size_t>(target.rank)];
-  if (!link.endpoint->has_native_rma() || !refused.empty()) return false;
+  if (link.writes == nullptr || !refused.empty()) return false;
   auto [entry, first] = grants_.try_emplace({target.rank, target.region});
   Grant& grant = entry->second;
   if (!first && grant.state == Grant::State::kRefused && grant.secret != target.secret) {
@@ -38,8 +38,8 @@ bool NativeAccess::start(std::uint32_t index, const RmaTarget& target, void* loc
   const transport::Endpoint::RemoteRegion remote{grant.region.address + target.offset,
                                                  grant.region.key};
   const std::uint64_t cookie = engine_.requests().wire_id(index);
-  Status started = put ? link.endpoint->write_direct(local, bytes, remote, cookie)
-                       : link.endpoint->read_direct(local, bytes, remote, cookie);
+  Status started = put ? link.writes->write_direct(local, bytes, remote, cookie)
+                       : link.reads->read_direct(local, bytes, remote, cookie);
   if (!started) {
     if (started.code() == Code::kPeerFailed) {
       engine_.complete(index, std::move(started));

@@ -192,7 +192,7 @@ bool PeerRegions::guarded(std::uint32_t index, const RmaTarget& target, void* lo
     cuda::Cuda* cuda = engine_.cuda();
     if (slot.device < 0) {
       // Host memory by CMA, where the transport's probe found it allowed.
-      if (!local_device && link.endpoint->has_get() && refused.cma.empty()) {
+      if (!local_device && (link.zero_copy != nullptr) && refused.cma.empty()) {
         const int pid = link.endpoint->peer_pid();
         const std::uint64_t remote = slot.address + target.offset;
         Status moved = put ? util::cma_write(pid, remote, local, bytes)

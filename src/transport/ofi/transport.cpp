@@ -67,7 +67,10 @@ Reachability OfiTransport::reach(const PeerInfo& peer) const {
 
 namespace {
 
-class OfiEndpoint final : public Endpoint {
+class OfiEndpoint final : public Endpoint,
+                          public DirectTransfers,
+                          public OneSidedReads,
+                          public OneSidedWrites {
  public:
   OfiEndpoint(OfiTransport* transport, int peer, fi_addr_t address)
       : transport_(transport), peer_(peer), address_(address) {}
@@ -75,11 +78,12 @@ class OfiEndpoint final : public Endpoint {
                  std::span<const std::byte> payload, AmHint /*hint*/) override {
     return transport_->send(peer_, address_, id, header, payload);
   }
-  Status get(void* /*local*/, std::uint64_t /*remote*/, std::size_t /*length*/) override {
-    return Status(Code::kUnsupported, "ofi: no zero-copy get yet");
-  }
-  [[nodiscard]] bool has_get() const override { return false; }
-  [[nodiscard]] bool has_direct() const override { return true; }
+  // Tagged transfers always; reads where the provider grants FI_RMA; writes where native
+  // one-sided access is on (the provider checks keys).
+  DirectTransfers* direct() override { return this; }
+  OneSidedReads* reads() override { return transport_->has_read() ? this : nullptr; }
+  OneSidedWrites* writes() override { return transport_->has_native_rma() ? this : nullptr; }
+
   Status send_direct(const void* buffer, std::size_t length, int device, std::uint64_t key,
                      std::uint64_t cookie) override {
     return transport_->start_direct(true, peer_, const_cast<void*>(buffer), length, device, key,
@@ -89,17 +93,12 @@ class OfiEndpoint final : public Endpoint {
                      std::uint64_t cookie) override {
     return transport_->start_direct(false, peer_, buffer, length, device, key, cookie);
   }
+  void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
   bool device_direct(int device, const void* buffer, std::size_t length) override {
     return transport_->device_direct(device, buffer, length);
   }
   [[nodiscard]] std::string device_route() const override { return transport_->device_route(); }
-  void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
-  [[nodiscard]] bool has_read() const override { return transport_->has_read(); }
-  [[nodiscard]] bool has_native_rma() const override { return transport_->has_native_rma(); }
-  Status write_direct(const void* buffer, std::size_t length, RemoteRegion region,
-                      std::uint64_t cookie) override {
-    return transport_->start_write(peer_, buffer, length, region, cookie);
-  }
+
   Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
                 RemoteRegion* region) override {
     return transport_->expose(buffer, length, cookie, region);
@@ -111,6 +110,11 @@ class OfiEndpoint final : public Endpoint {
                      std::uint64_t cookie) override {
     return transport_->start_read(peer_, buffer, length, region, cookie);
   }
+  Status write_direct(const void* buffer, std::size_t length, RemoteRegion region,
+                      std::uint64_t cookie) override {
+    return transport_->start_write(peer_, buffer, length, region, cookie);
+  }
+
   [[nodiscard]] std::string describe() const override {
     return "ofi (" + transport_->provider() + "; " + transport_->rma() + "; " + transport_->hmem() +
            ")";

@@ -78,7 +78,7 @@ class OfiTransport final : public Transport {
   [[nodiscard]] const mem::RegistrationCache::Stats& registrations() const {
     return cache_->stats();
   }
-  // Endpoint::device_direct and device_route, for every peer at once: the NIC is the same.
+  // DirectTransfers::device_direct and device_route, for every peer at once: the NIC is the same.
   bool device_direct(int device, const void* buffer, std::size_t length);
   [[nodiscard]] std::string device_route() const;
 

@@ -8,7 +8,7 @@
 namespace ferry::transport::self {
 namespace {
 
-class SelfEndpoint final : public Endpoint {
+class SelfEndpoint final : public Endpoint, public ZeroCopyGet {
  public:
   explicit SelfEndpoint(SelfTransport* transport) : transport_(transport) {}
   Status am_send(std::uint8_t id, std::span<const std::byte> header,
@@ -16,11 +16,11 @@ class SelfEndpoint final : public Endpoint {
     transport_->enqueue(id, header, payload);
     return Status::ok();
   }
+  ZeroCopyGet* zero_copy_get() override { return this; }
   Status get(void* local, std::uint64_t remote, std::size_t length) override {
     util::copy(local, reinterpret_cast<const void*>(remote), length);
     return Status::ok();
   }
-  [[nodiscard]] bool has_get() const override { return true; }
   [[nodiscard]] std::string describe() const override { return "self (memcpy)"; }
 
  private:

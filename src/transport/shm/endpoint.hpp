@@ -12,15 +12,16 @@ namespace ferry::transport::shm {
 class ShmTransport;
 class Segment;
 
-class ShmEndpoint final : public Endpoint {
+class ShmEndpoint final : public Endpoint, public ZeroCopyGet {
  public:
   ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, int peer_rank,
               int peer_local_index, int peer_pid, bool cma_ok, std::string cma_reason);
 
   Status am_send(std::uint8_t id, std::span<const std::byte> header,
                  std::span<const std::byte> payload, AmHint hint) override;
+  // CMA where the connect-time probe succeeded.
+  ZeroCopyGet* zero_copy_get() override { return cma_ok_ ? this : nullptr; }
   Status get(void* local, std::uint64_t remote, std::size_t length) override;
-  [[nodiscard]] bool has_get() const override { return cma_ok_; }
   void mark_withdrawn(std::uint64_t sreq) override;
   [[nodiscard]] bool was_withdrawn(std::uint64_t sreq) const override;
   [[nodiscard]] int peer_pid() const override { return peer_pid_; }
