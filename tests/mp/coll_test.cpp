@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../helpers/ranks_main.hpp"
 #include "coll/reduce.hpp"  // the 16-bit float conversions (tested on their own in the unit tests)
 #include "ferry/ferry.hpp"
 
@@ -956,17 +957,5 @@ TEST(Collectives, FloatResultsAreTheSameBitsEverywhereAndEveryTime) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    ferry::Context context = ferry::Context::init();
-    ferry::g_ctx = &context;
-    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
-    int failed = RUN_ALL_TESTS();
-    ferry::g_ctx = nullptr;
-    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
-    return failed;
-  } catch (const ferry::Error& e) {
-    std::fprintf(stderr, "coll_test: %s\n", e.what());
-    return 1;
-  }
+  return ferry::test::run_on_every_rank(argc, argv, "coll_test", &ferry::g_ctx);
 }

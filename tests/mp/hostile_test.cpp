@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../helpers/ranks_main.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry {
@@ -196,21 +197,5 @@ TEST(Regions, DeregisteredAllocationsAreFreedWhileTheirPeersLive) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    ferry::Context context = ferry::Context::init();
-    ferry::g_ctx = &context;
-    if (context.size() < 2) {
-      std::fprintf(stderr, "hostile_test needs at least two ranks\n");
-      return 1;
-    }
-    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
-    const int failed = RUN_ALL_TESTS();
-    ferry::g_ctx = nullptr;
-    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
-    return failed;
-  } catch (const ferry::Error& e) {
-    std::fprintf(stderr, "hostile_test: %s\n", e.what());
-    return 1;
-  }
+  return ferry::test::run_on_every_rank(argc, argv, "hostile_test", &ferry::g_ctx, 2);
 }

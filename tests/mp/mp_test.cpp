@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "../helpers/ranks_main.hpp"
 #include "ferry/ferry.hpp"
 #include "util/copy.hpp"
 
@@ -426,18 +427,5 @@ TEST(MultiProcess, OverTcpSocketsMessagesBelowTheReadSizeGoDirect) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    ferry::Context context = ferry::Context::init();
-    ferry::g_ctx = &context;
-    // Only rank 0 prints the test list; the others print failures only.
-    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
-    int failed = RUN_ALL_TESTS();
-    ferry::g_ctx = nullptr;
-    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
-    return failed;
-  } catch (const ferry::Error& e) {
-    std::fprintf(stderr, "mp_test: %s\n", e.what());
-    return 1;
-  }
+  return ferry::test::run_on_every_rank(argc, argv, "mp_test", &ferry::g_ctx);
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "../helpers/ranks_main.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry {
@@ -721,21 +722,11 @@ TEST(OneSided, ZeroBytesAndBadPackedKeys) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    ferry::Context context = ferry::Context::init();
-    ferry::g_ctx = &context;
-    const char* allocate = std::getenv("RMA_TEST_ALLOCATE");
-    ferry::g_allocate = allocate != nullptr && std::string(allocate) == "1";
-    const char* native = std::getenv("RMA_TEST_NATIVE");
-    ferry::g_native = native != nullptr && std::string(native) == "1";
-    if (context.rank() != 0) GTEST_FLAG_SET(brief, true);
-    int failed = RUN_ALL_TESTS();
-    ferry::g_ctx = nullptr;
-    if (failed != 0) std::fprintf(stderr, "rank %d: tests failed\n", context.rank());
-    return failed;
-  } catch (const ferry::Error& e) {
-    std::fprintf(stderr, "rma_test: %s\n", e.what());
-    return 1;
-  }
+  return ferry::test::run_on_every_rank(
+      argc, argv, "rma_test", &ferry::g_ctx, 1, [](ferry::Context&) {
+        const char* allocate = std::getenv("RMA_TEST_ALLOCATE");
+        ferry::g_allocate = allocate != nullptr && std::string(allocate) == "1";
+        const char* native = std::getenv("RMA_TEST_NATIVE");
+        ferry::g_native = native != nullptr && std::string(native) == "1";
+      });
 }
