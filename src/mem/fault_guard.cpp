@@ -19,6 +19,14 @@ void on_fault(int signal, siginfo_t* info, void* context) {
   const auto address = reinterpret_cast<std::uintptr_t>(info->si_addr);
   if (guard.armed && address >= guard.low && address < guard.high) {
     guard.armed = false;
+    // The jump does not restore the mask (sigsetjmp(…, 0)). SA_NODEFER keeps the signal
+    // unblocked, but a runtime that wraps handlers (TSan's does) may install ours without it:
+    // the signal would stay blocked, and the next fault would end the process. Unblock it here,
+    // on the fault path only (pthread_sigmask is async-signal-safe).
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, signal);
+    ::pthread_sigmask(SIG_UNBLOCK, &mask, nullptr);
     siglongjmp(guard.jump, 1);
   }
   // Not ours: what was there before decides.
@@ -65,7 +73,7 @@ bool install_fault_handler() {
 bool readable(const void* address, std::size_t bytes) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const auto* first = static_cast<const volatile unsigned char*>(address);
-  return guarded(address, bytes, [&] {
+  return guarded(address, bytes, Touch::kRead, [&] {
     for (std::size_t at = 0; at < bytes; at += page) (void)first[at];
     (void)first[bytes - 1];
   });

@@ -13,6 +13,17 @@
 #include <csetjmp>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "mem/host_access.hpp"
+
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_UNDER_TSAN 1
+#endif
+#endif
 
 namespace ferry::mem {
 
@@ -28,10 +39,27 @@ FaultGuard& fault_guard();
 // Installs the handler once per process; false if it could not be (the accesses then fault).
 bool install_fault_handler();
 
-// Runs `access`, which touches [address, address + bytes) and nothing else that can fault; false
-// when a fault inside that range ended it (what it wrote before the fault stays written).
+enum class Touch { kRead, kWrite };
+
+// Runs `access`, which touches [address, address + bytes) as `touch` says and nothing else that
+// can fault; false when a fault inside that range ended it (what it wrote before the fault stays
+// written).
+//
+// Under ThreadSanitizer the range is looked up in the process's mappings first and the access
+// is not run if it would fault: TSan's atomics hold a lock of the runtime around the access, a
+// jump out of a fault there leaves it held, and the next atomic on that word waits forever. (A
+// parse of /proc/self/maps per access: TSan builds only.)
 template <typename Access>
-[[nodiscard]] bool guarded(const void* address, std::size_t bytes, Access&& access) {
+[[nodiscard]] bool guarded(const void* address, std::size_t bytes, Touch touch, Access&& access) {
+#ifdef FERRY_UNDER_TSAN
+  std::string why;
+  const HostAccess now = host_access(address, bytes, &why);
+  if (now == HostAccess::kUnmapped || (touch == Touch::kWrite && now != HostAccess::kReadWrite)) {
+    return false;
+  }
+#else
+  (void)touch;
+#endif
   FaultGuard& guard = fault_guard();
   guard.low = reinterpret_cast<std::uintptr_t>(address);
   guard.high = guard.low + bytes;

@@ -454,7 +454,7 @@ void OneSided::on_put(int source, std::span<const std::byte> data) {
     // The application's memory, which it may have unmapped or made read-only since: a write
     // that cannot land is the initiator's error, not a fault here.
     std::byte* destination = base + header.offset;
-    if (!mem::guarded(destination, payload.size(),
+    if (!mem::guarded(destination, payload.size(), mem::Touch::kWrite,
                       [&] { util::copy(destination, payload.data(), payload.size()); })) {
       FERRY_LOG(kWarn,
                 "a put from rank %d into region %llu faulted: its memory is no longer "
@@ -542,7 +542,7 @@ void OneSided::on_atomic(int source, std::span<const std::byte> data) {
       // Unmapped or made read-only since, the atomic faults: ended here, refused there.
       std::byte* word = base + header.offset;
       base = nullptr;
-      if (!mem::guarded(word, header.width, [&] {
+      if (!mem::guarded(word, header.width, mem::Touch::kWrite, [&] {
             previous =
                 atomic_at(word, static_cast<AtomicOp>(header.op), header.width, operand, compare);
           })) {
