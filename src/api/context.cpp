@@ -87,7 +87,7 @@ Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, Me
   if (status.code() == Code::kTimeout && !request.cancel() && !request.test()) {
     // Matched and receiving: the data is on its way (a dead sender fails it), so finish it.
     int idle = 0;
-    while (!request.test()) engine_->wait_step(&idle);
+    while (!request.test()) engine_->waiting().step(&idle);
     status = request.status();
   }
   if (info != nullptr) *info = request.info();
@@ -106,8 +106,9 @@ MessageInfo Context::probe(int source, Tag tag, Tag mask) {
   int idle = 0;
   for (std::uint32_t polls = 0;; ++polls) {
     if (auto info = iprobe(source, tag, mask)) return *info;
-    if (engine_->none_can_come(source)) return MessageInfo{};  // source -1: none will come
-    engine_->wait_step(&idle);
+    if (engine_->liveness().none_can_come(source))
+      return MessageInfo{};  // source -1: none will come
+    engine_->waiting().step(&idle);
     if (timeout > 0 && (polls & 255) == 0 && util::Clock::now() >= deadline) {
       return MessageInfo{};  // source -1: nothing matched within FERRY_TIMEOUT
     }
@@ -133,11 +134,11 @@ int Context::progress() {
 void Context::abort(int code, const std::string& reason) { engine_->abort(code, reason); }
 int Context::event_fd() const {
   auto entry = engine_->enter();
-  return engine_->event_fd();
+  return engine_->waiting().event_fd();
 }
 bool Context::arm() {
   auto entry = engine_->enter();
-  return engine_->arm();
+  return engine_->waiting().arm();
 }
 std::string Context::describe_peer(int rank) const {
   auto entry = engine_->enter();

@@ -91,7 +91,7 @@ void ring_allgather(Plan& s, int rank, int n, const std::byte* own, int shift,
 
 Status Group::barrier(Plan& p) {
   p.describe({"barrier", 0, DataType::kUint8});
-  if (node_ready(p, 0)) return node_barrier();
+  if (nodes_->ready(p, 0)) return nodes_->barrier();
   const int n = size();
   for (int k = 1; k < n; k <<= 1) {
     p.send(mod(rank_ + k, n), nullptr, 0);
@@ -113,10 +113,10 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
   const bool chain = broadcast_by_chain(bytes);
   if (n == 1 || bytes == 0) {
     // nothing moves
-  } else if (!chain && broadcast_ == 0 && node_ready(p, bytes)) {
-    return node_broadcast(buffer, count, type, root);
-  } else if (broadcast_by_stream(bytes) && node_ready(p, 0)) {
-    return node_stream_broadcast(buffer, count, type, root);
+  } else if (!chain && broadcast_ == 0 && nodes_->ready(p, bytes)) {
+    return nodes_->broadcast(buffer, count, type, root);
+  } else if (broadcast_by_stream(bytes) && nodes_->ready(p, 0)) {
+    return nodes_->stream_broadcast(buffer, count, type, root);
   } else if (chain) {
     // The root's data flows down the chain vr 0 -> 1 -> ... in pieces: in round t member vr
     // receives piece t - vr + 1 and passes on piece t - vr. Pieces of FERRY_COLL_CHUNK, or an
@@ -177,8 +177,8 @@ Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, D
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
-  } else if (reduce_ == 0 && node_ready(p, bytes)) {
-    return node_reduce(send, recv, count, type, op, root, ring);
+  } else if (reduce_ == 0 && nodes_->ready(p, bytes)) {
+    return nodes_->reduce(send, recv, count, type, op, root, ring);
   } else if (ring) {
     // Member r ends the reduce-scatter with block r (shift n - 1), then sends it to the root.
     const Blocks blocks(count, n, element);
@@ -246,8 +246,8 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
     // Device buffers of members that share a node: one kernel per GPU, no messages, reducing in
     // the order of the algorithm it stands in for (so the bits are the host path's).
     p.oneshot(result, in, count, next_oneshot(), ring);
-  } else if (allreduce_ == 0 && node_ready(p, bytes)) {
-    return node_allreduce(send, recv, count, type, op, ring);
+  } else if (allreduce_ == 0 && nodes_->ready(p, bytes)) {
+    return nodes_->allreduce(send, recv, count, type, op, ring);
   } else if (ring) {
     // Reduce-scatter leaves block r + 1 complete at member r (in the result buffer), and the
     // allgather passes the complete blocks around.
@@ -326,8 +326,8 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
-  } else if (node_ready(p, bytes * static_cast<std::size_t>(n))) {
-    return node_reduce_scatter(send, recv, count, type, op);
+  } else if (nodes_->ready(p, bytes * static_cast<std::size_t>(n))) {
+    return nodes_->reduce_scatter(send, recv, count, type, op);
   } else {
     const Blocks blocks(count * static_cast<std::size_t>(n), n, size_of(type));
     std::byte* alternate[2] = {p.scratch(bytes), p.scratch(bytes)};
@@ -354,10 +354,10 @@ Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count
   const bool ring = allgather_by_ring(bytes);
   if (bytes == 0) {
     // nothing moves
-  } else if (allgather_ == 0 && node_ready(p, bytes)) {
+  } else if (allgather_ == 0 && nodes_->ready(p, bytes)) {
     // On one node the area takes the ring's sizes too (3 ranks, 128 KiB each: 6.5-6.8 us against
     // 26-27 by the ring's messages on this VM).
-    return node_allgather(send, recv, count, type);
+    return nodes_->allgather(send, recv, count, type);
   } else if (ring || n == 1) {
     ring_allgather(
         p, rank_, n, in, 0, [&](int b) { return result + static_cast<std::size_t>(b) * bytes; },

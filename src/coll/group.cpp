@@ -48,7 +48,8 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   // The area's slots hold at most 8 MiB in all (NodeArea::kSlots per member), so a communicator
   // of many members takes smaller calls through it: 1 MiB per member for two, 256 KiB for eight.
   const std::size_t slot_budget = (std::size_t{8} << 20) / NodeArea::kSlots / members_.size();
-  node_bytes_ = std::min(config.get_size(util::Var::kCollNode), slot_budget / 64 * 64);
+  nodes_ = std::make_unique<NodeCollectives>(
+      *this, std::min(config.get_size(util::Var::kCollNode), slot_budget / 64 * 64));
 }
 
 Group::~Group() {
@@ -416,6 +417,78 @@ std::shared_ptr<Group> Group::split(int color, int key) {
   ids_->next = static_cast<std::uint32_t>(id) + 1;
   return std::shared_ptr<Group>(
       new Group(engine_, std::move(members), rank, static_cast<std::uint32_t>(id), ids_));
+}
+
+bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,
+                  DataType type, ReduceOp op, int root) {
+  if (!nodes_->set_up()) return false;  // the first call sets the area up, through run()
+  const std::size_t element = size_of(type);
+  if (element == 0 || count > nodes_->bytes() / element) return false;
+  const std::size_t bytes = count * element;
+  const auto n = static_cast<std::size_t>(size());
+  // Where Group's algorithms would take the area (algorithms.cpp), and arguments that check()
+  // accepts: anything else goes through run(), which decides the same way or reports the error.
+  switch (kind) {
+    case Kind::kBarrier:
+      break;
+    case Kind::kBroadcast:
+      if (broadcast_ != 0 || broadcast_by_chain(bytes) || bytes == 0 || recv == nullptr ||
+          root < 0 || root >= static_cast<int>(n)) {
+        return false;
+      }
+      break;
+    case Kind::kAllreduce:
+      if (allreduce_ != 0 || bytes == 0 || send == nullptr || recv == nullptr ||
+          !check_reduction(type, op).is_ok()) {
+        return false;
+      }
+      break;
+    case Kind::kAllgather:
+      if (allgather_ != 0 || bytes == 0 || send == nullptr || recv == nullptr) {
+        return false;
+      }
+      break;
+    case Kind::kReduce:
+      if (reduce_ != 0 || bytes == 0 || send == nullptr || (rank_ == root && recv == nullptr) ||
+          root < 0 || root >= static_cast<int>(n) || !check_reduction(type, op).is_ok()) {
+        return false;
+      }
+      break;
+    case Kind::kReduceScatter:  // `count` elements per member, the input is n times that
+      if (bytes == 0 || bytes > nodes_->bytes() / n || send == nullptr || recv == nullptr ||
+          !check_reduction(type, op).is_ok()) {
+        return false;
+      }
+      break;
+  }
+  if (cuda::Cuda* gpu = engine_->cuda()) {
+    for (const void* buffer : {send, static_cast<const void*>(recv)}) {
+      if (buffer != nullptr && gpu->classify(buffer).device_only()) return false;
+    }
+  }
+  if (!nodes_->usable()) return false;
+  next_tag();  // as run() would: every member numbers its collectives alike
+  switch (kind) {
+    case Kind::kBarrier:
+      *status = nodes_->barrier();
+      break;
+    case Kind::kBroadcast:
+      *status = nodes_->broadcast(recv, count, type, root);
+      break;
+    case Kind::kAllreduce:
+      *status = nodes_->allreduce(send, recv, count, type, op, allreduce_by_ring(bytes, count));
+      break;
+    case Kind::kAllgather:
+      *status = nodes_->allgather(send, recv, count, type);
+      break;
+    case Kind::kReduce:
+      *status = nodes_->reduce(send, recv, count, type, op, root, reduce_by_ring(bytes));
+      break;
+    case Kind::kReduceScatter:
+      *status = nodes_->reduce_scatter(send, recv, count, type, op);
+      break;
+  }
+  return true;
 }
 
 }  // namespace ferry::coll

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "coll/node_area.hpp"
+#include "coll/node_collectives.hpp"
 #include "coll/schedule.hpp"
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
@@ -70,6 +71,13 @@ class Group : public std::enable_shared_from_this<Group> {
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return static_cast<int>(members_.size()); }
   [[nodiscard]] int member(int rank) const { return members_[static_cast<std::size_t>(rank)]; }
+  [[nodiscard]] const std::vector<int>& members() const { return members_; }
+  // Its id in the tags of its messages.
+  [[nodiscard]] std::uint32_t id() const { return id_; }
+  // FERRY_TIMEOUT in seconds (0: none).
+  [[nodiscard]] double timeout() const { return timeout_; }
+  // "member 2 (rank 5)", for messages.
+  [[nodiscard]] std::string peer_label(int m) const;
 
   // Null for Communicator::kUndefined. Throws ferry::Error.
   std::shared_ptr<Group> split(int color, int key);
@@ -124,37 +132,12 @@ class Group : public std::enable_shared_from_this<Group> {
   void stop_oneshot();
   ~Group();
 
-  // Small blocking collectives of host buffers through the node's shared area
-  // (node_collectives.cpp, where the area's rules are): whether this one can go there (set up on
-  // the first call that could, a collective decision with the same answer on every member), and the
-  // collectives. Each stands in for the latency algorithm of its kind and gives the same bits.
-  bool node_ready(const Plan& p, std::size_t bytes);
   // The blocking form's shortcut, once the area is set up: runs the call through the area (and
   // returns true, *status its outcome) where Group's algorithm would, with arguments it accepts;
   // returns false for everything else, which then goes through run(). For barrier and
   // broadcast, `send` is unused (broadcast's buffer is `recv`).
   bool quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,
              DataType type, ReduceOp op, int root);
-  Status node_barrier();
-  Status node_broadcast(void* buffer, std::size_t count, DataType type, int root);
-  // In the order of the ring's reduce-scatter where `ring_order`, else of recursive doubling.
-  // With 3 or more members and kNodeSplitBytes or more, each member reduces a block only.
-  Status node_allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                        bool ring_order);
-  static constexpr std::size_t kNodeSplitBytes = 16384;
-  // The slots of the smaller area made where /dev/shm has no room for the whole one.
-  static constexpr std::size_t kSmallNodeBytes = 65536;
-  Status node_allgather(const void* send, void* recv, std::size_t count, DataType type);
-  // In the order of the ring reduce-scatter: each member reduces its own block of everyone's
-  // input (`count` elements each) from the slots.
-  Status node_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                             ReduceOp op);
-  // Every member posts its input, the root alone reduces, in the ring's order where
-  // `ring_order`, else the binomial tree's.
-  Status node_reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
-                     int root, bool ring_order);
-  // A broadcast larger than the area's slots, streamed through its ring (node_ready(p, 0) first).
-  Status node_stream_broadcast(void* buffer, std::size_t count, DataType type, int root);
 
   // Storage an Immediate reuses from one collective to the next.
   std::unique_ptr<Reusable> take_reusable() {
@@ -196,13 +179,13 @@ class Group : public std::enable_shared_from_this<Group> {
     return p.device() == Plan::kHost ? chunk_ : SIZE_MAX;
   }
   // A blocking host broadcast among members of one node that streams through the node's area
-  // (node_stream_broadcast): with 3 or more members above its slots, or where the chain of
-  // messages would be taken (1 MiB, 3 ranks: 42 us streamed, 120-164 by the chain); with two
+  // (NodeCollectives::stream_broadcast): with 3 or more members above its slots, or where the chain
+  // of messages would be taken (1 MiB, 3 ranks: 42 us streamed, 120-164 by the chain); with two
   // from 2 MiB, where below one message's single copy is faster (128 KiB: 9-10 us against 17-20
   // streamed; 2 MiB: 205-229 us against 237-247 on this VM).
   bool broadcast_by_stream(std::size_t bytes) const {
     return broadcast_ == 0 &&
-           (members_.size() > 2 ? bytes > node_bytes_ || broadcast_by_chain(bytes)
+           (members_.size() > 2 ? bytes > nodes_->bytes() || broadcast_by_chain(bytes)
                                 : bytes >= (2u << 20));
   }
   // A device allreduce between two members by the two-shot kernel (from FERRY_COLL_DEVICE_TWOSHOT
@@ -259,22 +242,9 @@ class Group : public std::enable_shared_from_this<Group> {
     bool launched = false;
   };
   std::unique_ptr<OneShot> oneshot_;  // set up by the first oneshot_ready() on a device
-  class NodeCall;
-  std::size_t node_bytes_;          // FERRY_COLL_NODE
-  bool node_decided_ = false;       // prepare_node() ran
-  std::unique_ptr<NodeArea> node_;  // null: not used (not decided, not possible, or failed)
-  std::uint64_t node_calls_ = 0;    // calls through the area so far
-  std::vector<std::uint64_t> node_done_seen_;  // each member's `done` word, as last read
-  std::vector<const std::byte*> node_inputs_;  // each member's slot in the current call
-  std::uint64_t node_stream_call_ = 0;         // the last streamed broadcast (0: none yet)
-  std::uint64_t node_stream_pieces_ = 0;       // and its pieces
-  std::vector<std::byte> node_scratch_;
-  Status prepare_node();
-  // The area, unless a member left it (then it goes, here too).
-  bool node_usable();
+  std::unique_ptr<NodeCollectives> nodes_;
   Status prepare_oneshot(int device);
   void prepare_resident();
-  [[nodiscard]] std::string peer_label(int m) const;
   void release_oneshot();
 };
 

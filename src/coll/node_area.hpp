@@ -1,5 +1,5 @@
 // A communicator's area in shared memory, for communicators whose members all share a node: small
-// blocking collectives go through it with no messages (Group::node_ready, node.cpp).
+// blocking collectives go through it with no messages (NodeCollectives, node_collectives.cpp).
 //
 // Every member has a control line, kGenerations lines, one per generation (the call's number
 // modulo kGenerations), and kSlots slots for data that does not fit in a line (the call's number
@@ -32,7 +32,7 @@ class NodeArea {
   static constexpr int kSlots = 4;
   static constexpr std::size_t kInlineBytes = 40;
   // Broadcasts larger than a slot stream through a ring of kStreamPieces pieces of
-  // kStreamPiece bytes that every member can read (Group::node_stream_broadcast).
+  // kStreamPiece bytes that every member can read (NodeCollectives::stream_broadcast).
   static constexpr std::size_t kStreamPiece = 256 << 10;
   static constexpr std::uint64_t kStreamPieces = 8;
   // Generation::progress is (call << kStageBits) + a stage below kReduced.
@@ -53,8 +53,8 @@ class NodeArea {
     // How far this member is within a call, progress(call, stage), so a value left by an older
     // call is below every value of a newer one: in a streamed broadcast the pieces the root has
     // written or a reader has copied out; in an allreduce split among the members kReduced once
-    // this member's block of the result is in its slot (Group::node_stream_broadcast,
-    // node_allreduce).
+    // this member's block of the result is in its slot (NodeCollectives::stream_broadcast,
+    // allreduce).
     std::atomic<std::uint64_t> progress;
     unsigned char data[kInlineBytes];  // the data when it fits
   };

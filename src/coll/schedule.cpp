@@ -78,7 +78,7 @@ bool Execution::gpu_member_died(Status* failure) {
   if ((++polls_ & 1023) != 0) return false;
   proto::Engine* engine = group_->engine();
   for (int m = 0; m < group_->size(); ++m) {
-    if (const std::string* why = engine->peer_failure(group_->member(m))) {
+    if (const std::string* why = engine->liveness().failure(group_->member(m))) {
       *failure =
           Status(Code::kPeerFailed, what() + " failed: " + peer_name(m) + " is gone: " + *why);
       return true;
@@ -190,15 +190,15 @@ Status Execution::member_death(const std::string& context, bool ask_transports) 
   int first = -1;
   std::uint64_t earliest = 0;
   for (int m = 0; m < group_->size(); ++m) {
-    const std::uint64_t order = engine->failure_order(group_->member(m));
+    const std::uint64_t order = engine->liveness().failure_order(group_->member(m));
     if (order != 0 && (first < 0 || order < earliest)) {
       first = m;
       earliest = order;
     }
   }
   if (first < 0) return Status();
-  return Status(Code::kPeerFailed, what() + " failed: " + peer_name(first) +
-                                       " is gone: " + *engine->peer_failure(group_->member(first)) +
+  return Status(Code::kPeerFailed, what() + " failed: " + peer_name(first) + " is gone: " +
+                                       *engine->liveness().failure(group_->member(first)) +
                                        (context.empty() ? std::string() : " (" + context + ")"));
 }
 
@@ -215,7 +215,7 @@ void Execution::withdraw() {
   }
   int idle = 0;
   for (InFlight& f : in_flight_) {
-    while (!engine->done(proto::Engine::index_of(f.request))) engine->wait_step(&idle);
+    while (!engine->done(proto::Engine::index_of(f.request))) engine->waiting().step(&idle);
   }
   in_flight_.clear();
 }
@@ -384,7 +384,7 @@ void Immediate::next_round() {
       const State state = poll(&status_);
       if (state == State::kFailed) return;
       if (state == State::kDone) break;
-      engine->wait_step(&idle);
+      engine->waiting().step(&idle);
       if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
         withdraw();
         // A failure held while deaths were looked for is the better answer than the timeout.
@@ -417,7 +417,7 @@ void Immediate::next_round() {
                                              std::to_string(round_) + ", on the GPU); stopped");
         return;
       }
-      engine->wait_step(&idle);
+      engine->waiting().step(&idle);
     }
   }
   if (status_.is_ok()) status_ = gpu_outcome();

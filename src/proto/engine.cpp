@@ -49,15 +49,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   handle_ = std::make_shared<Engine*>(this);
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
-  spin_count_ = static_cast<int>(config_.get_int(util::Var::kSpinCount));
-  if (spin_count_ < 0) {
-    cpu_set_t cpus;
-    const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
-                           ? CPU_COUNT(&cpus)
-                           : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-    oversubscribed_ = static_cast<int>(bootstrap_->local_ranks().size()) > usable;
-    spin_count_ = oversubscribed_ ? 0 : 2000;
-  }
+  waiting_.configure(config_, bootstrap_->local_ranks().size());
   timeout_ = config_.get_seconds(util::Var::kTimeout);
   crash_on_send_ =
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
@@ -91,33 +83,8 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   setup_transports();
   rma_ = std::make_unique<rma::OneSided>(*this, native_rma_, size_);
   connect_peers();
-  wait_mode_ = static_cast<WaitMode>(config_.get_int(util::Var::kWaitMode));
-  const bool progress_thread = config_.get_bool(util::Var::kProgressThread);
-  threaded_ = progress_thread || config_.get_string(util::Var::kThreads) == "multi";
-  if (progress_thread) progress_thread_ = std::thread([this] { progress_loop(); });
+  waiting_.start_threads(config_);
   util::crash_point(config_, rank_, util::CrashPoint::kInitialized);
-}
-
-// FERRY_PROGRESS_THREAD: polls while there is work, taking the lock like any caller (so an
-// application thread in a call waits for at most one progress pass); when idle, sleeps as
-// FERRY_WAIT_MODE says a blocked call would (spin: every 50 us or so).
-void Engine::progress_loop() {
-  int idle = 0;
-  while (!stop_progress_.load(std::memory_order_acquire)) {
-    lock();
-    const int events = progress();
-    const bool sleep = events == 0 && wait_mode_ != WaitMode::kSpin &&
-                       (wait_mode_ == WaitMode::kBlock || idle > spin_count_) && may_sleep();
-    if (sleep) sleep_until_work(true);
-    unlock();
-    if (events > 0 || sleep) {
-      idle = events > 0 ? 0 : idle;
-    } else if (++idle > spin_count_) {
-      ::usleep(50);
-    } else {
-      ::sched_yield();
-    }
-  }
 }
 
 void Engine::setup_transports() {
@@ -127,9 +94,7 @@ void Engine::setup_transports() {
     transport_notes_.push_back("bootstrap: " + bootstrap_->name() + " (rank " +
                                std::to_string(rank_) + " of " + std::to_string(size_) +
                                "; ranks on this node: " + local + ")");
-    transport_notes_.push_back(
-        "waiting: " + std::to_string(spin_count_) + " empty polls, then yield the CPU" +
-        (oversubscribed_ ? " (more ranks on this node than CPUs this process may use)" : ""));
+    transport_notes_.push_back(waiting_.describe());
   }
   if (config_.list_contains(util::Var::kTransports, "self")) {
     auto self = std::make_unique<transport::self::SelfTransport>(rank_, this);
@@ -350,9 +315,7 @@ void Engine::connect_peers() {
                  ")";
     }
   }
-  others_left_ = static_cast<int>(std::count_if(
-      peers_.begin(), peers_.end(), [](const Peer& p) { return p.endpoint != nullptr; }));
-  if (peers_[static_cast<std::size_t>(rank_)].endpoint != nullptr) --others_left_;
+  liveness_.connected(rank_);
   // Everyone has mapped everyone: names in /dev/shm can go now.
   status = bootstrap_->barrier(idle);
   if (!status) throw Error(status);
@@ -364,10 +327,7 @@ Engine::~Engine() { shutdown(); }
 void Engine::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  if (progress_thread_.joinable()) {
-    stop_progress_.store(true, std::memory_order_release);
-    progress_thread_.join();
-  }
+  waiting_.stop_progress_thread();
   *handle_ = nullptr;
   finalize();
   // Communicators that outlive this Context give up their device state while CUDA is here.
@@ -390,7 +350,7 @@ void Engine::finalize() {
   }
   int idle = 0;
   while ((!pending_peers_.empty() || outstanding_sends_ > 0) && Clock::now() < deadline) {
-    wait_step(&idle);
+    waiting_.step(&idle);
   }
   if (const std::size_t never_matched = messages_->never_matched(); never_matched > 0) {
     FERRY_LOG(kWarn,
@@ -419,7 +379,7 @@ void Engine::finalize() {
       for (auto& t : transports_) all = t->delivered() && all;
       return all;
     };
-    while (!delivered() && Clock::now() < deadline) wait_step(&idle);
+    while (!delivered() && Clock::now() < deadline) waiting_.step(&idle);
     if (!delivered()) {
       FERRY_LOG(kWarn,
                 "finalize: delivery of this rank's last messages not confirmed by every live "
@@ -437,112 +397,11 @@ void Engine::finalize() {
   transports_.clear();
 }
 
-void Engine::wait_step(int* idle_polls) {
-  bool pause = false;
-  if (progress() > 0) {
-    *idle_polls = 0;
-    sleep_ms_ = 1;
-  } else if (++*idle_polls > spin_count_) {
-    pause = true;
-  }
-  const bool locked =
-      threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
-  if (wait_mode_ != WaitMode::kSpin && *idle_polls > 0 &&
-      (wait_mode_ == WaitMode::kBlock || pause) && may_sleep()) {
-    sleep_until_work(locked);
-    *idle_polls = 0;
-    return;
-  }
-  if (pause) check_peers_before_yield();
-  if (locked) {
-    // Let the other threads in between polls: what this wait needs may be their next call.
-    unlock();
-    if (pause || waiting_.load(std::memory_order_relaxed) > 0) ::sched_yield();
-    lock();
-  } else if (pause) {
-    ::sched_yield();
-  }
-}
-
-void Engine::check_peers_before_yield() {
-  const auto now = Clock::now();
-  if (now < next_yield_check_) return;
-  next_yield_check_ = now + std::chrono::milliseconds(10);
-  check_peers();
-}
-
-void Engine::spin_step(int* idle_polls) {
-  if (progress() > 0) {
-    *idle_polls = 0;
-    return;
-  }
-  constexpr int kYields = 2000;  // before the first nap
-  const int idle = ++*idle_polls;
-  const bool locked =
-      threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
-  if (idle > spin_count_) check_peers_before_yield();
-  if (locked) unlock();
-  if (idle > spin_count_ + kYields) {
-    const long nap_us = std::min(2000L, 4L * (idle - spin_count_ - kYields));
-    const timespec nap{0, nap_us * 1000};
-    ::nanosleep(&nap, nullptr);
-  } else if (idle > spin_count_ || (locked && waiting_.load(std::memory_order_relaxed) > 0)) {
-    ::sched_yield();
-  }
-  if (locked) lock();
-}
-
 // Sleeping is for waits that only a message can end: not while device copies, queued sends
 // (the receiver frees room without ringing) or collectives with GPU work are in flight.
-bool Engine::may_sleep() const {
+bool Engine::only_a_message_can_end_a_wait() const {
   return !device_->busy() && pending_peers_.empty() && suspects_.empty() &&
          (!cuda_ || operations_.empty());
-}
-
-void Engine::sleep_until_work(bool locked) {
-  std::array<pollfd, 4> fds{};
-  nfds_t count = 0;
-  bool ready = false;
-  for (transport::Transport* t : polled_) {
-    if (!t->arm()) ready = true;
-    if (t->wait_fd() >= 0 && count < fds.size()) fds[count++] = pollfd{t->wait_fd(), POLLIN, 0};
-  }
-  // A message that came while arming is handled now instead of slept on.
-  if (!ready && progress() == 0) {
-    const int sleep_ms = sleep_ms_;  // read under the lock
-    if (locked) unlock();
-    const int rang = ::poll(fds.data(), count, sleep_ms);
-    if (locked) lock();
-    sleep_ms_ = rang > 0 ? 1 : std::min(2 * sleep_ms_, kMaxSleepMs);
-    // A dead peer rings nothing: look after every sleep, not every few thousand polls.
-    check_peers();
-  }
-  for (transport::Transport* t : polled_) t->disarm();
-}
-
-int Engine::event_fd() const {
-  for (const transport::Transport* t : polled_) {
-    if (t->wait_fd() >= 0) return t->wait_fd();
-  }
-  return -1;
-}
-
-bool Engine::arm() {
-  bool ready = false;
-  for (transport::Transport* t : polled_) {
-    if (!t->arm()) ready = true;
-  }
-  if (ready || progress() > 0) {
-    for (transport::Transport* t : polled_) t->disarm();
-    return false;
-  }
-  armed_ = true;
-  return true;
-}
-
-void Engine::disarm() {
-  armed_ = false;
-  for (transport::Transport* t : polled_) t->disarm();
 }
 
 void Engine::abort(int code, const std::string& reason) {
@@ -556,7 +415,7 @@ void Engine::abort(int code, const std::string& reason) {
 
 Status Engine::barrier() {
   int idle = 0;
-  return bootstrap_->barrier([this, &idle] { wait_step(&idle); });
+  return bootstrap_->barrier([this, &idle] { waiting_.step(&idle); });
 }
 
 std::string Engine::describe_peer(int rank) const {

@@ -2,11 +2,7 @@
 // by size, matches tags, queues what a transport cannot take now, and completes requests.
 #pragma once
 
-#include <sched.h>
-
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -14,7 +10,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -22,10 +17,12 @@
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/link.hpp"
+#include "proto/liveness.hpp"
 #include "proto/matching.hpp"
 #include "proto/operation.hpp"
 #include "proto/request_pool.hpp"
 #include "proto/rma/one_sided.hpp"
+#include "proto/waiting.hpp"
 #include "proto/wire.hpp"
 #include "transport/transport.hpp"
 #include "util/clock.hpp"
@@ -62,29 +59,29 @@ class Engine final : public transport::AmHandler {
 
   // Held by the API layer around each call into the engine when the Context may be called from
   // several threads (FERRY_THREADS=multi); nothing in single mode. A blocking wait lets go of it
-  // between polls (wait_step), so the other threads' calls get in while it waits.
+  // between polls (Waiting::step), so the other threads' calls get in while it waits.
   class [[nodiscard]] Entry {
    public:
     // A call made from inside another (same thread) does not lock again.
     explicit Entry(Engine* engine)
-        : engine_(engine->threaded_ && engine->owner_.load(std::memory_order_relaxed) !=
-                                           std::this_thread::get_id()
-                      ? engine
-                      : nullptr) {
-      if (engine_ != nullptr) engine_->lock();
+        : waiting_(engine->waiting_.threaded() && !engine->waiting_.held_here() ? &engine->waiting_
+                                                                                : nullptr) {
+      if (waiting_ != nullptr) waiting_->lock();
     }
     ~Entry() {
-      if (engine_ != nullptr) engine_->unlock();
+      if (waiting_ != nullptr) waiting_->unlock();
     }
     Entry(const Entry&) = delete;
     Entry& operator=(const Entry&) = delete;
 
    private:
-    Engine* engine_;
+    Waiting* waiting_;
   };
   Entry enter() { return Entry(this); }
   // Whether calls lock (FERRY_THREADS=multi); fixed for the engine's life.
-  [[nodiscard]] bool threaded() const { return threaded_; }
+  [[nodiscard]] bool threaded() const { return waiting_.threaded(); }
+  // How calls wait and share the engine between threads (proto/waiting.hpp).
+  [[nodiscard]] Waiting& waiting() { return waiting_; }
 
   // Tag-matched point-to-point (proto/messages.hpp): isend, irecv, iprobe, cancel.
   [[nodiscard]] Messages& messages() { return *messages_; }
@@ -92,16 +89,8 @@ class Engine final : public transport::AmHandler {
   Request failed(Status status);
   // Runs `operation` behind a request; it moves forward in every progress call.
   Request start(std::unique_ptr<Operation> operation);
-  // Why `rank` can no longer be reached (it died), or empty.
-  [[nodiscard]] const std::string* peer_failure(int rank) const {
-    const Peer& peer = peers_[static_cast<std::size_t>(rank)];
-    return peer.failed ? &peer.why : nullptr;
-  }
-  // When `rank`'s death was seen, as an order among the deaths seen here (1 the first); 0 while
-  // it is alive. Whoever died first is the cause of what failed after.
-  [[nodiscard]] std::uint64_t failure_order(int rank) const {
-    return peers_[static_cast<std::size_t>(rank)].failure_order;
-  }
+  // Which peers died, in which order, and whether anyone is left (proto/liveness.hpp).
+  [[nodiscard]] const Liveness& liveness() const { return liveness_; }
   // Asks the transports now which peers died (as progress does every few thousand calls).
   void look_for_failures() { check_peers(); }
   // Whether `rank` is reached through memory shared with it (self, shm): its death is seen in
@@ -125,9 +114,6 @@ class Engine final : public transport::AmHandler {
   }
   // The slot behind a request of this engine (for operations built on requests).
   static std::uint32_t index_of(const Request& request) { return request.index_; }
-  // No message not already here can come from `source` any more: it failed, cannot be reached
-  // or is no rank (kAnySource: no other rank is left). Never this rank itself.
-  [[nodiscard]] bool none_can_come(int source) const;
   Status barrier();
   [[noreturn]] void abort(int code, const std::string& reason);
   int progress();
@@ -152,10 +138,7 @@ class Engine final : public transport::AmHandler {
   // After shutdown: every slot a Request handle still names ends (those not complete with
   // kInvalidArgument); true when there are such handles, and the last one's release says so.
   bool retire();
-  // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
-  // With several threads, the lock is let go and taken again (yielding to a waiting thread).
-  void wait_step(int* idle_polls);
-  // Waits with wait_step until done() holds (asked before each step, with the lock held); false
+  // Waits with Waiting::step until done() holds (asked before each step, with the lock held); false
   // if FERRY_TIMEOUT ran out first.
   template <typename Done>
   bool wait_until(Done done) {
@@ -163,17 +146,14 @@ class Engine final : public transport::AmHandler {
     int idle = 0;
     while (!done()) {
       if (timeout_ > 0 && util::Clock::now() >= deadline) return false;
-      wait_step(&idle);
+      waiting_.step(&idle);
     }
     return true;
   }
-  // One step of a wait that only another process's store into shared memory can end, which rings
-  // no doorbell: progress, yield after FERRY_SPIN_COUNT empty polls, and after a few thousand more
-  // nap (growing to 2 ms) instead of sleeping on the doorbell, so a long wait costs little CPU.
-  void spin_step(int* idle_polls);
-  // Event-driven waiting for the application's own loop (Context::event_fd / arm).
-  [[nodiscard]] int event_fd() const;
-  bool arm();
+  // Whether nothing but a message can end a wait now, so it may sleep on the transports'
+  // wake-ups: no device copies, queued sends (the receiver frees room without ringing), direct
+  // transfers under suspicion or collectives with GPU work in flight.
+  [[nodiscard]] bool only_a_message_can_end_a_wait() const;
 
   // One-sided communication (proto/rma/; the rules are ferry::MemoryRegion's).
   [[nodiscard]] rma::OneSided& rma() { return *rma_; }
@@ -221,8 +201,6 @@ class Engine final : public transport::AmHandler {
   void add_device_op(const DeviceOp& op);
   // Sends what waits in the peers' queues, as far as the transports take it.
   int drain_pending();
-  // The failure of a receive from any source once no other rank is left.
-  [[nodiscard]] Status no_one_left() const;
   [[nodiscard]] DevicePath& device() { return *device_; }
   [[nodiscard]] ChunkedPath& chunked() { return *chunked_; }
   // FERRY_TEST_CRASH_AT: this rank dies here if the test names it and this point.
@@ -247,9 +225,6 @@ class Engine final : public transport::AmHandler {
   bool try_send(Peer& peer, Pending& pending);  // true when fully sent
   // Asks the transports which peers died, and fails what involves them.
   void check_peers();
-  // Before a wait gives up the CPU: check_peers at most every 10 ms. When the CPUs are busy a
-  // yield may cost a time slice, and kCheckPeersEvery progress calls then take seconds.
-  void check_peers_before_yield();
   void peer_failed(int rank, const std::string& why);
 
   std::shared_ptr<Engine*> handle_;
@@ -272,12 +247,11 @@ class Engine final : public transport::AmHandler {
   int rank_ = 0;
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;
-  int spin_count_ = 0;
-  bool oversubscribed_ = false;  // more ranks on this node than CPUs: waits yield at once
   double timeout_ = 0;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   transport::self::SelfTransport* self_ = nullptr;  // polled only when it has work
   std::vector<transport::Transport*> polled_;       // the other transports, polled every time
+  Waiting waiting_{*this, polled_};
   // The shm transport among them, if any: progress asks it inline whether it has anything to do
   // (an idle poll is then a few loads; a waiting loop that calls progress() sees a peer's store
   // sooner, docs/PERFORMANCE.md, "One-sided").
@@ -285,15 +259,11 @@ class Engine final : public transport::AmHandler {
   std::vector<std::string> transport_notes_;  // why each transport is or is not here
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Link> peers_;
+  Liveness liveness_{peers_};
   std::unique_ptr<rma::OneSided> rma_;  // made once the transports are set up
   // The transport that registers regions for native one-sided access (ofi, FERRY_OFI_RMA=auto or
   // native, where the provider has FI_RMA writes and checks keys), or null.
   transport::Transport* native_rma_ = nullptr;
-  // Other ranks that have an endpoint and have not failed: at 0 no one is left to match a receive
-  // from any source but this rank itself.
-  int others_left_ = 0;
-  int last_failed_ = -1;  // the rank whose failure was seen last
-  std::uint64_t failures_seen_ = 0;
   std::vector<int> pending_peers_;  // peers whose pending queue is not empty
   // Direct transfers that failed while their peer was not (yet) seen dead: held until it is
   // (then kPeerFailed, through peer_failed) or until `until` (then their own failure).
@@ -312,51 +282,11 @@ class Engine final : public transport::AmHandler {
   std::vector<std::pair<std::uint32_t, std::unique_ptr<Operation>>> operations_;
   bool advancing_ = false;  // an operation's own calls must not advance operations again
   int advance_operations();
-  int progress_all();  // progress() past its idle poll
-  // Threads (FERRY_THREADS, FERRY_PROGRESS_THREAD).
-  // A spin lock: uncontended, one atomic exchange and a plain store (a mutex costs a second
-  // atomic operation to let go). Waiters spin a little, then yield: the holder is polling, not
-  // sleeping, and lets go between polls.
-  void lock() {
-    if (locked_.exchange(true, std::memory_order_acquire)) {
-      waiting_.fetch_add(1, std::memory_order_relaxed);
-      for (int spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
-        while (locked_.load(std::memory_order_relaxed)) {
-          if (++spins > 64) ::sched_yield();
-        }
-      }
-      waiting_.fetch_sub(1, std::memory_order_relaxed);
-    }
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-  }
-  void unlock() {
-    owner_.store(std::thread::id(), std::memory_order_relaxed);
-    locked_.store(false, std::memory_order_release);
-  }
-  void progress_loop();
-  // FERRY_WAIT_MODE: sleep on the transports' wake-ups (with the lock let go) until one rings or
-  // a timer ends (1 ms, doubling to kMaxSleepMs while nothing comes: what a wake-up lost to a
-  // race, or a message over ofi, which rings nothing, can cost); only where nothing but a message
-  // can end the wait.
-  enum class WaitMode { kSpin, kBlock, kAdaptive };
-  static constexpr int kMaxSleepMs = 32;
-  int sleep_ms_ = 1;
-  [[nodiscard]] bool may_sleep() const;
-  void sleep_until_work(bool locked);
-  void disarm();
-  WaitMode wait_mode_ = WaitMode::kSpin;
-  bool armed_ = false;  // by arm(), for the application; the next progress() disarms
-  bool threaded_ = true;
-  std::atomic<bool> locked_{false};
-  std::atomic<std::thread::id> owner_{};  // the thread holding the lock
-  std::atomic<int> waiting_{0};           // threads waiting for the lock
-  std::atomic<bool> stop_progress_{false};
-  std::thread progress_thread_;
-  bool crash_on_send_ = false;                  // FERRY_TEST_CRASH_AT=first-send names this rank
-  bool crash_mid_pipeline_ = false;             // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
-  std::size_t outstanding_sends_ = 0;           // send requests not yet complete
-  std::uint32_t progress_calls_ = 0;            // peers are checked every kCheckPeersEvery calls
-  util::Clock::time_point next_yield_check_{};  // check_peers_before_yield's next
+  int progress_all();                  // progress() past its idle poll
+  bool crash_on_send_ = false;         // FERRY_TEST_CRASH_AT=first-send names this rank
+  bool crash_mid_pipeline_ = false;    // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
+  std::size_t outstanding_sends_ = 0;  // send requests not yet complete
+  std::uint32_t progress_calls_ = 0;   // peers are checked every kCheckPeersEvery calls
 };
 
 }  // namespace ferry::proto

@@ -69,8 +69,8 @@ bool Messages::on_am(std::uint8_t id, int source, std::span<const std::byte> dat
 }
 
 void Messages::peer_failed(int rank, const Status& status) {
-  const bool none_left = engine_.none_can_come(kAnySource);
-  const Status any_source = none_left ? engine_.no_one_left() : Status();
+  const bool none_left = engine_.liveness().none_can_come(kAnySource);
+  const Status any_source = none_left ? engine_.liveness().no_one_left() : Status();
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
     const RequestSlot& slot = requests_[i];
     if (slot.state == RequestState::kPosted &&
@@ -87,7 +87,7 @@ std::size_t Messages::finalize() {
   std::size_t dropped = 0;
   for (const Unexpected& message : matcher_.take_all_unexpected()) {
     ++dropped;
-    if (message.rendezvous && engine_.peer_failure(message.source) == nullptr) {
+    if (message.rendezvous && engine_.liveness().failure(message.source) == nullptr) {
       refuse_unmatched(message.source, message.sreq);
     }
   }
@@ -240,13 +240,13 @@ Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag,
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
   const Link* from = source != kAnySource ? &engine_.link(source) : nullptr;
-  if (!message && engine_.none_can_come(source)) {
+  if (!message && engine_.liveness().none_can_come(source)) {
     // A dead or unreachable rank (for kAnySource: every other one) will send nothing: fail now
     // rather than wait forever.
     engine_.complete(index,
                      from != nullptr
                          ? Status(from->failed ? Code::kPeerFailed : Code::kUnsupported, from->why)
-                         : engine_.no_one_left());
+                         : engine_.liveness().no_one_left());
   } else if (!message) {
     slot.state = RequestState::kPosted;
     matcher_.post({source, tag, mask, index});
@@ -341,14 +341,14 @@ Status Messages::abandon_send(std::uint32_t index) {
   if (engine_.device().withdraw_staged(index, slot.peer, slot.stage_rreq)) {
     engine_.complete_when_idle(index, timeout);
     int idle = 0;
-    while (!engine_.done(index)) engine_.wait_step(&idle);
+    while (!engine_.done(index)) engine_.waiting().step(&idle);
     return timeout;
   }
   if (slot.direct && slot.device_ops > 0) {
     // The transport is sending the buffer: ask for it back, and wait until it lets go.
     if (peer.direct != nullptr) peer.direct->cancel_direct(requests_.wire_id(index));
     int idle = 0;
-    while (!engine_.done(index)) engine_.wait_step(&idle);
+    while (!engine_.done(index)) engine_.waiting().step(&idle);
     return slot.status;
   }
   if (slot.rendezvous) {
@@ -361,7 +361,7 @@ Status Messages::abandon_send(std::uint32_t index) {
     return timeout;
   }
   int idle = 0;  // nothing else can keep a send pending; finish it
-  while (!engine_.done(index)) engine_.wait_step(&idle);
+  while (!engine_.done(index)) engine_.waiting().step(&idle);
   return slot.status;
 }
 

@@ -25,13 +25,6 @@
 
 namespace ferry::proto {
 
-bool Engine::none_can_come(int source) const {
-  if (source == kAnySource) return others_left_ == 0 && size_ > 1;
-  if (source < 0 || source >= size_) return true;
-  const Peer& peer = peers_[static_cast<std::size_t>(source)];
-  return source != rank_ && (peer.failed || peer.endpoint == nullptr);
-}
-
 // A dead peer is noticed within a few thousand calls (well under a millisecond while waiting):
 // one system call per check, amortised to nothing per message.
 constexpr std::uint32_t kCheckPeersEvery = 4096;
@@ -40,7 +33,7 @@ int Engine::progress() {
   // The idle poll of a job whose peers are all on this node, without calls: nothing armed,
   // queued or in flight, nothing in the shm FIFO. A loop waiting on memory a peer stores into
   // (a put's flag) sees the store sooner the shorter this is (docs/PERFORMANCE.md, "One-sided").
-  if (polled_.size() == 1 && polled_.front() == shm_ && !armed_ && shm_->quiet() &&
+  if (polled_.size() == 1 && polled_.front() == shm_ && !waiting_.armed() && shm_->quiet() &&
       (self_ == nullptr || !self_->has_work()) && !rma_->acks_waiting() && pending_peers_.empty() &&
       !device_->busy() && operations_.empty() && suspects_.empty() &&
       progress_calls_ + 1 < kCheckPeersEvery) {
@@ -51,8 +44,8 @@ int Engine::progress() {
 }
 
 int Engine::progress_all() {
-  if (armed_) [[unlikely]]
-    disarm();  // the application's arm() ends at its next progress
+  if (waiting_.armed()) [[unlikely]]
+    waiting_.disarm();  // the application's arm() ends at its next progress
   int events = 0;
   if (self_ != nullptr && self_->has_work()) events += self_->progress();
   for (transport::Transport* t : polled_) {
@@ -119,12 +112,7 @@ void Engine::check_peers() {
 
 void Engine::peer_failed(int rank, const std::string& why) {
   Peer& peer = peers_[static_cast<std::size_t>(rank)];
-  if (peer.failed) return;
-  peer.failed = true;
-  peer.failure_order = ++failures_seen_;
-  peer.why = why;
-  if (peer.endpoint != nullptr && rank != rank_) --others_left_;
-  last_failed_ = rank;
+  if (!liveness_.record_failure(&peer, rank, why)) return;
   FERRY_LOG(kWarn, "%s: failing the operations that involve it", why.c_str());
   const Status status(Code::kPeerFailed, why);
   // What waited in its queue, then what waits on it: rendezvous sends, fragment streams into us,
@@ -150,23 +138,6 @@ void Engine::peer_failed(int rank, const std::string& why) {
       complete_when_idle(i, status);  // a copy still using the buffer finishes first
     }
   }
-}
-
-Status Engine::no_one_left() const {
-  int failed = 0, unreachable = 0;
-  const Peer* example =
-      last_failed_ >= 0 ? &peers_[static_cast<std::size_t>(last_failed_)] : nullptr;
-  for (int r = 0; r < size_; ++r) {
-    const Peer& peer = peers_[static_cast<std::size_t>(r)];
-    if (r == rank_ || (!peer.failed && peer.endpoint != nullptr)) continue;
-    ++(peer.failed ? failed : unreachable);
-    if (example == nullptr) example = &peer;
-  }
-  // The last failure seen, else the first unreachable rank.
-  return Status(failed > 0 ? Code::kPeerFailed : Code::kUnsupported,
-                "a receive from any source: no other rank is left to send it (" +
-                    std::to_string(failed) + " failed, " + std::to_string(unreachable) +
-                    " unreachable; " + (example != nullptr ? example->why : "") + ")");
 }
 
 void Engine::complete(std::uint32_t index, Status status) {
@@ -381,7 +352,7 @@ bool Engine::test(std::uint32_t index) {
 Status Engine::wait(std::uint32_t index) {
   if (timeout_ > 0) return wait_for(index, timeout_);
   int idle = 0;
-  while (!done(index)) wait_step(&idle);
+  while (!done(index)) waiting_.step(&idle);
   return requests_[index].status;
 }
 
@@ -392,7 +363,7 @@ Status Engine::wait_for(std::uint32_t index, double seconds) {
   const auto deadline = util::deadline_after(seconds);
   int idle = 0;
   for (std::uint32_t polls = 0; !done(index); ++polls) {
-    wait_step(&idle);
+    waiting_.step(&idle);
     // A request that completed in this very step (however late) is not a timeout.
     if ((polls & 255) == 0 && !done(index) && util::Clock::now() >= deadline) {
       char text[64];

@@ -1,0 +1,74 @@
+// A communicator's small blocking collectives through the node's shared area (node_area.hpp has
+// the area's rules, node_collectives.cpp the calls'): set up on the first call that could use it
+// (a collective decision, the same on every member), given up on every member once one leaves it.
+// Each call stands in for the latency algorithm of its kind (Group, algorithms.cpp) and gives the
+// same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "coll/node_area.hpp"
+#include "coll/schedule.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry::coll {
+
+class Group;
+
+class NodeCollectives {
+ public:
+  // `bytes`: the most bytes per member a call may take through the area (FERRY_COLL_NODE, capped
+  // by the area's size); 0: never.
+  NodeCollectives(Group& group, std::size_t bytes) : g_(group), bytes_(bytes) {}
+
+  // Whether a call of plan `p` with `bytes` per member can go through the area, setting it up on
+  // the first call that could.
+  bool ready(const Plan& p, std::size_t bytes);
+  // Once ready() set the area up: whether it is still used (a member that left it takes the
+  // others with it).
+  [[nodiscard]] bool set_up() const { return area_ != nullptr; }
+  bool usable();
+  // The most bytes per member a call may take (the smaller area's, where it is one).
+  [[nodiscard]] std::size_t bytes() const { return bytes_; }
+
+  Status barrier();
+  Status broadcast(void* buffer, std::size_t count, DataType type, int root);
+  // A broadcast larger than the area's slots, streamed through its ring (ready(p, 0) first).
+  Status stream_broadcast(void* buffer, std::size_t count, DataType type, int root);
+  // In the order of the ring's reduce-scatter where `ring_order`, else of recursive doubling.
+  // With 3 or more members and kSplitBytes or more, each member reduces a block only.
+  Status allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                   bool ring_order);
+  static constexpr std::size_t kSplitBytes = 16384;
+  // The slots of the smaller area made where /dev/shm has no room for the whole one.
+  static constexpr std::size_t kSmallBytes = 65536;
+  Status allgather(const void* send, void* recv, std::size_t count, DataType type);
+  // In the order of the ring reduce-scatter: each member reduces its own block of everyone's
+  // input (`count` elements each) from the slots.
+  Status reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                        ReduceOp op);
+  // Every member posts its input, the root alone reduces, in the ring's order where
+  // `ring_order`, else the binomial tree's.
+  Status reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                int root, bool ring_order);
+
+ private:
+  class Call;  // node_call.hpp
+  Status prepare();
+
+  Group& g_;
+  std::size_t bytes_;
+  bool decided_ = false;                  // prepare() ran
+  std::unique_ptr<NodeArea> area_;        // null: not used (not decided, not possible, or failed)
+  std::uint64_t calls_ = 0;               // calls through the area so far
+  std::vector<std::uint64_t> done_seen_;  // each member's `done` word, as last read
+  std::vector<const std::byte*> inputs_;  // each member's slot in the current call
+  std::uint64_t stream_call_ = 0;         // the last streamed broadcast (0: none yet)
+  std::uint64_t stream_pieces_ = 0;       // and its pieces
+  std::vector<std::byte> scratch_;
+};
+
+}  // namespace ferry::coll

@@ -1,0 +1,52 @@
+// Which peers are alive, as far as this rank knows: who died, in which order, why, and whether
+// anyone is left to send a receive from any source. The transports say who died (the engine
+// asks them, Engine::look_for_failures); this records it and answers from it. What a death fails
+// (queued sends, receives, one-sided and device operations) is each part's, told by the engine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "proto/link.hpp"
+
+namespace ferry::proto {
+
+class Liveness {
+ public:
+  // `links`: the engine's, one per rank (this rank's own included).
+  explicit Liveness(const std::vector<Link>& links) : links_(links) {}
+
+  // Once the links are made: every rank but `rank` (this one) with an endpoint can still send.
+  void connected(int rank);
+  // Records `rank`'s death; false if it was already recorded (nothing more to do).
+  bool record_failure(Link* link, int rank, const std::string& why);
+
+  // Why `rank` can no longer be reached (it died), or null.
+  [[nodiscard]] const std::string* failure(int rank) const {
+    const Link& link = links_[static_cast<std::size_t>(rank)];
+    return link.failed ? &link.why : nullptr;
+  }
+  // When `rank`'s death was seen, as an order among the deaths seen here (1 the first); 0 while
+  // it is alive. Whoever died first is the cause of what failed after.
+  [[nodiscard]] std::uint64_t failure_order(int rank) const {
+    return links_[static_cast<std::size_t>(rank)].failure_order;
+  }
+  // No message not already here can come from `source` any more: it failed, cannot be reached
+  // or is no rank (kAnySource: no other rank is left). Never this rank itself.
+  [[nodiscard]] bool none_can_come(int source) const;
+  // The failure of a receive from any source once no other rank is left.
+  [[nodiscard]] Status no_one_left() const;
+
+ private:
+  const std::vector<Link>& links_;
+  int rank_ = -1;
+  // Other ranks that have an endpoint and have not failed: at 0 no one is left to match a receive
+  // from any source but this rank itself.
+  int others_left_ = 0;
+  int last_failed_ = -1;  // the rank whose failure was seen last
+  std::uint64_t failures_seen_ = 0;
+};
+
+}  // namespace ferry::proto

@@ -1,0 +1,170 @@
+// How calls wait on the engine and share it between threads (see waiting.hpp).
+#include "proto/waiting.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <ctime>
+
+#include "proto/engine.hpp"
+#include "transport/transport.hpp"
+
+namespace ferry::proto {
+using util::Clock;
+
+void Waiting::configure(const util::Config& config, std::size_t local_ranks) {
+  spin_count_ = static_cast<int>(config.get_int(util::Var::kSpinCount));
+  if (spin_count_ < 0) {
+    cpu_set_t cpus;
+    const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                           ? CPU_COUNT(&cpus)
+                           : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    oversubscribed_ = static_cast<int>(local_ranks) > usable;
+    spin_count_ = oversubscribed_ ? 0 : 2000;
+  }
+  mode_ = static_cast<Mode>(config.get_int(util::Var::kWaitMode));
+}
+
+void Waiting::start_threads(const util::Config& config) {
+  const bool progress_thread = config.get_bool(util::Var::kProgressThread);
+  threaded_ = progress_thread || config.get_string(util::Var::kThreads) == "multi";
+  if (progress_thread) progress_thread_ = std::thread([this] { progress_loop(); });
+}
+
+void Waiting::stop_progress_thread() {
+  if (!progress_thread_.joinable()) return;
+  stop_progress_.store(true, std::memory_order_release);
+  progress_thread_.join();
+}
+
+std::string Waiting::describe() const {
+  return "waiting: " + std::to_string(spin_count_) + " empty polls, then yield the CPU" +
+         (oversubscribed_ ? " (more ranks on this node than CPUs this process may use)" : "");
+}
+
+// FERRY_PROGRESS_THREAD: polls while there is work, taking the lock like any caller (so an
+// application thread in a call waits for at most one progress pass); when idle, sleeps as
+// FERRY_WAIT_MODE says a blocked call would (spin: every 50 us or so).
+void Waiting::progress_loop() {
+  int idle = 0;
+  while (!stop_progress_.load(std::memory_order_acquire)) {
+    lock();
+    const int events = engine_.progress();
+    const bool sleep = events == 0 && mode_ != Mode::kSpin &&
+                       (mode_ == Mode::kBlock || idle > spin_count_) &&
+                       engine_.only_a_message_can_end_a_wait();
+    if (sleep) sleep_until_work(true);
+    unlock();
+    if (events > 0 || sleep) {
+      idle = events > 0 ? 0 : idle;
+    } else if (++idle > spin_count_) {
+      ::usleep(50);
+    } else {
+      ::sched_yield();
+    }
+  }
+}
+
+void Waiting::step(int* idle_polls) {
+  bool pause = false;
+  if (engine_.progress() > 0) {
+    *idle_polls = 0;
+    sleep_ms_ = 1;
+  } else if (++*idle_polls > spin_count_) {
+    pause = true;
+  }
+  const bool locked = held_here();
+  if (mode_ != Mode::kSpin && *idle_polls > 0 && (mode_ == Mode::kBlock || pause) &&
+      engine_.only_a_message_can_end_a_wait()) {
+    sleep_until_work(locked);
+    *idle_polls = 0;
+    return;
+  }
+  if (pause) check_peers_before_yield();
+  if (locked) {
+    // Let the other threads in between polls: what this wait needs may be their next call.
+    unlock();
+    if (pause || waiting_.load(std::memory_order_relaxed) > 0) ::sched_yield();
+    lock();
+  } else if (pause) {
+    ::sched_yield();
+  }
+}
+
+void Waiting::check_peers_before_yield() {
+  const auto now = Clock::now();
+  if (now < next_yield_check_) return;
+  next_yield_check_ = now + std::chrono::milliseconds(10);
+  engine_.look_for_failures();
+}
+
+void Waiting::spin_step(int* idle_polls) {
+  if (engine_.progress() > 0) {
+    *idle_polls = 0;
+    return;
+  }
+  constexpr int kYields = 2000;  // before the first nap
+  const int idle = ++*idle_polls;
+  const bool locked = held_here();
+  if (idle > spin_count_) check_peers_before_yield();
+  if (locked) unlock();
+  if (idle > spin_count_ + kYields) {
+    const long nap_us = std::min(2000L, 4L * (idle - spin_count_ - kYields));
+    const timespec nap{0, nap_us * 1000};
+    ::nanosleep(&nap, nullptr);
+  } else if (idle > spin_count_ || (locked && waiting_.load(std::memory_order_relaxed) > 0)) {
+    ::sched_yield();
+  }
+  if (locked) lock();
+}
+
+void Waiting::sleep_until_work(bool locked) {
+  std::array<pollfd, 4> fds{};
+  nfds_t count = 0;
+  bool ready = false;
+  for (transport::Transport* t : polled_) {
+    if (!t->arm()) ready = true;
+    if (t->wait_fd() >= 0 && count < fds.size()) fds[count++] = pollfd{t->wait_fd(), POLLIN, 0};
+  }
+  // A message that came while arming is handled now instead of slept on.
+  if (!ready && engine_.progress() == 0) {
+    const int sleep_ms = sleep_ms_;  // read under the lock
+    if (locked) unlock();
+    const int rang = ::poll(fds.data(), count, sleep_ms);
+    if (locked) lock();
+    sleep_ms_ = rang > 0 ? 1 : std::min(2 * sleep_ms_, kMaxSleepMs);
+    // A dead peer rings nothing: look after every sleep, not every few thousand polls.
+    engine_.look_for_failures();
+  }
+  for (transport::Transport* t : polled_) t->disarm();
+}
+
+int Waiting::event_fd() const {
+  for (const transport::Transport* t : polled_) {
+    if (t->wait_fd() >= 0) return t->wait_fd();
+  }
+  return -1;
+}
+
+bool Waiting::arm() {
+  bool ready = false;
+  for (transport::Transport* t : polled_) {
+    if (!t->arm()) ready = true;
+  }
+  if (ready || engine_.progress() > 0) {
+    for (transport::Transport* t : polled_) t->disarm();
+    return false;
+  }
+  armed_ = true;
+  return true;
+}
+
+void Waiting::disarm() {
+  armed_ = false;
+  for (transport::Transport* t : polled_) t->disarm();
+}
+
+}  // namespace ferry::proto

@@ -1,0 +1,120 @@
+// How a blocking call waits on the engine, and how several threads share it: the engine's call
+// lock (FERRY_THREADS), the progress thread (FERRY_PROGRESS_THREAD), the spin-then-yield policy
+// (FERRY_SPIN_COUNT), sleeping on the transports' wake-ups (FERRY_WAIT_MODE) and the
+// application's own event loop (Context::event_fd / arm). The engine owns one; the waits of every
+// part (messages, one-sided, collectives, finalize) take their steps here.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstddef>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "util/clock.hpp"
+#include "util/config.hpp"
+
+namespace ferry::transport {
+class Transport;
+}
+
+namespace ferry::proto {
+
+class Engine;
+
+class Waiting {
+ public:
+  // `polled`: the engine's transports that progress polls (filled in after this is made).
+  Waiting(Engine& engine, const std::vector<transport::Transport*>& polled)
+      : engine_(engine), polled_(polled) {}
+  ~Waiting() { stop_progress_thread(); }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+  // Reads FERRY_SPIN_COUNT and FERRY_WAIT_MODE; `local_ranks`: the ranks on this node, which
+  // with fewer CPUs than that makes waits yield at once.
+  void configure(const util::Config& config, std::size_t local_ranks);
+  // Reads FERRY_THREADS and FERRY_PROGRESS_THREAD, and starts the thread if asked (once the
+  // engine can progress).
+  void start_threads(const util::Config& config);
+  void stop_progress_thread();
+  // The policy in words (ferry-info).
+  [[nodiscard]] std::string describe() const;
+
+  // ---- The call lock ----
+  // A spin lock: uncontended, one atomic exchange and a plain store (a mutex costs a second
+  // atomic operation to let go). Waiters spin a little, then yield: the holder is polling, not
+  // sleeping, and lets go between polls.
+  void lock() {
+    if (locked_.exchange(true, std::memory_order_acquire)) {
+      waiting_.fetch_add(1, std::memory_order_relaxed);
+      for (int spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
+        while (locked_.load(std::memory_order_relaxed)) {
+          if (++spins > 64) ::sched_yield();
+        }
+      }
+      waiting_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  void unlock() {
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    locked_.store(false, std::memory_order_release);
+  }
+  // Whether calls lock (FERRY_THREADS=multi or a progress thread); fixed for the engine's life.
+  [[nodiscard]] bool threaded() const { return threaded_; }
+  // Whether this thread holds the lock (false in single mode, where nobody takes it).
+  [[nodiscard]] bool held_here() const {
+    return threaded_ && owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
+
+  // ---- Waiting ----
+  // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
+  // With several threads, the lock is let go and taken again (yielding to a waiting thread).
+  void step(int* idle_polls);
+  // One step of a wait that only another process's store into shared memory can end, which rings
+  // no doorbell: progress, yield after FERRY_SPIN_COUNT empty polls, and after a few thousand more
+  // nap (growing to 2 ms) instead of sleeping on the doorbell, so a long wait costs little CPU.
+  void spin_step(int* idle_polls);
+
+  // ---- The application's event loop ----
+  [[nodiscard]] int event_fd() const;
+  // Arms the transports' wake-ups; false when something is already there (progress first).
+  bool arm();
+  // Whether arm() holds; the next progress disarms.
+  [[nodiscard]] bool armed() const { return armed_; }
+  void disarm();
+
+ private:
+  // FERRY_WAIT_MODE: sleep on the transports' wake-ups (with the lock let go) until one rings or
+  // a timer ends (1 ms, doubling to kMaxSleepMs while nothing comes: what a wake-up lost to a
+  // race, or a message over ofi, which rings nothing, can cost); only where nothing but a message
+  // can end the wait (Engine::only_a_message_can_end_a_wait).
+  enum class Mode { kSpin, kBlock, kAdaptive };
+  static constexpr int kMaxSleepMs = 32;
+  void sleep_until_work(bool locked);
+  // Before a wait gives up the CPU: look for dead peers at most every 10 ms. When the CPUs are
+  // busy a yield may cost a time slice, and the few thousand progress calls between the
+  // engine's own checks then take seconds.
+  void check_peers_before_yield();
+  void progress_loop();
+
+  Engine& engine_;
+  const std::vector<transport::Transport*>& polled_;
+  int spin_count_ = 0;
+  bool oversubscribed_ = false;  // more ranks on this node than CPUs: waits yield at once
+  Mode mode_ = Mode::kSpin;
+  int sleep_ms_ = 1;
+  bool armed_ = false;
+  bool threaded_ = true;
+  std::atomic<bool> locked_{false};
+  std::atomic<std::thread::id> owner_{};  // the thread holding the lock
+  std::atomic<int> waiting_{0};           // threads waiting for the lock
+  std::atomic<bool> stop_progress_{false};
+  std::thread progress_thread_;
+  util::Clock::time_point next_yield_check_{};
+};
+
+}  // namespace ferry::proto
