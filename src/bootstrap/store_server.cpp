@@ -3,8 +3,6 @@
 #include "bootstrap/store_server.hpp"
 
 #include <netdb.h>
-#include <netinet/in.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,8 +15,6 @@
 
 namespace ferry::bootstrap {
 namespace {
-
-constexpr std::uint64_t kListenerId = 0;
 
 [[noreturn]] void fail(const std::string& where, const char* call) {
   throw Error(Code::kIoError, where + ": " + call + "() failed: " + std::strerror(errno));
@@ -92,7 +88,6 @@ StoreServer::StoreServer(util::Fd listener, std::string label, std::string path,
       label_(std::move(label)),
       size_(size),
       on_abort_(std::move(on_abort)),
-      listener_(std::move(listener)),
       rank_client_(static_cast<std::size_t>(std::max(size, 0)), 0),
       departed_pid_(static_cast<std::size_t>(std::max(size, 0)), 0),
       joined_(static_cast<std::size_t>(std::max(size, 0)), false),
@@ -109,35 +104,17 @@ StoreServer::StoreServer(util::Fd listener, std::string label, std::string path,
     unlink();
     throw Error(Code::kInvalidArgument, label_ + ": job size must be positive");
   }
-  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-  epoll_event event{};
-  event.events = EPOLLIN;
-  event.data.u64 = kListenerId;
-  if (!epoll_.valid() || ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &event) != 0) {
-    int error = errno;
+  try {
+    connections_.emplace(std::move(listener), label_,
+                         static_cast<StoreConnections::Handler*>(this));
+  } catch (...) {
     unlink();
-    errno = error;
-    fail(label_, epoll_.valid() ? "epoll_ctl" : "epoll_create1");
+    throw;
   }
-}
-
-int StoreServer::port() const {
-  sockaddr_storage address{};
-  socklen_t length = sizeof(address);
-  if (::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return -1;
-  }
-  if (address.ss_family == AF_INET) {
-    return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
-  }
-  if (address.ss_family == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
-  }
-  return -1;
 }
 
 StoreServer::~StoreServer() {
-  clients_.clear();
+  connections_.reset();
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
@@ -147,87 +124,7 @@ int StoreServer::connected_ranks() const {
   return count;
 }
 
-bool StoreServer::output_pending() const {
-  for (const auto& [id, client] : clients_) {
-    if (!client->dead && client->out_front < client->out.size()) return true;
-  }
-  return false;
-}
-
-void StoreServer::poll(int timeout_ms) {
-  epoll_event events[64];
-  int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
-  for (int i = 0; i < n; ++i) {
-    std::uint64_t id = events[i].data.u64;
-    if (id == kListenerId) {
-      accept_clients();
-      continue;
-    }
-    auto it = clients_.find(id);
-    if (it == clients_.end() || it->second->dead) continue;
-    Client* client = it->second.get();
-    if ((events[i].events & EPOLLOUT) != 0) on_writable(client);
-    if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0 && !client->dead) {
-      on_readable(client);
-    }
-  }
-  drop_dead();
-}
-
-void StoreServer::accept_clients() {
-  for (;;) {
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        FERRY_LOG(kWarn, "%s: accept4() failed: %s", label_.c_str(), std::strerror(errno));
-      }
-      return;
-    }
-    auto client = std::make_unique<Client>();
-    client->id = next_id_++;
-    client->fd.reset(fd);
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.u64 = client->id;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &event) != 0) {
-      FERRY_LOG(kWarn, "%s: epoll_ctl() failed: %s", label_.c_str(), std::strerror(errno));
-      continue;
-    }
-    clients_.emplace(client->id, std::move(client));
-  }
-}
-
-void StoreServer::on_readable(Client* client) {
-  // Read what is there now; frames that arrived before a close (an ABORT sent just before the
-  // rank exited) are still served.
-  bool closed = false;
-  for (int reads = 0; reads < 64 && !closed; ++reads) {
-    auto result = client->reader.read_some(client->fd.get());
-    if (result == store::FrameReader::Read::kWouldBlock) break;
-    if (result == store::FrameReader::Read::kError) {
-      FERRY_LOG(kWarn, "%s: recv() from %s failed: %s", label_.c_str(), describe(client).c_str(),
-                std::strerror(errno));
-      closed = true;
-    }
-    closed = closed || result == store::FrameReader::Read::kClosed;
-  }
-  store::Frame frame;
-  while (!client->dead && !client->closing) {
-    bool got = false;
-    Status status = client->reader.next(&frame, &got);
-    if (!status) {
-      reject(client, Code::kProtocolError, "malformed frame: " + status.message());
-      break;
-    }
-    if (!got) break;
-    handle(client, &frame);
-  }
-  if (closed) kill(client);
-}
-
-void StoreServer::on_writable(Client* client) { flush(client); }
-
-void StoreServer::handle(Client* client, store::Frame* frame) {
+void StoreServer::on_frame(Client* client, store::Frame* frame) {
   if (client->rank < 0 && frame->op != store::Op::kHello && frame->op != store::Op::kWatch) {
     reject(client, Code::kProtocolError,
            "the first request must be HELLO or WATCH, not " + store::op_name(frame->op));
@@ -261,6 +158,21 @@ void StoreServer::handle(Client* client, store::Frame* frame) {
       reject(client, Code::kProtocolError,
              store::op_name(frame->op) + " is not a request the store accepts");
   }
+}
+
+void StoreServer::on_closed(Client* client) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    it->second.erase(client->id);
+    it = it->second.empty() ? waiting_.erase(it) : std::next(it);
+  }
+  if (client->rank < 0 || client->watcher) return;
+  auto rank = static_cast<std::size_t>(client->rank);
+  rank_client_[rank] = 0;
+  departed_pid_[rank] = client->pid != 0 ? client->pid : -1;
+  departed_at_[rank] = ++departures_;
+  FERRY_LOG(kDebug, "%s: %s closed its connection", label_.c_str(),
+            StoreConnections::describe(client).c_str());
+  fail_rounds(client->rank);
 }
 
 void StoreServer::handle_hello(Client* client, const store::Frame& frame) {
@@ -310,8 +222,7 @@ void StoreServer::handle_put(Client* client, const store::Frame& frame) {
   std::set<std::uint64_t> ids = std::move(waiting->second);
   waiting_.erase(waiting);
   for (std::uint64_t id : ids) {
-    auto it = clients_.find(id);
-    if (it != clients_.end()) send(it->second.get(), reply);
+    if (Client* waiter = connections_->find(id)) send(waiter, reply);
   }
 }
 
@@ -387,8 +298,7 @@ void StoreServer::release_all(const std::shared_ptr<const store::Bytes>& reply) 
   // arrives it may go on, or die, before this thread writes the others'. Written in this order,
   // every other rank's reply is in its socket before rank 0 can leave the round.
   for (auto r = rank_client_.size(); r-- > 0;) {
-    auto it = clients_.find(rank_client_[r]);
-    if (it != clients_.end()) send(it->second.get(), reply);
+    if (Client* client = connections_->find(rank_client_[r])) send(client, reply);
   }
 }
 
@@ -400,9 +310,9 @@ void StoreServer::handle_abort(Client* client, const store::Frame& frame) {
   if (on_abort_) on_abort_(client->rank, client->pid, abort.code, abort.reason);
   auto notice = std::make_shared<const store::Bytes>(
       store::encode_aborted(client->rank, abort.code, abort.reason));
-  for (auto& [id, other] : clients_) {
-    if (other->watcher && !other->dead) send(other.get(), notice);
-  }
+  connections_->for_each([&](Client* other) {
+    if (other->watcher) send(other, notice);
+  });
 }
 
 void StoreServer::handle_watch(Client* client, const store::Frame& frame) {
@@ -489,91 +399,6 @@ void StoreServer::rank_exited(int rank, int pid, const std::string& how) {
   fail_rounds(rank);
 }
 
-void StoreServer::reject(Client* client, Code code, const std::string& message) {
-  FERRY_LOG(kWarn, "%s: dropping %s: %s", label_.c_str(), describe(client).c_str(),
-            message.c_str());
-  send(client, std::make_shared<const store::Bytes>(store::encode_error(code, message)));
-  // Stop reading: nothing more from this client is trusted.
-  client->closing = true;
-  update_events(client);
-  if (!client->dead && client->out_front == client->out.size()) kill(client);
-}
-
-void StoreServer::send(Client* client, std::shared_ptr<const store::Bytes> frame) {
-  if (client->dead) return;
-  client->out.push_back(std::move(frame));
-  flush(client);
-}
-
-void StoreServer::flush(Client* client) {
-  while (!client->dead && client->out_front < client->out.size()) {
-    const store::Bytes& buffer = *client->out[client->out_front];
-    ssize_t n = ::send(client->fd.get(), buffer.data() + client->out_offset,
-                       buffer.size() - client->out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        set_want_write(client, true);
-        return;
-      }
-      // The client went away; its departure is handled like a close.
-      kill(client);
-      return;
-    }
-    client->out_offset += static_cast<std::size_t>(n);
-    if (client->out_offset == buffer.size()) {
-      client->out[client->out_front].reset();
-      ++client->out_front;
-      client->out_offset = 0;
-    }
-  }
-  if (client->dead) return;
-  client->out.clear();
-  client->out_front = 0;
-  set_want_write(client, false);
-  if (client->closing) kill(client);
-}
-
-void StoreServer::set_want_write(Client* client, bool want) {
-  client->want_write = want;
-  update_events(client);
-}
-
-void StoreServer::update_events(Client* client) {
-  // A closing client is no longer read, so what it keeps sending cannot grow our buffers.
-  std::uint32_t events = (client->closing ? 0u : static_cast<std::uint32_t>(EPOLLIN)) |
-                         (client->want_write ? static_cast<std::uint32_t>(EPOLLOUT) : 0u);
-  if (client->dead || events == client->registered) return;
-  epoll_event event{};
-  event.events = events;
-  event.data.u64 = client->id;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, client->fd.get(), &event) == 0) {
-    client->registered = events;
-  }
-}
-
-void StoreServer::kill(Client* client) {
-  if (client->dead) return;
-  client->dead = true;
-  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, client->fd.get(), nullptr);
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    it->second.erase(client->id);
-    it = it->second.empty() ? waiting_.erase(it) : std::next(it);
-  }
-  if (client->rank < 0 || client->watcher) return;
-  auto rank = static_cast<std::size_t>(client->rank);
-  rank_client_[rank] = 0;
-  departed_pid_[rank] = client->pid != 0 ? client->pid : -1;
-  departed_at_[rank] = ++departures_;
-  FERRY_LOG(kDebug, "%s: %s closed its connection", label_.c_str(), describe(client).c_str());
-  fail_rounds(client->rank);
-}
-
-void StoreServer::drop_dead() {
-  for (auto it = clients_.begin(); it != clients_.end();) {
-    it = it->second->dead ? clients_.erase(it) : std::next(it);
-  }
-}
-
 int StoreServer::missing_departed(const std::vector<bool>& joined) const {
   int first = -1;
   for (std::size_t rank = 0; rank < departed_pid_.size(); ++rank) {
@@ -609,8 +434,7 @@ void StoreServer::fail_rounds(int rank) {
         store::encode_error(Code::kPeerFailed, departed_message(rank, what, *round)));
     for (std::size_t r = 0; r < joined->size(); ++r) {
       if (!(*joined)[r]) continue;
-      auto it = clients_.find(rank_client_[r]);
-      if (it != clients_.end()) send(it->second.get(), reply);
+      if (Client* client = connections_->find(rank_client_[r])) send(client, reply);
     }
     joined->assign(joined->size(), false);
     *arrived = 0;
@@ -621,11 +445,6 @@ void StoreServer::fail_rounds(int rank) {
   if (allgather_arrived_ == 0) {
     for (auto& b : gathered_) store::Bytes().swap(b);
   }
-}
-
-std::string StoreServer::describe(const Client* client) const {
-  if (client->rank < 0) return "a client before its HELLO";
-  return "rank " + std::to_string(client->rank) + " (pid " + std::to_string(client->pid) + ")";
 }
 
 }  // namespace ferry::bootstrap

@@ -2,25 +2,26 @@
 // BARRIER, ALLGATHER and ABORT (store_protocol.hpp), and tells WATCH connections when a rank
 // aborted. ferryrun serves it on a UNIX socket inside its event loop (poll fd() with the
 // launcher's other fds, then call poll(0)); the TCP store's rank 0 serves it on a TCP port from a
-// thread of its own (tcp_store.hpp).
+// thread of its own (tcp_store.hpp). The sockets are store_connections.hpp's; this is what the
+// requests mean.
 #pragma once
-
-#include <sys/epoll.h>
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "bootstrap/store_connections.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "util/fd.hpp"
 
 namespace ferry::bootstrap {
 
-class StoreServer {
+class StoreServer final : private StoreConnections::Handler {
  public:
   // Called when a rank sends ABORT; the launcher ends the job.
   using AbortFn = std::function<void(int rank, int pid, int code, const std::string& reason)>;
@@ -33,25 +34,25 @@ class StoreServer {
   static std::unique_ptr<StoreServer> listen_tcp(const std::string& host, int port, int size,
                                                  AbortFn on_abort);
   // Closes every connection and removes the socket file.
-  ~StoreServer();
+  ~StoreServer() override;
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
   // An epoll descriptor that is readable whenever poll(0) has something to do.
-  [[nodiscard]] int fd() const { return epoll_.get(); }
+  [[nodiscard]] int fd() const { return connections_->fd(); }
   // Accepts connections and serves requests that are ready, waiting at most `timeout_ms` for the
   // first event (0: never blocks, -1: waits). Misbehaving clients get an error reply and are
   // dropped; the server itself never fails here.
-  void poll(int timeout_ms);
+  void poll(int timeout_ms) { connections_->poll(timeout_ms); }
 
   [[nodiscard]] const std::string& path() const { return path_; }
   // The TCP port listened on, or -1 for a UNIX socket.
-  [[nodiscard]] int port() const;
+  [[nodiscard]] int port() const { return connections_->port(); }
   [[nodiscard]] int size() const { return size_; }
   // Ranks whose HELLO was accepted and whose connection is still open.
   [[nodiscard]] int connected_ranks() const;
   // Whether replies or notices still wait for room in some client's socket.
-  [[nodiscard]] bool output_pending() const;
+  [[nodiscard]] bool output_pending() const { return connections_->output_pending(); }
   // Whether `rank` said HELLO and has since closed its connection (cleanly or not), or exited
   // without ever saying it (rank_exited).
   [[nodiscard]] bool departed(int rank) const {
@@ -68,22 +69,7 @@ class StoreServer {
   void rank_exited(int rank, int pid, const std::string& how);
 
  private:
-  struct Client {
-    std::uint64_t id = 0;
-    util::Fd fd;
-    store::FrameReader reader;
-    // Replies still to send; an allgather result is shared by every rank's queue.
-    std::vector<std::shared_ptr<const store::Bytes>> out;
-    std::size_t out_front = 0;           // index of the first unsent buffer in `out`
-    std::size_t out_offset = 0;          // bytes of out[out_front] already sent
-    bool want_write = false;             // replies wait for room in the socket
-    std::uint32_t registered = EPOLLIN;  // the epoll events asked for now
-    bool closing = false;                // drop once `out` is flushed (after an error reply)
-    bool dead = false;                   // dropped at the end of this poll()
-    int rank = -1;                       // set by an accepted HELLO or WATCH
-    int pid = 0;
-    bool watcher = false;  // a WATCH connection: receives ABORTED, sends nothing more
-  };
+  using Client = StoreConnections::Client;
 
   [[nodiscard]] bool valid(int rank) const {
     return rank >= 0 && static_cast<std::size_t>(rank) < joined_.size();
@@ -91,10 +77,10 @@ class StoreServer {
 
   StoreServer(util::Fd listener, std::string label, std::string path, int size, AbortFn on_abort);
 
-  void accept_clients();
-  void on_readable(Client* client);
-  void on_writable(Client* client);
-  void handle(Client* client, store::Frame* frame);
+  void on_frame(Client* client, store::Frame* frame) override;
+  // A connection ended: its GETs are forgotten, and a rank's departure fails the rounds it never
+  // joined.
+  void on_closed(Client* client) override;
   void handle_hello(Client* client, const store::Frame& frame);
   void handle_put(Client* client, const store::Frame& frame);
   void handle_get(Client* client, const store::Frame& frame);
@@ -108,31 +94,24 @@ class StoreServer {
   // The ranks a round whose arrivals are `joined` waits for, by what keeps them: "rank 2 has not
   // connected; rank 3 connected but has not arrived; rank 1 left".
   [[nodiscard]] std::string waiting_for(const std::vector<bool>& joined) const;
-  // Replies with an error and drops the client once the reply has left.
-  void reject(Client* client, Code code, const std::string& message);
-  void send(Client* client, std::shared_ptr<const store::Bytes> frame);
-  void flush(Client* client);
-  void set_want_write(Client* client, bool want);
-  // Re-registers with epoll when want_write or closing changed.
-  void update_events(Client* client);
-  void kill(Client* client);
-  void drop_dead();
+  void reject(Client* client, Code code, const std::string& message) {
+    connections_->reject(client, code, message);
+  }
+  void send(Client* client, std::shared_ptr<const store::Bytes> frame) {
+    connections_->send(client, std::move(frame));
+  }
   // A rank left: rounds it never joined can no longer complete.
   void fail_rounds(int rank);
   // The rank that left the job first among those missing from the round whose arrivals are
   // `joined`, or -1.
   [[nodiscard]] int missing_departed(const std::vector<bool>& joined) const;
   [[nodiscard]] std::string departed_message(int rank, const char* what, std::uint64_t round) const;
-  [[nodiscard]] std::string describe(const Client* client) const;
 
-  std::string path_;   // the UNIX socket to remove, or empty
-  std::string label_;  // "ferryrun store" or "TCP store", for messages
+  std::string path_;                             // the UNIX socket to remove, or empty
+  std::string label_;                            // "ferryrun store" or "TCP store", for messages
+  std::optional<StoreConnections> connections_;  // made once the job's size is known to be valid
   int size_;
   AbortFn on_abort_;
-  util::Fd listener_;
-  util::Fd epoll_;
-  std::uint64_t next_id_ = 1;  // 0 is the listener
-  std::map<std::uint64_t, std::unique_ptr<Client>> clients_;
   std::vector<std::uint64_t> rank_client_;  // client id per rank, 0 when not connected
   std::vector<int> departed_pid_;           // pid of a rank that closed its connection, else 0
   std::vector<bool> joined_;                // HELLO accepted once
