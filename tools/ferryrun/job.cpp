@@ -3,9 +3,7 @@
 // SIGTERM then SIGKILL) and cleanup on exit.
 #include "job.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <glob.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -28,6 +26,7 @@
 #include "bootstrap/single.hpp"
 #include "bootstrap/store_server.hpp"
 #include "ferry/status.hpp"
+#include "housekeeping.hpp"
 #include "util/fd.hpp"
 #include "util/log.hpp"
 
@@ -37,32 +36,6 @@ namespace ferry::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// libfabric's shm provider names its region after its process ("/dev/shm/<pid>:<n>:<n>", 16 MiB)
-// and removes it when the endpoint closes: a rank that was killed, or that ended by _exit (an
-// abort), leaves it behind, and a later process given that pid cannot open an endpoint
-// (fi_enable fails with EBUSY). The rank is reaped, so a region under its pid is stale. Returns
-// how many were removed.
-int remove_provider_regions(pid_t pid) {
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  const std::string prefix = std::to_string(pid) + ":";
-  auto digits_then = [](const char* p, char end) {
-    const char* start = p;
-    while (*p >= '0' && *p <= '9') ++p;
-    return p != start && *p == end ? p : nullptr;
-  };
-  int removed = 0;
-  while (const dirent* entry = ::readdir(dir)) {
-    const char* name = entry->d_name;
-    if (std::strncmp(name, prefix.c_str(), prefix.size()) != 0) continue;
-    const char* rest = digits_then(name + prefix.size(), ':');
-    if (rest == nullptr || digits_then(rest + 1, '\0') == nullptr) continue;
-    if (::unlinkat(::dirfd(dir), name, 0) == 0) ++removed;
-  }
-  ::closedir(dir);
-  return removed;
-}
 
 void info(const char* format, ...) __attribute__((format(printf, 1, 2)));
 void info(const char* format, ...) {
@@ -96,39 +69,6 @@ const char* signal_text(int signal) {
   const char* text = ::strsignal(signal);
   return text != nullptr ? text : "unknown signal";
 }
-
-// The socket directory: private (mkdtemp makes it 0700), removed with everything in it.
-class ScratchDir {
- public:
-  ScratchDir() = default;
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    if (path_.empty()) return;
-    ::unlink(socket_path().c_str());
-    ::rmdir(path_.c_str());
-  }
-  // Under $TMPDIR, or /tmp when $TMPDIR is unset or too long for a socket path (108 bytes).
-  bool create(std::string* error) {
-    std::string base = "/tmp";
-    if (const char* tmp = std::getenv("TMPDIR");
-        tmp != nullptr && *tmp != '\0' && std::strlen(tmp) + 40 < 108) {
-      base = tmp;
-    }
-    std::string pattern = base + "/ferryrun-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      *error = "cannot create a directory for the store with mkdtemp(" + pattern +
-               "): " + std::strerror(errno);
-      return false;
-    }
-    path_ = pattern;
-    return true;
-  }
-  [[nodiscard]] std::string socket_path() const { return path_ + "/store.sock"; }
-
- private:
-  std::string path_;
-};
 
 class Job {
  public:
@@ -612,20 +552,6 @@ void Job::stop_all() {
 }
 
 }  // namespace
-
-int sweep_shm(const std::string& job_id) {
-  // The job id holds only [0-9a-fx], so it cannot add glob patterns of its own.
-  std::string pattern = "/dev/shm/ferry-" + job_id + "-*";
-  glob_t found{};
-  int swept = 0;
-  if (::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &found) == 0) {
-    for (std::size_t i = 0; i < found.gl_pathc; ++i) {
-      if (::unlink(found.gl_pathv[i]) == 0) ++swept;
-    }
-  }
-  ::globfree(&found);
-  return swept;
-}
 
 int run_job(const JobOptions& options) {
   Job job(options);

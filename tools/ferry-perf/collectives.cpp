@@ -1,0 +1,100 @@
+// ferry-perf's collective benchmarks over every rank.
+#include "perf.hpp"
+
+namespace ferry::perf {
+
+Record collective(ferry::Communicator& world, const Args& args, Space& space,
+                  const std::string& test, std::size_t size, long iters, long warmup) {
+  const auto n = static_cast<std::size_t>(world.size());
+  const std::size_t floats = size / 4;
+  // The buffers are in the space of --mem (host or this rank's GPU); data goes in and out
+  // through their host shadows.
+  Buffer in(space, size);
+  Buffer out(space, size);
+  if (test == "allreduce" || test == "reduce_scatter" || test == "reduce") {
+    std::fill_n(reinterpret_cast<float*>(in.shadow()), floats,
+                static_cast<float>(world.rank() + 1));
+  } else if (test == "allgather") {
+    std::fill_n(out.shadow(), size, std::byte{0});
+    for (std::size_t i = 0; i < size / n; ++i) {
+      out.shadow()[static_cast<std::size_t>(world.rank()) * (size / n) + i] =
+          pattern(i, world.rank(), 1);
+    }
+    out.push(0, size);
+  } else {
+    std::fill_n(out.shadow(), size, std::byte{0});
+    if (world.rank() == 0) fill(out.shadow(), size, 1);
+    out.push(0, size);
+  }
+  in.push(0, size);
+  // The test is picked once: the timed loop holds the call alone.
+  const int kind = test == "allreduce"        ? 0
+                   : test == "reduce_scatter" ? 1
+                   : test == "allgather"      ? 2
+                   : test == "reduce"         ? 4
+                                              : 3;
+  std::byte* my_block = out.data() + static_cast<std::size_t>(world.rank()) * (size / n);
+  auto once = [&] {
+    switch (kind) {
+      case 0:
+        return world.allreduce(in.data(), out.data(), floats, ferry::DataType::kFloat32,
+                               ferry::ReduceOp::kSum);
+      case 1:
+        return world.reduce_scatter(in.data(), out.data(), floats / n, ferry::DataType::kFloat32,
+                                    ferry::ReduceOp::kSum);
+      case 2:
+        return world.allgather(my_block, out.data(), size / n, ferry::DataType::kUint8);
+      case 4:
+        return world.reduce(in.data(), out.data(), floats, ferry::DataType::kFloat32,
+                            ferry::ReduceOp::kSum, 0);
+      default:
+        return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0);
+    }
+  };
+  for (long i = 0; i < warmup; ++i) require(once(), test.c_str());
+  require(world.barrier(), "barrier");
+  const Clock::time_point start = Clock::now();
+  for (long i = 0; i < iters; ++i) require(once(), test.c_str());
+  const double mine =
+      std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(iters);
+  double slowest = 0;
+  require(world.allreduce(&mine, &slowest, 1, ferry::DataType::kFloat64, ferry::ReduceOp::kMax),
+          "allreduce of the times");
+  if (args.check) {
+    out.pull(0, size);
+    const std::byte* got = out.shadow();
+    const float sum = static_cast<float>(n * (n + 1) / 2);
+    bool ok = true;
+    if (test == "allreduce" || test == "reduce_scatter" || test == "reduce") {
+      // reduce: only the root's result is defined.
+      const std::size_t results = test == "reduce_scatter"                ? floats / n
+                                  : test == "reduce" && world.rank() != 0 ? 0
+                                                                          : floats;
+      for (std::size_t i = 0; i < results && ok; ++i) {
+        float v;
+        std::memcpy(&v, got + i * 4, 4);
+        ok = v == sum;
+      }
+    } else if (test == "allgather") {
+      for (std::size_t r = 0; r < n && ok; ++r) {
+        for (std::size_t i = 0; i < size / n; ++i) {
+          ok = ok && got[r * (size / n) + i] == pattern(i, static_cast<long>(r), 1);
+        }
+      }
+    } else {
+      verify(got, size, 1, "broadcast");
+    }
+    if (!ok) {
+      std::fprintf(stderr, "ferry-perf: %s: data check failed on rank %d\n", test.c_str(),
+                   world.rank());
+      std::exit(1);
+    }
+  }
+  const double nd = static_cast<double>(n);
+  const double factor = test == "allreduce"                       ? 2 * (nd - 1) / nd
+                        : test == "broadcast" || test == "reduce" ? 1
+                                                                  : (nd - 1) / nd;
+  return {test, size, iters, slowest * 1e6, static_cast<double>(size) / slowest / 1e9 * factor};
+}
+
+}  // namespace ferry::perf
