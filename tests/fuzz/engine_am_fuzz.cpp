@@ -11,6 +11,7 @@
 #include "ferry/ferry.hpp"
 #include "fuzz_input.hpp"
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
 #include "proto/wire.hpp"
 
 namespace proto = ferry::proto;
@@ -76,12 +77,12 @@ struct Posted {
 Posted post_recv(std::byte* buffer, std::size_t capacity, int source, ferry::Tag tag,
                  ferry::Tag mask) {
   std::uint32_t index = g_pool.allocate();
-  return {g_engine->irecv(buffer, capacity, source, tag, mask), index};
+  return {g_engine->messages().irecv(buffer, capacity, source, tag, mask), index};
 }
 
 Posted post_send(std::size_t bytes, ferry::Tag tag) {
   std::uint32_t index = g_pool.allocate();
-  return {g_engine->isend(g_send, bytes, 0, tag), index};
+  return {g_engine->messages().isend(g_send, bytes, 0, tag), index};
 }
 
 bool is_done(const Posted& posted) { return posted.request.status().code() != Code::kInProgress; }
@@ -97,7 +98,7 @@ void drain() {
   for (int round = 0; round < 1000; ++round) {
     int events = g_engine->progress();
     bool received = false;
-    while (g_engine->iprobe(ferry::kAnySource, 0, 0)) {
+    while (g_engine->messages().iprobe(ferry::kAnySource, 0, 0)) {
       Posted sink = post_recv(g_drain, kMaxCapacity, ferry::kAnySource, 0, 0);
       // Eager and host rendezvous messages complete at once (the self transport's get is a
       // memcpy); a device rendezvous (RTS_DEV) goes through the staging handshake first.

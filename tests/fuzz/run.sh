@@ -18,17 +18,16 @@ cd "$root"
 store_sources="src/bootstrap/store_protocol.cpp src/util/status.cpp"
 declare -A needs=(
   [store_frames]="$store_sources"
-  [store_server]="$store_sources src/bootstrap/store_server.cpp src/util/log.cpp"
+  [store_server]="$store_sources src/bootstrap/store_server.cpp src/bootstrap/store_connections.cpp src/util/log.cpp"
   [shm_address]="src/transport/shm/address.cpp src/util/status.cpp"
   [config_value]="src/util/config.cpp src/util/status.cpp"
   [address_blob]="src/proto/address_blob.cpp src/util/status.cpp"
   [ofi_wire]="src/transport/ofi/wire.cpp"
   [pmi_wire]="src/bootstrap/pmi.cpp src/util/config.cpp src/util/status.cpp src/util/log.cpp src/util/node.cpp"
-  # The engine without the CUDA module (cuda/none.cpp) and the libfabric transport: fuzzing needs
-  # neither a driver nor a NIC.
+  # The engine without the CUDA module (cuda/none.cpp) and the libfabric transport (the build
+  # leaves FERRY_HAVE_OFI undefined): fuzzing needs neither a driver nor a NIC.
   [engine_am]="$(find src -name '*.cpp' ! -path 'src/cuda/cuda.cpp' ! -path 'src/cuda/driver.cpp' \
-                 ! -path 'src/transport/ofi/transport.cpp' ! -path 'src/transport/ofi/fabric.cpp' \
-                 | sort | tr '\n' ' ')"
+                 ! -path 'src/transport/ofi/*' | sort | tr '\n' ' ')"
 )
 all_targets="store_frames store_server shm_address config_value address_blob ofi_wire pmi_wire engine_am"
 targets=${FUZZ_TARGETS:-$all_targets}
