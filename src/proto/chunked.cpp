@@ -47,7 +47,7 @@ std::byte* ChunkedPath::take_bounce() {
 }
 
 void ChunkedPath::return_bounce(RequestSlot* slot) {
-  pool_.push_back(std::exchange(slot->bounce, nullptr));
+  pool_.push_back(std::exchange(slot->gpu.bounce, nullptr));
   // A transfer that waited for a bounce starts now (registering one costs a millisecond; a
   // bounded set reused beats one per message).
   while (!waiting_.empty() && !pool_.empty()) {
@@ -55,11 +55,11 @@ void ChunkedPath::return_bounce(RequestSlot* slot) {
     waiting_.pop_front();
     std::uint32_t index = 0;
     RequestSlot* waiting = engine_.requests().lookup(wire, &index);
-    if (waiting == nullptr || waiting->state != RequestState::kActive || waiting->chunk == 0 ||
-        waiting->bounce != nullptr || waiting->deferred) {
+    if (waiting == nullptr || waiting->state != RequestState::kActive || waiting->gpu.chunk == 0 ||
+        waiting->gpu.bounce != nullptr || waiting->transfer.deferred) {
       continue;  // ended (failed, timed out) while it waited
     }
-    waiting->bounce = take_bounce();
+    waiting->gpu.bounce = take_bounce();
     start_chunks(index);
   }
 }
@@ -73,9 +73,10 @@ void ChunkedPath::start_chunks(std::uint32_t index) {
   Status status = post_chunk(index);
   if (!status) return chunk_done(index, std::move(status));
   if (!send) {
-    engine_.send_control(peer_rank, kAmCtsChunked,
-                         as_bytes(ChunkCtsHeader{slot.stage_rreq, engine_.requests().wire_id(index),
-                                                 slot.expected, slot.chunk}));
+    engine_.send_control(
+        peer_rank, kAmCtsChunked,
+        as_bytes(ChunkCtsHeader{slot.gpu.stage_rreq, engine_.requests().wire_id(index),
+                                slot.expected, slot.gpu.chunk}));
   }
 }
 
@@ -83,18 +84,18 @@ void ChunkedPath::start_receive(std::uint32_t index, int source, std::uint64_t s
   RequestSlot& slot = engine_.requests()[index];
   const Link& peer = engine_.link(source);
   slot.state = RequestState::kActive;
-  slot.stage_rreq = sreq;  // the sender's request, for a FIN that fails it
+  slot.gpu.stage_rreq = sreq;  // the sender's request, for a FIN that fails it
   slot.expected = slot.info.bytes;
   slot.received = 0;
-  slot.chunk = std::min(chunk_, slot.expected);
-  slot.direct = true;
+  slot.gpu.chunk = std::min(chunk_, slot.expected);
+  slot.transfer.direct = true;
   if (peer.direct == nullptr) {
     // The sender must not wait for a CTS: FIN with a code fails it.
     engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
     return engine_.complete(
         index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
-  if (needs_bounce(slot, *peer.direct) && (slot.bounce = take_bounce()) == nullptr) {
+  if (needs_bounce(slot, *peer.direct) && (slot.gpu.bounce = take_bounce()) == nullptr) {
     waiting_.push_back(engine_.requests().wire_id(index));  // started by return_bounce
     return;
   }
@@ -102,10 +103,10 @@ void ChunkedPath::start_receive(std::uint32_t index, int source, std::uint64_t s
 }
 
 bool ChunkedPath::needs_bounce(const RequestSlot& slot, transport::DirectTransfers& direct) {
-  if (slot.device < 0) return false;
+  if (slot.gpu.device < 0) return false;
   const bool send = slot.kind == RequestKind::kSend;
   const void* buffer = send ? static_cast<const void*>(slot.send_buffer) : slot.recv_buffer;
-  return !direct.device_direct(slot.device, buffer, slot.expected);
+  return !direct.device_direct(slot.gpu.device, buffer, slot.expected);
 }
 
 void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
@@ -123,11 +124,11 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
                         std::to_string(header.chunk) + " bytes over " + peer.transport);
   }
   slot->expected = header.length;
-  slot->staged = 0;
-  slot->stage_rreq = header.rreq;
-  slot->chunk = static_cast<std::size_t>(header.chunk);
-  slot->direct = true;
-  if (status && slot->device >= 0 && header.chunk > chunk_) {
+  slot->gpu.staged = 0;
+  slot->gpu.stage_rreq = header.rreq;
+  slot->gpu.chunk = static_cast<std::size_t>(header.chunk);
+  slot->transfer.direct = true;
+  if (status && slot->gpu.device >= 0 && header.chunk > chunk_) {
     status = Status(Code::kProtocolError, "rank " + std::to_string(source) +
                                               " asked for chunks larger than FERRY_OFI_CHUNK");
   }
@@ -135,7 +136,7 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
     engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     return engine_.complete(index, std::move(status));
   }
-  if (needs_bounce(*slot, *peer.direct) && (slot->bounce = take_bounce()) == nullptr) {
+  if (needs_bounce(*slot, *peer.direct) && (slot->gpu.bounce = take_bounce()) == nullptr) {
     waiting_.push_back(engine_.requests().wire_id(index));  // started by return_bounce
     return;
   }
@@ -148,27 +149,27 @@ Status ChunkedPath::post_chunk(std::uint32_t index) {
   const bool send = slot.kind == RequestKind::kSend;
   const int peer_rank = send ? slot.peer : slot.info.source;
   const Link& peer = engine_.link(peer_rank);
-  const std::size_t offset = send ? slot.staged : slot.received;
-  const std::size_t bytes = std::min(slot.chunk, slot.expected - offset);
+  const std::size_t offset = send ? slot.gpu.staged : slot.received;
+  const std::size_t bytes = std::min(slot.gpu.chunk, slot.expected - offset);
   // Device memory without a bounce: the NIC registers it (device_direct said so).
-  const int device = slot.bounce == nullptr ? slot.device : -1;
+  const int device = slot.gpu.bounce == nullptr ? slot.gpu.device : -1;
   Status status;
   if (send) {
     const std::byte* source = slot.send_buffer + offset;
-    if (slot.bounce != nullptr) {
-      status = engine_.cuda()->copy(slot.bounce, source, bytes);
-      source = slot.bounce;
+    if (slot.gpu.bounce != nullptr) {
+      status = engine_.cuda()->copy(slot.gpu.bounce, source, bytes);
+      source = slot.gpu.bounce;
     }
     if (status) {
-      status = peer.direct->send_direct(source, bytes, device, slot.stage_rreq,
+      status = peer.direct->send_direct(source, bytes, device, slot.gpu.stage_rreq,
                                         engine_.requests().wire_id(index));
     }
   } else {
-    std::byte* target = slot.bounce != nullptr ? slot.bounce : slot.recv_buffer + offset;
+    std::byte* target = slot.gpu.bounce != nullptr ? slot.gpu.bounce : slot.recv_buffer + offset;
     const std::uint64_t rreq = engine_.requests().wire_id(index);
     status = peer.direct->recv_direct(target, bytes, device, rreq, rreq);
   }
-  if (status) ++slot.device_ops;
+  if (status) ++slot.transfer.device_ops;
   return status;
 }
 
@@ -176,18 +177,19 @@ void ChunkedPath::chunk_done(std::uint32_t index, Status status) {
   RequestSlot& slot = engine_.requests()[index];
   const bool send = slot.kind == RequestKind::kSend;
   const int peer_rank = send ? slot.peer : slot.info.source;
-  std::size_t& done = send ? slot.staged : slot.received;
-  const std::size_t bytes = std::min(slot.chunk, slot.expected - done);
-  if (status && !send && slot.bounce != nullptr) {
-    status = engine_.cuda()->copy(slot.recv_buffer + done, slot.bounce, bytes);
+  std::size_t& done = send ? slot.gpu.staged : slot.received;
+  const std::size_t bytes = std::min(slot.gpu.chunk, slot.expected - done);
+  if (status && !send && slot.gpu.bounce != nullptr) {
+    status = engine_.cuda()->copy(slot.recv_buffer + done, slot.gpu.bounce, bytes);
   }
   if (!status) {
     // Tell the other side, so that it does not wait for chunks that will never come.
     if (send) {
-      engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
+      engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.gpu.stage_rreq}));
     } else {
       // The receiver's failure reaches the sender as a FIN with a code (handle_fin).
-      engine_.send_control(peer_rank, kAmFin, as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
+      engine_.send_control(peer_rank, kAmFin,
+                           as_bytes(FinHeader{slot.gpu.stage_rreq, kFinFailed, 0}));
     }
     return engine_.complete(index, std::move(status));
   }

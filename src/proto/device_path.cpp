@@ -105,7 +105,7 @@ void DevicePath::send(std::uint32_t index, int destination, const mem::MemoryInf
             slot.size, destination, mem::to_string(memory).c_str(),
             static_cast<std::size_t>(memory.extent),
             static_cast<unsigned long long>(memory.buffer_id));
-  slot.device = memory.device;
+  slot.gpu.device = memory.device;
   slot.rendezvous = true;
   RtsDevHeader header{slot.tag, slot.size, engine_.requests().wire_id(index), 0, 0};
   // Managed memory, allocations without a buffer id and cuMem allocations that cannot be shared
@@ -115,10 +115,11 @@ void DevicePath::send(std::uint32_t index, int destination, const mem::MemoryInf
   if (engine_.cuda_ipc() && exportable && !peer.verdict(memory.ipc).refused &&
       destination != engine_.rank()) {
     util::Fd descriptor;
-    Status status = engine_.cuda()->export_ipc(slot.send_buffer, memory, &slot.key, &descriptor);
+    Status status =
+        engine_.cuda()->export_ipc(slot.send_buffer, memory, &slot.gpu.key, &descriptor);
     if (status && memory.ipc == mem::IpcKind::kPosixFd) {
       // The descriptor goes first: it waits in the peer's mailbox when RTS_DEV arrives.
-      status = mailbox_ ? mailbox_->send(destination, slot.key.buffer_id, descriptor.get())
+      status = mailbox_ ? mailbox_->send(destination, slot.gpu.key.buffer_id, descriptor.get())
                         : Status(Code::kUnsupported, mailbox_why_);
     }
     if (status) {
@@ -133,7 +134,7 @@ void DevicePath::send(std::uint32_t index, int destination, const mem::MemoryInf
   pending.header_size = sizeof(RtsDevHeader);
   std::memcpy(pending.header.data(), &header, sizeof header);
   if ((header.flags & kRtsHasKey) != 0) {
-    pending.payload = reinterpret_cast<const std::byte*>(&slot.key);  // a deque slot: stable
+    pending.payload = reinterpret_cast<const std::byte*>(&slot.gpu.key);  // a deque slot: stable
     pending.payload_size = sizeof(cuda::IpcKey);
   }
   engine_.send_or_queue(destination, std::move(pending));
@@ -182,7 +183,7 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   std::uint32_t flags = 0;
-  if (key != nullptr && slot.device >= 0) {
+  if (key != nullptr && slot.gpu.device >= 0) {
     // Rung 1; a host receive buffer skips it (the sender fills the ring, the CPU empties it).
     std::string refusal;
     if (key->kind != mem::IpcKind::kLegacy && key->kind != mem::IpcKind::kPosixFd) {
@@ -194,11 +195,12 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
       engine_.protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
       refusal = "the peer sent an IPC key that does not cover its message";
     }
-    if (refusal.empty()) refusal = engine_.cuda()->ipc_refusal(key->uuid, slot.device);
+    if (refusal.empty()) refusal = engine_.cuda()->ipc_refusal(key->uuid, slot.gpu.device);
     bool passing = false;  // this transfer only: IPC stays on for the peer
     if (refusal.empty()) {
       Status status = start_ipc_get(index, source, sreq, *key);
-      if (status || slot.device_ops > 0) return;  // copying (or failing once pieces are done)
+      if (status || slot.transfer.device_ops > 0)
+        return;  // copying (or failing once pieces are done)
       refusal = status.message();
       passing = status.code() == Code::kWouldBlock;
     }
@@ -221,7 +223,7 @@ Status DevicePath::start_ipc_get(std::uint32_t index, int source, std::uint64_t 
   void* mapped = nullptr;
   util::Fd descriptor;
   if (key.kind == mem::IpcKind::kPosixFd) descriptor = take_descriptor(source, key.buffer_id);
-  Status status = engine_.cuda()->import_ipc(source, key, slot.device, &descriptor, &mapped);
+  Status status = engine_.cuda()->import_ipc(source, key, slot.gpu.device, &descriptor, &mapped);
   if (!status) return status;
   // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by default:
   // on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
@@ -233,19 +235,19 @@ Status DevicePath::start_ipc_get(std::uint32_t index, int source, std::uint64_t 
   for (std::size_t offset = 0; offset < length && status; offset += piece) {
     const std::size_t bytes = std::min(piece, length - offset);
     DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, key};
-    status = engine_.cuda()->copy_device_async(slot.device, next_lane_++, slot.recv_buffer + offset,
-                                               static_cast<std::byte*>(mapped) + offset, bytes,
-                                               streaming, &op.ticket);
+    status = engine_.cuda()->copy_device_async(
+        slot.gpu.device, next_lane_++, slot.recv_buffer + offset,
+        static_cast<std::byte*>(mapped) + offset, bytes, streaming, &op.ticket);
     if (status) {
-      ++slot.device_ops;
+      ++slot.transfer.device_ops;
       ops_.push_back(op);
     }
   }
-  if (!status && slot.device_ops > 0) {
+  if (!status && slot.transfer.device_ops > 0) {
     // Some pieces are in flight: the receive ends with the error once they are done.
     engine_.complete_when_idle(index, status);
   } else if (!status) {
-    engine_.cuda()->unpin(source, slot.device, key);
+    engine_.cuda()->unpin(source, slot.gpu.device, key);
   }
   return status;
 }
@@ -256,7 +258,7 @@ void DevicePath::start_staged_receive(std::uint32_t index, int source, std::uint
   slot.state = RequestState::kActive;
   slot.expected = slot.info.bytes;
   slot.received = 0;
-  slot.stage_rreq = sreq;  // on a receive: the sender's request, for a FIN that fails it
+  slot.gpu.stage_rreq = sreq;  // on a receive: the sender's request, for a FIN that fails it
   engine_.send_control(
       source, kAmStageCts,
       as_bytes(StageCtsHeader{sreq, engine_.requests().wire_id(index), slot.expected, flags, 0}));
@@ -277,10 +279,10 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if ((header.flags & kStageIpcRefused) != 0) {
     refuse_ipc(
-        source, slot->key.kind,
+        source, slot->gpu.key.kind,
         "rank " + std::to_string(source) +
-            (slot->key.kind == mem::IpcKind::kPosixFd ? " could not map our cuMem allocations"
-                                                      : " could not open our IPC handles"));
+            (slot->gpu.key.kind == mem::IpcKind::kPosixFd ? " could not map our cuMem allocations"
+                                                          : " could not open our IPC handles"));
   }
   if (!peer.ring_tx) {
     try {
@@ -299,9 +301,9 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
     for (std::size_t i = stage_slots_; i-- > 0;) peer.free_slots.push_back(i * stage_chunk_);
   }
   slot->rendezvous = false;
-  slot->stage_rreq = header.rreq;
+  slot->gpu.stage_rreq = header.rreq;
   slot->expected = header.length;  // bytes to stage
-  slot->staged = 0;
+  slot->gpu.staged = 0;
   peer.stage_streams.push_back(index);
   pump_stage(source);
 }
@@ -354,47 +356,48 @@ void DevicePath::pump_stage(int peer_rank) {
   while (!peer.stage_streams.empty() && !peer.free_slots.empty()) {
     const std::uint32_t index = peer.stage_streams.front();
     RequestSlot& slot = engine_.requests()[index];
-    const std::size_t offset = slot.staged;
+    const std::size_t offset = slot.gpu.staged;
     const std::size_t chunk = std::min(stage_chunk_, slot.expected - offset);
     const std::uint64_t ring_offset = peer.free_slots.back();
     std::byte* target = peer.ring_tx->data() + ring_offset;
-    if (slot.device >= 0) {
-      DeviceOp op{DeviceOp::kStageFill, {},    index, peer_rank, slot.stage_rreq, offset,
+    if (slot.gpu.device >= 0) {
+      DeviceOp op{DeviceOp::kStageFill, {},    index, peer_rank, slot.gpu.stage_rreq, offset,
                   ring_offset,          chunk, {}};
       Status status = engine_.cuda()->copy_staged_async(
-          slot.device, false, target, slot.send_buffer + offset, chunk, &op.ticket);
+          slot.gpu.device, false, target, slot.send_buffer + offset, chunk, &op.ticket);
       if (!status) {
         peer.stage_streams.pop_front();
-        engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.stage_rreq}));
+        engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.gpu.stage_rreq}));
         engine_.complete_when_idle(index, std::move(status));
         continue;
       }
-      ++slot.device_ops;
+      ++slot.transfer.device_ops;
       ops_.push_back(op);
     } else if (DeviceOp op{DeviceOp::kStageFill,
                            {},
                            index,
                            peer_rank,
-                           slot.stage_rreq,
+                           slot.gpu.stage_rreq,
                            offset,
                            ring_offset,
                            chunk,
                            {}};
-               slot.pinned_device >= 0 &&
+               slot.gpu.pinned_device >= 0 &&
                engine_.cuda()->copy_through_device_async(
-                   slot.pinned_device, target, slot.send_buffer + offset, chunk, &op.ticket)) {
+                   slot.gpu.pinned_device, target, slot.send_buffer + offset, chunk, &op.ticket)) {
       // Page-locked host memory: through this GPU at its copy engines' rate, not the CPU's.
-      ++slot.device_ops;
+      ++slot.transfer.device_ops;
       ops_.push_back(op);
     } else {
       util::copy(target, slot.send_buffer + offset, chunk);
-      engine_.send_control(peer_rank, kAmStageFrag,
-                           as_bytes(StageFragHeader{slot.stage_rreq, offset, ring_offset, chunk}));
+      engine_.send_control(
+          peer_rank, kAmStageFrag,
+          as_bytes(StageFragHeader{slot.gpu.stage_rreq, offset, ring_offset, chunk}));
     }
     peer.free_slots.pop_back();
-    slot.staged += chunk;
+    slot.gpu.staged += chunk;
     engine_.crash_point(util::CrashPoint::kMidPipeline);
-    if (slot.staged == slot.expected) {
+    if (slot.gpu.staged == slot.expected) {
       peer.stage_streams.pop_front();
       engine_.complete_when_idle(index, Status::ok());
     }
@@ -439,28 +442,28 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
     return engine_.protocol_error(source, "staged fragment outside the sender's ring");
   }
   const std::byte* from = peer.ring_rx->data() + header.ring_offset;
-  if (slot->device >= 0) {
+  if (slot->gpu.device >= 0) {
     DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
                 header.length,         {}};
     Status status = engine_.cuda()->copy_staged_async(
-        slot->device, true, slot->recv_buffer + header.offset, from, header.length, &op.ticket);
+        slot->gpu.device, true, slot->recv_buffer + header.offset, from, header.length, &op.ticket);
     if (!status) {
       fail_staged_receive(index, std::move(status));
       engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
       return;
     }
-    ++slot->device_ops;
+    ++slot->transfer.device_ops;
     ops_.push_back(op);
     return;
   }
-  if (slot->pinned_device >= 0) {
+  if (slot->gpu.pinned_device >= 0) {
     // Page-locked host memory: through this GPU (else, all bounces busy, by the CPU below).
     DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
                 header.length,         {}};
-    if (engine_.cuda()->copy_through_device_async(slot->pinned_device,
+    if (engine_.cuda()->copy_through_device_async(slot->gpu.pinned_device,
                                                   slot->recv_buffer + header.offset, from,
                                                   header.length, &op.ticket)) {
-      ++slot->device_ops;
+      ++slot->transfer.device_ops;
       ops_.push_back(op);
       return;
     }
@@ -477,7 +480,7 @@ void DevicePath::fail_staged_receive(std::uint32_t index, Status status) {
   RequestSlot& slot = engine_.requests()[index];
   // The sender learns of it (FIN with a code) and stops: neither side waits for the other.
   engine_.send_control(slot.info.source, kAmFin,
-                       as_bytes(FinHeader{slot.stage_rreq, kFinFailed, 0}));
+                       as_bytes(FinHeader{slot.gpu.stage_rreq, kFinFailed, 0}));
   engine_.complete_when_idle(index, std::move(status));
 }
 
@@ -522,16 +525,16 @@ int DevicePath::poll() {
     }
     ++finished;
     RequestSlot& slot = engine_.requests()[op.request];
-    --slot.device_ops;
+    --slot.transfer.device_ops;
     switch (op.kind) {
       case DeviceOp::kIpcGet:
-        if (slot.device_ops > 0) continue;  // other pieces of the message still copying
-        engine_.cuda()->unpin(op.peer, slot.device, op.key);
-        // A code tells the sender the receive failed (slot.deferred: an error waits).
+        if (slot.transfer.device_ops > 0) continue;  // other pieces of the message still copying
+        engine_.cuda()->unpin(op.peer, slot.gpu.device, op.key);
+        // A code tells the sender the receive failed (slot.transfer.deferred: an error waits).
         engine_.send_control(
             op.peer, kAmFin,
-            as_bytes(FinHeader{op.wire, slot.deferred ? kFinFailed : kFinDone, 0}));
-        if (!slot.deferred) {
+            as_bytes(FinHeader{op.wire, slot.transfer.deferred ? kFinFailed : kFinDone, 0}));
+        if (!slot.transfer.deferred) {
           engine_.complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
           continue;
         }
@@ -544,7 +547,7 @@ int DevicePath::poll() {
       case DeviceOp::kRmaCopy:
         engine_.cuda()->unpin(op.peer, op.device, op.key);
         engine_.rma().access_ended(op.peer);  // the owner may deregister now
-        if (!slot.deferred) {
+        if (!slot.transfer.deferred) {
           engine_.complete(op.request, Status::ok());
           continue;
         }
@@ -552,15 +555,17 @@ int DevicePath::poll() {
       case DeviceOp::kStageDrain:
         engine_.send_control(op.peer, kAmStageAck, as_bytes(StageAckHeader{op.ring_offset}));
         slot.received += op.length;
-        if (!slot.deferred && slot.received == slot.expected && slot.device_ops == 0) {
+        if (!slot.transfer.deferred && slot.received == slot.expected &&
+            slot.transfer.device_ops == 0) {
           engine_.complete(op.request, truncation_status(op.peer, slot.message_size, slot.size));
           continue;
         }
         break;
     }
     // A completion that waited for this buffer's copies (a failure, or a staged send).
-    if (slot.deferred && slot.device_ops == 0 && slot.state != RequestState::kDone) {
-      slot.deferred = false;
+    if (slot.transfer.deferred && slot.transfer.device_ops == 0 &&
+        slot.state != RequestState::kDone) {
+      slot.transfer.deferred = false;
       engine_.complete(op.request, slot.status);
     }
   }

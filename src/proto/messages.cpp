@@ -127,30 +127,8 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   engine_.crash_point(util::CrashPoint::kFirstSend);
   // What a rendezvous announces: our buffer, for a receiver that can read it directly.
   auto rts_address = reinterpret_cast<std::uint64_t>(buffer);
-  if (engine_.cuda() != nullptr && bytes > 0) {
-    // One driver query per send while CUDA is in use (bench/cuda_probe: 87-234 ns).
-    const mem::MemoryInfo memory = engine_.cuda()->classify(buffer);
-    if (memory.device_only() && peer.shares_memory) {
-      engine_.device().send(index, destination, memory);
-      return request;
-    }
-    if (memory.pinned) slot.pinned_device = engine_.bounce_device(memory);
-    if (memory.device_only() && (bytes <= peer.eager_limit || peer.direct == nullptr)) {
-      // No shared memory with the peer (ofi), and small (or no direct transfers): the message
-      // goes as host data, from a copy.
-      slot.host_copy.resize(bytes);
-      Status status = engine_.cuda()->copy(slot.host_copy.data(), buffer, bytes);
-      if (!status) {
-        engine_.complete(index, std::move(status));
-        return request;
-      }
-      slot.send_buffer = slot.host_copy.data();
-      rts_address = reinterpret_cast<std::uint64_t>(slot.send_buffer);
-    } else if (memory.device_only()) {
-      // Larger: announced as device data; the receiver asks for chunks (proto/chunked.cpp).
-      slot.device = memory.device;
-      rts_address = kRtsFromDevice;
-    }
+  if (engine_.cuda() != nullptr && bytes > 0 && !send_gpu_memory(index, peer, &rts_address)) {
+    return request;  // taken by the device path, or failed
   }
   if (bytes <= peer.eager_limit && peer.pending.empty()) {
     // The fast path: straight to the transport, no queue entry built (8 B latency -5%).
@@ -171,41 +149,80 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
     pending.payload_size = bytes;
     pending.complete_on_send = true;
   } else {
-    slot.rendezvous = true;
-    const std::uint64_t sreq = requests_.wire_id(index);
-    transport::Endpoint::RemoteRegion region;
-    // Below the endpoint's read size, where it has a direct transfer, that goes instead.
-    const bool read_size = bytes >= peer.read_from || peer.direct == nullptr || peer.direct_failed;
-    if (slot.device < 0 && rts_address != kRtsFromDevice && (peer.reads != nullptr) &&
-        !peer.read_failed && !engine_.chunked().forced() && read_size) {
-      // The receiver may read the buffer itself (no clear-to-send round trip).
-      Status status = peer.reads->expose(slot.send_buffer, bytes, sreq, &region);
-      if (status) {
-        slot.exposed = true;
-      } else {
-        peer.read_failed = true;
-        FERRY_LOG(kWarn,
-                  "%s: exposing a send buffer to rank %d failed (%s); clear-to-send from "
-                  "now on",
-                  peer.transport.c_str(), destination, status.to_string().c_str());
-      }
-    }
-    if (slot.exposed) {
-      RtsReadHeader rts{tag, bytes, sreq, region.address, region.key};
-      set_header(kAmRtsRead, rts, &pending.am, &pending.header_size, &pending.header);
-    } else {
-      RtsHeader rts{tag, bytes, sreq, rts_address};
-      set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
-    }
+    announce_rendezvous(index, peer, rts_address, &pending);
   }
   engine_.send_or_queue(destination, std::move(pending));
-  if (slot.exposed && engine_.crashes_at(util::CrashPoint::kMidPipeline)) {
+  if (slot.transfer.exposed && engine_.crashes_at(util::CrashPoint::kMidPipeline)) {
     // FERRY_TEST_CRASH_AT=mid-pipeline: die with the buffer exposed and announced (the
     // receiver's read then meets a dead process). A few polls first, so the RTS leaves.
     for (int i = 0; i < 1000; ++i) engine_.progress();
     engine_.crash_point(util::CrashPoint::kMidPipeline);
   }
   return request;
+}
+
+bool Messages::send_gpu_memory(std::uint32_t index, Link& peer, std::uint64_t* rts_address) {
+  RequestSlot& slot = requests_[index];
+  const std::size_t bytes = slot.size;
+  // One driver query per send while CUDA is in use (bench/cuda_probe: 87-234 ns).
+  const mem::MemoryInfo memory = engine_.cuda()->classify(slot.send_buffer);
+  if (memory.device_only() && peer.shares_memory) {
+    engine_.device().send(index, slot.peer, memory);
+    return false;
+  }
+  if (memory.pinned) slot.gpu.pinned_device = engine_.bounce_device(memory);
+  if (memory.device_only() && (bytes <= peer.eager_limit || peer.direct == nullptr)) {
+    // No shared memory with the peer (ofi), and small (or no direct transfers): the message
+    // goes as host data, from a copy.
+    slot.gpu.host_copy.resize(bytes);
+    Status status = engine_.cuda()->copy(slot.gpu.host_copy.data(), slot.send_buffer, bytes);
+    if (!status) {
+      engine_.complete(index, std::move(status));
+      return false;
+    }
+    slot.send_buffer = slot.gpu.host_copy.data();
+    *rts_address = reinterpret_cast<std::uint64_t>(slot.send_buffer);
+  } else if (memory.device_only()) {
+    // Larger: announced as device data; the receiver asks for chunks (proto/chunked.cpp).
+    slot.gpu.device = memory.device;
+    *rts_address = kRtsFromDevice;
+  }
+  return true;
+}
+
+void Messages::announce_rendezvous(std::uint32_t index, Link& peer, std::uint64_t rts_address,
+                                   Pending* out) {
+  RequestSlot& slot = requests_[index];
+  Pending& pending = *out;
+  const std::size_t bytes = slot.size;
+  const Tag tag = slot.tag;
+  const int destination = slot.peer;
+  slot.rendezvous = true;
+  const std::uint64_t sreq = requests_.wire_id(index);
+  transport::Endpoint::RemoteRegion region;
+  // Below the endpoint's read size, where it has a direct transfer, that goes instead.
+  const bool read_size = bytes >= peer.read_from || peer.direct == nullptr || peer.direct_failed;
+  if (slot.gpu.device < 0 && rts_address != kRtsFromDevice && (peer.reads != nullptr) &&
+      !peer.read_failed && !engine_.chunked().forced() && read_size) {
+    // The receiver may read the buffer itself (no clear-to-send round trip).
+    Status status = peer.reads->expose(slot.send_buffer, bytes, sreq, &region);
+    if (status) {
+      slot.transfer.exposed = true;
+    } else {
+      peer.read_failed = true;
+      FERRY_LOG(kWarn,
+                "%s: exposing a send buffer to rank %d failed (%s); clear-to-send from "
+                "now on",
+                peer.transport.c_str(), destination, status.to_string().c_str());
+    }
+  }
+  if (slot.transfer.exposed) {
+    RtsReadHeader rts{tag, bytes, sreq, region.address, region.key};
+    set_header(kAmRtsRead, rts, &pending.am, &pending.header_size, &pending.header);
+  } else {
+    RtsHeader rts{tag, bytes, sreq, rts_address};
+    set_header(kAmRts, rts, &pending.am, &pending.header_size, &pending.header);
+  }
 }
 
 Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
@@ -235,8 +252,8 @@ Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag,
   }
   if (engine_.cuda() != nullptr && capacity > 0) {
     const mem::MemoryInfo memory = engine_.cuda()->classify(buffer);
-    if (memory.device_only()) slot.device = memory.device;
-    if (memory.pinned) slot.pinned_device = engine_.bounce_device(memory);
+    if (memory.device_only()) slot.gpu.device = memory.device;
+    if (memory.pinned) slot.gpu.pinned_device = engine_.bounce_device(memory);
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
   const Link* from = source != kAnySource ? &engine_.link(source) : nullptr;
@@ -279,7 +296,7 @@ void Messages::deliver_eager(std::uint32_t index, int source, Tag tag,
   RequestSlot& slot = requests_[index];
   std::size_t copied = std::min(payload.size(), slot.size);
   slot.info = {source, tag, copied};
-  if (slot.device >= 0 && copied > 0) {
+  if (slot.gpu.device >= 0 && copied > 0) {
     // Into device memory: a synchronous copy (eager messages are small).
     Status status = engine_.cuda()->copy(slot.recv_buffer, payload.data(), copied);
     if (!status) return engine_.complete(index, std::move(status));
@@ -338,13 +355,13 @@ Status Messages::abandon_send(std::uint32_t index) {
       return timeout;
     }
   }
-  if (engine_.device().withdraw_staged(index, slot.peer, slot.stage_rreq)) {
+  if (engine_.device().withdraw_staged(index, slot.peer, slot.gpu.stage_rreq)) {
     engine_.complete_when_idle(index, timeout);
     int idle = 0;
     while (!engine_.done(index)) engine_.waiting().step(&idle);
     return timeout;
   }
-  if (slot.direct && slot.device_ops > 0) {
+  if (slot.transfer.direct && slot.transfer.device_ops > 0) {
     // The transport is sending the buffer: ask for it back, and wait until it lets go.
     if (peer.direct != nullptr) peer.direct->cancel_direct(requests_.wire_id(index));
     int idle = 0;

@@ -29,6 +29,8 @@ namespace ferry::proto {
 
 class Engine;
 struct CtsHeader;
+struct Link;     // proto/link.hpp
+struct Pending;  // proto/link.hpp
 
 // A message of `size` bytes from `source` that a receive of `capacity` bytes cut short.
 inline Status truncation(int source, std::size_t size, std::size_t capacity) {
@@ -83,6 +85,15 @@ class Messages {
   [[nodiscard]] std::size_t never_matched() const { return never_matched_; }
 
  private:
+  // isend's part for a buffer CUDA knows: device memory goes by the device path where the peer
+  // shares memory (false: taken), else from a host copy when small, else announced as device
+  // data (*rts_address); page-locked memory notes its GPU. False also when it failed (the
+  // request is complete then).
+  bool send_gpu_memory(std::uint32_t index, Link& peer, std::uint64_t* rts_address);
+  // A send above the peer's eager limit: an RTS, or an RTS the receiver answers by reading the
+  // exposed buffer itself.
+  void announce_rendezvous(std::uint32_t index, Link& peer, std::uint64_t rts_address,
+                           Pending* pending);
   void deliver_eager(std::uint32_t index, int source, Tag tag, std::span<const std::byte> payload);
   void handle_eager(int source, std::span<const std::byte> data);
   void handle_rts(int source, std::span<const std::byte> data);

@@ -132,7 +132,7 @@ void Engine::peer_failed(int rank, const std::string& why) {
   messages_->peer_failed(rank, status);
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
     const RequestSlot& slot = requests_[i];
-    if (slot.state == RequestState::kActive && !slot.deferred &&
+    if (slot.state == RequestState::kActive && !slot.transfer.deferred &&
         ((slot.kind == RequestKind::kSend && slot.peer == rank) ||
          (slot.kind == RequestKind::kRecv && slot.info.source == rank))) {
       complete_when_idle(i, status);  // a copy still using the buffer finishes first
@@ -142,18 +142,18 @@ void Engine::peer_failed(int rank, const std::string& why) {
 
 void Engine::complete(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
-  if (slot.bounce != nullptr) chunked_->return_bounce(&slot);
-  if (slot.exposed) {
+  if (slot.gpu.bounce != nullptr) chunked_->return_bounce(&slot);
+  if (slot.transfer.exposed) {
     // A send that did not end well must not stay readable (its buffer is the caller's again).
-    slot.exposed = false;
+    slot.transfer.exposed = false;
     peers_[static_cast<std::size_t>(slot.peer)].reads->unexpose(requests_.wire_id(index), !status);
   }
-  if (slot.rma_device != nullptr) {
+  if (slot.rma.device != nullptr) {
     // A get into device memory by messages: the fragments came to the host copy.
-    if (status) status = cuda_->copy(slot.rma_device, slot.host_copy.data(), slot.size);
-    slot.rma_device = nullptr;
+    if (status) status = cuda_->copy(slot.rma.device, slot.gpu.host_copy.data(), slot.size);
+    slot.rma.device = nullptr;
   }
-  if (slot.rma != RequestSlot::Rma::kNone) rma_->request_done(slot, status);
+  if (slot.rma.kind != RequestSlot::Rma::kNone) rma_->request_done(slot, status);
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
   if (slot.kind == RequestKind::kSend) --outstanding_sends_;
@@ -269,15 +269,15 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
 void Engine::on_direct(std::uint64_t cookie, Status status) {
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(cookie, &index);
-  if (slot == nullptr || !slot->direct || slot->device_ops == 0) return;
-  --slot->device_ops;
-  if (slot->rma_native) {
-    slot->rma_native = false;
-    rma_->native_ended(slot->peer, slot->rma_region);
+  if (slot == nullptr || !slot->transfer.direct || slot->transfer.device_ops == 0) return;
+  --slot->transfer.device_ops;
+  if (slot->rma.native) {
+    slot->rma.native = false;
+    rma_->native_ended(slot->peer, slot->rma.region);
   }
   if (slot->state == RequestState::kDone) return;
   const int peer_rank = slot->kind == RequestKind::kSend ? slot->peer : slot->info.source;
-  if (!status && status.code() != Code::kPeerFailed && !slot->deferred && peer_rank >= 0 &&
+  if (!status && status.code() != Code::kPeerFailed && !slot->transfer.deferred && peer_rank >= 0 &&
       peer_rank < size_ && peer_rank != rank_) {
     // A provider reports a peer's death on the transfers in flight with it as their own failure
     // (tcp: canceled), often before the death itself can be seen (the dying process's sockets
@@ -322,16 +322,17 @@ int Engine::settle_suspects() {
 
 void Engine::direct_outcome(std::uint32_t index, Status status) {
   RequestSlot* slot = &requests_[index];
-  if (slot->chunk > 0 && !slot->deferred) return chunked_->chunk_done(index, std::move(status));
-  if (slot->deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
-    if (slot->device_ops == 0) {
-      slot->deferred = false;
+  if (slot->gpu.chunk > 0 && !slot->transfer.deferred)
+    return chunked_->chunk_done(index, std::move(status));
+  if (slot->transfer.deferred) {  // a failure (peer death, NACK, timeout) waited for the buffer
+    if (slot->transfer.device_ops == 0) {
+      slot->transfer.deferred = false;
       complete(index, slot->status);
     }
     return;
   }
-  if (slot->reading && messages_->read_ended(index, status)) return;
-  if (!status && slot->rma != RequestSlot::Rma::kNone && status.code() != Code::kPeerFailed) {
+  if (slot->transfer.reading && messages_->read_ended(index, status)) return;
+  if (!status && slot->rma.kind != RequestSlot::Rma::kNone && status.code() != Code::kPeerFailed) {
     // A native put or get, granted by the owner for this key and range: the network lost it.
     status = Status(status.code(), status.message() +
                                        " (a native one-sided access the owner "
@@ -406,8 +407,8 @@ namespace ferry::proto {
 
 void Engine::complete_when_idle(std::uint32_t index, Status status) {
   RequestSlot& slot = requests_[index];
-  if (slot.device_ops == 0) return complete(index, std::move(status));
-  slot.deferred = true;
+  if (slot.transfer.device_ops == 0) return complete(index, std::move(status));
+  slot.transfer.deferred = true;
   slot.status = std::move(status);
 }
 

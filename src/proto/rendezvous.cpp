@@ -18,11 +18,11 @@ namespace ferry::proto {
 
 bool Messages::read_ended(std::uint32_t index, const Status& status) {
   RequestSlot& slot = requests_[index];
-  slot.reading = false;
-  slot.direct = false;
+  slot.transfer.reading = false;
+  slot.transfer.direct = false;
   const int source = slot.info.source;
   if (status) {
-    engine_.send_control(source, kAmFin, as_bytes(FinHeader{slot.read_sreq, 0, 0}));
+    engine_.send_control(source, kAmFin, as_bytes(FinHeader{slot.transfer.read_sreq, 0, 0}));
     return false;
   }
   if (status.code() == Code::kPeerFailed) return false;
@@ -32,7 +32,7 @@ bool Messages::read_ended(std::uint32_t index, const Status& status) {
   peer.read_failed = true;
   FERRY_LOG(kWarn, "%s: reading a message of rank %d failed (%s); clear-to-send from now on",
             peer.transport.c_str(), source, status.to_string().c_str());
-  request_data(index, source, slot.read_sreq, slot.info.bytes);
+  request_data(index, source, slot.transfer.read_sreq, slot.info.bytes);
   return true;
 }
 
@@ -101,7 +101,7 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
   slot.message_size = size;
   Link& peer = engine_.link(source);
   if (!peer.shares_memory && length > 0 &&
-      (slot.device >= 0 || address == kRtsFromDevice || engine_.chunked().forced())) {
+      (slot.gpu.device >= 0 || address == kRtsFromDevice || engine_.chunked().forced())) {
     // Device memory on either side, no shared memory (ofi): in chunks through pinned bounces.
     return engine_.chunked().start_receive(index, source, sreq);
   }
@@ -113,7 +113,7 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
                       "rank " + std::to_string(source) +
                           " announced device data over a transport that shares memory"));
   }
-  if ((slot.device >= 0 || test_host_staging_) && length > 0) {
+  if ((slot.gpu.device >= 0 || test_host_staging_) && length > 0) {
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
     return engine_.device().start_staged_receive(index, source, sreq, 0);
   }
@@ -159,16 +159,16 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
     return;
   }
   slot.state = RequestState::kActive;
-  if (remote != nullptr && slot.device < 0 && (peer.reads != nullptr) && !peer.read_failed) {
+  if (remote != nullptr && slot.gpu.device < 0 && (peer.reads != nullptr) && !peer.read_failed) {
     // One-sided: read the sender's buffer, then tell it (FIN).
     if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
     Status status =
         peer.reads->read_direct(slot.recv_buffer, length, *remote, requests_.wire_id(index));
     if (status) {
-      slot.direct = true;
-      slot.reading = true;
-      slot.read_sreq = sreq;
-      ++slot.device_ops;  // the buffer is the transport's until on_direct
+      slot.transfer.direct = true;
+      slot.transfer.reading = true;
+      slot.transfer.read_sreq = sreq;
+      ++slot.transfer.device_ops;  // the buffer is the transport's until on_direct
       return;
     }
     peer.read_failed = true;
@@ -189,8 +189,8 @@ void Messages::request_data(std::uint32_t index, int source, std::uint64_t sreq,
     // The transport moves the whole message into the receive buffer (its own rendezvous).
     Status status = peer.direct->recv_direct(slot.recv_buffer, length, -1, rreq, rreq);
     if (status) {
-      slot.direct = true;
-      ++slot.device_ops;  // the buffer is the transport's until on_direct
+      slot.transfer.direct = true;
+      ++slot.transfer.device_ops;  // the buffer is the transport's until on_direct
       engine_.send_control(source, kAmCtsDirect, as_bytes(CtsHeader{sreq, rreq, length}));
       return;
     }
@@ -255,8 +255,8 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
     engine_.complete(index, std::move(status));
     return;
   }
-  slot->direct = true;
-  ++slot->device_ops;
+  slot->transfer.direct = true;
+  ++slot->transfer.device_ops;
 }
 
 void Messages::handle_frag(int source, std::span<const std::byte> data) {
@@ -291,7 +291,7 @@ void Messages::handle_fin(int source, std::span<const std::byte> data) {
     return;
   }
   if (header.code != 0 && slot->kind == RequestKind::kSend &&
-      slot->state == RequestState::kActive && slot->peer == source && !slot->deferred) {
+      slot->state == RequestState::kActive && slot->peer == source && !slot->transfer.deferred) {
     return receiver_failed(index, source, header.code);  // the receiver failed or finalized
   }
   if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
@@ -311,7 +311,7 @@ void Messages::handle_nack(int source, std::span<const std::byte> data) {
       slot->info.source != source) {
     return;  // a receive that already ended: nothing waits
   }
-  if (slot->direct && slot->device_ops > 0) {
+  if (slot->transfer.direct && slot->transfer.device_ops > 0) {
     if (auto* direct = engine_.link(source).direct) direct->cancel_direct(header.rreq);
   }
   engine_.complete_when_idle(index, Status(Code::kCanceled, "rank " + std::to_string(source) +

@@ -19,6 +19,8 @@ enum class RequestState : std::uint8_t {
   kDone,
 };
 
+// A request: its life and outcome, its message (one-sided requests use the peer, buffers and size
+// too), then the state of the parts that move it, each typed and reset on its own.
 struct RequestSlot {
   std::uint32_t generation = 1;
   RequestKind kind = RequestKind::kSend;
@@ -36,34 +38,46 @@ struct RequestSlot {
   std::size_t message_size = 0;  // recv: the sender's size (for truncation)
   Status status;
   MessageInfo info;
-  // Device buffers (proto/device_path.hpp).
-  int device = -1;  // CUDA ordinal of the buffer; -1: host memory
-  // Host memory page-locked by CUDA: the GPU whose copy engines move it to and from a staging
-  // ring (Cuda::copy_through_device_async); -1: the CPU copies it.
-  int pinned_device = -1;
-  std::uint32_t device_ops = 0;  // copies or direct transfers in flight that use the buffer
-  bool direct = false;           // a transport moves the whole message (Endpoint::*_direct)
-  bool exposed = false;          // send: the buffer is exposed for the receiver's read
-  bool reading = false;          // recv: reading the sender's exposed buffer (read_sreq's)
-  std::uint64_t read_sreq = 0;
-  bool deferred = false;         // completion waits for those copies (then `status`)
-  std::size_t staged = 0;        // staged send: bytes put into the ring so far
-  std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
-  cuda::IpcKey key;              // device send: what the RTS carries
-  // Device buffers with a peer that shares no memory with us (ofi): an eager message travels
-  // from this host copy; larger ones in chunks (proto/chunked.cpp) through a pinned bounce.
-  std::vector<std::byte> host_copy;
-  std::size_t chunk = 0;        // chunked transfer: bytes per direct transfer (0: not chunked)
-  std::byte* bounce = nullptr;  // chunked transfer of device memory: the pinned bounce in use
+  // How the bytes move beyond active messages, and what completion waits for. Reset as a whole
+  // when the slot is taken.
+  struct Transfer {
+    std::uint32_t device_ops = 0;  // copies or direct transfers in flight that use the buffer
+    bool direct = false;           // a transport moves the whole message (Endpoint::*_direct)
+    bool exposed = false;          // send: the buffer is exposed for the receiver's read
+    bool reading = false;          // recv: reading the sender's exposed buffer (read_sreq's)
+    std::uint64_t read_sreq = 0;
+    bool deferred = false;  // completion waits for those copies (then `status`)
+  } transfer;
+  // Device buffers and page-locked host memory (DevicePath, ChunkedPath): taken with the slot
+  // by RequestPool::allocate (device, pinned_device, staged), let go by free (host_copy, chunk,
+  // bounce); the rest is set before it is read.
+  struct Gpu {
+    int device = -1;  // CUDA ordinal of the buffer; -1: host memory
+    // Host memory page-locked by CUDA: the GPU whose copy engines move it to and from a staging
+    // ring (Cuda::copy_through_device_async); -1: the CPU copies it.
+    int pinned_device = -1;
+    std::size_t staged = 0;        // staged send: bytes put into the ring so far
+    std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
+    cuda::IpcKey key;              // device send: what the RTS carries
+    // With a peer that shares no memory with us (ofi): an eager message travels from this host
+    // copy; larger ones in chunks (proto/chunked.cpp) through a pinned bounce.
+    std::vector<std::byte> host_copy;
+    std::size_t chunk = 0;        // chunked transfer: bytes per direct transfer (0: not chunked)
+    std::byte* bounce = nullptr;  // chunked transfer of device memory: the pinned bounce in use
+  } gpu;
   // One-sided operations (proto/rma/): what this request is, and for an answer to a peer's
-  // get, the region it is sent from; an atomic's result goes to rma_result (rma_width bytes).
-  enum class Rma : std::uint8_t { kNone, kPut, kGet, kAtomic, kGetReply } rma = Rma::kNone;
-  std::uint8_t rma_width = 0;
-  bool rma_native = false;       // a native put or get (its grant counts it in flight)
-  std::uint64_t rma_region = 0;  // a get's answer: the region read; else the region accessed
-  void* rma_result = nullptr;
-  std::uint64_t rma_operands[2] = {};  // an atomic's operand and compare: its payload until sent
-  std::byte* rma_device = nullptr;     // a get into device memory by messages: where host_copy goes
+  // get, the region it is sent from; an atomic's result goes to `result` (`width` bytes). Reset
+  // as a whole when the slot is taken.
+  enum class Rma : std::uint8_t { kNone, kPut, kGet, kAtomic, kGetReply };
+  struct OneSided {
+    Rma kind = Rma::kNone;
+    std::uint8_t width = 0;
+    bool native = false;       // a native put or get (its grant counts it in flight)
+    std::uint64_t region = 0;  // a get's answer: the region read; else the region accessed
+    void* result = nullptr;
+    std::uint64_t operands[2] = {};  // an atomic's operand and compare: its payload until sent
+    std::byte* device = nullptr;     // a get into device memory by messages: where host_copy goes
+  } rma;
 };
 
 class RequestPool {
@@ -77,7 +91,8 @@ class RequestPool {
       index = size_++;
       if (index % kChunk == 0) chunks_.push_back(std::make_unique<RequestSlot[]>(kChunk));
     }
-    // Field by field: only what a previous use can have left behind (free() reset the status).
+    // Only what a previous use can have left behind (free() reset the status and let go of the
+    // device buffers' memory): the message field by field, the parts' state by part.
     RequestSlot& slot = (*this)[index];
     slot.kind = kind;
     slot.state = RequestState::kActive;
@@ -90,26 +105,20 @@ class RequestPool {
     slot.recv_buffer = nullptr;
     slot.size = slot.expected = slot.received = slot.message_size = 0;
     slot.info = {};
-    slot.device = -1;
-    slot.pinned_device = -1;
-    slot.device_ops = 0;
-    slot.direct = false;
-    slot.exposed = false;
-    slot.reading = false;
-    slot.deferred = false;
-    slot.staged = 0;
-    slot.rma = RequestSlot::Rma::kNone;
-    slot.rma_native = false;
-    slot.rma_device = nullptr;
+    slot.transfer = {};
+    slot.gpu.device = -1;
+    slot.gpu.pinned_device = -1;
+    slot.gpu.staged = 0;
+    slot.rma = {};
     return index;
   }
   void free(std::uint32_t index) {
     RequestSlot& slot = (*this)[index];
     slot.state = RequestState::kFree;
     slot.status = Status();
-    std::vector<std::byte>().swap(slot.host_copy);
-    slot.chunk = 0;
-    slot.bounce = nullptr;
+    std::vector<std::byte>().swap(slot.gpu.host_copy);
+    slot.gpu.chunk = 0;
+    slot.gpu.bounce = nullptr;
     ++slot.generation;
     if (slot.generation == 0) slot.generation = 1;
     free_.push_back(index);

@@ -53,12 +53,12 @@ bool NativeAccess::start(std::uint32_t index, const RmaTarget& target, void* loc
   }
   ++grant.in_flight;
   RequestSlot& slot = engine_.requests()[index];
-  slot.direct = true;
-  slot.rma_native = true;
-  slot.rma_region = target.region;
+  slot.transfer.direct = true;
+  slot.rma.native = true;
+  slot.rma.region = target.region;
   slot.message_size = bytes;
   if (!put) slot.info = {target.rank, 0, bytes};  // (a peer's failure finds gets by their source)
-  ++slot.device_ops;                              // the buffer is the transport's until on_direct
+  ++slot.transfer.device_ops;                     // the buffer is the transport's until on_direct
   return true;
 }
 

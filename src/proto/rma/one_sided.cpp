@@ -47,7 +47,7 @@ Status OneSided::deregister(std::uint64_t id) {
     std::erase_if(engine_.link(rank).pending, [&](const Pending& pending) {
       if (pending.stream == UINT32_MAX) return false;
       RequestSlot& slot = engine_.requests()[pending.stream];
-      if (slot.rma != Rma::kGetReply || slot.rma_region != id) return false;
+      if (slot.rma.kind != Rma::kGetReply || slot.rma.region != id) return false;
       cut.emplace_back(rank, pending.rreq);
       engine_.complete(pending.stream, Status(Code::kCanceled, "region deregistered"));
       return true;
@@ -135,7 +135,7 @@ std::uint32_t OneSided::request(RequestKind kind, Rma rma, const RmaTarget& targ
                                 const void* local, std::size_t bytes, Status* early) {
   std::uint32_t index = engine_.requests().allocate(kind);
   RequestSlot& slot = engine_.requests()[index];
-  slot.rma = rma;
+  slot.rma.kind = rma;
   slot.peer = target.rank;
   slot.size = bytes;
   if (kind == RequestKind::kSend) engine_.count_send();
@@ -162,16 +162,16 @@ std::uint32_t OneSided::request(RequestKind kind, Rma rma, const RmaTarget& targ
       *early = Status(link.failed ? Code::kPeerFailed : Code::kUnsupported, link.why);
     } else {
       ++peers_[static_cast<std::size_t>(target.rank)].outstanding;
-      slot.rma_region = target.region;
+      slot.rma.region = target.region;
       return index;
     }
   }
-  slot.rma = Rma::kNone;  // never counted
+  slot.rma.kind = Rma::kNone;  // never counted
   return index;
 }
 
 void OneSided::request_done(const RequestSlot& slot, const Status& status) {
-  if (slot.rma == Rma::kGetReply) return;
+  if (slot.rma.kind == Rma::kGetReply) return;
   PeerState& peer = peers_[static_cast<std::size_t>(slot.peer)];
   --peer.outstanding;
   if (!status && peer.error.is_ok()) peer.error = status;
@@ -219,12 +219,12 @@ Status OneSided::atomic(std::byte* word, bool device, AtomicOp op, std::size_t w
 }
 
 Status OneSided::bounce(RequestSlot& slot, const void* local, std::size_t bytes, bool put) {
-  slot.host_copy.resize(bytes);
+  slot.gpu.host_copy.resize(bytes);
   if (!put) {
-    slot.rma_device = static_cast<std::byte*>(const_cast<void*>(local));
+    slot.rma.device = static_cast<std::byte*>(const_cast<void*>(local));
     return Status::ok();
   }
-  return engine_.cuda()->copy(slot.host_copy.data(), local, bytes);
+  return engine_.cuda()->copy(slot.gpu.host_copy.data(), local, bytes);
 }
 
 Request OneSided::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
@@ -257,7 +257,7 @@ Request OneSided::iput(const void* local, std::size_t bytes, const RmaTarget& ta
                        Status(status.code(), "put: from device memory: " + status.message()));
       return request;
     }
-    slot.send_buffer = slot.host_copy.data();
+    slot.send_buffer = slot.gpu.host_copy.data();
   }
   Pending pending = engine_.stream(kAmPut, index, engine_.requests().wire_id(index), bytes);
   pending.region = target.region;
@@ -289,7 +289,7 @@ Request OneSided::iget(void* local, std::size_t bytes, const RmaTarget& target) 
   slot.recv_buffer = static_cast<std::byte*>(local);
   if (local_device) {
     (void)bounce(slot, local, bytes, false);  // the copy to `local` runs at completion
-    slot.recv_buffer = slot.host_copy.data();
+    slot.recv_buffer = slot.gpu.host_copy.data();
   }
   slot.expected = slot.message_size = bytes;
   slot.info = {target.rank, 0, bytes};
@@ -341,10 +341,10 @@ Request OneSided::iatomic(AtomicOp op, std::size_t width, const RmaTarget& targe
       });
   if (finished) return request;
   RequestSlot& slot = engine_.requests()[index];
-  slot.rma_width = static_cast<std::uint8_t>(width);
-  slot.rma_result = result;
-  slot.rma_operands[0] = operand;  // the payload, kept in the slot (it never moves) until sent
-  slot.rma_operands[1] = compare;
+  slot.rma.width = static_cast<std::uint8_t>(width);
+  slot.rma.result = result;
+  slot.rma.operands[0] = operand;  // the payload, kept in the slot (it never moves) until sent
+  slot.rma.operands[1] = compare;
   AtomicHeader header{engine_.requests().wire_id(index),
                       target.region,
                       target.secret,
@@ -357,7 +357,7 @@ Request OneSided::iatomic(AtomicOp op, std::size_t width, const RmaTarget& targe
   pending.header_size = sizeof(header);
   static_assert(sizeof(header) <= sizeof(pending.header));
   std::memcpy(pending.header.data(), &header, sizeof(header));
-  pending.payload = reinterpret_cast<const std::byte*>(slot.rma_operands);
+  pending.payload = reinterpret_cast<const std::byte*>(slot.rma.operands);
   pending.payload_size = 16;
   pending.request = index;  // failed if sending fails; completed by the target's answer
   engine_.send_or_queue(target.rank, std::move(pending));
@@ -412,17 +412,18 @@ void OneSided::on_ack(int source, std::span<const std::byte> data) {
   std::uint32_t index = 0;
   RequestSlot* slot = engine_.requests().lookup(header.id, &index);
   if (slot == nullptr || slot->state != RequestState::kActive || slot->peer != source ||
-      (slot->rma != Rma::kPut && slot->rma != Rma::kGet && slot->rma != Rma::kAtomic)) {
+      (slot->rma.kind != Rma::kPut && slot->rma.kind != Rma::kGet &&
+       slot->rma.kind != Rma::kAtomic)) {
     // Also the later acknowledgements of a put that failed on an earlier fragment.
     FERRY_LOG(kDebug, "RMA_ACK from rank %d for no one-sided operation in progress", source);
     return;
   }
   if (header.code != kRmaOk) {
-    if (header.code == kRmaNoRegion) native_.region_gone(source, slot->rma_region);
+    if (header.code == kRmaNoRegion) native_.region_gone(source, slot->rma.region);
     return engine_.complete(index,
                             Status(Code::kInvalidArgument, refusal_text(header.code, source)));
   }
-  switch (slot->rma) {
+  switch (slot->rma.kind) {
     case Rma::kPut:
       if (header.value > slot->size - slot->received) {
         return engine_.protocol_error(source, "RMA_ACK for more bytes than the put has");
@@ -431,7 +432,7 @@ void OneSided::on_ack(int source, std::span<const std::byte> data) {
       if (slot->received == slot->size) engine_.complete(index, Status::ok());
       return;
     case Rma::kAtomic:
-      store_result(slot->rma_result, slot->rma_width, header.value);
+      store_result(slot->rma.result, slot->rma.width, header.value);
       return engine_.complete(index, Status::ok());
     default:  // a get is answered by fragments; an acknowledgement with code 0 is not expected
       return engine_.protocol_error(source, "RMA_ACK without a refusal for a get");

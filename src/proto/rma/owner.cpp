@@ -123,13 +123,13 @@ void OneSided::on_get(int source, std::span<const std::byte> data) {
   std::uint32_t index = engine_.requests().allocate(RequestKind::kSend);
   RequestSlot& slot = engine_.requests()[index];
   slot.handle_alive = false;  // freed when sent
-  slot.rma = Rma::kGetReply;
-  slot.rma_region = header.region;
+  slot.rma.kind = Rma::kGetReply;
+  slot.rma.region = header.region;
   slot.peer = source;
   slot.send_buffer = base + header.offset;
   if (device) {
-    slot.host_copy = std::move(copy);
-    slot.send_buffer = slot.host_copy.data();
+    slot.gpu.host_copy = std::move(copy);
+    slot.send_buffer = slot.gpu.host_copy.data();
   }
   slot.size = header.length;
   engine_.count_send();

@@ -240,7 +240,7 @@ bool PeerRegions::guarded(std::uint32_t index, const RmaTarget& target, void* lo
           op.device = device;
           engine_.add_device_op(op);
           RequestSlot& request = engine_.requests()[index];
-          ++request.device_ops;
+          ++request.transfer.device_ops;
           if (!put) request.info = {target.rank, 0, bytes};  // found by a peer's failure
           return true;  // still inside the access: `ended` follows the copy
         }
