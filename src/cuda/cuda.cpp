@@ -356,8 +356,14 @@ class CudaImpl final : public Cuda {
 
   Status copy_async(int device_ordinal, int lane_index, void* dst, const void* src,
                     std::size_t bytes, Ticket* ticket) override {
+    return copy_on_lane(device_ordinal, static_cast<std::size_t>(lane_index) % kLanesPerDevice, dst,
+                        src, bytes, ticket);
+  }
+
+  // One copy on a lane of the device, marked for its completion.
+  Status copy_on_lane(int device_ordinal, std::size_t lane_number, void* dst, const void* src,
+                      std::size_t bytes, Ticket* ticket) {
     Device& dev = device(device_ordinal);
-    const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
     Lane& lane = dev.lanes[lane_number];
     ScopedContext scope(d_, dev.context);
     CUresult result = d_->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
@@ -472,14 +478,8 @@ class CudaImpl final : public Cuda {
 
   Status copy_staged_async(int device_ordinal, bool to_device, void* dst, const void* src,
                            std::size_t bytes, Ticket* ticket) override {
-    Device& dev = device(device_ordinal);
-    const std::size_t lane_number = to_device ? kStageToDevice : kStageToHost;
-    Lane& lane = dev.lanes[lane_number];
-    ScopedContext scope(d_, dev.context);
-    CUresult result = d_->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
-                                        reinterpret_cast<CUdeviceptr>(src), bytes, lane.stream);
-    if (result != CUDA_SUCCESS) return driver_error("cuMemcpyAsync", result);
-    return mark(device_ordinal, lane_number, ticket);
+    return copy_on_lane(device_ordinal, to_device ? kStageToDevice : kStageToHost, dst, src, bytes,
+                        ticket);
   }
 
   bool done(const Ticket& ticket) override {
