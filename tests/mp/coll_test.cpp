@@ -21,9 +21,8 @@
 namespace ferry {
 namespace {
 
-Context* g_ctx = nullptr;
 Communicator& world() {
-  static Communicator w = g_ctx->world();
+  static Communicator w = test::ctx().world();
   return w;
 }
 int me() { return world().rank(); }
@@ -487,19 +486,19 @@ TEST(Collectives, NonBlockingCollectivesCompleteInAnyOrder) {
 TEST(Collectives, ApplicationReceivesNeverTakeCollectiveMessages) {
   // A receive from anyone with any tag stays posted across collectives.
   char sink[64];
-  Request any = g_ctx->irecv(sink, sizeof(sink), kAnySource, 0, 0);
+  Request any = test::ctx().irecv(sink, sizeof(sink), kAnySource, 0, 0);
   std::int32_t one = 1, sum = 0;
   ASSERT_TRUE(world().allreduce(&one, &sum, 1, DataType::kInt32, ReduceOp::kSum).is_ok());
   EXPECT_EQ(sum, nranks());
   ASSERT_TRUE(world().barrier().is_ok());
   EXPECT_FALSE(any.test());
   EXPECT_TRUE(any.cancel());
-  EXPECT_FALSE(g_ctx->iprobe(kAnySource, 0, 0).has_value());
+  EXPECT_FALSE(test::ctx().iprobe(kAnySource, 0, 0).has_value());
   // Tags with the reserved bit are refused.
-  Status s = g_ctx->send(&one, 4, me(), kReservedTagBit | 5);
+  Status s = test::ctx().send(&one, 4, me(), kReservedTagBit | 5);
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
   EXPECT_NE(s.message().find("reserve"), std::string::npos) << s.message();
-  EXPECT_EQ(g_ctx->recv(&one, 4, me(), kReservedTagBit).code(), Code::kInvalidArgument);
+  EXPECT_EQ(test::ctx().recv(&one, 4, me(), kReservedTagBit).code(), Code::kInvalidArgument);
 }
 
 TEST(Collectives, BadArgumentsFailOnEveryMemberWithAReason) {
@@ -956,6 +955,4 @@ TEST(Collectives, FloatResultsAreTheSameBitsEverywhereAndEveryTime) {
 }  // namespace
 }  // namespace ferry
 
-int main(int argc, char** argv) {
-  return ferry::test::run_on_every_rank(argc, argv, "coll_test", &ferry::g_ctx);
-}
+int main(int argc, char** argv) { return ferry::test::run_on_every_rank(argc, argv, "coll_test"); }

@@ -19,10 +19,9 @@
 namespace ferry {
 namespace {
 
-Context* g_ctx = nullptr;
-Context& ctx() { return *g_ctx; }
-int me() { return ctx().rank(); }
-int nranks() { return ctx().size(); }
+using test::ctx;
+using test::me;
+using test::nranks;
 
 std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
 
@@ -197,5 +196,5 @@ TEST(Regions, DeregisteredAllocationsAreFreedWhileTheirPeersLive) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  return ferry::test::run_on_every_rank(argc, argv, "hostile_test", &ferry::g_ctx, 2);
+  return ferry::test::run_on_every_rank(argc, argv, "hostile_test", 2);
 }

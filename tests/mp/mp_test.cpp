@@ -20,10 +20,9 @@
 namespace ferry {
 namespace {
 
-Context* g_ctx = nullptr;
-Context& ctx() { return *g_ctx; }
-int me() { return ctx().rank(); }
-int nranks() { return ctx().size(); }
+using test::ctx;
+using test::me;
+using test::nranks;
 int next() { return (me() + 1) % nranks(); }
 int prev() { return (me() + nranks() - 1) % nranks(); }
 
@@ -426,6 +425,4 @@ TEST(MultiProcess, OverTcpSocketsMessagesBelowTheReadSizeGoDirect) {
 }  // namespace
 }  // namespace ferry
 
-int main(int argc, char** argv) {
-  return ferry::test::run_on_every_rank(argc, argv, "mp_test", &ferry::g_ctx);
-}
+int main(int argc, char** argv) { return ferry::test::run_on_every_rank(argc, argv, "mp_test"); }

@@ -20,10 +20,9 @@
 namespace ferry {
 namespace {
 
-Context* g_ctx = nullptr;
-Context& ctx() { return *g_ctx; }
-int me() { return ctx().rank(); }
-int nranks() { return ctx().size(); }
+using test::ctx;
+using test::me;
+using test::nranks;
 int next() { return (me() + 1) % nranks(); }
 int prev() { return (me() + nranks() - 1) % nranks(); }
 
@@ -722,11 +721,10 @@ TEST(OneSided, ZeroBytesAndBadPackedKeys) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  return ferry::test::run_on_every_rank(
-      argc, argv, "rma_test", &ferry::g_ctx, 1, [](ferry::Context&) {
-        const char* allocate = std::getenv("RMA_TEST_ALLOCATE");
-        ferry::g_allocate = allocate != nullptr && std::string(allocate) == "1";
-        const char* native = std::getenv("RMA_TEST_NATIVE");
-        ferry::g_native = native != nullptr && std::string(native) == "1";
-      });
+  return ferry::test::run_on_every_rank(argc, argv, "rma_test", 1, [](ferry::Context&) {
+    const char* allocate = std::getenv("RMA_TEST_ALLOCATE");
+    ferry::g_allocate = allocate != nullptr && std::string(allocate) == "1";
+    const char* native = std::getenv("RMA_TEST_NATIVE");
+    ferry::g_native = native != nullptr && std::string(native) == "1";
+  });
 }

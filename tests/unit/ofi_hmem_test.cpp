@@ -9,16 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "../helpers/no_messages.hpp"
 #include "transport/ofi/transport.hpp"
 #include "util/config.hpp"
 
 namespace ferry::transport::ofi {
 namespace {
 
-class NoMessages final : public AmHandler {
- public:
-  void on_am(std::uint8_t /*id*/, int /*source*/, std::span<const std::byte> /*data*/) override {}
-};
+using test::NoMessages;
 
 class OfiHmem : public ::testing::Test {
  protected:

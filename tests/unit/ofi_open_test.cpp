@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "../helpers/no_messages.hpp"
 #include "transport/ofi/handles.hpp"
 #include "transport/ofi/transport.hpp"
 #include "util/config.hpp"
@@ -18,10 +19,7 @@
 namespace ferry::transport::ofi {
 namespace {
 
-class NoMessages final : public AmHandler {
- public:
-  void on_am(std::uint8_t /*id*/, int /*source*/, std::span<const std::byte> /*data*/) override {}
-};
+using test::NoMessages;
 
 int open_fds() {
   int count = 0;
