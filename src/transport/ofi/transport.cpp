@@ -398,15 +398,7 @@ bool OfiTransport::delivered() {
   return done;
 }
 
-int OfiTransport::progress() {
-  if (keepalive_s_ > 0 && (++polls_ & 255) == 0) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= next_keepalive_) {
-      next_keepalive_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(keepalive_s_));
-      keepalive();
-    }
-  }
+void OfiTransport::retry_deferred() {
   if (!reposts_.empty()) {
     std::vector<std::uint32_t> again;
     again.swap(reposts_);
@@ -434,6 +426,48 @@ int OfiTransport::progress() {
       if (!status) finish_direct(again[i], std::move(status));
     }
   }
+}
+
+void OfiTransport::on_completion_error(const fi_cq_err_entry& error) {
+  auto* op = static_cast<Op*>(error.op_context);
+  if (op == nullptr) return;
+  if (op->direct) {
+    const bool canceled = error.err == FI_ECANCELED;
+    finish_direct(
+        op, Status(canceled ? Code::kCanceled : Code::kIoError,
+                   std::string("ofi: direct ") +
+                       (op->read    ? "read from"
+                        : op->write ? "write to"
+                        : op->send  ? "send to"
+                                    : "receive from") +
+                       " rank " + std::to_string(op->peer) + " failed: " + error_text(-error.err)));
+    return;
+  }
+  FERRY_LOG(kDebug, "ofi: completion error %d (%s) for a %s", error.err,
+            error_text(-error.err).c_str(), op->send ? "send" : "receive");
+  if (op->send) {
+    free_sends_.push_back(op->buffer);
+    --peers_[static_cast<std::size_t>(op->peer)].outstanding;
+    const char* detail = fi_cq_strerror(cq_, error.prov_errno, error.err_data, nullptr, 0);
+    peer_failed(op->peer, "ofi: a send to rank " + std::to_string(op->peer) +
+                              " failed: " + error_text(-error.err) +
+                              (detail != nullptr ? std::string(": ") + detail : ""));
+  } else if (error.err != FI_ECANCELED) {
+    FERRY_LOG(kWarn, "ofi: a receive failed: %s", error_text(-error.err).c_str());
+    post_receive(op->buffer);
+  }
+}
+
+int OfiTransport::progress() {
+  if (keepalive_s_ > 0 && (++polls_ & 255) == 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_keepalive_) {
+      next_keepalive_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(keepalive_s_));
+      keepalive();
+    }
+  }
+  retry_deferred();
   int delivered = 0;
   for (;;) {
     fi_cq_msg_entry entries[16];
@@ -442,33 +476,7 @@ int OfiTransport::progress() {
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry error{};
       if (fi_cq_readerr(cq_, &error, 0) < 0) break;
-      auto* op = static_cast<Op*>(error.op_context);
-      if (op == nullptr) continue;
-      if (op->direct) {
-        const bool canceled = error.err == FI_ECANCELED;
-        finish_direct(op, Status(canceled ? Code::kCanceled : Code::kIoError,
-                                 std::string("ofi: direct ") +
-                                     (op->read    ? "read from"
-                                      : op->write ? "write to"
-                                      : op->send  ? "send to"
-                                                  : "receive from") +
-                                     " rank " + std::to_string(op->peer) +
-                                     " failed: " + error_text(-error.err)));
-        continue;
-      }
-      FERRY_LOG(kDebug, "ofi: completion error %d (%s) for a %s", error.err,
-                error_text(-error.err).c_str(), op->send ? "send" : "receive");
-      if (op->send) {
-        free_sends_.push_back(op->buffer);
-        --peers_[static_cast<std::size_t>(op->peer)].outstanding;
-        const char* detail = fi_cq_strerror(cq_, error.prov_errno, error.err_data, nullptr, 0);
-        peer_failed(op->peer, "ofi: a send to rank " + std::to_string(op->peer) +
-                                  " failed: " + error_text(-error.err) +
-                                  (detail != nullptr ? std::string(": ") + detail : ""));
-      } else if (error.err != FI_ECANCELED) {
-        FERRY_LOG(kWarn, "ofi: a receive failed: %s", error_text(-error.err).c_str());
-        post_receive(op->buffer);
-      }
+      on_completion_error(error);
       continue;
     }
     if (n < 0) {

@@ -132,6 +132,12 @@ class OfiTransport final : public Transport {
   };
   void post_receive(std::uint32_t buffer);
   void handle_receive(std::uint32_t buffer, std::size_t length);
+  // progress()'s parts: posts what the provider had no room for before (receives, direct
+  // transfers) and fails the reads FERRY_TEST_OFI_READ_FAIL marked; and a completion that
+  // ended in error (a direct transfer fails, a failed send fails its peer, a receive is posted
+  // again).
+  void retry_deferred();
+  void on_completion_error(const fi_cq_err_entry& error);
   // A direct transfer's Op for `peer` (refused when the peer failed or the cookie is in use),
   // then handed to the provider by launch_direct (which undoes it on failure).
   Status new_direct(int peer, void* data, std::size_t length, std::uint64_t cookie,
