@@ -81,6 +81,12 @@ void check_reply(const store::Frame& frame, int size) {
       FUZZ_CHECK(store::decode_error(frame.payload, &error), "malformed ERROR");
       return;
     }
+    case store::Op::kMissingList: {  // the answer to MISSING
+      std::string text;
+      FUZZ_CHECK(store::decode_missing_list(frame.payload, &text), "malformed MISSING_LIST");
+      FUZZ_CHECK(!text.empty(), "an empty MISSING_LIST");
+      return;
+    }
     default:
       FUZZ_CHECK(false, "the server sent %s, which is no reply", store::op_name(frame.op).c_str());
   }
