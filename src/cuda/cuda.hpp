@@ -1,7 +1,8 @@
 // ferry's CUDA module as the protocol layer sees it, free of cuda.h: memory classification, IPC
 // export and a bounded cache of opened peer mappings, asynchronous copies completed by polling
 // (never a blocking synchronize in progress), and pinned staging rings in shared memory.
-// Built from cuda.cpp where the CUDA headers exist, else from none.cpp (create() says why not).
+// Built from impl/ (the parts that call the driver) where the CUDA headers exist, else from
+// none.cpp (create() says why not).
 #pragma once
 
 #include <array>

@@ -1,0 +1,165 @@
+#include "cuda/impl/launches.hpp"
+
+#include <algorithm>
+
+#ifdef FERRY_HAVE_KERNELS
+// kernels.cu as a fatbin, embedded by the build (cmake/embed.cmake).
+extern const unsigned char ferry_kernels_fatbin[];
+#endif
+
+namespace ferry::cuda {
+
+Launches::Launches(Devices& devices, const util::Config& config)
+    : devices_(devices),
+      d_(devices.driver()),
+      kernel_copy_from_(config.get_size(util::Var::kCudaIpcKernelCopy)),
+      kernel_copy_max_(config.get_size(util::Var::kCudaIpcKernelCopyMax)) {}
+
+std::string Launches::missing(int ordinal) {
+#ifdef FERRY_HAVE_KERNELS
+  Device& dev = devices_.get(ordinal);
+  if (dev.reduce != nullptr || !dev.kernels_error.empty()) return dev.kernels_error;
+  ScopedContext scope(d_, dev.context);
+  CUresult result = d_->cuModuleLoadData(&dev.module, ferry_kernels_fatbin);
+  if (result != CUDA_SUCCESS) {
+    dev.module = nullptr;
+    dev.kernels_error =
+        "loading ferry's device kernels (sm_90 code and PTX) on cuda:" + std::to_string(ordinal) +
+        ": " + driver_error("cuModuleLoadData", result).message();
+  } else if ((result = d_->cuModuleGetFunction(&dev.reduce, dev.module, "ferry_reduce")) !=
+                 CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.oneshot, dev.module,
+                                               "ferry_allreduce_oneshot")) != CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.twoshot, dev.module,
+                                               "ferry_allreduce_twoshot")) != CUDA_SUCCESS) {
+    dev.reduce = nullptr;
+    dev.oneshot = nullptr;
+    dev.twoshot = nullptr;
+    dev.kernels_error = driver_error("cuModuleGetFunction", result).message();
+  } else {
+    if (d_->cuModuleGetFunction(&dev.copy, dev.module, "ferry_copy") != CUDA_SUCCESS) {
+      dev.copy = nullptr;  // copies stay with the copy engine
+    }
+    if (d_->cuModuleGetFunction(&dev.resident, dev.module, "ferry_allreduce_resident") !=
+        CUDA_SUCCESS) {
+      dev.resident = nullptr;  // small one-shot calls are launched
+    }
+    d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                             dev.handle);
+  }
+  return dev.kernels_error;
+#else
+  (void)ordinal;
+  return "ferry was built without nvcc, so it has no device kernels (rebuild with the CUDA "
+         "toolkit's nvcc on the PATH or under CUDA_HOME)";
+#endif
+}
+
+Status Launches::copy_device(int ordinal, int lane_index, void* dst, const void* src,
+                             std::size_t bytes, bool streaming, Ticket* ticket) {
+  const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
+  // A lone copy goes faster by the engine (no launch); a stream of mid-sized ones by the SMs
+  // (the engine's start-up per copy shows: 4 MiB 283 against 316-334 GB/s on H200 NVLink).
+  if (!streaming || kernel_copy_from_ == 0 || bytes < kernel_copy_from_ ||
+      bytes > kernel_copy_max_ || !missing(ordinal).empty() ||
+      devices_.get(ordinal).copy == nullptr) {
+    return devices_.copy_on_lane(ordinal, lane_number, dst, src, bytes, ticket);
+  }
+  Device& dev = devices_.get(ordinal);
+  Lane& lane = dev.lanes[lane_number];
+  ScopedContext scope(d_, dev.context);
+  // One thread per 64 bytes (four 16-byte units), at most 2 blocks per multiprocessor.
+  constexpr unsigned kThreads = 512;
+  const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 2;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::size_t>((bytes / 64 + kThreads - 1) / kThreads, 1, most));
+  unsigned long long length = bytes;
+  void* params[] = {&dst, &src, &length};
+  CUresult result =
+      d_->cuLaunchKernel(dev.copy, blocks, 1, 1, kThreads, 1, 1, 0, lane.stream, params, nullptr);
+  if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_copy)", result);
+  return devices_.mark(ordinal, lane_number, ticket);
+}
+
+Status Launches::reduce(int ordinal, int lane_index, void* out, const void* a, const void* b,
+                        std::size_t count, DataType type, ReduceOp op, Ticket* ticket) {
+  static_assert(
+      static_cast<int>(DataType::kFloat64) == 11 && static_cast<int>(ReduceOp::kBitXor) == 6,
+      "kernels.cu numbers the types and ops as ferry.hpp does");
+  Device& dev = devices_.get(ordinal);
+  if (dev.reduce == nullptr) return Status(Code::kUnsupported, missing(ordinal));
+  const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
+  Lane& lane = dev.lanes[lane_number];
+  ScopedContext scope(d_, dev.context);
+  // One thread per 16 bytes, at most 4 blocks per multiprocessor (the loop strides over more).
+  constexpr unsigned kThreads = 512;
+  const std::size_t work = (count * size_of(type) + 15) / 16;
+  const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 4;
+  const auto blocks =
+      static_cast<unsigned>(std::clamp<std::size_t>((work + kThreads - 1) / kThreads, 1, most));
+  unsigned long long elements = count;
+  int type_number = static_cast<int>(type);
+  int op_number = static_cast<int>(op);
+  void* params[] = {&out, &a, &b, &elements, &type_number, &op_number};
+  CUresult result =
+      d_->cuLaunchKernel(dev.reduce, blocks, 1, 1, kThreads, 1, 1, 0, lane.stream, params, nullptr);
+  if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_reduce)", result);
+  return devices_.mark(ordinal, lane_number, ticket);
+}
+
+Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneShot& call,
+                                   Ticket* ticket) {
+  Device& dev = devices_.get(ordinal);
+  if (dev.oneshot == nullptr) return Status(Code::kUnsupported, missing(ordinal));
+  const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
+  Lane& lane = dev.lanes[lane_number];
+  ScopedContext scope(d_, dev.context);
+  // A block per call.block_bytes, up to kOneShotBlocks: a small call is one block with one
+  // flag per peer. Block b waits for block b of each peer.
+  const std::size_t data = call.count * size_of(call.type);
+  const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, Cuda::kOneShotBlocks);
+  const auto blocks = static_cast<unsigned>(
+      call.block_bytes == 0
+          ? most
+          : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1, most));
+  void* out = call.out;
+  const void* in = call.in;
+  unsigned long long count = call.count;
+  int type = static_cast<int>(call.type);
+  int op = static_cast<int>(call.op);
+  int members = call.members;
+  int me = call.me;
+  int ring = call.ring ? 1 : 0;
+  unsigned long long sequence = call.sequence;
+  unsigned long long slot_bytes = call.slot_bytes;
+  std::array<void*, Cuda::kOneShotMembers> areas = call.areas;
+  void* words = call.words;
+  // The kernel reports its own completion where it can (one GPU command and one driver call
+  // fewer than a stream write after it).
+  void* blocks_done = nullptr;
+  void* lane_flag = nullptr;
+  unsigned done = 0;
+  if (dev.flags_device != nullptr && dev.counters != 0) {
+    blocks_done = reinterpret_cast<unsigned*>(dev.counters) + 16 * lane_number;
+    lane_flag = static_cast<std::uint32_t*>(dev.flags_device) + 16 * lane_number;
+    done = lane.issued + 1;
+  }
+  void* params[] = {&out,         &in,    &count,       &type,      &op,
+                    &members,     &me,    &ring,        &sequence,  &slot_bytes,
+                    areas.data(), &words, &blocks_done, &lane_flag, &done};
+  const bool two_shot = call.two_shot && call.members == 2;
+  CUresult result = d_->cuLaunchKernel(two_shot ? dev.twoshot : dev.oneshot, blocks, 1, 1, 512, 1,
+                                       1, 0, lane.stream, params, nullptr);
+  if (result != CUDA_SUCCESS) {
+    return driver_error(two_shot ? "cuLaunchKernel(ferry_allreduce_twoshot)"
+                                 : "cuLaunchKernel(ferry_allreduce_oneshot)",
+                        result);
+  }
+  if (lane_flag == nullptr) return devices_.mark(ordinal, lane_number, ticket);
+  ticket->stream =
+      static_cast<std::uint32_t>(ordinal * kLaneSlots) + static_cast<std::uint32_t>(lane_number);
+  ticket->sequence = ++lane.issued;
+  return Status::ok();
+}
+
+}  // namespace ferry::cuda
