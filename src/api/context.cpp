@@ -29,15 +29,15 @@ void Context::close() noexcept {
   engine_->shutdown();
   // Requests that outlive the Context still name the engine's slots: the last one to go deletes
   // what is left of it (Request::release_slot).
-  if (engine_->retire()) static_cast<void>(engine_.release());
+  if (engine_->requests().retire()) static_cast<void>(engine_.release());
   engine_.reset();
 }
 
 int Context::rank() const { return engine_->rank(); }
 int Context::size() const { return engine_->size(); }
-int Context::local_rank() const { return engine_->local_rank(); }
-int Context::local_size() const { return engine_->local_size(); }
-std::vector<int> Context::local_ranks() const { return engine_->local_ranks(); }
+int Context::local_rank() const { return engine_->job().local_rank(); }
+int Context::local_size() const { return engine_->job().local_size(); }
+std::vector<int> Context::local_ranks() const { return engine_->job().local_ranks(); }
 
 namespace {
 
@@ -53,7 +53,7 @@ Status reserved(const char* call, Tag tag) {
 Request Context::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
   auto entry = engine_->enter();
   if ((tag & kReservedTagBit) != 0) [[unlikely]] {
-    return engine_->failed(reserved("isend", tag));
+    return engine_->operations().failed(reserved("isend", tag));
   }
   return engine_->messages().isend(buffer, bytes, destination, tag);
 }
@@ -61,7 +61,7 @@ Request Context::isend(const void* buffer, std::size_t bytes, int destination, T
 Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
   auto entry = engine_->enter();
   if ((tag & mask & kReservedTagBit) != 0) [[unlikely]] {
-    return engine_->failed(reserved("irecv", tag));
+    return engine_->operations().failed(reserved("irecv", tag));
   }
   // The bit always takes part in matching, so no receive of ours meets a collective's message.
   return engine_->messages().irecv(buffer, capacity, source, tag & ~kReservedTagBit,
@@ -101,7 +101,7 @@ std::optional<MessageInfo> Context::iprobe(int source, Tag tag, Tag mask) {
 
 MessageInfo Context::probe(int source, Tag tag, Tag mask) {
   auto entry = engine_->enter();
-  const double timeout = engine_->timeout();
+  const double timeout = engine_->waiting().timeout();
   const auto deadline = util::deadline_after(timeout);
   int idle = 0;
   for (std::uint32_t polls = 0;; ++polls) {
@@ -129,7 +129,7 @@ namespace {
 
 int Context::progress() {
   proto::Engine* engine = engine_.get();
-  return engine->threaded() ? locked_progress(engine) : engine->progress();
+  return engine->waiting().threaded() ? locked_progress(engine) : engine->progress();
 }
 void Context::abort(int code, const std::string& reason) { engine_->abort(code, reason); }
 int Context::event_fd() const {
@@ -146,7 +146,7 @@ std::string Context::describe_peer(int rank) const {
 }
 std::vector<std::string> Context::describe_transports() const {
   auto entry = engine_->enter();
-  return engine_->describe_transports();
+  return engine_->links().notes();
 }
 
 // ---- Request ----
@@ -155,27 +155,27 @@ void Request::release_slot() noexcept {
   bool last = false;
   {
     auto entry = engine_->enter();
-    last = engine_->release(index_);
+    last = engine_->requests().release(index_);
   }
   if (last) delete engine_;  // the last handle of a Context that is gone
 }
 
 bool Request::test_slot() {
   auto entry = engine_->enter();
-  return engine_->test(index_);
+  return engine_->waiting().test(index_);
 }
 
 Status Request::wait_slot() {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
   auto entry = engine_->enter();
-  return engine_->wait(index_);
+  return engine_->waiting().wait(index_);
 }
 
 Status Request::wait_for(double seconds) {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "wait on an empty Request");
   if (done_at_start()) return Status();
   auto entry = engine_->enter();
-  return engine_->wait_for(index_, seconds);
+  return engine_->waiting().wait_for(index_, seconds);
 }
 
 bool Request::cancel() {
@@ -188,15 +188,15 @@ Status Request::status() const {
   if (engine_ == nullptr) return Status(Code::kInvalidArgument, "status of an empty Request");
   if (done_at_start()) return Status();
   auto entry = engine_->enter();
-  if (!engine_->done(index_)) return Status(Code::kInProgress);
-  return engine_->status(index_);
+  if (!engine_->requests().done(index_)) return Status(Code::kInProgress);
+  return engine_->requests()[index_].status;
 }
 
 MessageInfo Request::info() const {
   if (engine_ == nullptr || done_at_start()) return {};
   auto entry = engine_->enter();
-  if (!engine_->done(index_)) return {};
-  return engine_->info(index_);
+  if (!engine_->requests().done(index_)) return {};
+  return engine_->requests()[index_].info;
 }
 
 Status Request::wait_all(std::span<Request> requests) {
@@ -217,10 +217,10 @@ std::size_t Request::wait_any(std::span<Request> requests) {
   if (engine == nullptr) return requests.size();
   auto entry = engine->enter();
   std::size_t found = requests.size();  // also the answer when FERRY_TIMEOUT runs out
-  engine->wait_until([&] {
+  engine->waiting().wait_until([&] {
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const Request& r = requests[i];
-      if (r.valid() && (r.done_at_start() || r.engine_->done(r.index_))) {
+      if (r.valid() && (r.done_at_start() || r.engine_->requests().done(r.index_))) {
         found = i;
         return true;
       }

@@ -34,7 +34,7 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
   reduce_ = static_cast<int>(config.get_int(util::Var::kCollReduce));
   allgather_ = static_cast<int>(config.get_int(util::Var::kCollAllgather));
   chunk_ = config.get_size(util::Var::kCollChunk);
-  timeout_ = engine_->timeout();
+  timeout_ = engine_->waiting().timeout();
   // Each member of a one-shot call pushes its data to the n - 1 others, so the size limit
   // shrinks with the members (and so does the exchange area: 2 * n slots of that size).
   const std::size_t peers = members_.size() > 1 ? members_.size() - 1 : 1;
@@ -79,7 +79,7 @@ bool Group::oneshot_ready(int device, std::size_t count, DataType type) {
       release_oneshot();
       oneshot_.reset();
     });
-    const std::vector<int> local = engine_->local_ranks();
+    const std::vector<int> local = engine_->job().local_ranks();
     for (int m : members_) {
       if (std::find(local.begin(), local.end(), m) == local.end()) return false;
     }
@@ -311,14 +311,14 @@ std::shared_ptr<Group> Group::world(proto::Engine* engine) {
 }
 
 Request Group::start_schedule(std::unique_ptr<Schedule> schedule) {
-  return engine_->start(std::move(schedule));
+  return engine_->operations().start(std::move(schedule));
 }
 
 std::string Group::where(int device) {
   return device == Plan::kHost ? std::string("host memory") : "on cuda:" + std::to_string(device);
 }
 
-Request Group::failed(Status status) { return engine_->failed(std::move(status)); }
+Request Group::failed(Status status) { return engine_->operations().failed(std::move(status)); }
 
 Status Group::check(Plan& p, const char* name, std::initializer_list<const void*> buffers,
                     std::size_t elements, DataType type, int root) {

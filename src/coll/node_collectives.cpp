@@ -62,7 +62,7 @@ bool NodeCollectives::usable() {
 // collectives stay in step whatever fails.
 Status NodeCollectives::prepare() {
   const int n = g_.size();
-  const std::vector<int> local = g_.engine()->local_ranks();
+  const std::vector<int> local = g_.engine()->job().local_ranks();
   for (int m : g_.members()) {
     if (std::find(local.begin(), local.end(), m) == local.end()) {
       return Status(Code::kUnsupported, "not every member is on this node");
@@ -77,7 +77,7 @@ Status NodeCollectives::prepare() {
   Status status;
   std::unique_ptr<NodeArea> area;  // area_ only once every member has it
   if (g_.rank() == 0) {
-    const std::string name = util::shm_name(g_.engine()->job_id(), g_.engine()->rank(),
+    const std::string name = util::shm_name(g_.engine()->job().job_id(), g_.engine()->rank(),
                                             "coll" + std::to_string(g_.id()));
     // Where /dev/shm has no room for the whole area (a container's is often 64 MiB), one with
     // slots of kSmallBytes: small calls keep the area, larger ones take messages.

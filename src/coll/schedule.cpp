@@ -126,26 +126,26 @@ Execution::State Execution::poll(Status* failure) {
   bool running = false;
   for (const InFlight& f : in_flight_) {
     const std::uint32_t index = proto::Engine::index_of(f.request);
-    if (!engine->done(index)) {
+    if (!engine->requests().done(index)) {
       running = true;
       continue;
     }
-    const Status& s = engine->status(index);
-    const bool short_message =
-        f.action.kind == Action::kRecv && s.is_ok() && engine->info(index).bytes != f.action.size;
+    const Status& s = engine->requests()[index].status;
+    const bool short_message = f.action.kind == Action::kRecv && s.is_ok() &&
+                               engine->requests()[index].info.bytes != f.action.size;
     if (s.is_ok() && !short_message) continue;
     const std::string where =
         what() + ": " + (f.action.kind == Action::kSend ? "send to " : "receive from ") +
         peer_name(f.action.member) + " in round " + std::to_string(round_) + ": ";
     if (short_message || s.code() == Code::kTruncated) {
-      *failure =
-          Status(Code::kInvalidArgument,
-                 where +
-                     (short_message ? std::to_string(engine->info(index).bytes) + " bytes came, " +
-                                          std::to_string(f.action.size) + " were expected"
-                                    : std::string("the peer sent more than ") +
-                                          std::to_string(f.action.size) + " bytes") +
-                     " (do the members pass the same counts, types and root?)");
+      *failure = Status(Code::kInvalidArgument,
+                        where +
+                            (short_message ? std::to_string(engine->requests()[index].info.bytes) +
+                                                 " bytes came, " + std::to_string(f.action.size) +
+                                                 " were expected"
+                                           : std::string("the peer sent more than ") +
+                                                 std::to_string(f.action.size) + " bytes") +
+                            " (do the members pass the same counts, types and root?)");
     } else if (Status dead = member_death(where + s.message(), true); !dead.is_ok()) {
       // A member died: that is the cause wherever the failure showed (a live member that gave
       // up on its part because of it withdrew what it sent here: kCanceled).
@@ -155,7 +155,7 @@ Execution::State Execution::poll(Status* failure) {
       // seen within milliseconds on a node and within keepalives across nodes, so look a while
       // before blaming the member that gave up.
       const double keepalive = engine->config().get_seconds(util::Var::kKeepalive);
-      const double grace = engine->shares_memory(group_->member(f.action.member))
+      const double grace = engine->links().link(group_->member(f.action.member)).shares_memory
                                ? 0.15
                                : std::min(3.0, 0.5 + 2 * keepalive);
       blame_by_ = util::deadline_after(grace);
@@ -206,7 +206,7 @@ void Execution::withdraw() {
   proto::Engine* engine = group_->engine();
   for (InFlight& f : in_flight_) {
     const std::uint32_t index = proto::Engine::index_of(f.request);
-    if (engine->done(index)) continue;
+    if (engine->requests().done(index)) continue;
     if (f.action.kind == Action::kRecv) {
       engine->messages().cancel(index);
     } else {
@@ -215,7 +215,8 @@ void Execution::withdraw() {
   }
   int idle = 0;
   for (InFlight& f : in_flight_) {
-    while (!engine->done(proto::Engine::index_of(f.request))) engine->waiting().step(&idle);
+    while (!engine->requests().done(proto::Engine::index_of(f.request)))
+      engine->waiting().step(&idle);
   }
   in_flight_.clear();
 }

@@ -73,7 +73,7 @@ void ChunkedPath::start_chunks(std::uint32_t index) {
   Status status = post_chunk(index);
   if (!status) return chunk_done(index, std::move(status));
   if (!send) {
-    engine_.send_control(
+    engine_.links().send_control(
         peer_rank, kAmCtsChunked,
         as_bytes(ChunkCtsHeader{slot.gpu.stage_rreq, engine_.requests().wire_id(index),
                                 slot.expected, slot.gpu.chunk}));
@@ -82,7 +82,7 @@ void ChunkedPath::start_chunks(std::uint32_t index) {
 
 void ChunkedPath::start_receive(std::uint32_t index, int source, std::uint64_t sreq) {
   RequestSlot& slot = engine_.requests()[index];
-  const Link& peer = engine_.link(source);
+  const Link& peer = engine_.links().link(source);
   slot.state = RequestState::kActive;
   slot.gpu.stage_rreq = sreq;  // the sender's request, for a FIN that fails it
   slot.expected = slot.info.bytes;
@@ -91,7 +91,7 @@ void ChunkedPath::start_receive(std::uint32_t index, int source, std::uint64_t s
   slot.transfer.direct = true;
   if (peer.direct == nullptr) {
     // The sender must not wait for a CTS: FIN with a code fails it.
-    engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
+    engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
     return engine_.complete(
         index, Status(Code::kUnsupported, peer.transport + " has no direct transfers"));
   }
@@ -116,7 +116,7 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
   RequestSlot* slot = engine_.messages().cts_target(
       source, CtsHeader{header.sreq, header.rreq, header.length}, &index);
   if (slot == nullptr) return;
-  const Link& peer = engine_.link(source);
+  const Link& peer = engine_.links().link(source);
   Status status;
   if (header.chunk == 0 || header.chunk > (std::uint64_t{1} << 30) || peer.direct == nullptr) {
     status = Status(Code::kProtocolError,
@@ -133,7 +133,7 @@ void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
                                               " asked for chunks larger than FERRY_OFI_CHUNK");
   }
   if (!status) {
-    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     return engine_.complete(index, std::move(status));
   }
   if (needs_bounce(*slot, *peer.direct) && (slot->gpu.bounce = take_bounce()) == nullptr) {
@@ -148,7 +148,7 @@ Status ChunkedPath::post_chunk(std::uint32_t index) {
   RequestSlot& slot = engine_.requests()[index];
   const bool send = slot.kind == RequestKind::kSend;
   const int peer_rank = send ? slot.peer : slot.info.source;
-  const Link& peer = engine_.link(peer_rank);
+  const Link& peer = engine_.links().link(peer_rank);
   const std::size_t offset = send ? slot.gpu.staged : slot.received;
   const std::size_t bytes = std::min(slot.gpu.chunk, slot.expected - offset);
   // Device memory without a bounce: the NIC registers it (device_direct said so).
@@ -185,11 +185,11 @@ void ChunkedPath::chunk_done(std::uint32_t index, Status status) {
   if (!status) {
     // Tell the other side, so that it does not wait for chunks that will never come.
     if (send) {
-      engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.gpu.stage_rreq}));
+      engine_.links().send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.gpu.stage_rreq}));
     } else {
       // The receiver's failure reaches the sender as a FIN with a code (handle_fin).
-      engine_.send_control(peer_rank, kAmFin,
-                           as_bytes(FinHeader{slot.gpu.stage_rreq, kFinFailed, 0}));
+      engine_.links().send_control(peer_rank, kAmFin,
+                                   as_bytes(FinHeader{slot.gpu.stage_rreq, kFinFailed, 0}));
     }
     return engine_.complete(index, std::move(status));
   }

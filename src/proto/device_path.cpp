@@ -67,7 +67,7 @@ bool DevicePath::withdraw_staged(std::uint32_t index, int peer, std::uint64_t st
   if (staged == streams.end()) return false;
   // Mid-staging: the receive is told; copies already issued finish before the buffer is free.
   streams.erase(staged);
-  engine_.send_control(peer, kAmNack, as_bytes(NackHeader{stage_rreq}));
+  engine_.links().send_control(peer, kAmNack, as_bytes(NackHeader{stage_rreq}));
   return true;
 }
 
@@ -137,7 +137,7 @@ void DevicePath::send(std::uint32_t index, int destination, const mem::MemoryInf
     pending.payload = reinterpret_cast<const std::byte*>(&slot.gpu.key);  // a deque slot: stable
     pending.payload_size = sizeof(cuda::IpcKey);
   }
-  engine_.send_or_queue(destination, std::move(pending));
+  engine_.links().send_or_queue(destination, std::move(pending));
 }
 
 void DevicePath::on_rts(int source, std::span<const std::byte> data) {
@@ -178,7 +178,7 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
   slot.message_size = size;
   if (length == 0) {
     engine_.complete(index, truncation_status(source, size, slot.size));
-    engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+    engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
     return;
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
@@ -259,7 +259,7 @@ void DevicePath::start_staged_receive(std::uint32_t index, int source, std::uint
   slot.expected = slot.info.bytes;
   slot.received = 0;
   slot.gpu.stage_rreq = sreq;  // on a receive: the sender's request, for a FIN that fails it
-  engine_.send_control(
+  engine_.links().send_control(
       source, kAmStageCts,
       as_bytes(StageCtsHeader{sreq, engine_.requests().wire_id(index), slot.expected, flags, 0}));
 }
@@ -272,7 +272,7 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source || header.length == 0 ||
       header.length > slot->size) {
-    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     if (slot == nullptr) return;  // withdrawn after FERRY_TIMEOUT
     return engine_.protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
   }
@@ -287,11 +287,11 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   if (!peer.ring_tx) {
     try {
       peer.ring_tx = cuda::StageRing::create(
-          engine_.cuda(), cuda::StageRing::name(engine_.job_id(), engine_.rank(), source),
+          engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), engine_.rank(), source),
           stage_chunk_ * stage_slots_);
     } catch (const Error& e) {
       slot->rendezvous = false;
-      engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+      engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
       engine_.complete(
           index, Status(e.code(), std::string("host staging to rank ") + std::to_string(source) +
                                       " impossible: " + e.what()));
@@ -327,10 +327,10 @@ util::Fd DevicePath::take_descriptor(int source, std::uint64_t buffer_id) {
     if (rejected > 0) FERRY_LOG(kWarn, "dropped %zu malformed descriptor message(s)", rejected);
     for (util::FdMailbox::Letter& letter : letters) {
       // Only from a rank of this job whose process the kernel vouches for.
-      const bool known = letter.sender_rank >= 0 && letter.sender_rank < engine_.size() &&
-                         engine_.link(letter.sender_rank).endpoint != nullptr &&
-                         letter.sender_pid != 0 &&
-                         engine_.link(letter.sender_rank).endpoint->peer_pid() == letter.sender_pid;
+      const bool known =
+          letter.sender_rank >= 0 && letter.sender_rank < engine_.size() &&
+          engine_.links().link(letter.sender_rank).endpoint != nullptr && letter.sender_pid != 0 &&
+          engine_.links().link(letter.sender_rank).endpoint->peer_pid() == letter.sender_pid;
       if (!known) {
         FERRY_LOG(kWarn, "dropped a descriptor from pid %d claiming to be rank %d",
                   static_cast<int>(letter.sender_pid), letter.sender_rank);
@@ -367,7 +367,7 @@ void DevicePath::pump_stage(int peer_rank) {
           slot.gpu.device, false, target, slot.send_buffer + offset, chunk, &op.ticket);
       if (!status) {
         peer.stage_streams.pop_front();
-        engine_.send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.gpu.stage_rreq}));
+        engine_.links().send_control(peer_rank, kAmNack, as_bytes(NackHeader{slot.gpu.stage_rreq}));
         engine_.complete_when_idle(index, std::move(status));
         continue;
       }
@@ -390,7 +390,7 @@ void DevicePath::pump_stage(int peer_rank) {
       ops_.push_back(op);
     } else {
       util::copy(target, slot.send_buffer + offset, chunk);
-      engine_.send_control(
+      engine_.links().send_control(
           peer_rank, kAmStageFrag,
           as_bytes(StageFragHeader{slot.gpu.stage_rreq, offset, ring_offset, chunk}));
     }
@@ -415,7 +415,7 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
       header.length > slot->expected - slot->received) {
     // Give the slot back all the same (the sender checks it lent it): a receive that already
     // failed must not leave the sender's ring short of slots.
-    engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+    engine_.links().send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
     return engine_.protocol_error(source, "staged fragment outside any receive in progress");
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
@@ -426,14 +426,15 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
       }
       // At most what the largest allowed configuration makes (64 slots of 1 GiB).
       peer.ring_rx = cuda::StageRing::open(
-          engine_.cuda(), cuda::StageRing::name(engine_.job_id(), source, engine_.rank()),
+          engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), source, engine_.rank()),
           std::size_t{64} << 30);
       peer.ring_rx->unlink();  // both sides have it now
     } catch (const Error& e) {
       // FIN first: the sender must learn of the failure before more slots come back to it.
       fail_staged_receive(index, Status(e.code(), std::string("host staging from rank ") +
                                                       std::to_string(source) + ": " + e.what()));
-      engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+      engine_.links().send_control(source, kAmStageAck,
+                                   as_bytes(StageAckHeader{header.ring_offset}));
       return;
     }
   }
@@ -449,7 +450,8 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
         slot->gpu.device, true, slot->recv_buffer + header.offset, from, header.length, &op.ticket);
     if (!status) {
       fail_staged_receive(index, std::move(status));
-      engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+      engine_.links().send_control(source, kAmStageAck,
+                                   as_bytes(StageAckHeader{header.ring_offset}));
       return;
     }
     ++slot->transfer.device_ops;
@@ -470,7 +472,7 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
   }
   util::copy(slot->recv_buffer + header.offset, from, header.length);
   slot->received += header.length;
-  engine_.send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
+  engine_.links().send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
   if (slot->received == slot->expected) {
     engine_.complete(index, truncation_status(source, slot->message_size, slot->size));
   }
@@ -479,8 +481,8 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
 void DevicePath::fail_staged_receive(std::uint32_t index, Status status) {
   RequestSlot& slot = engine_.requests()[index];
   // The sender learns of it (FIN with a code) and stops: neither side waits for the other.
-  engine_.send_control(slot.info.source, kAmFin,
-                       as_bytes(FinHeader{slot.gpu.stage_rreq, kFinFailed, 0}));
+  engine_.links().send_control(slot.info.source, kAmFin,
+                               as_bytes(FinHeader{slot.gpu.stage_rreq, kFinFailed, 0}));
   engine_.complete_when_idle(index, std::move(status));
 }
 
@@ -531,7 +533,7 @@ int DevicePath::poll() {
         if (slot.transfer.device_ops > 0) continue;  // other pieces of the message still copying
         engine_.cuda()->unpin(op.peer, slot.gpu.device, op.key);
         // A code tells the sender the receive failed (slot.transfer.deferred: an error waits).
-        engine_.send_control(
+        engine_.links().send_control(
             op.peer, kAmFin,
             as_bytes(FinHeader{op.wire, slot.transfer.deferred ? kFinFailed : kFinDone, 0}));
         if (!slot.transfer.deferred) {
@@ -540,7 +542,7 @@ int DevicePath::poll() {
         }
         break;
       case DeviceOp::kStageFill:
-        engine_.send_control(
+        engine_.links().send_control(
             op.peer, kAmStageFrag,
             as_bytes(StageFragHeader{op.wire, op.offset, op.ring_offset, op.length}));
         break;
@@ -553,7 +555,8 @@ int DevicePath::poll() {
         }
         break;
       case DeviceOp::kStageDrain:
-        engine_.send_control(op.peer, kAmStageAck, as_bytes(StageAckHeader{op.ring_offset}));
+        engine_.links().send_control(op.peer, kAmStageAck,
+                                     as_bytes(StageAckHeader{op.ring_offset}));
         slot.received += op.length;
         if (!slot.transfer.deferred && slot.received == slot.expected &&
             slot.transfer.device_ops == 0) {
@@ -577,7 +580,7 @@ void DevicePath::drain() {
   // Copies always finish: a GPU copy does not wait on a peer.
   while (!ops_.empty()) {
     poll();
-    engine_.drain_pending();
+    engine_.links().drain();
   }
 }
 

@@ -50,14 +50,12 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   waiting_.configure(config_, bootstrap_->local_ranks().size());
-  timeout_ = config_.get_seconds(util::Var::kTimeout);
   crash_on_send_ =
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
       config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kFirstSend);
   crash_mid_pipeline_ =
       config_.get_int(util::Var::kTestCrashRank) == rank_ &&
       config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kMidPipeline);
-  peers_.resize(static_cast<std::size_t>(size_));
   cuda_ = cuda::Cuda::create(config_, &cuda_why_);
   if (!cuda_ && config_.get_string(util::Var::kCuda) == "require") {
     throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
@@ -80,246 +78,28 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   device_ = std::make_unique<DevicePath>(*this, config_, std::move(mailbox), std::move(mailbox_why),
                                          size_);
   chunked_ = std::make_unique<ChunkedPath>(*this, config_);
-  setup_transports();
-  rma_ = std::make_unique<rma::OneSided>(*this, native_rma_, size_);
-  connect_peers();
+  open_links();
+  rma_ = std::make_unique<rma::OneSided>(*this, links_.native_rma(), size_);
+  const auto idle = [this] { progress(); };
+  links_.connect(*bootstrap_, rndv_threshold_, idle);
+  liveness_.connected(rank_);
+  links_.all_connected(*bootstrap_, idle);
   waiting_.start_threads(config_);
   util::crash_point(config_, rank_, util::CrashPoint::kInitialized);
 }
 
-void Engine::setup_transports() {
-  {
-    std::string local;
-    for (int r : bootstrap_->local_ranks()) local += (local.empty() ? "" : ",") + std::to_string(r);
-    transport_notes_.push_back("bootstrap: " + bootstrap_->name() + " (rank " +
-                               std::to_string(rank_) + " of " + std::to_string(size_) +
-                               "; ranks on this node: " + local + ")");
-    transport_notes_.push_back(waiting_.describe());
-  }
-  if (config_.list_contains(util::Var::kTransports, "self")) {
-    auto self = std::make_unique<transport::self::SelfTransport>(rank_, this);
-    self_ = self.get();
-    transports_.push_back(std::move(self));
-    transport_notes_.push_back("self: available");
-  } else {
-    transport_notes_.push_back("self: excluded by FERRY_TRANSPORTS");
-  }
-  if (cuda_) {
-    transport_notes_.push_back("cuda: " + cuda_->describe() +
-                               (cuda_ipc_ ? "; IPC on, host staging when refused"
-                                          : "; IPC off (FERRY_CUDA_IPC=0): host staging"));
-  } else {
-    transport_notes_.push_back("cuda: not used (" + cuda_why_ + ")");
-  }
-  std::vector<int> local = bootstrap_->local_ranks();
-  if (!config_.list_contains(util::Var::kTransports, "shm")) {
-    transport_notes_.push_back("shm: excluded by FERRY_TRANSPORTS");
-  } else if (local.size() < 2) {
-    transport_notes_.push_back("shm: not needed (no other process of the job on this node)");
-  } else {
-    auto it = std::find(local.begin(), local.end(), rank_);
-    if (it == local.end()) {
-      throw Error(Code::kBootstrapError,
-                  bootstrap_->name() + " lists this node's ranks without " + std::to_string(rank_));
-    }
-    auto shm = std::make_unique<transport::shm::ShmTransport>(
-        config_, bootstrap_->job_id(), rank_, static_cast<int>(it - local.begin()), local, this);
-    shm_ = shm.get();
-    transports_.push_back(std::move(shm));
-    polled_.push_back(shm_);
-    transport_notes_.push_back("shm: available (" + std::to_string(local.size()) +
-                               " processes on this node)");
-  }
-  setup_ofi(local.size());
-}
-
-void Engine::setup_ofi(std::size_t local_count) {
-  if (!config_.list_contains(util::Var::kTransports, "ofi")) {
-    transport_notes_.push_back("ofi: excluded by FERRY_TRANSPORTS");
-    return;
-  }
-  const bool shm = config_.list_contains(util::Var::kTransports, "shm");
-  if (shm && local_count == static_cast<std::size_t>(size_)) {
-    transport_notes_.push_back("ofi: not needed (every rank is on this node)");
-    return;
-  }
-#if FERRY_HAVE_OFI
-  try {
-    const util::FatalSignalGuard handlers;  // providers loaded now must not take them either
-    auto ofi = std::make_unique<transport::ofi::OfiTransport>(config_, rank_, size_, this);
-    transport_notes_.push_back("ofi: " + ofi->provider());
-    if (ofi->has_native_rma()) native_rma_ = ofi.get();
-    transports_.push_back(std::move(ofi));
-    polled_.push_back(transports_.back().get());
-  } catch (const Error& e) {
-    // Not fatal here: peers it was needed for say "no transport reaches rank N (ofi: …)".
-    FERRY_LOG(kWarn, "ofi transport unavailable: %s", e.what());
-    transport_notes_.push_back(std::string("ofi: unavailable (") + e.what() + ")");
-  }
-#else
-  transport_notes_.push_back(
-      "ofi: not in this build (no rdma/fabric.h at configure time: install libfabric-dev)");
-#endif
-}
-
-namespace {
-
-// The entry of the published blob that carries the job-wide settings (util::kJobWide), one
-// "NAME=value" line each: never a transport's name.
-constexpr const char* kSettingsEntry = "settings";
-
-std::string job_settings(const util::Config& config) {
-  std::string text;
-  for (util::Var var : util::kJobWide) {
-    text += std::string(util::registry()[static_cast<std::size_t>(var)].name) + "=" +
-            config.canonical(var) + "\n";
-  }
-  return text;
-}
-
-// "rank 3", "ranks 0, 2-5, 7".
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i > 0) out += ", ";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-// Fails (on every rank alike, since every rank sees every blob) where the ranks' job-wide
-// settings differ, naming each variable, its values and the ranks that hold each.
-void check_job_settings(const std::vector<std::string>& settings) {
-  std::string differences;
-  for (util::Var var : util::kJobWide) {
-    const std::string name = util::registry()[static_cast<std::size_t>(var)].name;
-    std::vector<std::pair<std::string, std::vector<int>>> values;  // in order of first rank
-    for (std::size_t r = 0; r < settings.size(); ++r) {
-      std::string value = "(not published)";
-      const std::string key = name + "=";
-      if (std::size_t at = settings[r].find(key); at != std::string::npos) {
-        const std::size_t start = at + key.size();
-        value = settings[r].substr(start, settings[r].find('\n', start) - start);
-      }
-      auto it = std::find_if(values.begin(), values.end(),
-                             [&](const auto& entry) { return entry.first == value; });
-      if (it == values.end()) it = values.insert(values.end(), {value, {}});
-      it->second.push_back(static_cast<int>(r));
-    }
-    if (values.size() < 2) continue;
-    differences += (differences.empty() ? "" : "; ") + name + " is ";
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      differences += (i == 0                   ? ""
-                      : i + 1 == values.size() ? " and "
-                                               : ", ") +
-                     values[i].first + " on " + ranks_text(values[i].second);
-    }
-  }
-  if (!differences.empty()) {
-    throw Error(Code::kInvalidArgument,
-                "settings that every rank must share differ: " + differences +
-                    " (set them alike on every rank, or leave them unset)");
-  }
-}
-
-}  // namespace
-
-void Engine::connect_peers() {
-  std::vector<std::vector<std::byte>> addresses;
-  Published mine;
-  for (const auto& t : transports_) addresses.push_back(t->address());
-  for (std::size_t i = 0; i < transports_.size(); ++i) {
-    mine.emplace_back(transports_[i]->capabilities().name, addresses[i]);
-  }
-  const std::string settings = job_settings(config_);
-  mine.emplace_back(kSettingsEntry, std::as_bytes(std::span(settings.data(), settings.size())));
-  std::vector<bootstrap::Blob> all;
-  auto idle = [this] { progress(); };
-  Status status = bootstrap_->allgather(encode_addresses(mine), &all, idle);
-  if (!status) throw Error(status);
-  if (all.size() != static_cast<std::size_t>(size_)) {
-    throw Error(Code::kBootstrapError, bootstrap_->name() + " returned " +
-                                           std::to_string(all.size()) + " addresses for " +
-                                           std::to_string(size_) + " ranks");
-  }
-  std::vector<Published> everyone(static_cast<std::size_t>(size_));
-  std::vector<std::string> their_settings(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    // What rank r published: (transport name, address) pairs, and its job-wide settings.
-    Published& published = everyone[static_cast<std::size_t>(r)];
-    if (!decode_addresses(all[static_cast<std::size_t>(r)], &published)) {
-      throw Error(Code::kProtocolError,
-                  "rank " + std::to_string(r) + " published a malformed address blob");
-    }
-    for (const auto& [name, blob] : published) {
-      if (name == kSettingsEntry) {
-        their_settings[static_cast<std::size_t>(r)].assign(
-            reinterpret_cast<const char*>(blob.data()), blob.size());
-      }
-    }
-  }
-  check_job_settings(their_settings);
-  std::vector<int> local = bootstrap_->local_ranks();
-  for (int r = 0; r < size_; ++r) {
-    const Published& published = everyone[static_cast<std::size_t>(r)];
-    auto it = std::find(local.begin(), local.end(), r);
-    Peer& peer = peers_[static_cast<std::size_t>(r)];
-    std::string tried;
-    for (const auto& t : transports_) {
-      const std::string& name = t->capabilities().name;
-      transport::PeerInfo info;
-      info.rank = r;
-      info.same_node = it != local.end();
-      info.local_index = info.same_node ? static_cast<int>(it - local.begin()) : -1;
-      auto match = std::find_if(published.begin(), published.end(),
-                                [&](const auto& p) { return p.first == name; });
-      if (match == published.end() && name != "self") {
-        tried += name + ": rank " + std::to_string(r) + " does not offer it; ";
-        continue;
-      }
-      if (match != published.end()) info.address = match->second;
-      transport::Reachability reach = t->reach(info);
-      if (!reach.reachable) {
-        tried += name + ": " + reach.reason + "; ";
-        continue;
-      }
-      try {
-        endpoints_.push_back(t->connect(info));
-      } catch (const Error& e) {
-        FERRY_LOG(kWarn, "%s could not connect to rank %d: %s", name.c_str(), r, e.what());
-        tried += name + ": " + e.what() + "; ";
-        continue;
-      }
-      peer.endpoint = endpoints_.back().get();
-      peer.zero_copy = peer.endpoint->zero_copy_get();
-      peer.direct = peer.endpoint->direct();
-      peer.reads = peer.endpoint->reads();
-      peer.writes = peer.endpoint->writes();
-      peer.transport = name;
-      peer.shares_memory = name == "self" || name == "shm";
-      peer.why = peer.endpoint->describe();
-      const std::size_t max_am = t->capabilities().max_am;
-      peer.eager_limit = std::min(rndv_threshold_, max_am - sizeof(EagerHeader));
-      peer.frag_size = std::min<std::size_t>(max_am, 1u << 20) - sizeof(FragHeader);
-      peer.get_from = t->capabilities().get_from;
-      peer.read_from = t->capabilities().read_from;
-      break;
-    }
-    if (peer.endpoint == nullptr) {
-      peer.why = "no transport reaches rank " + std::to_string(r) + " (" +
-                 (tried.empty() ? std::string("none enabled") : tried.substr(0, tried.size() - 2)) +
-                 ")";
-    }
-  }
-  liveness_.connected(rank_);
-  // Everyone has mapped everyone: names in /dev/shm can go now.
-  status = bootstrap_->barrier(idle);
-  if (!status) throw Error(status);
-  for (auto& t : transports_) t->on_all_connected();
+void Engine::open_links() {
+  std::vector<std::string> notes;
+  std::string local;
+  for (int r : bootstrap_->local_ranks()) local += (local.empty() ? "" : ",") + std::to_string(r);
+  notes.push_back("bootstrap: " + bootstrap_->name() + " (rank " + std::to_string(rank_) + " of " +
+                  std::to_string(size_) + "; ranks on this node: " + local + ")");
+  notes.push_back(waiting_.describe());
+  const std::string cuda = cuda_ ? "cuda: " + cuda_->describe() +
+                                       (cuda_ipc_ ? "; IPC on, host staging when refused"
+                                                  : "; IPC off (FERRY_CUDA_IPC=0): host staging")
+                                 : "cuda: not used (" + cuda_why_ + ")";
+  links_.open(*bootstrap_, std::move(notes), cuda);
 }
 
 Engine::~Engine() { shutdown(); }
@@ -349,7 +129,7 @@ void Engine::finalize() {
               dropped);
   }
   int idle = 0;
-  while ((!pending_peers_.empty() || outstanding_sends_ > 0) && Clock::now() < deadline) {
+  while ((links_.queued() || outstanding_sends_ > 0) && Clock::now() < deadline) {
     waiting_.step(&idle);
   }
   if (const std::size_t never_matched = messages_->never_matched(); never_matched > 0) {
@@ -358,7 +138,7 @@ void Engine::finalize() {
               "finalized without a matching receive",
               never_matched);
   }
-  if (!pending_peers_.empty() || outstanding_sends_ > 0) {
+  if (links_.queued() || outstanding_sends_ > 0) {
     FERRY_LOG(kWarn,
               "finalize: %zu sends still incomplete after %.1f s (FERRY_FINALIZE_TIMEOUT); "
               "were they received?",
@@ -374,13 +154,8 @@ void Engine::finalize() {
     // them yet. Sends complete before they leave some transports (ofi's eager ones): closing
     // those now would lose messages that a live peer still waits for. (After a barrier that
     // held, every peer that needed a message had it before it came.)
-    auto delivered = [this] {
-      bool all = true;
-      for (auto& t : transports_) all = t->delivered() && all;
-      return all;
-    };
-    while (!delivered() && Clock::now() < deadline) waiting_.step(&idle);
-    if (!delivered()) {
+    while (!links_.delivered() && Clock::now() < deadline) waiting_.step(&idle);
+    if (!links_.delivered()) {
       FERRY_LOG(kWarn,
                 "finalize: delivery of this rank's last messages not confirmed by every live "
                 "peer within FERRY_FINALIZE_TIMEOUT (%.1f s)",
@@ -389,18 +164,14 @@ void Engine::finalize() {
   }
   device_->drain();
   device_->close_rings();
-  endpoints_.clear();
-  polled_.clear();
-  shm_ = nullptr;
-  self_ = nullptr;
   rma_->close_native();  // its registrations belong to a transport closed here
-  transports_.clear();
+  links_.close();
 }
 
 // Sleeping is for waits that only a message can end: not while device copies, queued sends
 // (the receiver frees room without ringing) or collectives with GPU work are in flight.
 bool Engine::only_a_message_can_end_a_wait() const {
-  return !device_->busy() && pending_peers_.empty() && suspects_.empty() &&
+  return !device_->busy() && !links_.queued() && !direct_ends_.suspects() &&
          (!cuda_ || operations_.empty());
 }
 
@@ -420,7 +191,7 @@ Status Engine::barrier() {
 
 std::string Engine::describe_peer(int rank) const {
   if (rank < 0 || rank >= size_) return "rank " + std::to_string(rank) + " is not in the job";
-  const Peer& peer = peers_[static_cast<std::size_t>(rank)];
+  const Link& peer = links_.link(rank);
   if (peer.endpoint == nullptr) return peer.why;
   std::string large;
   if (peer.get_failed) {
@@ -463,7 +234,5 @@ std::string Engine::describe_peer(int rank) const {
   }
   return out;
 }
-
-std::vector<std::string> Engine::describe_transports() const { return transport_notes_; }
 
 }  // namespace ferry::proto

@@ -119,7 +119,7 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
     engine_.complete(index, std::move(bad));
     return request;
   }
-  Link& peer = engine_.link(destination);
+  Link& peer = engine_.links().link(destination);
   if (peer.endpoint == nullptr || peer.failed) {
     engine_.complete(index, Status(peer.failed ? Code::kPeerFailed : Code::kUnsupported, peer.why));
     return request;
@@ -151,7 +151,7 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   } else {
     announce_rendezvous(index, peer, rts_address, &pending);
   }
-  engine_.send_or_queue(destination, std::move(pending));
+  engine_.links().send_or_queue(destination, std::move(pending));
   if (slot.transfer.exposed && engine_.crashes_at(util::CrashPoint::kMidPipeline)) {
     // FERRY_TEST_CRASH_AT=mid-pipeline: die with the buffer exposed and announced (the
     // receiver's read then meets a dead process). A few polls first, so the RTS leaves.
@@ -256,7 +256,7 @@ Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag,
     if (memory.pinned) slot.gpu.pinned_device = engine_.bounce_device(memory);
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
-  const Link* from = source != kAnySource ? &engine_.link(source) : nullptr;
+  const Link* from = source != kAnySource ? &engine_.links().link(source) : nullptr;
   if (!message && engine_.liveness().none_can_come(source)) {
     // A dead or unreachable rank (for kAnySource: every other one) will send nothing: fail now
     // rather than wait forever.
@@ -335,10 +335,11 @@ void Messages::handle_cancel(int source, std::span<const std::byte> data) {
 Status Messages::abandon_send(std::uint32_t index) {
   RequestSlot& slot = requests_[index];
   if (slot.state == RequestState::kDone) return slot.status;
-  Link& peer = engine_.link(slot.peer);
+  Link& peer = engine_.links().link(slot.peer);
   const Status timeout(Code::kTimeout, "send to rank " + std::to_string(slot.peer) +
                                            " not complete after FERRY_TIMEOUT (" +
-                                           std::to_string(engine_.timeout()) + " s); withdrawn");
+                                           std::to_string(engine_.waiting().timeout()) +
+                                           " s); withdrawn");
   for (auto it = peer.pending.begin(); it != peer.pending.end(); ++it) {
     if (it->request == index && it->am != kAmFrag) {
       // Never reached the transport: withdraw it.
@@ -350,7 +351,7 @@ Status Messages::abandon_send(std::uint32_t index) {
       // Mid-stream: the receive waiting for the rest is told.
       const std::uint64_t rreq = it->rreq;
       peer.pending.erase(it);
-      engine_.send_control(slot.peer, kAmNack, as_bytes(NackHeader{rreq}));
+      engine_.links().send_control(slot.peer, kAmNack, as_bytes(NackHeader{rreq}));
       engine_.complete(index, timeout);
       return timeout;
     }
@@ -358,14 +359,14 @@ Status Messages::abandon_send(std::uint32_t index) {
   if (engine_.device().withdraw_staged(index, slot.peer, slot.gpu.stage_rreq)) {
     engine_.complete_when_idle(index, timeout);
     int idle = 0;
-    while (!engine_.done(index)) engine_.waiting().step(&idle);
+    while (!engine_.requests().done(index)) engine_.waiting().step(&idle);
     return timeout;
   }
   if (slot.transfer.direct && slot.transfer.device_ops > 0) {
     // The transport is sending the buffer: ask for it back, and wait until it lets go.
     if (peer.direct != nullptr) peer.direct->cancel_direct(requests_.wire_id(index));
     int idle = 0;
-    while (!engine_.done(index)) engine_.waiting().step(&idle);
+    while (!engine_.requests().done(index)) engine_.waiting().step(&idle);
     return slot.status;
   }
   if (slot.rendezvous) {
@@ -373,12 +374,13 @@ Status Messages::abandon_send(std::uint32_t index) {
     // a receiver reading the buffer by zero-copy get sees the mark afterwards and drops the data.
     slot.rendezvous = false;
     peer.endpoint->mark_withdrawn(requests_.wire_id(index));
-    engine_.send_control(slot.peer, kAmCancel, as_bytes(CancelHeader{requests_.wire_id(index)}));
+    engine_.links().send_control(slot.peer, kAmCancel,
+                                 as_bytes(CancelHeader{requests_.wire_id(index)}));
     engine_.complete(index, timeout);
     return timeout;
   }
   int idle = 0;  // nothing else can keep a send pending; finish it
-  while (!engine_.done(index)) engine_.waiting().step(&idle);
+  while (!engine_.requests().done(index)) engine_.waiting().step(&idle);
   return slot.status;
 }
 

@@ -1,7 +1,13 @@
 // A multi-step operation (a collective's schedule) that the engine moves forward in every
-// progress call, behind an ordinary Request.
+// progress call, behind an ordinary Request; and the engine's list of those in flight.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "ferry/ferry.hpp"
 #include "ferry/status.hpp"
 
 namespace ferry::proto {
@@ -14,6 +20,29 @@ class Operation {
   // Under FERRY_TIMEOUT a wait on its request returns kTimeout and the operation goes on (wait
   // again), like a point-to-point request's.
   virtual bool advance(Status* status) = 0;
+};
+
+class Engine;
+
+class Operations {
+ public:
+  explicit Operations(Engine& engine) : engine_(engine) {}
+
+  // Runs `operation` behind a request; it moves forward in every progress call.
+  Request start(std::unique_ptr<Operation> operation);
+  // A request that has already failed with `status` (bad arguments found above the engine).
+  Request failed(Status status);
+  // Moves every operation forward once (not from inside an operation's own advance); completes
+  // the requests of those that finished, and says how many.
+  int advance();
+  [[nodiscard]] bool empty() const { return operations_.empty(); }
+
+ private:
+  Engine& engine_;
+  // By request slot; the Engine declares this after its requests, so that operations (and the
+  // requests they hold) go first.
+  std::vector<std::pair<std::uint32_t, std::unique_ptr<Operation>>> operations_;
+  bool advancing_ = false;  // an operation's own calls must not advance operations again
 };
 
 }  // namespace ferry::proto

@@ -22,13 +22,14 @@ bool Messages::read_ended(std::uint32_t index, const Status& status) {
   slot.transfer.direct = false;
   const int source = slot.info.source;
   if (status) {
-    engine_.send_control(source, kAmFin, as_bytes(FinHeader{slot.transfer.read_sreq, 0, 0}));
+    engine_.links().send_control(source, kAmFin,
+                                 as_bytes(FinHeader{slot.transfer.read_sreq, 0, 0}));
     return false;
   }
   if (status.code() == Code::kPeerFailed) return false;
   // The sender still waits, exposed: ask for the data the other way. (Providers report a
   // refused key differently: tcp as canceled. A read we canceled ourselves was deferred.)
-  Link& peer = engine_.link(source);
+  Link& peer = engine_.links().link(source);
   peer.read_failed = true;
   FERRY_LOG(kWarn, "%s: reading a message of rank %d failed (%s); clear-to-send from now on",
             peer.transport.c_str(), source, status.to_string().c_str());
@@ -58,7 +59,7 @@ void Messages::handle_rts_read(int source, std::span<const std::byte> data) {
   if (header.size > util::kAddressSpaceEnd) {
     return engine_.protocol_error(source, "RTS_READ for a message larger than any buffer can be");
   }
-  const Link& peer = engine_.link(source);
+  const Link& peer = engine_.links().link(source);
   if (peer.endpoint == nullptr || peer.reads == nullptr) {
     // Only a transport with one-sided reads announces one; anything else is a forgery.
     return engine_.protocol_error(source, "RTS_READ over a transport without one-sided reads");
@@ -78,7 +79,7 @@ void Messages::handle_rts_read(int source, std::span<const std::byte> data) {
 
 void Messages::refuse_unmatched(int source, std::uint64_t sreq) {
   ++refused_unmatched_;
-  engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinNeverMatched, 0}));
+  engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinNeverMatched, 0}));
 }
 
 Unexpected Messages::unexpected_rendezvous(int source, Tag tag, std::uint64_t size,
@@ -99,15 +100,15 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
   const std::size_t length = std::min(size, slot.size);
   slot.info = {source, tag, length};
   slot.message_size = size;
-  Link& peer = engine_.link(source);
+  Link& peer = engine_.links().link(source);
   if (!peer.shares_memory && length > 0 &&
       (slot.gpu.device >= 0 || address == kRtsFromDevice || engine_.chunked().forced())) {
     // Device memory on either side, no shared memory (ofi): in chunks through pinned bounces.
     return engine_.chunked().start_receive(index, source, sreq);
   }
   if (address == kRtsFromDevice && length > 0) {
-    engine_.send_control(source, kAmFin,
-                         as_bytes(FinHeader{sreq, kFinFailed, 0}));  // the send fails too
+    engine_.links().send_control(source, kAmFin,
+                                 as_bytes(FinHeader{sreq, kFinFailed, 0}));  // the send fails too
     return engine_.complete(
         index, Status(Code::kProtocolError,
                       "rank " + std::to_string(source) +
@@ -132,7 +133,7 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
     if (!status && status.code() == Code::kPeerFailed) {
       engine_
           .look_for_failures();  // the sender is gone: fail what involves it, this receive included
-      if (engine_.done(index)) return;
+      if (engine_.requests().done(index)) return;
     }
     if (!status && status.code() == Code::kUnsupported) {
       peer.get_failed = true;
@@ -149,13 +150,13 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
     if (status) {
       engine_.complete(index,
                        size > slot.size ? truncation(source, size, slot.size) : Status::ok());
-      engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+      engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
       return;
     }
   }
   if (length == 0) {
     engine_.complete(index, size > slot.size ? truncation(source, size, slot.size) : Status::ok());
-    engine_.send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+    engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
     return;
   }
   slot.state = RequestState::kActive;
@@ -183,7 +184,7 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
 void Messages::request_data(std::uint32_t index, int source, std::uint64_t sreq,
                             std::size_t length) {
   RequestSlot& slot = requests_[index];
-  Link& peer = engine_.link(source);
+  Link& peer = engine_.links().link(source);
   const std::uint64_t rreq = requests_.wire_id(index);
   if ((peer.direct != nullptr) && !peer.direct_failed) {
     // The transport moves the whole message into the receive buffer (its own rendezvous).
@@ -191,7 +192,7 @@ void Messages::request_data(std::uint32_t index, int source, std::uint64_t sreq,
     if (status) {
       slot.transfer.direct = true;
       ++slot.transfer.device_ops;  // the buffer is the transport's until on_direct
-      engine_.send_control(source, kAmCtsDirect, as_bytes(CtsHeader{sreq, rreq, length}));
+      engine_.links().send_control(source, kAmCtsDirect, as_bytes(CtsHeader{sreq, rreq, length}));
       return;
     }
     peer.direct_failed = true;
@@ -200,14 +201,14 @@ void Messages::request_data(std::uint32_t index, int source, std::uint64_t sreq,
   }
   slot.expected = length;
   slot.received = 0;
-  engine_.send_control(source, kAmCts, as_bytes(CtsHeader{sreq, rreq, length}));
+  engine_.links().send_control(source, kAmCts, as_bytes(CtsHeader{sreq, rreq, length}));
 }
 
 RequestSlot* Messages::cts_target(int source, const CtsHeader& header, std::uint32_t* index) {
   RequestSlot* slot = requests_.lookup(header.sreq, index);
   if (slot == nullptr) {
     // A send that is gone (withdrawn after FERRY_TIMEOUT): the receive must not wait for it.
-    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     FERRY_LOG(kDebug, "CTS from rank %d for a send that is gone: answered with NACK", source);
     return nullptr;
   }
@@ -216,7 +217,7 @@ RequestSlot* Messages::cts_target(int source, const CtsHeader& header, std::uint
       header.length > slot->size) {
     // Also what a send abandoned after FERRY_TIMEOUT sees: the receiver must not wait for
     // fragments that will never come.
-    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     engine_.protocol_error(source, "CTS for no rendezvous send of that size (answered with NACK)");
     return nullptr;
   }
@@ -229,7 +230,7 @@ void Messages::handle_cts(int source, std::span<const std::byte> data) {
   if (!decode(data, &header)) return engine_.protocol_error(source, "short CTS header");
   std::uint32_t index = 0;
   if (cts_target(source, header, &index) == nullptr) return;
-  engine_.send_or_queue(source, engine_.stream(kAmFrag, index, header.rreq, header.length));
+  engine_.links().send_or_queue(source, Links::stream(kAmFrag, index, header.rreq, header.length));
 }
 
 void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
@@ -238,9 +239,9 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
   std::uint32_t index = 0;
   RequestSlot* slot = cts_target(source, header, &index);
   if (slot == nullptr) return;
-  Link& peer = engine_.link(source);
+  Link& peer = engine_.links().link(source);
   if (peer.direct == nullptr) {
-    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     engine_.complete(index, Status(Code::kProtocolError, "rank " + std::to_string(source) +
                                                              " asked for a direct transfer over " +
                                                              peer.transport + ", which has none"));
@@ -251,7 +252,7 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
   Status status = peer.direct->send_direct(slot->send_buffer, header.length, -1, header.rreq,
                                            requests_.wire_id(index));
   if (!status) {
-    engine_.send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
+    engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     engine_.complete(index, std::move(status));
     return;
   }
@@ -312,7 +313,7 @@ void Messages::handle_nack(int source, std::span<const std::byte> data) {
     return;  // a receive that already ended: nothing waits
   }
   if (slot->transfer.direct && slot->transfer.device_ops > 0) {
-    if (auto* direct = engine_.link(source).direct) direct->cancel_direct(header.rreq);
+    if (auto* direct = engine_.links().link(source).direct) direct->cancel_direct(header.rreq);
   }
   engine_.complete_when_idle(index, Status(Code::kCanceled, "rank " + std::to_string(source) +
                                                                 " gave up sending this message"));

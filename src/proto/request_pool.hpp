@@ -130,6 +130,39 @@ class RequestPool {
     return chunks_[index / kChunk][index % kChunk];
   }
   [[nodiscard]] std::size_t capacity() const { return size_; }
+  [[nodiscard]] bool done(std::uint32_t index) const {
+    return (*this)[index].state == RequestState::kDone;
+  }
+
+  // ---- What a Request handle does with its slot ----
+  // The handle lets its slot go; true when it was the last handle held after retire() (its
+  // engine can go then).
+  bool release(std::uint32_t index) {
+    RequestSlot& slot = (*this)[index];
+    if (slot.state == RequestState::kDone) {  // retire() ended every slot a handle names
+      free(index);
+    } else {
+      slot.handle_alive = false;
+    }
+    return retired_ && --held_after_ == 0;
+  }
+  // The engine is finalized: every slot a handle still names ends (those not complete with
+  // kInvalidArgument); true when there are such handles, and the last one's release says so.
+  bool retire() {
+    retired_ = true;
+    held_after_ = 0;
+    for (std::uint32_t i = 0; i < size_; ++i) {
+      RequestSlot& slot = (*this)[i];
+      if (slot.state == RequestState::kFree || !slot.handle_alive) continue;
+      ++held_after_;
+      if (slot.state != RequestState::kDone) {
+        slot.state = RequestState::kDone;
+        slot.status = Status(Code::kInvalidArgument,
+                             "its Context was finalized (destroyed) before it completed");
+      }
+    }
+    return held_after_ > 0;
+  }
 
   // The wire form of a request id: generation and index.
   [[nodiscard]] std::uint64_t wire_id(std::uint32_t index) const {
@@ -151,6 +184,8 @@ class RequestPool {
   std::vector<std::unique_ptr<RequestSlot[]>> chunks_;
   std::uint32_t size_ = 0;
   std::vector<std::uint32_t> free_;
+  bool retired_ = false;
+  std::size_t held_after_ = 0;  // after retire(): Request handles still held
 };
 
 }  // namespace ferry::proto

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <ctime>
 
 #include "proto/engine.hpp"
@@ -26,6 +28,41 @@ void Waiting::configure(const util::Config& config, std::size_t local_ranks) {
     spin_count_ = oversubscribed_ ? 0 : 2000;
   }
   mode_ = static_cast<Mode>(config.get_int(util::Var::kWaitMode));
+  timeout_ = config.get_seconds(util::Var::kTimeout);
+}
+
+bool Waiting::test(std::uint32_t index) {
+  RequestPool& requests = engine_.requests();
+  if (requests.done(index)) return true;
+  engine_.progress();
+  return requests.done(index);
+}
+
+Status Waiting::wait(std::uint32_t index) {
+  if (timeout_ > 0) return wait_for(index, timeout_);
+  RequestPool& requests = engine_.requests();
+  int idle = 0;
+  while (!requests.done(index)) step(&idle);
+  return requests[index].status;
+}
+
+Status Waiting::wait_for(std::uint32_t index, double seconds) {
+  if (std::isnan(seconds)) {
+    return Status(Code::kInvalidArgument, "wait_for: NaN seconds (INFINITY waits without a limit)");
+  }
+  RequestPool& requests = engine_.requests();
+  const auto deadline = util::deadline_after(seconds);
+  int idle = 0;
+  for (std::uint32_t polls = 0; !requests.done(index); ++polls) {
+    step(&idle);
+    // A request that completed in this very step (however late) is not a timeout.
+    if ((polls & 255) == 0 && !requests.done(index) && Clock::now() >= deadline) {
+      char text[64];
+      std::snprintf(text, sizeof(text), "request not complete after %g s", seconds);
+      return Status(Code::kTimeout, text);
+    }
+  }
+  return requests[index].status;
 }
 
 void Waiting::start_threads(const util::Config& config) {

@@ -9,10 +9,12 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ferry/status.hpp"
 #include "util/clock.hpp"
 #include "util/config.hpp"
 
@@ -71,6 +73,25 @@ class Waiting {
   }
 
   // ---- Waiting ----
+  // FERRY_TIMEOUT in seconds (0: none): how long a blocking call waits.
+  [[nodiscard]] double timeout() const { return timeout_; }
+  // A request of the engine: done, after one progress if not at first.
+  bool test(std::uint32_t index);
+  // Until the request is done (kTimeout after FERRY_TIMEOUT), or `seconds`.
+  Status wait(std::uint32_t index);
+  Status wait_for(std::uint32_t index, double seconds);
+  // Steps until done() holds (asked before each step, with the lock held); false if
+  // FERRY_TIMEOUT ran out first.
+  template <typename Done>
+  bool wait_until(Done done) {
+    const auto deadline = util::deadline_after(timeout_);
+    int idle = 0;
+    while (!done()) {
+      if (timeout_ > 0 && util::Clock::now() >= deadline) return false;
+      step(&idle);
+    }
+    return true;
+  }
   // One step of a blocking wait: progress, and yield the CPU after FERRY_SPIN_COUNT empty polls.
   // With several threads, the lock is let go and taken again (yielding to a waiting thread).
   void step(int* idle_polls);
@@ -104,6 +125,7 @@ class Waiting {
   Engine& engine_;
   const std::vector<transport::Transport*>& polled_;
   int spin_count_ = 0;
+  double timeout_ = 0;
   bool oversubscribed_ = false;  // more ranks on this node than CPUs: waits yield at once
   Mode mode_ = Mode::kSpin;
   int sleep_ms_ = 1;

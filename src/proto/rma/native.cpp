@@ -13,7 +13,7 @@ namespace ferry::proto::rma {
 bool NativeAccess::start(std::uint32_t index, const RmaTarget& target, void* local,
                          std::size_t bytes, bool put, bool local_device) {
   if (!target.native || local_device) return false;
-  const Link& link = engine_.link(target.rank);
+  const Link& link = engine_.links().link(target.rank);
   std::string& refused = refused_[static_cast<std::size_t>(target.rank)];
   if (link.writes == nullptr || !refused.empty()) return false;
   auto [entry, first] = grants_.try_emplace({target.rank, target.region});
@@ -25,8 +25,8 @@ bool NativeAccess::start(std::uint32_t index, const RmaTarget& target, void* loc
   if (first) {
     // This access goes by messages; the owner's answer decides the next ones.
     grant.secret = target.secret;
-    engine_.send_control(target.rank, kAmNativeAsk,
-                         as_bytes(NativeAskHeader{target.region, target.secret}));
+    engine_.links().send_control(target.rank, kAmNativeAsk,
+                                 as_bytes(NativeAskHeader{target.region, target.secret}));
     return false;
   }
   // Another key for the region (forged, or the region's slot came back) goes by messages, as
@@ -67,7 +67,7 @@ void NativeAccess::ended(int rank, std::uint64_t region) {
   if (entry == grants_.end() || entry->second.in_flight == 0) return;
   if (--entry->second.in_flight > 0 || entry->second.state != Grant::State::kRevoked) return;
   grants_.erase(entry);
-  engine_.send_control(rank, kAmNativeRevoked, as_bytes(NativeRevokeHeader{region}));
+  engine_.links().send_control(rank, kAmNativeRevoked, as_bytes(NativeRevokeHeader{region}));
 }
 
 NativeAccess::Registration* NativeAccess::register_region(std::uint64_t id) {
@@ -94,17 +94,17 @@ Status NativeAccess::revoke(std::uint64_t id) {
   auto registration = registrations_.find(id);
   if (registration == registrations_.end()) return Status::ok();
   std::vector<int> ranks = std::move(registration->second.ranks);
-  std::erase_if(ranks, [&](int rank) { return engine_.link(rank).failed; });
+  std::erase_if(ranks, [&](int rank) { return engine_.links().link(rank).failed; });
   Status status;
   if (!ranks.empty()) {
     for (int rank : ranks) {
-      engine_.send_control(rank, kAmNativeRevoke, as_bytes(NativeRevokeHeader{id}));
+      engine_.links().send_control(rank, kAmNativeRevoke, as_bytes(NativeRevokeHeader{id}));
     }
     revoking_[id] = std::move(ranks);
-    const bool answered = engine_.wait_until([&] {
+    const bool answered = engine_.waiting().wait_until([&] {
       // Waiting lets other threads in: look the entry up again.
       std::vector<int>& waiting = revoking_[id];
-      std::erase_if(waiting, [&](int rank) { return engine_.link(rank).failed; });
+      std::erase_if(waiting, [&](int rank) { return engine_.links().link(rank).failed; });
       return waiting.empty();
     });
     if (!answered) {
@@ -151,7 +151,7 @@ void NativeAccess::on_ask(int source, std::span<const std::byte> data) {
       registration->ranks.push_back(source);
     }
   }
-  engine_.send_control(source, kAmNativeGrant, as_bytes(grant));
+  engine_.links().send_control(source, kAmNativeGrant, as_bytes(grant));
 }
 
 void NativeAccess::on_grant(int source, std::span<const std::byte> data) {
@@ -185,7 +185,7 @@ void NativeAccess::on_revoke(int source, std::span<const std::byte> data) {
     if (entry->second.in_flight > 0) return;  // answered by ended()
     grants_.erase(entry);
   }
-  engine_.send_control(source, kAmNativeRevoked, as_bytes(header));
+  engine_.links().send_control(source, kAmNativeRevoked, as_bytes(header));
 }
 
 void NativeAccess::on_revoked(int source, std::span<const std::byte> data) {

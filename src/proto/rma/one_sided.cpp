@@ -44,7 +44,7 @@ Status OneSided::deregister(std::uint64_t id) {
   // them short, and tell their initiators (after the fragments already sent, so in order).
   std::vector<std::pair<int, std::uint64_t>> cut;
   for (int rank = 0; rank < engine_.size(); ++rank) {
-    std::erase_if(engine_.link(rank).pending, [&](const Pending& pending) {
+    std::erase_if(engine_.links().link(rank).pending, [&](const Pending& pending) {
       if (pending.stream == UINT32_MAX) return false;
       RequestSlot& slot = engine_.requests()[pending.stream];
       if (slot.rma.kind != Rma::kGetReply || slot.rma.region != id) return false;
@@ -54,7 +54,7 @@ Status OneSided::deregister(std::uint64_t id) {
     });
   }
   for (const auto& [rank, rreq] : cut) {
-    engine_.send_control(rank, kAmRmaAck, as_bytes(RmaAckHeader{rreq, 0, kRmaCutShort, 0}));
+    engine_.links().send_control(rank, kAmRmaAck, as_bytes(RmaAckHeader{rreq, 0, kRmaCutShort, 0}));
   }
   return waited;
 }
@@ -63,7 +63,7 @@ bool OneSided::atomic_again(AtomicOp op, std::size_t width, int rank, std::uint6
                             std::uint64_t secret, std::size_t key_size, std::uint64_t offset,
                             std::uint64_t operand, void* result, std::uint64_t compare) {
   if ((width != 4 && width != 8) || offset % width != 0 || static_cast<std::uint8_t>(op) > 5 ||
-      (result != nullptr && engine_.device_memory(result))) {
+      (result != nullptr && (engine_.device_of(result) >= 0))) {
     return false;
   }
   std::byte* word =
@@ -157,7 +157,7 @@ std::uint32_t OneSided::request(RequestKind kind, Rma rma, const RmaTarget& targ
                         std::to_string(target.offset) + " reach outside the " +
                         std::to_string(target.size) + "-byte region");
   } else {
-    const Link& link = engine_.link(target.rank);
+    const Link& link = engine_.links().link(target.rank);
     if (link.endpoint == nullptr || link.failed) {
       *early = Status(link.failed ? Code::kPeerFailed : Code::kUnsupported, link.why);
     } else {
@@ -259,11 +259,11 @@ Request OneSided::iput(const void* local, std::size_t bytes, const RmaTarget& ta
     }
     slot.send_buffer = slot.gpu.host_copy.data();
   }
-  Pending pending = engine_.stream(kAmPut, index, engine_.requests().wire_id(index), bytes);
+  Pending pending = Links::stream(kAmPut, index, engine_.requests().wire_id(index), bytes);
   pending.region = target.region;
   pending.secret = target.secret;
   pending.region_offset = target.offset;
-  engine_.send_or_queue(target.rank, std::move(pending));
+  engine_.links().send_or_queue(target.rank, std::move(pending));
   return request;
 }
 
@@ -295,14 +295,14 @@ Request OneSided::iget(void* local, std::size_t bytes, const RmaTarget& target) 
   slot.info = {target.rank, 0, bytes};
   const GetHeader header{engine_.requests().wire_id(index), target.region, target.secret,
                          target.offset, bytes};
-  engine_.send_control(target.rank, kAmGet, as_bytes(header));
+  engine_.links().send_control(target.rank, kAmGet, as_bytes(header));
   return request;
 }
 
 Request OneSided::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                           std::uint64_t operand, void* result, std::uint64_t compare) {
   // The result is stored by the CPU: it must be host memory (checked where CUDA is loaded).
-  const bool result_device = result != nullptr && engine_.device_memory(result);
+  const bool result_device = result != nullptr && (engine_.device_of(result) >= 0);
   if ((width == 4 || width == 8) && target.offset % width == 0 &&
       static_cast<std::uint8_t>(op) <= 5 && !result_device) {
     std::byte* word = peers_direct_.now(target, &operand, width, false, true);
@@ -360,7 +360,7 @@ Request OneSided::iatomic(AtomicOp op, std::size_t width, const RmaTarget& targe
   pending.payload = reinterpret_cast<const std::byte*>(slot.rma.operands);
   pending.payload_size = 16;
   pending.request = index;  // failed if sending fails; completed by the target's answer
-  engine_.send_or_queue(target.rank, std::move(pending));
+  engine_.links().send_or_queue(target.rank, std::move(pending));
   return request;
 }
 
@@ -376,9 +376,10 @@ Status OneSided::flush(int rank) {
     }
     return false;
   };
-  if (!engine_.wait_until([&] { return !outstanding(); })) {
+  if (!engine_.waiting().wait_until([&] { return !outstanding(); })) {
     return Status(Code::kTimeout, "flush: one-sided operations still incomplete after " +
-                                      std::to_string(engine_.timeout()) + " s (FERRY_TIMEOUT)");
+                                      std::to_string(engine_.waiting().timeout()) +
+                                      " s (FERRY_TIMEOUT)");
   }
   Status first;
   for (int r = 0; r < engine_.size(); ++r) {
@@ -387,8 +388,8 @@ Status OneSided::flush(int rank) {
     if (!peer.error.is_ok() && first.is_ok()) first = peer.error;
     peer.error = Status();
   }
-  if (first.is_ok() && rank >= 0 && engine_.link(rank).failed) {
-    return Status(Code::kPeerFailed, engine_.link(rank).why);
+  if (first.is_ok() && rank >= 0 && engine_.links().link(rank).failed) {
+    return Status(Code::kPeerFailed, engine_.links().link(rank).why);
   }
   return first;
 }
@@ -401,7 +402,7 @@ void OneSided::on_acks(int source, std::span<const std::byte> data) {
       acks.size() != std::size_t{header.count} * sizeof(RmaAckHeader)) {
     return engine_.protocol_error(source, "RMA_ACKS whose count does not match its length");
   }
-  for (std::size_t i = 0; i < header.count && !engine_.link(source).failed; ++i) {
+  for (std::size_t i = 0; i < header.count && !engine_.links().link(source).failed; ++i) {
     on_ack(source, acks.subspan(i * sizeof(RmaAckHeader), sizeof(RmaAckHeader)));
   }
 }

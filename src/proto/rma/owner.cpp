@@ -27,7 +27,7 @@ int OneSided::send_acks() {
   int sent = 0;
   for (int rank : ack_peers_) {
     PeerState& peer = peers_[static_cast<std::size_t>(rank)];
-    const Link& link = engine_.link(rank);
+    const Link& link = engine_.links().link(rank);
     std::span<const RmaAckHeader> acks = peer.acks;
     const std::size_t room = link.frag_size > sizeof(RmaAcksHeader)
                                  ? (link.frag_size - sizeof(RmaAcksHeader)) / sizeof(RmaAckHeader)
@@ -46,7 +46,8 @@ int OneSided::send_acks() {
                                         transport::AmHint::kNone);
       }
       if (status.code() == Code::kWouldBlock) {
-        for (const RmaAckHeader& ack : batch) engine_.send_control(rank, kAmRmaAck, as_bytes(ack));
+        for (const RmaAckHeader& ack : batch)
+          engine_.links().send_control(rank, kAmRmaAck, as_bytes(ack));
         peer.ack_messages += count;
       } else if (status) {
         ++peer.ack_messages;
@@ -133,7 +134,7 @@ void OneSided::on_get(int source, std::span<const std::byte> data) {
   }
   slot.size = header.length;
   engine_.count_send();
-  engine_.send_or_queue(source, engine_.stream(kAmFrag, index, header.id, header.length));
+  engine_.links().send_or_queue(source, Links::stream(kAmFrag, index, header.id, header.length));
 }
 
 void OneSided::on_atomic(int source, std::span<const std::byte> data) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "proto/device_path.hpp"
 #include "proto/engine.hpp"
 #include "proto/rma/regions.hpp"
 #include "util/cma.hpp"
@@ -25,7 +26,7 @@ std::byte* PeerRegions::target(const RmaTarget& target, std::size_t length, bool
     return base == nullptr ? nullptr : base + target.offset;
   }
   if (target.fd < 0) return nullptr;
-  const Link& link = engine_.link(target.rank);
+  const Link& link = engine_.links().link(target.rank);
   if (!link.shares_memory || !peers_[static_cast<std::size_t>(target.rank)].map.empty()) {
     return nullptr;
   }
@@ -61,7 +62,7 @@ std::byte* PeerRegions::now(const RmaTarget& target, const void* local, std::siz
       bytes > target.size - target.offset) {
     return nullptr;
   }
-  const Link& link = engine_.link(target.rank);
+  const Link& link = engine_.links().link(target.rank);
   if (link.endpoint == nullptr || link.failed) return nullptr;
   std::uint32_t refusal = kRmaOk;  // a refusal is reported by the request that follows
   bool device = false;
@@ -70,7 +71,7 @@ std::byte* PeerRegions::now(const RmaTarget& target, const void* local, std::siz
 }
 
 util::Fd PeerRegions::descriptor(int rank, int fd) {
-  const Link& link = engine_.link(rank);
+  const Link& link = engine_.links().link(rank);
   std::string& refused = peers_[static_cast<std::size_t>(rank)].map;
   const int pid = link.endpoint != nullptr ? link.endpoint->peer_pid() : 0;
   if (pid <= 0) {
@@ -146,7 +147,7 @@ GuardTable* PeerRegions::guard_table(const RmaTarget& target) {
   if (mapping == MAP_FAILED) return nullptr;
   auto* table = static_cast<GuardTable*>(mapping);
   if (shared(table->magic).load(std::memory_order_acquire) != kGuardMagic ||
-      table->pid != engine_.link(target.rank).endpoint->peer_pid()) {
+      table->pid != engine_.links().link(target.rank).endpoint->peer_pid()) {
     ::munmap(mapping, sizeof(GuardTable));
     return nullptr;
   }
@@ -160,13 +161,13 @@ bool PeerRegions::guarded(std::uint32_t index, const RmaTarget& target, void* lo
       target.rank == engine_.rank()) {
     return false;
   }
-  const Link& link = engine_.link(target.rank);
+  const Link& link = engine_.links().link(target.rank);
   Refused& refused = peers_[static_cast<std::size_t>(target.rank)];
   if (!link.shares_memory || !refused.map.empty() || link.endpoint == nullptr || link.failed) {
     return false;
   }
   if (guard_index_ == -2) {
-    const std::vector<int> local_list = engine_.local_ranks();
+    const std::vector<int> local_list = engine_.job().local_ranks();
     auto me = std::find(local_list.begin(), local_list.end(), engine_.rank());
     guard_index_ =
         me - local_list.begin() < kGuardRanks ? static_cast<int>(me - local_list.begin()) : -1;
@@ -238,7 +239,7 @@ bool PeerRegions::guarded(std::uint32_t index, const RmaTarget& target, void* lo
         if (moved) {
           op.key = key;
           op.device = device;
-          engine_.add_device_op(op);
+          engine_.device().add(op);
           RequestSlot& request = engine_.requests()[index];
           ++request.transfer.device_ops;
           if (!put) request.info = {target.rank, 0, bytes};  // found by a peer's failure

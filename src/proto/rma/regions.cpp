@@ -219,7 +219,7 @@ void Regions::release_guard() {
 }
 
 void Regions::guard_region(Region* region, std::uint64_t id, const mem::MemoryInfo& info) {
-  if (engine_.local_ranks().size() < 2) return;  // no peer on this node
+  if (engine_.job().local_ranks().size() < 2) return;  // no peer on this node
   cuda::IpcKey ipc;
   util::Fd exported;
   if (region->device >= 0) {
@@ -254,7 +254,7 @@ void Regions::guard_region(Region* region, std::uint64_t id, const mem::MemoryIn
 Status Regions::release_guard_slot(int index, int ipc_fd) {
   GuardSlot& slot = guard_->slots[index];
   shared(slot.live).store(0, std::memory_order_seq_cst);
-  const std::vector<int> local = engine_.local_ranks();
+  const std::vector<int> local = engine_.job().local_ranks();
   const std::size_t ranks = std::min<std::size_t>(local.size(), kGuardRanks);
   // The accesses begun before the slot was cleared (later ones see it cleared and give up).
   std::vector<std::uint64_t> begun(ranks);
@@ -262,10 +262,10 @@ Status Regions::release_guard_slot(int index, int ipc_fd) {
     begun[i] = shared(guard_->counters[i].begun).load(std::memory_order_seq_cst);
   }
   std::size_t inside = 0;  // the first rank that may still be inside one
-  const bool reusable = engine_.wait_until([&] {
+  const bool reusable = engine_.waiting().wait_until([&] {
     for (; inside < ranks; ++inside) {
       const int rank = local[inside];
-      if (rank == engine_.rank() || engine_.link(rank).failed) continue;
+      if (rank == engine_.rank() || engine_.links().link(rank).failed) continue;
       if (shared(guard_->counters[inside].ended).load(std::memory_order_acquire) < begun[inside]) {
         return false;
       }
@@ -276,7 +276,8 @@ Status Regions::release_guard_slot(int index, int ipc_fd) {
     FERRY_LOG(kWarn,
               "deregister: rank %d has been inside an access to region %llu for %g s "
               "(FERRY_TIMEOUT); it may still write to the memory",
-              local[inside], static_cast<unsigned long long>(slot.region), engine_.timeout());
+              local[inside], static_cast<unsigned long long>(slot.region),
+              engine_.waiting().timeout());
   }
   if (ipc_fd >= 0) ::close(ipc_fd);
   if (reusable) guard_free_.push_back(index);  // else lost: that rank may still use it
