@@ -2,8 +2,8 @@
 // (bench/gpu_run.sh guard): device -> pinned host, pinned host -> device, and pinned host ->
 // pinned host by the copy engine and by one CPU thread's memcpy; for host memory from
 // cuMemHostAlloc and for shared memory registered with cuMemHostRegister, as the staging rings
-// are. Run: build/bench/pinned_rate [DEVICE] [MiB]. Prints one line per copy: GB/s (10^9 B/s),
-// the best of 5 passes of 8 copies.
+// are; and both directions at once. Run: build/bench/pinned_rate [DEVICE] [MiB]. Prints one line
+// per copy: GB/s (10^9 B/s), the best of 5 passes of 8 copies.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -91,6 +91,25 @@ int main(int argc, char** argv) {
         kinds[k], bytes >> 20, best_rate(bytes, engine(h[0], device_pointer)),
         best_rate(bytes, engine(device_pointer, h[0])), best_rate(bytes, engine(h[1], h[0])),
         best_rate(bytes, [&] { std::memcpy(h[1], h[0], bytes); }));
+  }
+  // Both directions at once (host to device on one stream, device to host on another), as the
+  // staged path's copy of page-locked memory through its process's GPU runs them: each
+  // direction's rate while the other is busy.
+  {
+    CUstream back;
+    check(d->cuStreamCreate(&back, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    CUdeviceptr second = 0;
+    check(d->cuMemAlloc(&second, bytes), "cuMemAlloc");
+    const double rate = best_rate(bytes, [&] {
+      check(d->cuMemcpyAsync(gpu, reinterpret_cast<CUdeviceptr>(alloc[0]), bytes, stream),
+            "cuMemcpyAsync");
+      check(d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(alloc[1]), second, bytes, back),
+            "cuMemcpyAsync");
+      check(d->cuStreamSynchronize(stream), "cuStreamSynchronize");
+      check(d->cuStreamSynchronize(back), "cuStreamSynchronize");
+    });
+    std::printf("%-25s %5zu MiB: h2d and d2h at once %.1f GB/s each way\n", "cuMemHostAlloc",
+                bytes >> 20, rate);
   }
   // The peer copy over the GPUs' link, where there is another GPU (the one-sided and IPC paths'
   // reference).

@@ -183,8 +183,12 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   std::uint32_t flags = 0;
-  if (key != nullptr && slot.gpu.device >= 0) {
-    // Rung 1; a host receive buffer skips it (the sender fills the ring, the CPU empties it).
+  // The GPU that copies from the sender's buffer: the receive buffer's, or for page-locked host
+  // memory the one it is staged through. A pageable host buffer skips rung 1 (the sender fills
+  // the ring, the CPU empties it).
+  const int copier = slot.gpu.device >= 0 ? slot.gpu.device : slot.gpu.pinned_device;
+  if (key != nullptr && copier >= 0) {
+    // Rung 1.
     std::string refusal;
     if (key->kind != mem::IpcKind::kLegacy && key->kind != mem::IpcKind::kPosixFd) {
       engine_.protocol_error(source, "RTS_DEV key of an unknown kind (staged instead)");
@@ -195,10 +199,10 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
       engine_.protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
       refusal = "the peer sent an IPC key that does not cover its message";
     }
-    if (refusal.empty()) refusal = engine_.cuda()->ipc_refusal(key->uuid, slot.gpu.device);
+    if (refusal.empty()) refusal = engine_.cuda()->ipc_refusal(key->uuid, copier);
     bool passing = false;  // this transfer only: IPC stays on for the peer
     if (refusal.empty()) {
-      Status status = start_ipc_get(index, source, sreq, *key);
+      Status status = start_ipc_get(index, source, sreq, *key, copier);
       if (status || slot.transfer.device_ops > 0)
         return;  // copying (or failing once pieces are done)
       refusal = status.message();
@@ -217,13 +221,13 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
 }
 
 Status DevicePath::start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
-                                 const cuda::IpcKey& key) {
+                                 const cuda::IpcKey& key, int copier) {
   RequestSlot& slot = engine_.requests()[index];
   const std::size_t length = slot.info.bytes;
   void* mapped = nullptr;
   util::Fd descriptor;
   if (key.kind == mem::IpcKind::kPosixFd) descriptor = take_descriptor(source, key.buffer_id);
-  Status status = engine_.cuda()->import_ipc(source, key, slot.gpu.device, &descriptor, &mapped);
+  Status status = engine_.cuda()->import_ipc(source, key, copier, &descriptor, &mapped);
   if (!status) return status;
   // FERRY_CUDA_IPC_SPLIT: large copies as up to 4 pieces on separate streams. Off by default:
   // on H200s over NVLink it lowered 4 MiB bandwidth from 288 to 177 GB/s.
@@ -234,10 +238,16 @@ Status DevicePath::start_ipc_get(std::uint32_t index, int source, std::uint64_t 
   const bool streaming = !ops_.empty();  // other copies in flight
   for (std::size_t offset = 0; offset < length && status; offset += piece) {
     const std::size_t bytes = std::min(piece, length - offset);
-    DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, key};
-    status = engine_.cuda()->copy_device_async(
-        slot.gpu.device, next_lane_++, slot.recv_buffer + offset,
-        static_cast<std::byte*>(mapped) + offset, bytes, streaming, &op.ticket);
+    DeviceOp op{DeviceOp::kIpcGet, {}, index, source, sreq, offset, 0, bytes, key, copier};
+    std::byte* from = static_cast<std::byte*>(mapped) + offset;
+    // Into page-locked host memory by the copy engine (device to host over the GPU's link); the
+    // copy kernel writes only device memory.
+    status =
+        slot.gpu.device >= 0
+            ? engine_.cuda()->copy_device_async(copier, next_lane_++, slot.recv_buffer + offset,
+                                                from, bytes, streaming, &op.ticket)
+            : engine_.cuda()->copy_async(copier, next_lane_++, slot.recv_buffer + offset, from,
+                                         bytes, &op.ticket);
     if (status) {
       ++slot.transfer.device_ops;
       ops_.push_back(op);
@@ -247,7 +257,7 @@ Status DevicePath::start_ipc_get(std::uint32_t index, int source, std::uint64_t 
     // Some pieces are in flight: the receive ends with the error once they are done.
     engine_.complete_when_idle(index, status);
   } else if (!status) {
-    engine_.cuda()->unpin(source, slot.gpu.device, key);
+    engine_.cuda()->unpin(source, copier, key);
   }
   return status;
 }
@@ -531,7 +541,7 @@ int DevicePath::poll() {
     switch (op.kind) {
       case DeviceOp::kIpcGet:
         if (slot.transfer.device_ops > 0) continue;  // other pieces of the message still copying
-        engine_.cuda()->unpin(op.peer, slot.gpu.device, op.key);
+        engine_.cuda()->unpin(op.peer, op.device, op.key);
         // A code tells the sender the receive failed (slot.transfer.deferred: an error waits).
         engine_.links().send_control(
             op.peer, kAmFin,

@@ -85,9 +85,10 @@ class DevicePath {
     std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
     std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
   };
-  // Rung 1 of a device receive: map the sender's buffer and start the copies.
-  Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq,
-                       const cuda::IpcKey& key);
+  // Rung 1 of a receive from a device buffer: map the sender's buffer for GPU `copier` (the
+  // receive buffer's, or the one page-locked host memory is staged through) and start the copies.
+  Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq, const cuda::IpcKey& key,
+                       int copier);
   void on_rts(int source, std::span<const std::byte> data);
   void on_stage_cts(int source, std::span<const std::byte> data);
   void on_stage_frag(int source, std::span<const std::byte> data);

@@ -70,7 +70,7 @@ struct DeviceOp {
   std::uint64_t ring_offset = 0;  // staging: the slot
   std::uint64_t length = 0;
   cuda::IpcKey key;  // kIpcGet, kRmaCopy: unpinned when done
-  int device = -1;   // kRmaCopy: the GPU the mapping was made for
+  int device = -1;   // kIpcGet, kRmaCopy: the GPU the mapping was made for
 };
 
 }  // namespace ferry::proto
