@@ -192,7 +192,9 @@ Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key
                       std::uint64_t offset) {
   auto entry = engine_->enter();
   proto::Engine* engine = engine_.get();
-  auto is_device = [engine](const void* p) { return engine->device_of(p) >= 0; };
+  auto is_device = [engine](const void* p) {
+    return cuda::Cuda::device_of(engine->cuda(), p) >= 0;
+  };
   if (std::byte* destination = engine->rma().direct_again(
           key.rank_, key.id_, key.secret_, key.size_, offset, local, bytes, is_device)) {
     util::copy_large(destination, local, bytes);
@@ -204,7 +206,9 @@ Request Context::iput(const void* local, std::size_t bytes, const RemoteKey& key
 Request Context::iget(void* local, std::size_t bytes, const RemoteKey& key, std::uint64_t offset) {
   auto entry = engine_->enter();
   proto::Engine* engine = engine_.get();
-  auto is_device = [engine](const void* p) { return engine->device_of(p) >= 0; };
+  auto is_device = [engine](const void* p) {
+    return cuda::Cuda::device_of(engine->cuda(), p) >= 0;
+  };
   if (const std::byte* source = engine->rma().direct_again(
           key.rank_, key.id_, key.secret_, key.size_, offset, local, bytes, is_device)) {
     util::copy(local, source, bytes);

@@ -54,6 +54,19 @@ class Cuda {
   // One driver query (cuPointerGetAttributes): bench/cuda_probe measured 87 ns for device and
   // 234 ns for host pointers on an H100. Unknown pointers are host memory.
   virtual mem::MemoryInfo classify(const void* pointer) = 0;
+  // The GPU holding `buffer` where only a CUDA device can read it, else -1 (also without CUDA).
+  static int device_of(Cuda* cuda, const void* buffer) {
+    if (cuda == nullptr) return -1;
+    const mem::MemoryInfo info = cuda->classify(buffer);
+    return info.device_only() ? info.device : -1;
+  }
+  // The GPU that page-locked host memory is staged through: the caller's current one (the GPU
+  // its process works with; a portable allocation names device 0 for every process), else the
+  // one the memory names.
+  [[nodiscard]] int bounce_device(const mem::MemoryInfo& memory) const {
+    const int current = current_device();
+    return current >= 0 ? current : memory.device;
+  }
 
   // Exports the allocation holding `pointer` (info.ipc says how). kLegacy: the handle is cached per
   // buffer id. kPosixFd: *fd receives a new descriptor of the allocation, never cached (an open

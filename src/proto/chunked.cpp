@@ -111,7 +111,7 @@ bool ChunkedPath::needs_bounce(const RequestSlot& slot, transport::DirectTransfe
 
 void ChunkedPath::on_cts(int source, std::span<const std::byte> data) {
   ChunkCtsHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short CTS_CHUNKED header");
+  if (!decode(data, &header)) return protocol_error(source, "short CTS_CHUNKED header");
   std::uint32_t index = 0;
   RequestSlot* slot = engine_.messages().cts_target(
       source, CtsHeader{header.sreq, header.rreq, header.length}, &index);
@@ -195,7 +195,7 @@ void ChunkedPath::chunk_done(std::uint32_t index, Status status) {
   }
   done += bytes;
   // FERRY_TEST_CRASH_AT=mid-pipeline: a sender dies after its first chunk.
-  if (send) engine_.crash_point(util::CrashPoint::kMidPipeline);
+  if (send) engine_.crashes().here(util::CrashPoint::kMidPipeline);
   if (done < slot.expected) {
     status = post_chunk(index);
     if (status) return;

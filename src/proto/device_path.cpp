@@ -142,15 +142,15 @@ void DevicePath::send(std::uint32_t index, int destination, const mem::MemoryInf
 
 void DevicePath::on_rts(int source, std::span<const std::byte> data) {
   RtsDevHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short RTS_DEV header");
+  if (!decode(data, &header)) return protocol_error(source, "short RTS_DEV header");
   if (header.size > util::kAddressSpaceEnd) {
-    return engine_.protocol_error(source, "RTS_DEV for a message larger than any buffer can be");
+    return protocol_error(source, "RTS_DEV for a message larger than any buffer can be");
   }
   cuda::IpcKey key;
   const bool has_key = (header.flags & kRtsHasKey) != 0;
   if (has_key) {
     if (data.size() != sizeof(header) + sizeof(key)) {
-      return engine_.protocol_error(source, "RTS_DEV with a key of the wrong size");
+      return protocol_error(source, "RTS_DEV with a key of the wrong size");
     }
     std::memcpy(&key, data.data() + sizeof(header), sizeof(key));
   }
@@ -191,12 +191,12 @@ void DevicePath::start_receive(std::uint32_t index, int source, Tag tag, std::si
     // Rung 1.
     std::string refusal;
     if (key->kind != mem::IpcKind::kLegacy && key->kind != mem::IpcKind::kPosixFd) {
-      engine_.protocol_error(source, "RTS_DEV key of an unknown kind (staged instead)");
+      protocol_error(source, "RTS_DEV key of an unknown kind (staged instead)");
       refusal = "the peer sent an IPC key of an unknown kind";
     } else if (peer.verdict(key->kind).refused) {
       refusal = peer.verdict(key->kind).why;
     } else if (key->offset + length > key->extent) {
-      engine_.protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
+      protocol_error(source, "RTS_DEV key does not cover the message (staged instead)");
       refusal = "the peer sent an IPC key that does not cover its message";
     }
     if (refusal.empty()) refusal = engine_.cuda()->ipc_refusal(key->uuid, copier);
@@ -276,7 +276,7 @@ void DevicePath::start_staged_receive(std::uint32_t index, int source, std::uint
 
 void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   StageCtsHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short STAGE_CTS header");
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_CTS header");
   std::uint32_t index = 0;
   RequestSlot* slot = engine_.requests().lookup(header.sreq, &index);
   if (slot == nullptr || slot->kind != RequestKind::kSend || !slot->rendezvous ||
@@ -284,7 +284,7 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
       header.length > slot->size) {
     engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
     if (slot == nullptr) return;  // withdrawn after FERRY_TIMEOUT
-    return engine_.protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
+    return protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if ((header.flags & kStageIpcRefused) != 0) {
@@ -406,7 +406,7 @@ void DevicePath::pump_stage(int peer_rank) {
     }
     peer.free_slots.pop_back();
     slot.gpu.staged += chunk;
-    engine_.crash_point(util::CrashPoint::kMidPipeline);
+    engine_.crashes().here(util::CrashPoint::kMidPipeline);
     if (slot.gpu.staged == slot.expected) {
       peer.stage_streams.pop_front();
       engine_.complete_when_idle(index, Status::ok());
@@ -416,7 +416,7 @@ void DevicePath::pump_stage(int peer_rank) {
 
 void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
   StageFragHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short STAGE_FRAG header");
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_FRAG header");
   std::uint32_t index = 0;
   RequestSlot* slot = engine_.requests().lookup(header.rreq, &index);
   if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
@@ -426,7 +426,7 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
     // Give the slot back all the same (the sender checks it lent it): a receive that already
     // failed must not leave the sender's ring short of slots.
     engine_.links().send_control(source, kAmStageAck, as_bytes(StageAckHeader{header.ring_offset}));
-    return engine_.protocol_error(source, "staged fragment outside any receive in progress");
+    return protocol_error(source, "staged fragment outside any receive in progress");
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.ring_rx) {
@@ -450,7 +450,7 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
   }
   if (header.ring_offset > peer.ring_rx->size() ||
       header.length > peer.ring_rx->size() - header.ring_offset) {
-    return engine_.protocol_error(source, "staged fragment outside the sender's ring");
+    return protocol_error(source, "staged fragment outside the sender's ring");
   }
   const std::byte* from = peer.ring_rx->data() + header.ring_offset;
   if (slot->gpu.device >= 0) {
@@ -498,14 +498,14 @@ void DevicePath::fail_staged_receive(std::uint32_t index, Status status) {
 
 void DevicePath::on_stage_ack(int source, std::span<const std::byte> data) {
   StageAckHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short STAGE_ACK header");
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_ACK header");
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.ring_tx || stage_chunk_ == 0 || header.ring_offset % stage_chunk_ != 0 ||
       header.ring_offset >= peer.ring_tx->size() ||
       std::find(peer.free_slots.begin(), peer.free_slots.end(), header.ring_offset) !=
           peer.free_slots.end() ||
       peer.free_slots.size() >= stage_slots_) {
-    return engine_.protocol_error(source, "STAGE_ACK for a slot that is not in use");
+    return protocol_error(source, "STAGE_ACK for a slot that is not in use");
   }
   peer.free_slots.push_back(header.ring_offset);
   pump_stage(source);

@@ -50,12 +50,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   waiting_.configure(config_, bootstrap_->local_ranks().size());
-  crash_on_send_ =
-      config_.get_int(util::Var::kTestCrashRank) == rank_ &&
-      config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kFirstSend);
-  crash_mid_pipeline_ =
-      config_.get_int(util::Var::kTestCrashRank) == rank_ &&
-      config_.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kMidPipeline);
+  crashes_ = util::CrashPoints(config_, rank_);
   cuda_ = cuda::Cuda::create(config_, &cuda_why_);
   if (!cuda_ && config_.get_string(util::Var::kCuda) == "require") {
     throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
@@ -129,7 +124,7 @@ void Engine::finalize() {
               dropped);
   }
   int idle = 0;
-  while ((links_.queued() || outstanding_sends_ > 0) && Clock::now() < deadline) {
+  while ((links_.queued() || requests_.sends() > 0) && Clock::now() < deadline) {
     waiting_.step(&idle);
   }
   if (const std::size_t never_matched = messages_->never_matched(); never_matched > 0) {
@@ -138,11 +133,11 @@ void Engine::finalize() {
               "finalized without a matching receive",
               never_matched);
   }
-  if (links_.queued() || outstanding_sends_ > 0) {
+  if (links_.queued() || requests_.sends() > 0) {
     FERRY_LOG(kWarn,
               "finalize: %zu sends still incomplete after %.1f s (FERRY_FINALIZE_TIMEOUT); "
               "were they received?",
-              outstanding_sends_, config_.get_seconds(util::Var::kFinalizeTimeout));
+              requests_.sends(), config_.get_seconds(util::Var::kFinalizeTimeout));
   }
   device_->drain();
   util::crash_point(config_, rank_, util::CrashPoint::kFinalize);

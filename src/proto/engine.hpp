@@ -90,19 +90,6 @@ class Engine final : public transport::AmHandler {
   // Asks the transports now which peers died (as progress does every few thousand calls), and
   // fails what involves them.
   void look_for_failures();
-  // The GPU holding `buffer` where only a CUDA device can read it, else -1.
-  [[nodiscard]] int device_of(const void* buffer) {
-    if (!cuda_) return -1;
-    const mem::MemoryInfo info = cuda_->classify(buffer);
-    return info.device_only() ? info.device : -1;
-  }
-  // The GPU that page-locked host memory is staged through: the caller's current one (the GPU
-  // its process works with; a portable allocation names device 0 for every process), else the
-  // one the memory names.
-  [[nodiscard]] int bounce_device(const mem::MemoryInfo& memory) const {
-    const int current = cuda_->current_device();
-    return current >= 0 ? current : memory.device;
-  }
   // The slot behind a request of this engine (for operations built on requests).
   static std::uint32_t index_of(const Request& request) { return request.index_; }
   Status barrier();
@@ -150,19 +137,10 @@ class Engine final : public transport::AmHandler {
   void complete(std::uint32_t index, Status status);
   // Completes the request once no copy uses its buffer any more.
   void complete_when_idle(std::uint32_t index, Status status);
-  // A send-like request was made (finalize waits for them to complete).
-  void count_send() { ++outstanding_sends_; }
-  void protocol_error(int source, const char* what);
   [[nodiscard]] DevicePath& device() { return *device_; }
   [[nodiscard]] ChunkedPath& chunked() { return *chunked_; }
-  // FERRY_TEST_CRASH_AT: this rank dies here if the test names it and this point.
-  [[nodiscard]] bool crashes_at(util::CrashPoint point) const {
-    return (point == util::CrashPoint::kMidPipeline && crash_mid_pipeline_) ||
-           (point == util::CrashPoint::kFirstSend && crash_on_send_);
-  }
-  void crash_point(util::CrashPoint point) const {
-    if (crashes_at(point)) util::crash_point(config_, rank_, point);
-  }
+  // FERRY_TEST_CRASH_AT: where this rank dies, if the test names it.
+  [[nodiscard]] const util::CrashPoints& crashes() const { return crashes_; }
   // Whether device buffers may move by CUDA IPC (FERRY_CUDA_IPC).
   [[nodiscard]] bool cuda_ipc() const { return cuda_ipc_; }
 
@@ -178,10 +156,6 @@ class Engine final : public transport::AmHandler {
   std::shared_ptr<Engine*> handle_;
   bool shut_down_ = false;                                 // shutdown() ran
   std::map<const void*, std::function<void()>> teardown_;  // at_teardown's, by owner
-  // Buffers' memory kinds (host for every buffer without CUDA).
-  mem::MemoryInfo classify(const void* buffer) {
-    return cuda_ ? cuda_->classify(buffer) : mem::MemoryInfo{};
-  }
 
   util::Config config_;
   std::unique_ptr<bootstrap::Bootstrap> bootstrap_;
@@ -200,12 +174,10 @@ class Engine final : public transport::AmHandler {
   DirectEnds direct_ends_{*this};
   RequestPool requests_;
   std::unique_ptr<Messages> messages_;  // after requests_: its requests go with the pool
-  Operations operations_{*this};     // after requests_: they (and the requests they hold) go first
-  int progress_all();                // progress() past its idle poll
-  bool crash_on_send_ = false;       // FERRY_TEST_CRASH_AT=first-send names this rank
-  bool crash_mid_pipeline_ = false;  // FERRY_TEST_CRASH_AT=mid-pipeline names this rank
-  std::size_t outstanding_sends_ = 0;  // send requests not yet complete
-  std::uint32_t progress_calls_ = 0;   // peers are checked every kCheckPeersEvery calls
+  Operations operations_{*this};      // after requests_: they (and the requests they hold) go first
+  int progress_all();                 // progress() past its idle poll
+  util::CrashPoints crashes_;         // FERRY_TEST_CRASH_AT, FERRY_TEST_CRASH_RANK
+  std::uint32_t progress_calls_ = 0;  // peers are checked every kCheckPeersEvery calls
 };
 
 }  // namespace ferry::proto

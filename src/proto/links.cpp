@@ -24,7 +24,7 @@ void Links::open(bootstrap::Bootstrap& bootstrap, std::vector<std::string> first
   rank_ = bootstrap.rank();
   size_ = bootstrap.size();
   peers_.resize(static_cast<std::size_t>(size_));
-  crash_mid_pipeline_ = engine_.crashes_at(util::CrashPoint::kMidPipeline);
+  crash_mid_pipeline_ = engine_.crashes().at(util::CrashPoint::kMidPipeline);
   notes_ = std::move(first_notes);
   if (config_.list_contains(util::Var::kTransports, "self")) {
     auto self = std::make_unique<transport::self::SelfTransport>(rank_, &engine_);
@@ -307,7 +307,7 @@ bool Links::try_send(Link& peer, Pending& pending) {
         return true;
       }
       pending.offset += chunk;
-      if (crash_mid_pipeline_) engine_.crash_point(util::CrashPoint::kMidPipeline);
+      if (crash_mid_pipeline_) engine_.crashes().here(util::CrashPoint::kMidPipeline);
     }
     if (!put) engine_.complete(pending.stream, Status::ok());  // a put completes when acknowledged
     return true;

@@ -102,7 +102,6 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   slot.send_buffer = static_cast<const std::byte*>(buffer);
   slot.size = bytes;
   slot.info = {engine_.rank(), tag, bytes};
-  engine_.count_send();
   Request request = engine_.request(index);
   if (destination < 0 || destination >= engine_.size()) {
     engine_.complete(index, Status(Code::kInvalidArgument,
@@ -124,7 +123,7 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
     engine_.complete(index, Status(peer.failed ? Code::kPeerFailed : Code::kUnsupported, peer.why));
     return request;
   }
-  engine_.crash_point(util::CrashPoint::kFirstSend);
+  engine_.crashes().here(util::CrashPoint::kFirstSend);
   // What a rendezvous announces: our buffer, for a receiver that can read it directly.
   auto rts_address = reinterpret_cast<std::uint64_t>(buffer);
   if (engine_.cuda() != nullptr && bytes > 0 && !send_gpu_memory(index, peer, &rts_address)) {
@@ -152,11 +151,11 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
     announce_rendezvous(index, peer, rts_address, &pending);
   }
   engine_.links().send_or_queue(destination, std::move(pending));
-  if (slot.transfer.exposed && engine_.crashes_at(util::CrashPoint::kMidPipeline)) {
+  if (slot.transfer.exposed && engine_.crashes().at(util::CrashPoint::kMidPipeline)) {
     // FERRY_TEST_CRASH_AT=mid-pipeline: die with the buffer exposed and announced (the
     // receiver's read then meets a dead process). A few polls first, so the RTS leaves.
     for (int i = 0; i < 1000; ++i) engine_.progress();
-    engine_.crash_point(util::CrashPoint::kMidPipeline);
+    engine_.crashes().here(util::CrashPoint::kMidPipeline);
   }
   return request;
 }
@@ -170,7 +169,7 @@ bool Messages::send_gpu_memory(std::uint32_t index, Link& peer, std::uint64_t* r
     engine_.device().send(index, slot.peer, memory);
     return false;
   }
-  if (memory.pinned) slot.gpu.pinned_device = engine_.bounce_device(memory);
+  if (memory.pinned) slot.gpu.pinned_device = engine_.cuda()->bounce_device(memory);
   if (memory.device_only() && (bytes <= peer.eager_limit || peer.direct == nullptr)) {
     // No shared memory with the peer (ofi), and small (or no direct transfers): the message
     // goes as host data, from a copy.
@@ -253,7 +252,7 @@ Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag,
   if (engine_.cuda() != nullptr && capacity > 0) {
     const mem::MemoryInfo memory = engine_.cuda()->classify(buffer);
     if (memory.device_only()) slot.gpu.device = memory.device;
-    if (memory.pinned) slot.gpu.pinned_device = engine_.bounce_device(memory);
+    if (memory.pinned) slot.gpu.pinned_device = engine_.cuda()->bounce_device(memory);
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
   const Link* from = source != kAnySource ? &engine_.links().link(source) : nullptr;
@@ -309,7 +308,7 @@ void Messages::deliver_eager(std::uint32_t index, int source, Tag tag,
 
 void Messages::handle_eager(int source, std::span<const std::byte> data) {
   EagerHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short eager header");
+  if (!decode(data, &header)) return protocol_error(source, "short eager header");
   auto payload = data.subspan(sizeof(header));
   if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
     deliver_eager(*index, source, header.tag, payload);
@@ -327,7 +326,7 @@ void Messages::handle_eager(int source, std::span<const std::byte> data) {
 
 void Messages::handle_cancel(int source, std::span<const std::byte> data) {
   CancelHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short cancel header");
+  if (!decode(data, &header)) return protocol_error(source, "short cancel header");
   // Not found: the announcement was already matched; the receive then gets a FIN or a NACK.
   matcher_.drop_rendezvous(source, header.sreq);
 }

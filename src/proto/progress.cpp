@@ -115,11 +115,11 @@ void Engine::complete(std::uint32_t index, Status status) {
   if (slot.rma.kind != RequestSlot::Rma::kNone) rma_->request_done(slot, status);
   slot.status = std::move(status);
   slot.state = RequestState::kDone;
-  if (slot.kind == RequestKind::kSend) --outstanding_sends_;
+  if (slot.kind == RequestKind::kSend) requests_.send_ended();
   if (!slot.handle_alive) requests_.free(index);
 }
 
-void Engine::protocol_error(int source, const char* what) {
+void protocol_error(int source, const char* what) {
   // Bounded logging: a hostile peer must not flood stderr.
   static int logged = 0;
   if (logged < 10) {

@@ -39,9 +39,9 @@ bool Messages::read_ended(std::uint32_t index, const Status& status) {
 
 void Messages::handle_rts(int source, std::span<const std::byte> data) {
   RtsHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short RTS header");
+  if (!decode(data, &header)) return protocol_error(source, "short RTS header");
   if (header.size > util::kAddressSpaceEnd) {
-    return engine_.protocol_error(source, "RTS for a message larger than any buffer can be");
+    return protocol_error(source, "RTS for a message larger than any buffer can be");
   }
   if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
     start_rendezvous(*index, source, header.tag, header.size, header.sreq, header.address, nullptr);
@@ -55,14 +55,14 @@ void Messages::handle_rts(int source, std::span<const std::byte> data) {
 
 void Messages::handle_rts_read(int source, std::span<const std::byte> data) {
   RtsReadHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short RTS_READ header");
+  if (!decode(data, &header)) return protocol_error(source, "short RTS_READ header");
   if (header.size > util::kAddressSpaceEnd) {
-    return engine_.protocol_error(source, "RTS_READ for a message larger than any buffer can be");
+    return protocol_error(source, "RTS_READ for a message larger than any buffer can be");
   }
   const Link& peer = engine_.links().link(source);
   if (peer.endpoint == nullptr || peer.reads == nullptr) {
     // Only a transport with one-sided reads announces one; anything else is a forgery.
-    return engine_.protocol_error(source, "RTS_READ over a transport without one-sided reads");
+    return protocol_error(source, "RTS_READ over a transport without one-sided reads");
   }
   if (std::optional<std::uint32_t> index = matcher_.match_posted(source, header.tag)) {
     const transport::Endpoint::RemoteRegion remote{header.address, header.key};
@@ -218,7 +218,7 @@ RequestSlot* Messages::cts_target(int source, const CtsHeader& header, std::uint
     // Also what a send abandoned after FERRY_TIMEOUT sees: the receiver must not wait for
     // fragments that will never come.
     engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
-    engine_.protocol_error(source, "CTS for no rendezvous send of that size (answered with NACK)");
+    protocol_error(source, "CTS for no rendezvous send of that size (answered with NACK)");
     return nullptr;
   }
   slot->rendezvous = false;  // a second CTS or FIN for it is an error
@@ -227,7 +227,7 @@ RequestSlot* Messages::cts_target(int source, const CtsHeader& header, std::uint
 
 void Messages::handle_cts(int source, std::span<const std::byte> data) {
   CtsHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short CTS header");
+  if (!decode(data, &header)) return protocol_error(source, "short CTS header");
   std::uint32_t index = 0;
   if (cts_target(source, header, &index) == nullptr) return;
   engine_.links().send_or_queue(source, Links::stream(kAmFrag, index, header.rreq, header.length));
@@ -235,7 +235,7 @@ void Messages::handle_cts(int source, std::span<const std::byte> data) {
 
 void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
   CtsHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short CTS header");
+  if (!decode(data, &header)) return protocol_error(source, "short CTS header");
   std::uint32_t index = 0;
   RequestSlot* slot = cts_target(source, header, &index);
   if (slot == nullptr) return;
@@ -248,7 +248,7 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
     return;
   }
   // FERRY_TEST_CRASH_AT=mid-pipeline: die with the receiver's direct receive posted.
-  engine_.crash_point(util::CrashPoint::kMidPipeline);
+  engine_.crashes().here(util::CrashPoint::kMidPipeline);
   Status status = peer.direct->send_direct(slot->send_buffer, header.length, -1, header.rreq,
                                            requests_.wire_id(index));
   if (!status) {
@@ -262,7 +262,7 @@ void Messages::handle_cts_direct(int source, std::span<const std::byte> data) {
 
 void Messages::handle_frag(int source, std::span<const std::byte> data) {
   FragHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short fragment header");
+  if (!decode(data, &header)) return protocol_error(source, "short fragment header");
   auto payload = data.subspan(sizeof(header));
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(header.rreq, &index);
@@ -270,7 +270,7 @@ void Messages::handle_frag(int source, std::span<const std::byte> data) {
       slot->info.source != source || header.offset > slot->expected ||
       payload.size() > slot->expected - header.offset ||
       payload.size() > slot->expected - slot->received) {
-    return engine_.protocol_error(source, "fragment outside any receive in progress");
+    return protocol_error(source, "fragment outside any receive in progress");
   }
   util::copy(slot->recv_buffer + header.offset, payload.data(), payload.size());
   slot->received += payload.size();
@@ -283,7 +283,7 @@ void Messages::handle_frag(int source, std::span<const std::byte> data) {
 
 void Messages::handle_fin(int source, std::span<const std::byte> data) {
   FinHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short FIN header");
+  if (!decode(data, &header)) return protocol_error(source, "short FIN header");
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(header.sreq, &index);
   if (slot == nullptr) {
@@ -297,7 +297,7 @@ void Messages::handle_fin(int source, std::span<const std::byte> data) {
   }
   if (slot->kind != RequestKind::kSend || !slot->rendezvous ||
       slot->state != RequestState::kActive || slot->peer != source) {
-    return engine_.protocol_error(source, "FIN for no rendezvous send");
+    return protocol_error(source, "FIN for no rendezvous send");
   }
   slot->rendezvous = false;
   engine_.complete(index, Status::ok());
@@ -305,7 +305,7 @@ void Messages::handle_fin(int source, std::span<const std::byte> data) {
 
 void Messages::handle_nack(int source, std::span<const std::byte> data) {
   NackHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short NACK header");
+  if (!decode(data, &header)) return protocol_error(source, "short NACK header");
   std::uint32_t index = 0;
   RequestSlot* slot = requests_.lookup(header.rreq, &index);
   if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||

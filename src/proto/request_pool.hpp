@@ -94,6 +94,7 @@ class RequestPool {
     // Only what a previous use can have left behind (free() reset the status and let go of the
     // device buffers' memory): the message field by field, the parts' state by part.
     RequestSlot& slot = (*this)[index];
+    if (kind == RequestKind::kSend) ++sends_;
     slot.kind = kind;
     slot.state = RequestState::kActive;
     slot.handle_alive = true;
@@ -130,6 +131,10 @@ class RequestPool {
     return chunks_[index / kChunk][index % kChunk];
   }
   [[nodiscard]] std::size_t capacity() const { return size_; }
+  // Send-like requests (sends, one-sided answers and puts) not complete yet: finalize waits for
+  // them; complete() counts each one's end.
+  [[nodiscard]] std::size_t sends() const { return sends_; }
+  void send_ended() { --sends_; }
   [[nodiscard]] bool done(std::uint32_t index) const {
     return (*this)[index].state == RequestState::kDone;
   }
@@ -184,6 +189,7 @@ class RequestPool {
   std::vector<std::unique_ptr<RequestSlot[]>> chunks_;
   std::uint32_t size_ = 0;
   std::vector<std::uint32_t> free_;
+  std::size_t sends_ = 0;
   bool retired_ = false;
   std::size_t held_after_ = 0;  // after retire(): Request handles still held
 };

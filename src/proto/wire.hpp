@@ -8,6 +8,10 @@
 
 namespace ferry::proto {
 
+// A message from `source` that breaks the protocol: logged (the first few only, so that a
+// hostile peer cannot flood stderr) and dropped by the caller.
+void protocol_error(int source, const char* what);
+
 enum AmId : std::uint8_t {
   kAmEager = 1,   // EagerHeader + the whole message
   kAmRts = 2,     // RtsHeader: a large message is ready at `address` in the sender

@@ -28,4 +28,26 @@ inline void crash_point(const Config& config, int rank, CrashPoint point) {
   }
 }
 
+// The point this rank dies at, read once (for the points on the data path, where a lookup per
+// message would cost).
+class CrashPoints {
+ public:
+  CrashPoints() = default;
+  CrashPoints(const Config& config, int rank)
+      : point_(config.get_int(Var::kTestCrashRank) == rank
+                   ? static_cast<CrashPoint>(config.get_int(Var::kTestCrashAt))
+                   : CrashPoint::kNone) {}
+  // Whether this rank dies at `point`.
+  [[nodiscard]] bool at(CrashPoint point) const {
+    return point != CrashPoint::kNone && point == point_;
+  }
+  // Dies here if this rank dies at `point`.
+  void here(CrashPoint point) const {
+    if (at(point)) ::kill(::getpid(), SIGKILL);
+  }
+
+ private:
+  CrashPoint point_ = CrashPoint::kNone;
+};
+
 }  // namespace ferry::util

@@ -129,7 +129,7 @@ Status NativeAccess::revoke(std::uint64_t id) {
 
 void NativeAccess::on_ask(int source, std::span<const std::byte> data) {
   NativeAskHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short NATIVE_ASK header");
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_ASK header");
   NativeGrantHeader grant{header.region, header.secret, 0, 0, 0, kRmaOk, 0};
   const Region* region = regions_.find(header.region);
   Registration* registration = nullptr;
@@ -156,11 +156,11 @@ void NativeAccess::on_ask(int source, std::span<const std::byte> data) {
 
 void NativeAccess::on_grant(int source, std::span<const std::byte> data) {
   NativeGrantHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short NATIVE_GRANT header");
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_GRANT header");
   auto entry = grants_.find({source, header.region});
   if (entry == grants_.end() || entry->second.state != Grant::State::kAsked ||
       entry->second.secret != header.secret) {
-    return engine_.protocol_error(source, "NATIVE_GRANT for no region asked about");
+    return protocol_error(source, "NATIVE_GRANT for no region asked about");
   }
   Grant& grant = entry->second;
   if (header.code != kRmaOk) {
@@ -178,7 +178,7 @@ void NativeAccess::on_grant(int source, std::span<const std::byte> data) {
 
 void NativeAccess::on_revoke(int source, std::span<const std::byte> data) {
   NativeRevokeHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short NATIVE_REVOKE header");
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_REVOKE header");
   auto entry = grants_.find({source, header.region});
   if (entry != grants_.end()) {
     entry->second.state = Grant::State::kRevoked;
@@ -190,10 +190,10 @@ void NativeAccess::on_revoke(int source, std::span<const std::byte> data) {
 
 void NativeAccess::on_revoked(int source, std::span<const std::byte> data) {
   NativeRevokeHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short NATIVE_REVOKED header");
+  if (!decode(data, &header)) return protocol_error(source, "short NATIVE_REVOKED header");
   auto waiting = revoking_.find(header.region);
   if (waiting == revoking_.end()) {
-    return engine_.protocol_error(source, "NATIVE_REVOKED for no region being deregistered");
+    return protocol_error(source, "NATIVE_REVOKED for no region being deregistered");
   }
   std::erase(waiting->second, source);
 }

@@ -63,7 +63,7 @@ bool OneSided::atomic_again(AtomicOp op, std::size_t width, int rank, std::uint6
                             std::uint64_t secret, std::size_t key_size, std::uint64_t offset,
                             std::uint64_t operand, void* result, std::uint64_t compare) {
   if ((width != 4 && width != 8) || offset % width != 0 || static_cast<std::uint8_t>(op) > 5 ||
-      (result != nullptr && (engine_.device_of(result) >= 0))) {
+      (result != nullptr && (cuda::Cuda::device_of(engine_.cuda(), result) >= 0))) {
     return false;
   }
   std::byte* word =
@@ -138,7 +138,6 @@ std::uint32_t OneSided::request(RequestKind kind, Rma rma, const RmaTarget& targ
   slot.rma.kind = rma;
   slot.peer = target.rank;
   slot.size = bytes;
-  if (kind == RequestKind::kSend) engine_.count_send();
   const char* what = rma == Rma::kPut ? "put" : rma == Rma::kGet ? "get" : "atomic";
   if (target.rank < 0 || target.rank >= engine_.size()) {
     *early = Status(Code::kInvalidArgument, std::string(what) + ": the key names rank " +
@@ -228,7 +227,7 @@ Status OneSided::bounce(RequestSlot& slot, const void* local, std::size_t bytes,
 }
 
 Request OneSided::iput(const void* local, std::size_t bytes, const RmaTarget& target) {
-  const int local_gpu = bytes > 0 ? engine_.device_of(local) : -1;
+  const int local_gpu = bytes > 0 ? cuda::Cuda::device_of(engine_.cuda(), local) : -1;
   const bool local_device = local_gpu >= 0;
   if (std::byte* destination = peers_direct_.now(target, local, bytes, local_device, true)) {
     util::copy_large(destination, local, bytes);
@@ -268,7 +267,7 @@ Request OneSided::iput(const void* local, std::size_t bytes, const RmaTarget& ta
 }
 
 Request OneSided::iget(void* local, std::size_t bytes, const RmaTarget& target) {
-  const int local_gpu = bytes > 0 ? engine_.device_of(local) : -1;
+  const int local_gpu = bytes > 0 ? cuda::Cuda::device_of(engine_.cuda(), local) : -1;
   const bool local_device = local_gpu >= 0;
   if (const std::byte* source = peers_direct_.now(target, local, bytes, local_device, false)) {
     util::copy(local, source, bytes);
@@ -302,7 +301,8 @@ Request OneSided::iget(void* local, std::size_t bytes, const RmaTarget& target) 
 Request OneSided::iatomic(AtomicOp op, std::size_t width, const RmaTarget& target,
                           std::uint64_t operand, void* result, std::uint64_t compare) {
   // The result is stored by the CPU: it must be host memory (checked where CUDA is loaded).
-  const bool result_device = result != nullptr && (engine_.device_of(result) >= 0);
+  const bool result_device =
+      result != nullptr && (cuda::Cuda::device_of(engine_.cuda(), result) >= 0);
   if ((width == 4 || width == 8) && target.offset % width == 0 &&
       static_cast<std::uint8_t>(op) <= 5 && !result_device) {
     std::byte* word = peers_direct_.now(target, &operand, width, false, true);
@@ -396,11 +396,11 @@ Status OneSided::flush(int rank) {
 
 void OneSided::on_acks(int source, std::span<const std::byte> data) {
   RmaAcksHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short RMA_ACKS header");
+  if (!decode(data, &header)) return protocol_error(source, "short RMA_ACKS header");
   const auto acks = data.subspan(sizeof(header));
   if (header.count == 0 || header.count > kMaxAcksPerMessage ||
       acks.size() != std::size_t{header.count} * sizeof(RmaAckHeader)) {
-    return engine_.protocol_error(source, "RMA_ACKS whose count does not match its length");
+    return protocol_error(source, "RMA_ACKS whose count does not match its length");
   }
   for (std::size_t i = 0; i < header.count && !engine_.links().link(source).failed; ++i) {
     on_ack(source, acks.subspan(i * sizeof(RmaAckHeader), sizeof(RmaAckHeader)));
@@ -409,7 +409,7 @@ void OneSided::on_acks(int source, std::span<const std::byte> data) {
 
 void OneSided::on_ack(int source, std::span<const std::byte> data) {
   RmaAckHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short RMA_ACK header");
+  if (!decode(data, &header)) return protocol_error(source, "short RMA_ACK header");
   std::uint32_t index = 0;
   RequestSlot* slot = engine_.requests().lookup(header.id, &index);
   if (slot == nullptr || slot->state != RequestState::kActive || slot->peer != source ||
@@ -427,7 +427,7 @@ void OneSided::on_ack(int source, std::span<const std::byte> data) {
   switch (slot->rma.kind) {
     case Rma::kPut:
       if (header.value > slot->size - slot->received) {
-        return engine_.protocol_error(source, "RMA_ACK for more bytes than the put has");
+        return protocol_error(source, "RMA_ACK for more bytes than the put has");
       }
       slot->received += header.value;
       if (slot->received == slot->size) engine_.complete(index, Status::ok());
@@ -436,7 +436,7 @@ void OneSided::on_ack(int source, std::span<const std::byte> data) {
       store_result(slot->rma.result, slot->rma.width, header.value);
       return engine_.complete(index, Status::ok());
     default:  // a get is answered by fragments; an acknowledgement with code 0 is not expected
-      return engine_.protocol_error(source, "RMA_ACK without a refusal for a get");
+      return protocol_error(source, "RMA_ACK without a refusal for a get");
   }
 }
 

@@ -66,7 +66,7 @@ int OneSided::send_acks() {
 
 void OneSided::on_put(int source, std::span<const std::byte> data) {
   PutHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short PUT header");
+  if (!decode(data, &header)) return protocol_error(source, "short PUT header");
   auto payload = data.subspan(sizeof(header));
   std::uint32_t refusal = kRmaOk;
   bool device = false;
@@ -97,7 +97,7 @@ void OneSided::on_put(int source, std::span<const std::byte> data) {
 
 void OneSided::on_get(int source, std::span<const std::byte> data) {
   GetHeader header;
-  if (!decode(data, &header)) return engine_.protocol_error(source, "short GET header");
+  if (!decode(data, &header)) return protocol_error(source, "short GET header");
   std::uint32_t refusal = kRmaOk;
   bool device = false;
   std::byte* base = regions_.check(header.region, header.secret, header.offset, header.length,
@@ -133,14 +133,13 @@ void OneSided::on_get(int source, std::span<const std::byte> data) {
     slot.send_buffer = slot.gpu.host_copy.data();
   }
   slot.size = header.length;
-  engine_.count_send();
   engine_.links().send_or_queue(source, Links::stream(kAmFrag, index, header.id, header.length));
 }
 
 void OneSided::on_atomic(int source, std::span<const std::byte> data) {
   AtomicHeader header;
   if (!decode(data, &header) || data.size() != sizeof(header) + 16) {
-    return engine_.protocol_error(source, "ATOMIC of the wrong size");
+    return protocol_error(source, "ATOMIC of the wrong size");
   }
   std::uint64_t operand = 0;
   std::uint64_t compare = 0;
