@@ -40,43 +40,43 @@ TEST_F(OfiHmem, WithoutFiHmemDeviceDataIsStagedWithoutTrying) {
   if (transport->hmem().find("FI_HMEM offered") != std::string::npos) {
     GTEST_SKIP() << "this libfabric's tcp offers FI_HMEM";
   }
-  EXPECT_FALSE(transport->device_direct(0, buffer_.data(), buffer_.size()));
-  EXPECT_NE(transport->device_route().find("no FI_HMEM"), std::string::npos)
-      << transport->device_route();
+  EXPECT_FALSE(transport->directs().device_direct(0, buffer_.data(), buffer_.size()));
+  EXPECT_NE(transport->directs().device_route().find("no FI_HMEM"), std::string::npos)
+      << transport->directs().device_route();
 }
 
 TEST_F(OfiHmem, TheProvidersRefusalIsTheVerdictAndItIsKept) {
   // Told that FI_HMEM is there, ferry registers for real and the provider refuses.
   auto transport = open({{"FERRY_TEST_OFI_HMEM", "assume"}});
   ASSERT_TRUE(transport);
-  EXPECT_NE(transport->device_route().find("not tried yet"), std::string::npos)
-      << transport->device_route();
-  EXPECT_FALSE(transport->device_direct(0, buffer_.data(), buffer_.size()));
-  const std::string route = transport->device_route();
+  EXPECT_NE(transport->directs().device_route().find("not tried yet"), std::string::npos)
+      << transport->directs().device_route();
+  EXPECT_FALSE(transport->directs().device_direct(0, buffer_.data(), buffer_.size()));
+  const std::string route = transport->directs().device_route();
   EXPECT_NE(route.find("registering cuda:0 memory with the NIC failed ("), std::string::npos)
       << route;
   EXPECT_NE(route.find("staged through pinned host memory"), std::string::npos) << route;
   // Kept: asked again, the same answer; another GPU is tried on its own.
-  EXPECT_FALSE(transport->device_direct(0, buffer_.data(), buffer_.size()));
-  EXPECT_FALSE(transport->device_direct(1, buffer_.data(), buffer_.size()));
-  EXPECT_NE(transport->device_route().find("cuda:1"), std::string::npos);
+  EXPECT_FALSE(transport->directs().device_direct(0, buffer_.data(), buffer_.size()));
+  EXPECT_FALSE(transport->directs().device_direct(1, buffer_.data(), buffer_.size()));
+  EXPECT_NE(transport->directs().device_route().find("cuda:1"), std::string::npos);
 }
 
 TEST_F(OfiHmem, InjectedRefusalLooksLikeANicThatCannotMapGpuMemory) {
   auto transport = open({{"FERRY_TEST_OFI_HMEM", "fail"}});
   ASSERT_TRUE(transport);
-  EXPECT_FALSE(transport->device_direct(0, buffer_.data(), buffer_.size()));
-  EXPECT_NE(transport->device_route().find("(-22)"), std::string::npos)
-      << transport->device_route();
+  EXPECT_FALSE(transport->directs().device_direct(0, buffer_.data(), buffer_.size()));
+  EXPECT_NE(transport->directs().device_route().find("(-22)"), std::string::npos)
+      << transport->directs().device_route();
 }
 
 TEST_F(OfiHmem, OffMeansStagedWhateverTheProviderOffers) {
   auto transport = open({{"FERRY_OFI_HMEM", "off"}, {"FERRY_TEST_OFI_HMEM", "assume"}});
   ASSERT_TRUE(transport);
-  EXPECT_FALSE(transport->device_direct(0, buffer_.data(), buffer_.size()));
-  EXPECT_NE(transport->device_route().find("FERRY_OFI_HMEM=off"), std::string::npos)
-      << transport->device_route();
-  EXPECT_EQ(transport->device_route().find("cuda:0"), std::string::npos);
+  EXPECT_FALSE(transport->directs().device_direct(0, buffer_.data(), buffer_.size()));
+  EXPECT_NE(transport->directs().device_route().find("FERRY_OFI_HMEM=off"), std::string::npos)
+      << transport->directs().device_route();
+  EXPECT_EQ(transport->directs().device_route().find("cuda:0"), std::string::npos);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ inline constexpr std::uint32_t kSends = 64;     // bounce buffers for sends larg
 inline constexpr int kSendsPerPeer = 16;  // in flight to one peer: a dead one cannot hold them all
 inline constexpr std::uint8_t kKeepaliveId = 0xff;  // handled here, never delivered
 
-struct OfiTransport::Op {
+struct Op {
   fi_context2 context;  // first: providers that ask for FI_CONTEXT(2) use it
   bool send = false;
   bool direct = false;  // a tagged transfer of a caller's buffer (else an active message)

@@ -28,8 +28,8 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       fail_at_(config.get_string(util::Var::kTestOfiFailAt)),
       keepalive_s_(config.get_seconds(util::Var::kKeepalive)),
       silence_s_(config.get_seconds(util::Var::kKeepaliveTimeout)),
-      test_remote_(config.get_bool(util::Var::kTestOfiRemote)),
-      test_read_fail_(config.get_bool(util::Var::kTestOfiReadFail)) {
+      directs_(*this, config),
+      test_remote_(config.get_bool(util::Var::kTestOfiRemote)) {
   if (silence_s_ > 0 && (keepalive_s_ == 0 || silence_s_ < 2 * keepalive_s_)) {
     throw Error(Code::kInvalidArgument,
                 "FERRY_KEEPALIVE_TIMEOUT needs keepalives at least twice as often "
@@ -319,7 +319,7 @@ void OfiTransport::open_cache(const util::Config& config) {
       entries, config.get_size(util::Var::kOfiMrCacheSize),
       [this](void* base, std::size_t length, std::uint64_t access, void** handle) {
         fid_mr* mr = nullptr;
-        const int error = register_memory(base, length, access, -1, &mr);
+        const int error = directs_.register_memory(base, length, access, -1, &mr);
         *handle = mr;
         return error;
       },

@@ -48,6 +48,17 @@ void OfiTransport::post_receive(std::uint32_t index) {
   }
 }
 
+std::string OfiTransport::rma() const {
+  if (!rma_) return "tagged rendezvous (" + rma_why_ + ")";
+  return std::string("fi_read rendezvous; ") +
+         (native_ ? "puts and gets by fi_write/fi_read" : "puts and gets by messages") + "; " +
+         cache_->describe();
+}
+
+void OfiTransport::release_region(void* handle) {
+  if (handle != nullptr) fi_close(&static_cast<fid_mr*>(handle)->fid);
+}
+
 Reachability OfiTransport::reach(const PeerInfo& peer) const {
   if (peer.address.empty())
     return {false, "rank " + std::to_string(peer.rank) + " has no ofi address"};
@@ -86,33 +97,35 @@ class OfiEndpoint final : public Endpoint,
 
   Status send_direct(const void* buffer, std::size_t length, int device, std::uint64_t key,
                      std::uint64_t cookie) override {
-    return transport_->start_direct(true, peer_, const_cast<void*>(buffer), length, device, key,
-                                    cookie);
+    return transport_->directs().start(true, peer_, const_cast<void*>(buffer), length, device, key,
+                                       cookie);
   }
   Status recv_direct(void* buffer, std::size_t length, int device, std::uint64_t key,
                      std::uint64_t cookie) override {
-    return transport_->start_direct(false, peer_, buffer, length, device, key, cookie);
+    return transport_->directs().start(false, peer_, buffer, length, device, key, cookie);
   }
-  void cancel_direct(std::uint64_t cookie) override { transport_->cancel_direct(cookie); }
+  void cancel_direct(std::uint64_t cookie) override { transport_->directs().cancel(cookie); }
   bool device_direct(int device, const void* buffer, std::size_t length) override {
-    return transport_->device_direct(device, buffer, length);
+    return transport_->directs().device_direct(device, buffer, length);
   }
-  [[nodiscard]] std::string device_route() const override { return transport_->device_route(); }
+  [[nodiscard]] std::string device_route() const override {
+    return transport_->directs().device_route();
+  }
 
   Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
                 RemoteRegion* region) override {
-    return transport_->expose(buffer, length, cookie, region);
+    return transport_->directs().expose(buffer, length, cookie, region);
   }
   void unexpose(std::uint64_t cookie, bool revoke) override {
-    transport_->unexpose(cookie, revoke);
+    transport_->directs().unexpose(cookie, revoke);
   }
   Status read_direct(void* buffer, std::size_t length, RemoteRegion region,
                      std::uint64_t cookie) override {
-    return transport_->start_read(peer_, buffer, length, region, cookie);
+    return transport_->directs().start_read(peer_, buffer, length, region, cookie);
   }
   Status write_direct(const void* buffer, std::size_t length, RemoteRegion region,
                       std::uint64_t cookie) override {
-    return transport_->start_write(peer_, buffer, length, region, cookie);
+    return transport_->directs().start_write(peer_, buffer, length, region, cookie);
   }
 
   [[nodiscard]] std::string describe() const override {
@@ -297,22 +310,6 @@ void OfiTransport::peer_failed(int peer, const std::string& why) {
   // the peer's direct transfers when it reports the failure.
 }
 
-void OfiTransport::orphan_directs(int peer, const std::string& why) {
-  // A provider may never complete a send to a dead peer (tcp;ofi_rxm keeps it queued): its
-  // direct transfers end now for the caller. The Op stays until the provider lets go of it.
-  std::vector<std::uint64_t> cookies;
-  for (auto& [cookie, op] : directs_) {
-    if (op->peer == peer && !op->orphaned) cookies.push_back(cookie);
-  }
-  for (std::uint64_t cookie : cookies) {
-    Op* op = directs_[cookie].get();
-    fi_cancel(&ep_->fid, &op->context);
-    std::erase(direct_retries_, op);
-    op->orphaned = true;
-    handler_->on_direct(cookie, Status(Code::kPeerFailed, why));
-  }
-}
-
 void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed) {
   std::vector<pollfd> fds;
   std::vector<int> watched;
@@ -366,7 +363,7 @@ void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
     if (state.failed && !state.reported) {
       state.reported = true;
       failed->emplace_back(static_cast<int>(i), state.why);
-      orphan_directs(static_cast<int>(i), state.why);
+      directs_.orphan(static_cast<int>(i), state.why);
     }
   }
 }
@@ -404,28 +401,7 @@ void OfiTransport::retry_deferred() {
     again.swap(reposts_);
     for (std::uint32_t index : again) post_receive(index);
   }
-  if (!failed_reads_.empty()) {
-    std::vector<Op*> failed;
-    failed.swap(failed_reads_);
-    for (Op* op : failed) {
-      finish_direct(
-          op, Status(Code::kIoError, "ofi: direct read from rank " + std::to_string(op->peer) +
-                                         " failed (FERRY_TEST_OFI_READ_FAIL)"));
-    }
-  }
-  if (!direct_retries_.empty()) {
-    std::vector<Op*> again;
-    again.swap(direct_retries_);
-    for (std::size_t i = 0; i < again.size(); ++i) {
-      Status status;
-      if (!post_direct(*again[i], &status)) {
-        direct_retries_.insert(direct_retries_.end(), again.begin() + static_cast<long>(i),
-                               again.end());
-        break;
-      }
-      if (!status) finish_direct(again[i], std::move(status));
-    }
-  }
+  directs_.retry();
 }
 
 void OfiTransport::on_completion_error(const fi_cq_err_entry& error) {
@@ -433,7 +409,7 @@ void OfiTransport::on_completion_error(const fi_cq_err_entry& error) {
   if (op == nullptr) return;
   if (op->direct) {
     const bool canceled = error.err == FI_ECANCELED;
-    finish_direct(
+    directs_.finish(
         op, Status(canceled ? Code::kCanceled : Code::kIoError,
                    std::string("ofi: direct ") +
                        (op->read    ? "read from"
@@ -486,12 +462,13 @@ int OfiTransport::progress() {
     for (ssize_t i = 0; i < n; ++i) {
       auto* op = static_cast<Op*>(entries[i].op_context);
       if (op->direct) {
-        finish_direct(op, op->send || op->read || op->write || entries[i].len == op->length
-                              ? Status::ok()
-                              : Status(Code::kProtocolError,
-                                       "ofi: direct receive from rank " + std::to_string(op->peer) +
-                                           " got " + std::to_string(entries[i].len) + " of " +
-                                           std::to_string(op->length) + " bytes"));
+        directs_.finish(
+            op, op->send || op->read || op->write || entries[i].len == op->length
+                    ? Status::ok()
+                    : Status(Code::kProtocolError, "ofi: direct receive from rank " +
+                                                       std::to_string(op->peer) + " got " +
+                                                       std::to_string(entries[i].len) + " of " +
+                                                       std::to_string(op->length) + " bytes"));
         continue;
       }
       if (op->send) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mem/registration_cache.hpp"
+#include "transport/ofi/directs.hpp"
 #include "transport/ofi/handles.hpp"
 #include "transport/ofi/wire.hpp"
 #include "transport/transport.hpp"
@@ -73,33 +74,25 @@ class OfiTransport final : public Transport {
   [[nodiscard]] bool over_tcp_sockets() const { return passthru() || protocol_ == FI_PROTO_XNET; }
   [[nodiscard]] bool has_native_rma() const { return native_; }
   Status register_region(void* buffer, std::size_t length, std::uint64_t key, bool writable,
-                         Endpoint::RemoteRegion* region, void** handle) override;
+                         Endpoint::RemoteRegion* region, void** handle) override {
+    return directs_.register_region(buffer, length, key, writable, region, handle);
+  }
   void release_region(void* handle) override;
   [[nodiscard]] const mem::RegistrationCache::Stats& registrations() const {
     return cache_->stats();
   }
-  // DirectTransfers::device_direct and device_route, for every peer at once: the NIC is the same.
-  bool device_direct(int device, const void* buffer, std::size_t length);
-  [[nodiscard]] std::string device_route() const;
+  // Direct transfers, one-sided reads and writes, and the GPU verdicts (for every peer at once:
+  // the NIC is the same).
+  [[nodiscard]] Directs& directs() { return directs_; }
 
   // Used by endpoints.
   // `confirm`: from a bounce buffer (never fi_inject) with FI_DELIVERY_COMPLETE where the
   // provider takes it, as delivered()'s last keepalive.
   Status send(int peer, fi_addr_t address, std::uint8_t id, std::span<const std::byte> header,
               std::span<const std::byte> payload, bool confirm = false);
-  Status start_direct(bool send, int peer, void* buffer, std::size_t length, int device,
-                      std::uint64_t key, std::uint64_t cookie);
-  void cancel_direct(std::uint64_t cookie);
-  Status expose(const void* buffer, std::size_t length, std::uint64_t cookie,
-                Endpoint::RemoteRegion* region);
-  void unexpose(std::uint64_t cookie, bool revoke);
-  Status start_read(int peer, void* buffer, std::size_t length, Endpoint::RemoteRegion region,
-                    std::uint64_t cookie);
-  Status start_write(int peer, const void* buffer, std::size_t length,
-                     Endpoint::RemoteRegion region, std::uint64_t cookie);
 
  private:
-  struct Op;
+  friend class Directs;  // a part of the transport: it posts on the endpoint, reports to handler_
   // Opening, step by step (open.cpp); each throws ferry::Error naming its step.
   void choose_provider(const util::Config& config, bool want_passthru);
   static const fi_info* pick_offer(const fi_info* list, const std::string& allowed,
@@ -133,34 +126,14 @@ class OfiTransport final : public Transport {
   void post_receive(std::uint32_t buffer);
   void handle_receive(std::uint32_t buffer, std::size_t length);
   // progress()'s parts: posts what the provider had no room for before (receives, direct
-  // transfers) and fails the reads FERRY_TEST_OFI_READ_FAIL marked; and a completion that
-  // ended in error (a direct transfer fails, a failed send fails its peer, a receive is posted
-  // again).
+  // transfers: Directs::retry); and a completion that ended in error (a direct transfer fails,
+  // a failed send fails its peer, a receive is posted again).
   void retry_deferred();
   void on_completion_error(const fi_cq_err_entry& error);
-  // A direct transfer's Op for `peer` (refused when the peer failed or the cookie is in use),
-  // then handed to the provider by launch_direct (which undoes it on failure).
-  Status new_direct(int peer, void* data, std::size_t length, std::uint64_t cookie,
-                    std::unique_ptr<Op>* op);
-  Status launch_direct(std::unique_ptr<Op> op);
-  // Lets go of an Op's registration of its local buffer (its own, or the cache's).
-  void release_local(Op& op);
-  // Posts a direct transfer; false when the provider said -FI_EAGAIN (retried by progress).
-  bool post_direct(Op& op, Status* status);
-  void finish_direct(Op* op, Status status);
   void deliver(const Wire& wire, const std::byte* body);
   // Records the failure (reported by check_peers); never calls back into the engine.
   void peer_failed(int peer, const std::string& why);
-  void orphan_directs(int peer, const std::string& why);
   void keepalive();
-  // Registers `length` bytes at `data` (host memory, or GPU `device`'s) for `access` under
-  // `key` (0: the next of ours; ignored where the provider chooses); 0 or a negative fi_errno.
-  // FERRY_TEST_OFI_HMEM=fail makes GPU memory fail here.
-  int register_memory(void* data, std::size_t length, std::uint64_t access, int device, fid_mr** mr,
-                      std::uint64_t key = 0);
-  // A one-sided read or write of the peer's memory (rendezvous, or a native put or get).
-  Status start_rma(bool write, int peer, void* buffer, std::size_t length,
-                   Endpoint::RemoteRegion region, std::uint64_t cookie);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
   [[nodiscard]] std::string error_text(int code) const;
 
@@ -183,21 +156,14 @@ class OfiTransport final : public Transport {
   Capabilities capabilities_;
   std::string provider_;
   std::string hmem_ = "FI_HMEM not probed";
-  bool hmem_offered_ = false;  // FI_HMEM requested and granted (or assumed by the test knob)
-  bool hmem_fail_ = false;     // FERRY_TEST_OFI_HMEM=fail
-  struct GpuVerdict {
-    bool direct = false;
-    std::string why;
-  };
-  std::map<int, GpuVerdict> gpus_;  // by device ordinal, from the first device_direct()
-  bool rma_ = false;                // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA not off)
-  std::string rma_why_;             // why not, when not
-  std::uint32_t protocol_ = 0;      // the endpoint's wire protocol, published with its address
-  bool native_ = false;             // native puts and gets (FERRY_OFI_RMA=auto or native)
-  std::string native_why_;          // why not, when not
-  std::uint64_t next_key_ = 1;      // requested keys, unique in the domain (no FI_MR_PROV_KEY)
-  std::unique_ptr<mem::RegistrationCache> cache_;                              // host registrations
-  std::unordered_map<std::uint64_t, mem::RegistrationCache::Entry*> exposed_;  // by cookie
+  bool hmem_offered_ = false;   // FI_HMEM requested and granted (or assumed by the test knob)
+  bool hmem_fail_ = false;      // FERRY_TEST_OFI_HMEM=fail
+  bool rma_ = false;            // fi_read rendezvous (FI_RMA granted, FERRY_OFI_RMA not off)
+  std::string rma_why_;         // why not, when not
+  std::uint32_t protocol_ = 0;  // the endpoint's wire protocol, published with its address
+  bool native_ = false;         // native puts and gets (FERRY_OFI_RMA=auto or native)
+  std::string native_why_;      // why not, when not
+  std::unique_ptr<mem::RegistrationCache> cache_;  // host registrations
   std::vector<std::byte> address_;
   void* desc_ = nullptr;  // the bounce buffers' registration, where the provider wants one
   std::size_t inject_size_ = 0;
@@ -205,15 +171,12 @@ class OfiTransport final : public Transport {
   std::unique_ptr<Op[]> ops_;
   std::vector<std::uint32_t> free_sends_;
   std::vector<std::uint32_t> reposts_;  // receives the provider had no room for
-  std::unordered_map<std::uint64_t, std::unique_ptr<Op>> directs_;  // by cookie, in flight
-  std::vector<Op*> direct_retries_;  // direct transfers the provider had no room for
-  std::vector<Op*> failed_reads_;    // FERRY_TEST_OFI_READ_FAIL: reads that fail at progress
+  Directs directs_;
   std::vector<PeerState> peers_;
   std::size_t malformed_ = 0;
   double keepalive_s_ = 0;
-  double silence_s_ = 0;         // FERRY_KEEPALIVE_TIMEOUT (0: silence is not failure)
-  bool test_remote_ = false;     // FERRY_TEST_OFI_REMOTE
-  bool test_read_fail_ = false;  // FERRY_TEST_OFI_READ_FAIL
+  double silence_s_ = 0;      // FERRY_KEEPALIVE_TIMEOUT (0: silence is not failure)
+  bool test_remote_ = false;  // FERRY_TEST_OFI_REMOTE
   std::array<char, 64> node_{};
   std::chrono::steady_clock::time_point next_keepalive_{};
   std::uint32_t polls_ = 0;

@@ -1,5 +1,6 @@
-// The ofi transport's direct transfers (see transport.hpp): tagged sends and receives of a
-// caller's buffer, one-sided reads and writes, and the memory registrations they need.
+// The ofi transport's direct transfers (see directs.hpp).
+#include "transport/ofi/directs.hpp"
+
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
@@ -13,19 +14,24 @@
 
 namespace ferry::transport::ofi {
 
-int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t access, int device,
-                                  fid_mr** mr, std::uint64_t key) {
+Directs::Directs(OfiTransport& transport, const util::Config& config)
+    : t_(transport), test_read_fail_(config.get_bool(util::Var::kTestOfiReadFail)) {}
+
+Directs::~Directs() = default;
+
+int Directs::register_memory(void* data, std::size_t length, std::uint64_t access, int device,
+                             fid_mr** mr, std::uint64_t key) {
   *mr = nullptr;
   int ret = 0;
   // Without FI_MR_PROV_KEY the keys are ours to choose, and must differ within the domain.
-  if ((info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0) {
+  if ((t_.info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0) {
     key = 0;
   } else if (key == 0) {
     key = next_key_++;
   }
   if (device < 0) {
-    ret = fi_mr_reg(domain_, data, length, access, 0, key, 0, mr, nullptr);
-  } else if (hmem_fail_) {
+    ret = fi_mr_reg(t_.domain_, data, length, access, 0, key, 0, mr, nullptr);
+  } else if (t_.hmem_fail_) {
     return -FI_EINVAL;  // what a NIC that cannot map GPU memory answers
   } else {
     iovec iov{data, length};
@@ -36,10 +42,10 @@ int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t 
     attr.iface = FI_HMEM_CUDA;
     attr.device.cuda = device;
     attr.requested_key = key;
-    ret = fi_mr_regattr(domain_, &attr, 0, mr);
+    ret = fi_mr_regattr(t_.domain_, &attr, 0, mr);
   }
-  if (ret == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
-    ret = fi_mr_bind(*mr, &ep_->fid, 0);
+  if (ret == 0 && (t_.info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
+    ret = fi_mr_bind(*mr, &t_.ep_->fid, 0);
     if (ret == 0) ret = fi_mr_enable(*mr);
   }
   if (ret != 0 && *mr != nullptr) {
@@ -49,8 +55,8 @@ int OfiTransport::register_memory(void* data, std::size_t length, std::uint64_t 
   return ret;
 }
 
-bool OfiTransport::device_direct(int device, const void* buffer, std::size_t length) {
-  if (!hmem_offered_ || device < 0) return false;
+bool Directs::device_direct(int device, const void* buffer, std::size_t length) {
+  if (!t_.hmem_offered_ || device < 0) return false;
   if (auto found = gpus_.find(device); found != gpus_.end()) return found->second.direct;
   // The provider's word is not enough (a NIC may offer FI_HMEM and still fail to map a GPU's
   // memory): register this buffer for real, once per GPU.
@@ -65,16 +71,16 @@ bool OfiTransport::device_direct(int device, const void* buffer, std::size_t len
     FERRY_LOG(kInfo, "ofi: %s", verdict.why.c_str());
   } else {
     verdict = GpuVerdict{
-        false, "registering " + gpu + " memory with the NIC failed (" + error_text(ret) + ")"};
+        false, "registering " + gpu + " memory with the NIC failed (" + t_.error_text(ret) + ")"};
     FERRY_LOG(kWarn, "ofi: %s; device data over ofi is staged through pinned host memory",
               verdict.why.c_str());
   }
   return verdict.direct;
 }
 
-std::string OfiTransport::device_route() const {
-  if (!hmem_offered_) return hmem_;
-  std::string out = hmem_ + "; ";
+std::string Directs::device_route() const {
+  if (!t_.hmem_offered_) return t_.hmem_;
+  std::string out = t_.hmem_ + "; ";
   if (gpus_.empty()) return out + "GPU memory not tried yet (the first device transfer tries it)";
   for (const auto& [device, verdict] : gpus_) {
     out += (device == gpus_.begin()->first ? "" : "; ") +
@@ -83,11 +89,11 @@ std::string OfiTransport::device_route() const {
   return out;
 }
 
-Status OfiTransport::new_direct(int peer, void* data, std::size_t length, std::uint64_t cookie,
-                                std::unique_ptr<Op>* op) {
-  const PeerState& state = peers_[static_cast<std::size_t>(peer)];
+Status Directs::new_op(int peer, void* data, std::size_t length, std::uint64_t cookie,
+                       std::unique_ptr<Op>* op) {
+  const OfiTransport::PeerState& state = t_.peers_[static_cast<std::size_t>(peer)];
   if (state.failed) return Status(Code::kPeerFailed, state.why);
-  if (directs_.count(cookie) != 0) {
+  if (ops_.count(cookie) != 0) {
     return Status(Code::kInternal, "ofi: a direct transfer with that cookie is in flight");
   }
   *op = std::make_unique<Op>();
@@ -99,17 +105,17 @@ Status OfiTransport::new_direct(int peer, void* data, std::size_t length, std::u
   return Status::ok();
 }
 
-void OfiTransport::release_local(Op& op) {
+void Directs::release_local(Op& op) {
   if (op.mr != nullptr) fi_close(&op.mr->fid);
-  if (op.entry != nullptr) cache_->release(op.entry, false);
+  if (op.entry != nullptr) t_.cache_->release(op.entry, false);
   op.mr = nullptr;
   op.entry = nullptr;
 }
 
-Status OfiTransport::launch_direct(std::unique_ptr<Op> op) {
+Status Directs::launch(std::unique_ptr<Op> op) {
   Op* raw = op.get();
   const std::uint64_t cookie = raw->cookie;
-  directs_.emplace(cookie, std::move(op));
+  ops_.emplace(cookie, std::move(op));
   if (raw->read && test_read_fail_) {
     // Fails at the next progress, as a provider's error completion would. (A read of a key the
     // peer never registered would do it for real, but tcp;ofi_rxm then drops the connection
@@ -118,27 +124,27 @@ Status OfiTransport::launch_direct(std::unique_ptr<Op> op) {
     return Status::ok();
   }
   Status status;
-  if (!post_direct(*raw, &status)) direct_retries_.push_back(raw);
+  if (!post(*raw, &status)) retries_.push_back(raw);
   if (!status) {
     release_local(*raw);
-    directs_.erase(cookie);
+    ops_.erase(cookie);
   }
   return status;
 }
 
-Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t length, int device,
-                                  std::uint64_t key, std::uint64_t cookie) {
+Status Directs::start(bool send, int peer, void* data, std::size_t length, int device,
+                      std::uint64_t key, std::uint64_t cookie) {
   std::unique_ptr<Op> op;
-  if (Status status = new_direct(peer, data, length, cookie, &op); !status) return status;
+  if (Status status = new_op(peer, data, length, cookie, &op); !status) return status;
   op->send = send;
   op->key = key;
   // GPU memory is always registered (with its interface); host memory where the provider asks.
-  if (length > 0 && (device >= 0 || (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0)) {
+  if (length > 0 && (device >= 0 || (t_.info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0)) {
     const int ret = register_memory(data, length, send ? FI_SEND : FI_RECV, device, &op->mr);
     if (ret != 0) {
       std::string why = "ofi: registering a " + std::to_string(length) + "-byte " +
                         (device >= 0 ? "cuda:" + std::to_string(device) + " " : "host ") +
-                        "buffer failed: " + error_text(ret);
+                        "buffer failed: " + t_.error_text(ret);
       if (device >= 0) {
         // Later transfers of this GPU's memory are staged.
         gpus_[device] = GpuVerdict{false, why};
@@ -148,29 +154,22 @@ Status OfiTransport::start_direct(bool send, int peer, void* data, std::size_t l
       return Status(Code::kIoError, std::move(why));
     }
   }
-  return launch_direct(std::move(op));
+  return launch(std::move(op));
 }
 
-std::string OfiTransport::rma() const {
-  if (!rma_) return "tagged rendezvous (" + rma_why_ + ")";
-  return std::string("fi_read rendezvous; ") +
-         (native_ ? "puts and gets by fi_write/fi_read" : "puts and gets by messages") + "; " +
-         cache_->describe();
-}
-
-Status OfiTransport::register_region(void* data, std::size_t length, std::uint64_t key,
-                                     bool writable, Endpoint::RemoteRegion* region, void** handle) {
-  if (!native_) return Status(Code::kUnsupported, "ofi: " + native_why_);
+Status Directs::register_region(void* data, std::size_t length, std::uint64_t key, bool writable,
+                                Endpoint::RemoteRegion* region, void** handle) {
+  if (!t_.native_) return Status(Code::kUnsupported, "ofi: " + t_.native_why_);
   fid_mr* mr = nullptr;
   const std::uint64_t access = FI_REMOTE_READ | (writable ? FI_REMOTE_WRITE : 0);
   const int ret = register_memory(data, length, access, -1, &mr, key);
   if (ret != 0) {
     return Status(Code::kIoError,
                   "ofi: registering a " + std::to_string(length) +
-                      "-byte region for one-sided access failed: " + error_text(ret));
+                      "-byte region for one-sided access failed: " + t_.error_text(ret));
   }
   // Without FI_MR_VIRT_ADDR a remote address is an offset into the registration.
-  region->address = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0
+  region->address = (t_.info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0
                         ? reinterpret_cast<std::uint64_t>(data)
                         : 0;
   region->key = fi_mr_key(mr);
@@ -178,86 +177,82 @@ Status OfiTransport::register_region(void* data, std::size_t length, std::uint64
   return Status::ok();
 }
 
-void OfiTransport::release_region(void* handle) {
-  if (handle != nullptr) fi_close(&static_cast<fid_mr*>(handle)->fid);
-}
-
-Status OfiTransport::expose(const void* data, std::size_t length, std::uint64_t cookie,
-                            Endpoint::RemoteRegion* region) {
-  if (!rma_) return Status(Code::kUnsupported, "ofi: " + rma_why_);
+Status Directs::expose(const void* data, std::size_t length, std::uint64_t cookie,
+                       Endpoint::RemoteRegion* region) {
+  if (!t_.rma_) return Status(Code::kUnsupported, "ofi: " + t_.rma_why_);
   if (exposed_.count(cookie) != 0) {
     return Status(Code::kInternal, "ofi: a buffer with that cookie is exposed already");
   }
   int error = 0;
-  mem::RegistrationCache::Entry* entry = cache_->acquire(data, length, FI_REMOTE_READ, &error);
+  mem::RegistrationCache::Entry* entry = t_.cache_->acquire(data, length, FI_REMOTE_READ, &error);
   if (entry == nullptr) {
     return Status(Code::kIoError,
                   "ofi: registering a " + std::to_string(length) +
-                      "-byte host buffer for remote reads failed: " + error_text(error));
+                      "-byte host buffer for remote reads failed: " + t_.error_text(error));
   }
   auto* mr = static_cast<fid_mr*>(entry->handle);
   const auto address = reinterpret_cast<std::uint64_t>(data);
   // Without FI_MR_VIRT_ADDR a remote address is an offset into the registration.
   region->address =
-      (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0 ? address : address - entry->begin;
+      (t_.info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0 ? address : address - entry->begin;
   region->key = fi_mr_key(mr);
   exposed_.emplace(cookie, entry);
   return Status::ok();
 }
 
-void OfiTransport::unexpose(std::uint64_t cookie, bool revoke) {
+void Directs::unexpose(std::uint64_t cookie, bool revoke) {
   auto it = exposed_.find(cookie);
   if (it == exposed_.end()) return;
-  cache_->release(it->second, revoke);
+  t_.cache_->release(it->second, revoke);
   exposed_.erase(it);
 }
 
-Status OfiTransport::start_read(int peer, void* data, std::size_t length,
-                                Endpoint::RemoteRegion region, std::uint64_t cookie) {
-  if (!rma_) return Status(Code::kUnsupported, "ofi: " + rma_why_);
+Status Directs::start_read(int peer, void* data, std::size_t length, Endpoint::RemoteRegion region,
+                           std::uint64_t cookie) {
+  if (!t_.rma_) return Status(Code::kUnsupported, "ofi: " + t_.rma_why_);
   return start_rma(false, peer, data, length, region, cookie);
 }
 
-Status OfiTransport::start_write(int peer, const void* data, std::size_t length,
-                                 Endpoint::RemoteRegion region, std::uint64_t cookie) {
-  if (!native_) return Status(Code::kUnsupported, "ofi: " + native_why_);
+Status Directs::start_write(int peer, const void* data, std::size_t length,
+                            Endpoint::RemoteRegion region, std::uint64_t cookie) {
+  if (!t_.native_) return Status(Code::kUnsupported, "ofi: " + t_.native_why_);
   return start_rma(true, peer, const_cast<void*>(data), length, region, cookie);
 }
 
-Status OfiTransport::start_rma(bool write, int peer, void* data, std::size_t length,
-                               Endpoint::RemoteRegion region, std::uint64_t cookie) {
+Status Directs::start_rma(bool write, int peer, void* data, std::size_t length,
+                          Endpoint::RemoteRegion region, std::uint64_t cookie) {
   const char* what = write ? "write" : "read";
-  if (length > info_->ep_attr->max_msg_size) {
+  if (length > t_.info_->ep_attr->max_msg_size) {
     return Status(Code::kUnsupported, std::string("ofi: a ") + what + " of " +
                                           std::to_string(length) +
                                           " bytes exceeds the provider's largest message (" +
-                                          std::to_string(info_->ep_attr->max_msg_size) + ")");
+                                          std::to_string(t_.info_->ep_attr->max_msg_size) + ")");
   }
   std::unique_ptr<Op> op;
-  if (Status status = new_direct(peer, data, length, cookie, &op); !status) return status;
+  if (Status status = new_op(peer, data, length, cookie, &op); !status) return status;
   op->read = !write;
   op->write = write;
   op->remote = region;
-  if ((info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
+  if ((t_.info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0) {
     int error = 0;
-    op->entry = cache_->acquire(data, length, write ? FI_WRITE : FI_READ, &error);
+    op->entry = t_.cache_->acquire(data, length, write ? FI_WRITE : FI_READ, &error);
     if (op->entry == nullptr) {
       return Status(Code::kIoError,
                     "ofi: registering a " + std::to_string(length) + "-byte host buffer to " +
-                        what + (write ? " from" : " into") + " failed: " + error_text(error));
+                        what + (write ? " from" : " into") + " failed: " + t_.error_text(error));
     }
   }
-  return launch_direct(std::move(op));
+  return launch(std::move(op));
 }
 
-bool OfiTransport::post_direct(Op& op, Status* status) {
-  const PeerState& state = peers_[static_cast<std::size_t>(op.peer)];
+bool Directs::post(Op& op, Status* status) {
+  const OfiTransport::PeerState& state = t_.peers_[static_cast<std::size_t>(op.peer)];
   void* desc = op.mr != nullptr      ? fi_mr_desc(op.mr)
                : op.entry != nullptr ? fi_mr_desc(static_cast<fid_mr*>(op.entry->handle))
                                      : nullptr;
   ssize_t ret;
   if (op.read) {
-    ret = fi_read(ep_, op.data, op.length, desc, state.address, op.remote.address, op.remote.key,
+    ret = fi_read(t_.ep_, op.data, op.length, desc, state.address, op.remote.address, op.remote.key,
                   &op.context);
   } else if (op.write) {
     // Complete once the data is in the peer's memory: a put's request means that.
@@ -271,11 +266,11 @@ bool OfiTransport::post_direct(Op& op, Status* status) {
     msg.rma_iov = &remote;
     msg.rma_iov_count = 1;
     msg.context = &op.context;
-    ret = fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+    ret = fi_writemsg(t_.ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
   } else if (op.send) {
-    ret = fi_tsend(ep_, op.data, op.length, desc, state.address, op.key, &op.context);
+    ret = fi_tsend(t_.ep_, op.data, op.length, desc, state.address, op.key, &op.context);
   } else {
-    ret = fi_trecv(ep_, op.data, op.length, desc, state.address, op.key, 0, &op.context);
+    ret = fi_trecv(t_.ep_, op.data, op.length, desc, state.address, op.key, 0, &op.context);
   }
   if (ret == -FI_EAGAIN) return false;
   if (ret != 0) {
@@ -285,31 +280,69 @@ bool OfiTransport::post_direct(Op& op, Status* status) {
                                   : "fi_trecv";
     *status =
         Status(Code::kIoError, std::string("ofi: ") + call + " to rank " + std::to_string(op.peer) +
-                                   " failed: " + error_text(static_cast<int>(ret)));
+                                   " failed: " + t_.error_text(static_cast<int>(ret)));
   }
   return true;
 }
 
-void OfiTransport::finish_direct(Op* op, Status status) {
-  auto it = directs_.find(op->cookie);
-  if (it == directs_.end() || it->second.get() != op) return;
+void Directs::finish(Op* op, Status status) {
+  auto it = ops_.find(op->cookie);
+  if (it == ops_.end() || it->second.get() != op) return;
   const bool report = !op->orphaned;
   const std::uint64_t cookie = op->cookie;
   release_local(*op);
-  directs_.erase(it);
-  if (report) handler_->on_direct(cookie, std::move(status));
+  ops_.erase(it);
+  if (report) t_.handler_->on_direct(cookie, std::move(status));
 }
 
-void OfiTransport::cancel_direct(std::uint64_t cookie) {
-  auto it = directs_.find(cookie);
-  if (it == directs_.end()) return;
-  Op* op = it->second.get();
-  auto queued = std::find(direct_retries_.begin(), direct_retries_.end(), op);
-  if (queued != direct_retries_.end()) {  // never reached the provider
-    direct_retries_.erase(queued);
-    return finish_direct(op, Status(Code::kCanceled, "direct transfer canceled"));
+void Directs::retry() {
+  if (!failed_reads_.empty()) {
+    std::vector<Op*> failed;
+    failed.swap(failed_reads_);
+    for (Op* op : failed) {
+      finish(op, Status(Code::kIoError, "ofi: direct read from rank " + std::to_string(op->peer) +
+                                            " failed (FERRY_TEST_OFI_READ_FAIL)"));
+    }
   }
-  fi_cancel(&ep_->fid, &op->context);  // its completion (canceled, or done) follows
+  if (retries_.empty()) return;
+  std::vector<Op*> again;
+  again.swap(retries_);
+  for (std::size_t i = 0; i < again.size(); ++i) {
+    Status status;
+    if (!post(*again[i], &status)) {
+      retries_.insert(retries_.end(), again.begin() + static_cast<long>(i), again.end());
+      break;
+    }
+    if (!status) finish(again[i], std::move(status));
+  }
+}
+
+void Directs::orphan(int peer, const std::string& why) {
+  // A provider may never complete a send to a dead peer (tcp;ofi_rxm keeps it queued): its
+  // direct transfers end now for the caller. The Op stays until the provider lets go of it.
+  std::vector<std::uint64_t> cookies;
+  for (auto& [cookie, op] : ops_) {
+    if (op->peer == peer && !op->orphaned) cookies.push_back(cookie);
+  }
+  for (std::uint64_t cookie : cookies) {
+    Op* op = ops_[cookie].get();
+    fi_cancel(&t_.ep_->fid, &op->context);
+    std::erase(retries_, op);
+    op->orphaned = true;
+    t_.handler_->on_direct(cookie, Status(Code::kPeerFailed, why));
+  }
+}
+
+void Directs::cancel(std::uint64_t cookie) {
+  auto it = ops_.find(cookie);
+  if (it == ops_.end()) return;
+  Op* op = it->second.get();
+  auto queued = std::find(retries_.begin(), retries_.end(), op);
+  if (queued != retries_.end()) {  // never reached the provider
+    retries_.erase(queued);
+    return finish(op, Status(Code::kCanceled, "direct transfer canceled"));
+  }
+  fi_cancel(&t_.ep_->fid, &op->context);  // its completion (canceled, or done) follows
 }
 
 }  // namespace ferry::transport::ofi
