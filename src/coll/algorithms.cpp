@@ -242,10 +242,10 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
   } else if (n == 1) {
     p.copy(result, in, bytes);
   } else if (p.device() != Plan::kHost && allreduce_ == 0 &&
-             oneshot_ready(p.device(), count, type)) {
+             oneshot_->ready(p.device(), count, type)) {
     // Device buffers of members that share a node: one kernel per GPU, no messages, reducing in
     // the order of the algorithm it stands in for (so the bits are the host path's).
-    p.oneshot(result, in, count, next_oneshot(), ring);
+    p.oneshot(result, in, count, oneshot_->next(), ring);
   } else if (allreduce_ == 0 && nodes_->ready(p, bytes)) {
     return nodes_->allreduce(send, recv, count, type, op, ring);
   } else if (ring) {

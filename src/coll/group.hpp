@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "coll/device_oneshot.hpp"
 #include "coll/node_area.hpp"
 #include "coll/node_collectives.hpp"
 #include "coll/schedule.hpp"
@@ -119,17 +120,8 @@ class Group : public std::enable_shared_from_this<Group> {
   Status gather(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
   Status scatter(Plan& p, const void* send, void* recv, std::size_t count, DataType type, int root);
 
-  // The one-shot device allreduce (cuda.hpp, kernels.cu): whether it can run `count` elements of
-  // `type` on `device` for this group, setting it up on first use (a collective: every member
-  // makes the same call at the same point, so the answer is the same everywhere).
-  bool oneshot_ready(int device, std::size_t count, DataType type);
-  std::uint64_t next_oneshot() { return ++oneshot_->sequence; }
-  Status launch_oneshot(const Execution::Action& action, DataType type, ReduceOp op, int lane,
-                        bool blocking, cuda::Ticket* ticket);
-  // After a one-shot kernel finished: a mismatch it saw between the members' calls, or ok.
-  Status oneshot_outcome();
-  // Tells a one-shot kernel to stop waiting for its peers, and stops using the path.
-  void stop_oneshot();
+  // The one-shot device allreduce of this group (coll/device_oneshot.hpp).
+  [[nodiscard]] DeviceOneShot& oneshot() { return *oneshot_; }
   ~Group();
 
   // The blocking form's shortcut, once the area is set up: runs the call through the area (and
@@ -188,12 +180,6 @@ class Group : public std::enable_shared_from_this<Group> {
            (members_.size() > 2 ? bytes > nodes_->bytes() || broadcast_by_chain(bytes)
                                 : bytes >= (2u << 20));
   }
-  // A device allreduce between two members by the two-shot kernel (from FERRY_COLL_DEVICE_TWOSHOT
-  // up; in rounds where it is larger than the area's two slots), where the one-shot path is set
-  // up.
-  [[nodiscard]] bool by_twoshot(std::size_t bytes) const {
-    return members_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_;
-  }
   bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
     return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());
   }
@@ -216,36 +202,9 @@ class Group : public std::enable_shared_from_this<Group> {
   std::size_t small_;  // FERRY_COLL_SMALL
   int allreduce_, broadcast_, reduce_, allgather_;
   std::size_t chunk_;
-  double timeout_;             // FERRY_TIMEOUT
-  std::size_t oneshot_bytes_;  // FERRY_COLL_DEVICE_ONESHOT
-  std::size_t oneshot_slice_;  // FERRY_COLL_DEVICE_ONESHOT_SLICE
-  std::size_t twoshot_from_;   // FERRY_COLL_DEVICE_TWOSHOT
-  std::uint64_t resident_us_;  // FERRY_COLL_DEVICE_RESIDENT
-  bool shared_gpu_;            // FERRY_COLL_DEVICE_SHARED_GPU
-  struct OneShot {
-    bool usable = false;
-    int device = -1;
-    void* area = nullptr;                                    // ours, device memory
-    cuda::IpcKey key;                                        // of our area
-    std::array<void*, cuda::Cuda::kOneShotMembers> areas{};  // every member's, mapped here
-    std::vector<std::pair<int, cuda::IpcKey>> mapped;        // (job rank, key) to unpin
-    unsigned* words = nullptr;                               // host side of the stop words
-    void* words_device = nullptr;
-    std::uint64_t sequence = 0;
-    // The resident kernel (cuda.hpp, resident_open) for blocking calls of one block, or -1.
-    int resident = -1;
-    bool shared = false;  // off because members share a GPU
-    // Blocks per launched call: kOneShotBlocks divided by the most members on one GPU (so where
-    // they share one under MPS, every member's blocks fit on it at once).
-    unsigned max_blocks = cuda::Cuda::kOneShotBlocks;
-    cuda::Ticket last_launch;  // of the last launched one-shot kernel, if `launched`
-    bool launched = false;
-  };
-  std::unique_ptr<OneShot> oneshot_;  // set up by the first oneshot_ready() on a device
+  double timeout_;  // FERRY_TIMEOUT
+  std::unique_ptr<DeviceOneShot> oneshot_;
   std::unique_ptr<NodeCollectives> nodes_;
-  Status prepare_oneshot(int device);
-  void prepare_resident();
-  void release_oneshot();
 };
 
 }  // namespace ferry::coll

@@ -57,7 +57,7 @@ Status Execution::run_local(const Action& a) {
     s = gpu->reduce_async(device_, kLane, a.to, a.a, a.from, a.size, what_.type, what_.op,
                           &gpu_work_);
   } else if (a.kind == Action::kOneShot) {
-    s = group_->launch_oneshot(a, what_.type, what_.op, kLane, blocking_, &gpu_work_);
+    s = group_->oneshot().launch(a, what_.type, what_.op, kLane, blocking_, &gpu_work_);
     oneshot_queued_ = s.is_ok();
   } else {
     s = gpu->copy_async(device_, kLane, a.to, a.from, a.size, &gpu_work_);
@@ -90,12 +90,12 @@ bool Execution::gpu_member_died(Status* failure) {
 Status Execution::gpu_outcome() {
   if (!oneshot_queued_) return Status();
   oneshot_queued_ = false;
-  Status s = group_->oneshot_outcome();
+  Status s = group_->oneshot().outcome();
   return s.is_ok() ? s : Status(s.code(), what() + ": " + s.message());
 }
 
 void Execution::stop_gpu() {
-  group_->stop_oneshot();
+  group_->oneshot().stop();
   while (!gpu_idle()) {
   }
 }

@@ -52,7 +52,7 @@ class Plan {
   // out = a op b over `count` elements (out may be a or b).
   virtual void reduce(void* out, const void* a, const void* b, std::size_t count) = 0;
   virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
-  // The whole allreduce as one kernel on every member's GPU (Group::oneshot_ready()): a local
+  // The whole allreduce as one kernel on every member's GPU (DeviceOneShot::ready()): a local
   // action that waits for the peers' kernels.
   virtual void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
                        bool ring) = 0;

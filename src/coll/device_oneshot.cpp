@@ -1,0 +1,282 @@
+// The one-shot device allreduce of one Group (see device_oneshot.hpp).
+#include "coll/device_oneshot.hpp"
+
+#include <algorithm>
+
+#include "coll/group.hpp"
+#include "proto/engine.hpp"
+#include "util/log.hpp"
+
+namespace ferry::coll {
+
+DeviceOneShot::DeviceOneShot(Group& group, const util::Config& config)
+    : group_(group),
+      slice_(config.get_size(util::Var::kCollDeviceOneshotSlice)),
+      twoshot_from_(config.get_size(util::Var::kCollDeviceTwoshot)),
+      resident_us_(static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident))),
+      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {
+  // Each member of a one-shot call pushes its data to the n - 1 others, so the size limit
+  // shrinks with the members (and so does the exchange area: 2 * n slots of that size).
+  const std::size_t peers = group.size() > 1 ? static_cast<std::size_t>(group.size()) - 1 : 1;
+  bytes_ = config.get_bool(util::Var::kCudaIpc)
+               ? config.get_size(util::Var::kCollDeviceOneshot) / peers / 256 * 256
+               : 0;
+}
+
+DeviceOneShot::~DeviceOneShot() {
+  // Only a group with device state touches the engine here, and only while its Context lives
+  // (a Communicator may outlive it, as a global one does: the engine's teardown then released
+  // that state); a Communicator may go on any thread.
+  if (!state_ || group_.detached()) return;
+  auto entry = group_.engine()->enter();
+  group_.engine()->cancel_teardown(this);
+  release();
+}
+
+bool DeviceOneShot::ready(int device, std::size_t count, DataType type) {
+  const int n = group_.size();
+  const std::size_t bytes = count * size_of(type);
+  if (bytes_ == 0 || n < 2 || n > cuda::Cuda::kOneShotMembers ||
+      (bytes > bytes_ && !by_twoshot(bytes))) {
+    return false;
+  }
+  if (!state_) {
+    // Decided once. Every member must share this node (and so the GPUs' IPC): the same answer
+    // everywhere.
+    state_ = std::make_unique<State>();
+    group_.engine()->at_teardown(this, [this] {
+      release();
+      state_.reset();
+    });
+    const std::vector<int> local = group_.engine()->job().local_ranks();
+    for (int m : group_.members()) {
+      if (std::find(local.begin(), local.end(), m) == local.end()) return false;
+    }
+    if (Status s = prepare(device); !s.is_ok()) {
+      if (state_->shared) {
+        FERRY_LOG(kInfo, "collectives: no one-shot device allreduce here: %s", s.message().c_str());
+      } else {
+        FERRY_LOG(kWarn,
+                  "collectives: the one-shot device allreduce is off for this communicator: %s",
+                  s.message().c_str());
+      }
+      release();
+      state_->usable = false;
+    }
+  }
+  return state_->usable && state_->device == device;
+}
+
+// Each member makes its exchange area, they swap IPC keys and map each other's, then agree that
+// every member succeeded (else nobody uses the path). Every step runs on every member, so their
+// collectives stay in step whatever fails.
+Status DeviceOneShot::prepare(int device) {
+  cuda::Cuda* gpu = group_.engine()->cuda();
+  State& o = *state_;
+  o.device = device;
+  const int n = group_.size();
+  const std::size_t area_bytes = cuda::Cuda::oneshot_area_bytes(n, bytes_);
+  struct Offer {
+    cuda::IpcKey key;
+    std::int64_t ok;
+  } mine{};
+  Status status = gpu->allocate(device, area_bytes, &o.area);
+  if (status.is_ok()) status = gpu->zero(device, o.area, area_bytes);
+  void* words = nullptr;
+  if (status.is_ok()) status = gpu->map_host(device, 64, &words, &o.words_device);
+  o.words = static_cast<unsigned*>(words);
+  if (status.is_ok()) {
+    const mem::MemoryInfo info = gpu->classify(o.area);
+    util::Fd none;
+    status = info.ipc == mem::IpcKind::kLegacy
+                 ? gpu->export_ipc(o.area, info, &o.key, &none)
+                 : Status(Code::kUnsupported, "its exchange area has no CUDA IPC handle");
+  }
+  mine.key = o.key;
+  mine.ok = status.is_ok() ? 1 : 0;
+  std::vector<Offer> offers(static_cast<std::size_t>(n));
+  Status exchanged = group_.run([&](Plan& p) {
+    return group_.allgather(p, &mine, offers.data(), sizeof(Offer), DataType::kUint8);
+  });
+  if (!exchanged.is_ok()) return exchanged;
+  // The most members on one GPU, from the device UUIDs in the offers: every member sees the same
+  // offers, so all decide alike. Members that share a GPU without MPS take turns on it by time
+  // slices, and blocks that wait for each other then cost milliseconds a call (2.5 ms for 8 B on
+  // one H100, against 0.4-0.5 ms by the ring): the one-shot path is for a GPU per member
+  // (FERRY_COLL_DEVICE_SHARED_GPU overrides, for MPS, where a call's blocks are divided among
+  // the members of a GPU so that all fit on it at once).
+  int sharing = 1;
+  int first = -1;  // the first pair of members on one GPU
+  int second = -1;
+  for (int m = 0; m < n; ++m) {
+    const Offer& a = offers[static_cast<std::size_t>(m)];
+    if (a.ok == 0) continue;
+    int same = 1;
+    for (int k = m + 1; k < n; ++k) {
+      const Offer& b = offers[static_cast<std::size_t>(k)];
+      if (b.ok == 0 || b.key.uuid != a.key.uuid) continue;
+      ++same;
+      if (first < 0) {
+        first = m;
+        second = k;
+      }
+    }
+    sharing = std::max(sharing, same);
+  }
+  o.max_blocks = static_cast<unsigned>(std::max(1, cuda::Cuda::kOneShotBlocks / sharing));
+  if (sharing > 1 && !shared_gpu_ && status.is_ok()) {
+    o.shared = true;
+    status =
+        Status(Code::kUnsupported, group_.peer_label(first) + " and " + group_.peer_label(second) +
+                                       " share a GPU (FERRY_COLL_DEVICE_SHARED_GPU=1 "
+                                       "keeps it, for MPS)");
+  }
+  for (int m = 0; m < n && status.is_ok(); ++m) {
+    const Offer& offer = offers[static_cast<std::size_t>(m)];
+    if (m == group_.rank()) {
+      o.areas[static_cast<std::size_t>(m)] = o.area;
+      continue;
+    }
+    if (offer.ok == 0) {
+      status =
+          Status(Code::kUnsupported, group_.peer_label(m) + " could not make its exchange area");
+      break;
+    }
+    void* mapped = nullptr;
+    status = gpu->import_ipc(group_.member(m), offer.key, device, nullptr, &mapped);
+    if (!status.is_ok()) {
+      status =
+          Status(status.code(), "mapping " + group_.peer_label(m) + "'s area: " + status.message());
+      break;
+    }
+    o.mapped.emplace_back(group_.member(m), offer.key);
+    o.areas[static_cast<std::size_t>(m)] = mapped;
+  }
+  // Agree: the path is used only if every member mapped every area.
+  std::int64_t ok = status.is_ok() ? 1 : 0;
+  std::int64_t all_ok = 0;
+  Status agreed = group_.run([&](Plan& p) {
+    return group_.allreduce(p, &ok, &all_ok, 1, DataType::kInt64, ReduceOp::kMin);
+  });
+  if (!agreed.is_ok()) return agreed;
+  if (!status.is_ok()) return status;
+  if (all_ok == 0) return Status(Code::kUnsupported, "another member could not map every area");
+  o.usable = true;
+  FERRY_LOG(kInfo, "collectives: one-shot device allreduce ready on cuda:%d (%d members, %zu B)",
+            device, n, bytes_);
+  prepare_resident();
+  return Status();
+}
+
+// The resident kernel is a choice each member makes for itself (a call of one block is the same
+// on the wire either way).
+void DeviceOneShot::prepare_resident() {
+  State& o = *state_;
+  if (resident_us_ == 0 || slice_ == 0) return;
+  cuda::Cuda::OneShot shape;
+  shape.members = group_.size();
+  shape.me = group_.rank();
+  shape.slot_bytes = bytes_;
+  shape.areas = o.areas;
+  shape.words = o.words_device;
+  if (Status s = group_.engine()->cuda()->resident_open(o.device, shape, resident_us_, &o.resident);
+      !s.is_ok()) {
+    o.resident = -1;
+    FERRY_LOG(kInfo, "collectives: no resident one-shot kernel: %s", s.message().c_str());
+  }
+}
+
+void DeviceOneShot::release() {
+  if (!state_) return;
+  State& o = *state_;
+  cuda::Cuda* gpu = group_.engine()->cuda();
+  // A kernel of a collective that was never completed (its Request dropped) stops waiting for
+  // its peers before its memory goes.
+  if (o.words != nullptr) __atomic_store_n(&o.words[0], 1u, __ATOMIC_RELEASE);
+  if (o.resident >= 0) gpu->resident_close(o.resident);
+  o.resident = -1;
+  for (const auto& [rank, key] : o.mapped) gpu->unpin(rank, o.device, key);
+  o.mapped.clear();
+  if (o.area != nullptr) gpu->release(o.device, o.area);
+  o.area = nullptr;
+  if (o.words != nullptr) gpu->unmap_host(o.device, o.words);
+  o.words = nullptr;
+  o.usable = false;
+}
+
+Status DeviceOneShot::launch(const Execution::Action& a, DataType type, ReduceOp op, int lane,
+                             bool blocking, cuda::Ticket* ticket) {
+  State& o = *state_;
+  cuda::Cuda::OneShot call;
+  call.out = a.to;
+  call.in = a.from;
+  call.count = a.size;
+  call.type = type;
+  call.op = op;
+  call.members = group_.size();
+  call.me = group_.rank();
+  call.ring = a.member == 1;  // Group::allreduce's choice of order
+  call.two_shot = by_twoshot(a.size * size_of(type));
+  call.sequence = a.sequence;
+  call.slot_bytes = bytes_;
+  call.block_bytes = slice_;
+  call.max_blocks = o.max_blocks;
+  call.areas = o.areas;
+  call.words = o.words_device;
+  cuda::Cuda* gpu = group_.engine()->cuda();
+  // The resident kernel takes a blocking call of one block once the launched calls before it are
+  // done (it runs beside them, and a member runs one call at a time). Blocking calls are finished
+  // before the next begins, so it never holds two.
+  if (blocking && !call.two_shot && o.resident >= 0 && a.size * size_of(type) <= slice_ &&
+      (!o.launched || gpu->done(o.last_launch))) {
+    o.launched = false;
+    Status s = gpu->resident_post(o.resident, call, ticket);
+    if (s.is_ok()) return s;
+    FERRY_LOG(kWarn, "collectives: the resident one-shot kernel is off for this communicator: %s",
+              s.message().c_str());
+    gpu->resident_close(o.resident);
+    o.resident = -1;
+  }
+  Status s = gpu->allreduce_oneshot_async(o.device, lane, call, ticket);
+  if (s.is_ok()) {
+    o.last_launch = *ticket;
+    o.launched = true;
+  }
+  return s;
+}
+
+Status DeviceOneShot::outcome() {
+  if (!state_ || state_->words == nullptr) return Status();
+  if (state_->resident >= 0) {
+    if (Status s = group_.engine()->cuda()->resident_outcome(state_->resident); !s.is_ok()) {
+      stop();
+      return Status(s.code(),
+                    "the resident one-shot kernel could not be started again: " + s.message());
+    }
+  }
+  if (__atomic_load_n(&state_->words[0], __ATOMIC_ACQUIRE) != 0) {
+    // Stopped (maybe before this kernel ran): its result is not complete.
+    return Status(Code::kPeerFailed,
+                  "the one-shot allreduce was stopped after an earlier collective of this "
+                  "communicator failed (a member died or timed out)");
+  }
+  if (__atomic_load_n(&state_->words[1], __ATOMIC_ACQUIRE) == 0) return Status();
+  __atomic_store_n(&state_->words[1], 0u, __ATOMIC_RELEASE);
+  return Status(Code::kInvalidArgument,
+                "the members' one-shot allreduces differ in count, type or op (do the members "
+                "pass the same counts, types and op?)");
+}
+
+// A device allreduce between two members by the two-shot kernel (from FERRY_COLL_DEVICE_TWOSHOT
+// up; in rounds where it is larger than the area's two slots), where the one-shot path is set up.
+bool DeviceOneShot::by_twoshot(std::size_t bytes) const {
+  return group_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_;
+}
+
+void DeviceOneShot::stop() {
+  if (!state_ || state_->words == nullptr) return;
+  __atomic_store_n(&state_->words[0], 1u, __ATOMIC_RELEASE);
+  state_->usable = false;
+}
+
+}  // namespace ferry::coll
