@@ -1,16 +1,12 @@
-// The protocol engine behind a Context: picks a transport per peer, chooses eager or rendezvous
-// by size, matches tags, queues what a transport cannot take now, and completes requests.
+// The protocol engine behind a Context: it makes its parts (links to peers, tag-matched
+// messages, device paths, one-sided, operations), runs progress, completes requests, dispatches
+// what arrives and tells the parts of a peer's death.
 #pragma once
 
-#include <algorithm>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
-#include <random>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
@@ -30,13 +26,6 @@
 #include "util/clock.hpp"
 #include "util/config.hpp"
 #include "util/faults.hpp"
-
-namespace ferry::transport::self {
-class SelfTransport;
-}
-namespace ferry::transport::shm {
-class ShmTransport;
-}
 
 namespace ferry::proto {
 
