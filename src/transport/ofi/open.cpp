@@ -26,9 +26,9 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       size_(size),
       handler_(handler),
       fail_at_(config.get_string(util::Var::kTestOfiFailAt)),
+      directs_(*this, config),
       keepalive_s_(config.get_seconds(util::Var::kKeepalive)),
       silence_s_(config.get_seconds(util::Var::kKeepaliveTimeout)),
-      directs_(*this, config),
       test_remote_(config.get_bool(util::Var::kTestOfiRemote)) {
   if (silence_s_ > 0 && (keepalive_s_ == 0 || silence_s_ < 2 * keepalive_s_)) {
     throw Error(Code::kInvalidArgument,
