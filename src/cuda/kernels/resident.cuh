@@ -11,7 +11,7 @@
 // arguments costs one round trip over the bus. The block runs it as block 0 of 1, then stores
 // `done`. It leaves when no call came for `idle_ns` (so a cudaDeviceSynchronize of the
 // application waits at most that long) or when words[0] is raised, and stores `exited` = `epoch`
-// as its last act. The host launches it again for a call posted after that (cuda.cpp).
+// as its last act. The host launches it again for a call posted after that (impl/resident.cpp).
 namespace {
 
 constexpr int kMailboxFields = 5;  // out, in, count, shape (type | op << 8 | ring << 16), sequence
