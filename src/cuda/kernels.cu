@@ -1,7 +1,8 @@
 // Device code of ferry's CUDA module: the element-wise reductions of the collectives on device
 // buffers, the copy kernel, and the one-shot, two-shot and resident allreduce kernels (the parts
-// in kernels/, one translation unit). nvcc compiles it into a fatbin (sm_90 code and PTX) that libferry embeds and loads
-// through the driver (cuModuleLoadData), so the library needs no CUDA runtime.
+// in kernels/, one translation unit). nvcc compiles it into a fatbin (sm_90 code and PTX) that
+// libferry embeds and loads through the driver (cuModuleLoadData), so the library needs no CUDA
+// runtime.
 //
 // The arithmetic is the host kernels' (src/coll/reduce.cpp), element by element: integers wrap,
 // float min/max are IEEE 754-2019 minimum/maximum (-0 below +0, a NaN operand gives NaN), and
