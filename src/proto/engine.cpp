@@ -77,6 +77,8 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   rma_ = std::make_unique<rma::OneSided>(*this, links_.native_rma(), size_);
   const auto idle = [this] { progress(); };
   links_.connect(*bootstrap_, rndv_threshold_, idle);
+  waiting_.placed(links_.cpu_sharers());
+  links_.renote("waiting:", waiting_.describe());
   liveness_.connected(rank_);
   links_.all_connected(*bootstrap_, idle);
   waiting_.start_threads(config_);

@@ -1,6 +1,8 @@
 // The engine's links (see links.hpp): transports made, peers connected, queued sending.
 #include "proto/links.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -91,6 +93,9 @@ namespace {
 // The entry of the published blob that carries the job-wide settings (util::kJobWide), one
 // "NAME=value" line each: never a transport's name.
 constexpr const char* kSettingsEntry = "settings";
+// The entry that carries the rank's CPUs (its affinity mask, a cpu_set_t), so that each rank of a
+// node can count the ranks that share its CPUs.
+constexpr const char* kCpusEntry = "cpus";
 
 std::string job_settings(const util::Config& config) {
   std::string text;
@@ -162,6 +167,10 @@ void Links::connect(bootstrap::Bootstrap& bootstrap, std::size_t rndv_threshold,
   }
   const std::string settings = job_settings(config_);
   mine.emplace_back(kSettingsEntry, std::as_bytes(std::span(settings.data(), settings.size())));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const bool cpus_known = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0;
+  if (cpus_known) mine.emplace_back(kCpusEntry, std::as_bytes(std::span(&cpus, 1)));
   std::vector<bootstrap::Blob> all;
   Status status = bootstrap.allgather(encode_addresses(mine), &all, idle);
   if (!status) throw Error(status);
@@ -190,6 +199,35 @@ void Links::connect(bootstrap::Bootstrap& bootstrap, std::size_t rndv_threshold,
   std::vector<int> local = bootstrap.local_ranks();
   for (int r = 0; r < size_; ++r) {
     connect_peer(r, everyone[static_cast<std::size_t>(r)], local, rndv_threshold);
+  }
+  count_cpu_sharers(everyone, local, cpus_known ? &cpus : nullptr);
+}
+
+void Links::count_cpu_sharers(const std::vector<Published>& everyone, const std::vector<int>& local,
+                              const cpu_set_t* mine) {
+  cpu_sharers_ = static_cast<int>(local.size());  // without a mask: every rank of the node
+  if (mine == nullptr) return;
+  cpu_sharers_ = 0;
+  for (int r : local) {
+    if (r < 0 || r >= size_) continue;
+    const Published& published = everyone[static_cast<std::size_t>(r)];
+    auto entry = std::find_if(published.begin(), published.end(),
+                              [](const auto& p) { return p.first == kCpusEntry; });
+    if (entry == published.end() || entry->second.size() != sizeof(cpu_set_t)) {
+      ++cpu_sharers_;  // its CPUs are unknown: it may share ours
+      continue;
+    }
+    cpu_set_t theirs;
+    std::memcpy(&theirs, entry->second.data(), sizeof(theirs));
+    cpu_set_t both;
+    CPU_AND(&both, &theirs, mine);
+    if (CPU_COUNT(&both) > 0) ++cpu_sharers_;
+  }
+}
+
+void Links::renote(const std::string& prefix, std::string note) {
+  for (std::string& line : notes_) {
+    if (line.rfind(prefix, 0) == 0) line = std::move(note);
   }
 }
 

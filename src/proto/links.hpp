@@ -3,6 +3,8 @@
 // and the queues of active messages waiting for room in a link (nothing bypasses a queue).
 #pragma once
 
+#include <sched.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -65,8 +67,13 @@ class Links {
   [[nodiscard]] bool delivered() const;
   // Asks the transports which peers died.
   void check(std::vector<std::pair<int, std::string>>* failed);
-  // Why each transport is or is not here (ferry-info).
+  // Why each transport is or is not here (ferry-info); renote replaces the line that starts with
+  // `prefix`.
   [[nodiscard]] const std::vector<std::string>& notes() const { return notes_; }
+  void renote(const std::string& prefix, std::string note);
+  // After connect: the ranks of this node (this one included) whose CPUs (affinity) overlap
+  // this process's, as they published them; every rank of the node where that is unknown.
+  [[nodiscard]] int cpu_sharers() const { return cpu_sharers_; }
 
   // ---- Sending through the queues ----
   // Sends an active message now or queues it behind what is already queued for that peer.
@@ -87,6 +94,8 @@ class Links {
   void connect_peer(int r, const Published& published, const std::vector<int>& local,
                     std::size_t rndv_threshold);
   bool try_send(Link& peer, Pending& pending);  // true when fully sent
+  void count_cpu_sharers(const std::vector<Published>& everyone, const std::vector<int>& local,
+                         const cpu_set_t* mine);
 
   Engine& engine_;
   const util::Config& config_;
@@ -102,6 +111,7 @@ class Links {
   std::vector<std::unique_ptr<transport::Endpoint>> endpoints_;
   std::vector<Link> peers_;
   std::vector<int> pending_peers_;  // peers whose queue is not empty
+  int cpu_sharers_ = 1;
 };
 
 }  // namespace ferry::proto

@@ -19,14 +19,13 @@ using util::Clock;
 
 void Waiting::configure(const util::Config& config, std::size_t local_ranks) {
   spin_count_ = static_cast<int>(config.get_int(util::Var::kSpinCount));
-  if (spin_count_ < 0) {
-    cpu_set_t cpus;
-    const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
-                           ? CPU_COUNT(&cpus)
-                           : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-    oversubscribed_ = static_cast<int>(local_ranks) > usable;
-    spin_count_ = oversubscribed_ ? 0 : 2000;
-  }
+  auto_spin_ = spin_count_ < 0;
+  cpu_set_t cpus;
+  usable_cpus_ = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                     ? CPU_COUNT(&cpus)
+                     : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  // Until the ranks' CPUs are known (placed()): every rank of the node may share ours.
+  if (auto_spin_) placed(static_cast<int>(local_ranks));
   mode_ = static_cast<Mode>(config.get_int(util::Var::kWaitMode));
   timeout_ = config.get_seconds(util::Var::kTimeout);
 }
@@ -77,9 +76,18 @@ void Waiting::stop_progress_thread() {
   progress_thread_.join();
 }
 
+void Waiting::placed(int sharers) {
+  if (!auto_spin_) return;
+  sharers_ = sharers;
+  oversubscribed_ = sharers > usable_cpus_;
+  spin_count_ = oversubscribed_ ? 0 : 2000;
+}
+
 std::string Waiting::describe() const {
   return "waiting: " + std::to_string(spin_count_) + " empty polls, then yield the CPU" +
-         (oversubscribed_ ? " (more ranks on this node than CPUs this process may use)" : "");
+         (oversubscribed_ ? " (" + std::to_string(sharers_) + " ranks of this node share the " +
+                                std::to_string(usable_cpus_) + " CPU(s) this process may use)"
+                          : "");
 }
 
 // FERRY_PROGRESS_THREAD: polls while there is work, taking the lock like any caller (so an

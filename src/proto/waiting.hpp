@@ -36,11 +36,15 @@ class Waiting {
   Waiting& operator=(const Waiting&) = delete;
 
   // Reads FERRY_SPIN_COUNT and FERRY_WAIT_MODE; `local_ranks`: the ranks on this node, which
-  // with fewer CPUs than that makes waits yield at once.
+  // with fewer CPUs than that makes waits yield at once (until placed() knows better).
   void configure(const util::Config& config, std::size_t local_ranks);
   // Reads FERRY_THREADS and FERRY_PROGRESS_THREAD, and starts the thread if asked (once the
   // engine can progress).
   void start_threads(const util::Config& config);
+  // Once the ranks' CPUs are known: `sharers` ranks of this node (this one included) may run on
+  // the CPUs this process may use. More of them than those CPUs: waits yield at once (where
+  // FERRY_SPIN_COUNT is not set). Ranks bound to a CPU each (mpirun's, srun's binding) spin.
+  void placed(int sharers);
   void stop_progress_thread();
   // The policy in words (ferry-info).
   [[nodiscard]] std::string describe() const;
@@ -125,6 +129,9 @@ class Waiting {
   Engine& engine_;
   const std::vector<transport::Transport*>& polled_;
   int spin_count_ = 0;
+  bool auto_spin_ = true;  // FERRY_SPIN_COUNT unset (negative): decided by placed()
+  int usable_cpus_ = 1;    // in this process's affinity
+  int sharers_ = 1;        // placed()'s
   double timeout_ = 0;
   bool oversubscribed_ = false;  // more ranks on this node than CPUs: waits yield at once
   Mode mode_ = Mode::kSpin;

@@ -70,8 +70,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "messages larger than this go by rendezvous (capped by the transport's eager limit)")          \
   X(kSpinCount, "FERRY_SPIN_COUNT", kInt, "-1", -1, 100000000, "",                                 \
     "empty progress polls in a blocking wait before it starts yielding the CPU (-1: 2000, or 0 "   \
-    "when this node runs more ranks than the CPUs this process may use, as waiting ranks would "   \
-    "otherwise spin on the CPUs the others need)")                                                 \
+    "where more ranks of this node may run on the CPUs this process may use than there are of "    \
+    "them, as waiting ranks would otherwise spin on the CPUs the others need)")                    \
   X(kBootstrapTimeout, "FERRY_BOOTSTRAP_TIMEOUT", kSeconds, "300", 0.01, 86400, "",                \
     "how long a bootstrap exchange (init, barrier) may wait for the other ranks")                  \
   X(kTimeout, "FERRY_TIMEOUT", kSeconds, "0", 0, 1e7, "",                                          \

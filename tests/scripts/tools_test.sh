@@ -49,6 +49,21 @@ else bad "ferry-info --peers"; cat "$tmp/info"; fi
 if FERRY_SHM_CMA=0 "$ferryrun" -n 2 "$info" --peers 2>&1 | grep -q "no CMA: CMA disabled by FERRY_SHM_CMA=0.*rendezvous pipelined$"; then
   ok "ferry-info says why CMA is not used"; else bad "ferry-info CMA reason"; fi
 
+# How long a wait spins: ranks bound to a CPU each (as mpirun and srun bind them) spin; ranks that
+# share a CPU yield at once (the ranks publish their affinity, and each counts who shares its CPUs).
+if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+  bound=$("$ferryrun" -n 2 sh -c 'exec taskset -c "$FERRY_LOCAL_RANK" "$0" "$@"' "$info" --peers 2>&1 |
+          grep "waiting:")
+  shared=$("$ferryrun" -n 2 sh -c 'exec taskset -c 0 "$0" "$@"' "$info" --peers 2>&1 |
+           grep "waiting:")
+  if echo "$bound" | grep -q "waiting: 2000 empty polls, then yield the CPU$" &&
+     echo "$shared" | grep -q "waiting: 0 empty polls, then yield the CPU (2 ranks of this node share the 1 CPU(s)"; then
+    ok "ranks bound to a CPU each spin; ranks bound to one CPU yield at once"
+  else bad "waiting policy under binding: '$bound' / '$shared'"; fi
+else
+  ok "taskset or a second CPU missing: the binding checks do not apply"
+fi
+
 FERRY_SHM_FIFO_SIZE=1000 "$info" >/dev/null 2>"$tmp/err"; rc=$?
 if [ $rc -ne 0 ] && grep -q "FERRY_SHM_FIFO_SIZE" "$tmp/err" && grep -q "power of two" "$tmp/err"; then
   ok "an invalid variable fails init naming it"; else bad "invalid variable (rc $rc)"; cat "$tmp/err"; fi
