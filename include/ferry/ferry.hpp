@@ -16,7 +16,18 @@
 #include "ferry/status.hpp"
 #include "ferry/version.hpp"
 
+// CUDA's stream type, as cuda.h and cuda_runtime.h declare it (CUstream and cudaStream_t are both
+// CUstream_st*), so that a caller passes its stream as it is and this header needs neither.
+struct CUstream_st;
+
 namespace ferry {
+
+// A CUDA stream for the stream-ordered calls (Communicator's forms that take one): a stream of
+// the caller's process; nullptr or kLegacyStream is the legacy default stream and kPerThreadStream
+// the calling thread's per-thread default stream (cudaStreamPerThread).
+using CudaStream = CUstream_st*;
+inline CudaStream const kLegacyStream = reinterpret_cast<CudaStream>(0x1);
+inline CudaStream const kPerThreadStream = reinterpret_cast<CudaStream>(0x2);
 
 using Tag = std::uint64_t;
 inline constexpr Tag kFullMask = ~Tag{0};
@@ -354,6 +365,17 @@ class Context {
   // Does not return (the process exits with `code` if the launcher has not killed it within 10 s).
   [[noreturn]] void abort(int code, const std::string& reason);
 
+  // Stream-ordered groups (see Communicator's stream forms): the stream calls made between
+  // group_start() and the matching group_end() start together, so a member's sends and receives to
+  // and from each other never wait for one another (as ncclGroupStart/End). Groups nest; the
+  // outermost group_end enqueues them all, on the one stream they must all name. The group is the
+  // Context's, not the calling thread's.
+  void group_start();
+  Status group_end();
+  // The first failure of a stream-ordered operation of this Context (its stream went on, its
+  // results are not valid), or ok. It stays: every later stream call fails with it too.
+  [[nodiscard]] Status async_error() const;
+
   // Per peer: the transport in use and why (for ferry-info and error messages).
   [[nodiscard]] std::string describe_peer(int rank) const;
   // The transports this process has, and why the absent ones are absent.
@@ -448,6 +470,43 @@ class Communicator {
   // send (size() blocks of count) matters at the root only.
   Status scatter(const void* send, void* recv, std::size_t count, DataType type, int root);
   Request iscatter(const void* send, void* recv, std::size_t count, DataType type, int root);
+
+  // ---- Stream-ordered forms ----
+  // Each enqueues the operation on a CUDA stream and returns at once: it starts once the work
+  // enqueued on `stream` before it is done (the kernels and copies that wrote its buffers), and
+  // the work enqueued after it waits for its result. A stream that captures a CUDA graph captures
+  // it: every replay of the graph communicates again, with the same buffers, and no call into
+  // ferry. The buffers are device or host memory; the operation runs as the host-synchronous call
+  // would, by a thread of ferry's (which needs FERRY_THREADS=multi, the default). Every member
+  // enqueues the same stream calls of a communicator in the same order, on one stream (or on
+  // streams ordered among themselves); they never mix with its host-synchronous calls, which
+  // remain usable beside them.
+  //
+  // The return value says whether the call was enqueued (arguments, the stream, and an earlier
+  // failure: Context::async_error). A failure while it runs (a dead member, FERRY_TIMEOUT) does
+  // not stop the stream: the stream goes on, the results are not valid, and Context::async_error
+  // says what happened. The Context's destruction releases every stream still waiting.
+  Status barrier(CudaStream stream);
+  Status broadcast(void* buffer, std::size_t count, DataType type, int root, CudaStream stream);
+  Status reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                int root, CudaStream stream);
+  Status allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                   CudaStream stream);
+  Status allgather(const void* send, void* recv, std::size_t count, DataType type,
+                   CudaStream stream);
+  Status reduce_scatter(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                        CudaStream stream);
+  Status alltoall(const void* send, void* recv, std::size_t count, DataType type,
+                  CudaStream stream);
+  Status gather(const void* send, void* recv, std::size_t count, DataType type, int root,
+                CudaStream stream);
+  Status scatter(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 CudaStream stream);
+  // Point-to-point between members, matched in order per pair (no tags), as ncclSend/ncclRecv:
+  // a receive takes the next send of `peer` to this member on this communicator, whose size must
+  // be `bytes` or less. Pair a member's sends and receives in a group (Context::group_start).
+  Status send(const void* buffer, std::size_t bytes, int peer, CudaStream stream);
+  Status recv(void* buffer, std::size_t bytes, int peer, CudaStream stream);
 
  private:
   friend class Context;

@@ -1,8 +1,15 @@
 // ferry::Communicator: the public face of the collectives (src/coll).
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "coll/group.hpp"
+#include "coll/reduce.hpp"
 #include "proto/engine.hpp"
+#include "proto/messages.hpp"
+#include "proto/stream_ops.hpp"
 
 namespace ferry {
 namespace {
@@ -153,5 +160,172 @@ Status Communicator::alltoall(const void* send, void* recv, std::size_t count, D
                        "alltoall");
   });
 }
+
+// ---- Stream-ordered forms (proto/stream_ops.hpp) ----
+namespace {
+
+// What is wrong with a stream call's arguments, or ok: checked where the call is made, so that
+// what the proxy would find later fails the call instead.
+Status check_stream_call(const coll::Group& g, const char* name, std::size_t count, DataType type,
+                         int root, std::initializer_list<const void*> buffers,
+                         std::optional<ReduceOp> op = std::nullopt) {
+  auto bad = [&](const std::string& why) {
+    return Status(Code::kInvalidArgument, std::string(name) + " on a stream: " + why);
+  };
+  const std::size_t element = size_of(type);
+  if (element == 0) return bad("unknown data type " + std::to_string(static_cast<int>(type)));
+  if (count > std::numeric_limits<std::size_t>::max() / element / 2 / g.size()) {
+    return bad(std::to_string(count) + " elements is too many");
+  }
+  if (root < 0 || root >= g.size()) {
+    return bad("root " + std::to_string(root) + " is not in [0, " + std::to_string(g.size()) + ")");
+  }
+  if (op.has_value()) {
+    if (Status s = coll::check_reduction(type, *op); !s) return bad(s.message());
+  }
+  for (const void* buffer : buffers) {
+    if (count > 0 && buffer == nullptr) {
+      return bad("a null buffer with " + std::to_string(count) + " elements");
+    }
+  }
+  return Status();
+}
+
+// The communicator's stream twin and the Context's stream operations, taken under the engine's
+// lock, which the enqueueing then lets go: a full stream blocks the call that enqueues on it
+// until the proxy, which needs that lock, has drained it.
+std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> stream_parts(
+    const std::shared_ptr<coll::Group>& group) {
+  auto entry = group->engine()->enter();
+  return {group->stream_twin(), &group->engine()->streams()};
+}
+
+// Enqueues a collective of the communicator's stream twin, which `build` describes.
+template <class Build>
+Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream stream,
+                          const char* name, Build build) {
+  auto [twin, streams] = stream_parts(group);
+  return streams->enqueue(
+      stream,
+      [twin, build] {
+        auto inner = twin->engine()->enter();
+        return twin->start([&](coll::Plan& p) { return build(*twin, p); });
+      },
+      name);
+}
+
+}  // namespace
+
+#define FERRY_STREAM_COLLECTIVE(name, params, checks, args)                                \
+  Status Communicator::name params {                                                       \
+    if (Status s = unusable(group_); !s) return s;                                         \
+    if (Status s = check_stream_call checks; !s) return s;                                 \
+    return enqueue_collective(group_, stream, #name,                                       \
+                              [=](coll::Group& g, coll::Plan& p) { return g.name args; }); \
+  }
+
+FERRY_STREAM_COLLECTIVE(barrier, (CudaStream stream),
+                        (*group_, "barrier", 0, DataType::kUint8, 0, {}), (p))
+FERRY_STREAM_COLLECTIVE(
+    broadcast, (void* buffer, std::size_t count, DataType type, int root, CudaStream stream),
+    (*group_, "broadcast", count, type, root, {buffer}), (p, buffer, count, type, root))
+FERRY_STREAM_COLLECTIVE(reduce,
+                        (const void* send, void* recv, std::size_t count, DataType type,
+                         ReduceOp op, int root, CudaStream stream),
+                        (*group_, "reduce", count, type, root, {send}, op),
+                        (p, send, recv, count, type, op, root))
+FERRY_STREAM_COLLECTIVE(allreduce,
+                        (const void* send, void* recv, std::size_t count, DataType type,
+                         ReduceOp op, CudaStream stream),
+                        (*group_, "allreduce", count, type, 0, {send, recv}, op),
+                        (p, send, recv, count, type, op))
+FERRY_STREAM_COLLECTIVE(
+    allgather, (const void* send, void* recv, std::size_t count, DataType type, CudaStream stream),
+    (*group_, "allgather", count, type, 0, {send, recv}), (p, send, recv, count, type))
+FERRY_STREAM_COLLECTIVE(reduce_scatter,
+                        (const void* send, void* recv, std::size_t count, DataType type,
+                         ReduceOp op, CudaStream stream),
+                        (*group_, "reduce_scatter", count, type, 0, {send, recv}, op),
+                        (p, send, recv, count, type, op))
+FERRY_STREAM_COLLECTIVE(gather,
+                        (const void* send, void* recv, std::size_t count, DataType type, int root,
+                         CudaStream stream),
+                        (*group_, "gather", count, type, root, {send}),
+                        (p, send, recv, count, type, root))
+FERRY_STREAM_COLLECTIVE(scatter,
+                        (const void* send, void* recv, std::size_t count, DataType type, int root,
+                         CudaStream stream),
+                        (*group_, "scatter", count, type, root, {recv}),
+                        (p, send, recv, count, type, root))
+#undef FERRY_STREAM_COLLECTIVE
+
+Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type,
+                              CudaStream stream) {
+  if (Status s = unusable(group_); !s) return s;
+  if (Status s = check_stream_call(*group_, "alltoall", count, type, 0, {send, recv}); !s) {
+    return s;
+  }
+  return enqueue_collective(
+      group_, stream, "alltoall",
+      [=, b = EvenBlocks(group_->size(), count)](coll::Group& g, coll::Plan& p) {
+        return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements,
+                           type, "alltoall");
+      });
+}
+
+namespace {
+
+// A stream send or receive: a message of the twin's own tag (no collective's: their low 16 bits
+// are zero), matched in order per pair.
+Status enqueue_message(const std::shared_ptr<coll::Group>& group, bool sending, void* buffer,
+                       std::size_t bytes, int peer, CudaStream stream) {
+  const char* name = sending ? "send" : "recv";
+  if (Status s = unusable(group); !s) return s;
+  if (peer < 0 || peer >= group->size()) {
+    return Status(Code::kInvalidArgument, std::string(name) + " on a stream: member " +
+                                              std::to_string(peer) + " is not in [0, " +
+                                              std::to_string(group->size()) + ")");
+  }
+  if (bytes > 0 && buffer == nullptr) {
+    return Status(Code::kInvalidArgument, std::string(name) + " on a stream: a null buffer with " +
+                                              std::to_string(bytes) + " bytes");
+  }
+  proto::Engine* engine = group->engine();
+  const auto [twin, streams] = stream_parts(group);
+  const int rank = twin->member(peer);
+  const Tag tag = coll::tag_of(twin->id(), 0) | 1;
+  std::string what = std::string(name) + (sending ? " to " : " from ") + group->peer_label(peer);
+  return streams->enqueue(
+      stream,
+      [engine, sending, buffer, bytes, rank, tag] {
+        auto inner = engine->enter();
+        return sending ? engine->messages().isend(buffer, bytes, rank, tag)
+                       : engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
+      },
+      what);
+}
+
+}  // namespace
+
+Status Communicator::send(const void* buffer, std::size_t bytes, int peer, CudaStream stream) {
+  return enqueue_message(group_, true, const_cast<void*>(buffer), bytes, peer, stream);
+}
+
+Status Communicator::recv(void* buffer, std::size_t bytes, int peer, CudaStream stream) {
+  return enqueue_message(group_, false, buffer, bytes, peer, stream);
+}
+
+namespace {
+
+proto::StreamOps& streams_of(proto::Engine* engine) {
+  auto entry = engine->enter();
+  return engine->streams();
+}
+
+}  // namespace
+
+void Context::group_start() { streams_of(engine_.get()).group_start(); }
+Status Context::group_end() { return streams_of(engine_.get()).group_end(); }
+Status Context::async_error() const { return streams_of(engine_.get()).async_error(); }
 
 }  // namespace ferry

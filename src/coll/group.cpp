@@ -149,7 +149,7 @@ std::shared_ptr<Group> Group::split(int color, int key) {
     order.emplace_back(entry[1], m);
     id = std::max(id, entry[2]);
   }
-  if (id >= (std::int64_t{1} << kIdBits)) {
+  if (id >= std::int64_t{kStreamTwinBit}) {
     throw Error(Code::kNoResources, "split: this process has made " + std::to_string(id) +
                                         " communicators, the most a job may have");
   }
@@ -163,6 +163,13 @@ std::shared_ptr<Group> Group::split(int color, int key) {
   ids_->next = static_cast<std::uint32_t>(id) + 1;
   return std::shared_ptr<Group>(
       new Group(engine_, std::move(members), rank, static_cast<std::uint32_t>(id), ids_));
+}
+
+std::shared_ptr<Group> Group::stream_twin() {
+  if (!twin_) {
+    twin_ = std::shared_ptr<Group>(new Group(engine_, members_, rank_, id_ | kStreamTwinBit, ids_));
+  }
+  return twin_;
 }
 
 bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,

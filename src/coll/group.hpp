@@ -28,6 +28,8 @@ namespace ferry::coll {
 // The tag of a collective message: the reserved bit, the communicator id (23 bits), the
 // collective's sequence number (24 bits); the low 16 bits stay zero.
 inline constexpr int kIdBits = 23;
+// Ids with this bit are the stream twins of the others (Group::stream_twin).
+inline constexpr std::uint32_t kStreamTwinBit = 1u << (kIdBits - 1);
 inline constexpr Tag tag_of(std::uint32_t id, std::uint32_t sequence) {
   return kReservedTagBit | (Tag{id & ((1u << kIdBits) - 1)} << 40) |
          (Tag{sequence & 0xffffffu} << 16);
@@ -82,6 +84,10 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // Null for Communicator::kUndefined. Throws ferry::Error.
   std::shared_ptr<Group> split(int color, int key);
+  // The communicator that runs this one's stream-ordered operations (proto/stream_ops.hpp), so
+  // that they never interleave with its host-synchronous collectives: the same members, and an
+  // id that every member derives alike (kStreamTwinBit), made without a message.
+  std::shared_ptr<Group> stream_twin();
 
   // Runs a collective that `build(Plan&)` describes (one of the algorithms below, which return
   // what is wrong with their arguments): start() behind a Request, advanced by the engine; run()
@@ -205,6 +211,7 @@ class Group : public std::enable_shared_from_this<Group> {
   double timeout_;  // FERRY_TIMEOUT
   std::unique_ptr<DeviceOneShot> oneshot_;
   std::unique_ptr<NodeCollectives> nodes_;
+  std::shared_ptr<Group> twin_;  // stream_twin(), made on first use
 };
 
 }  // namespace ferry::coll

@@ -193,6 +193,36 @@ class Cuda {
   // Sets device memory to zero and waits for it.
   virtual Status zero(int device, void* pointer, std::size_t bytes) = 0;
 
+  // ---- Stream-ordered operations (proto/stream_ops.hpp) ----
+  // What an application's stream is: its GPU (an ordinal of this process) and, while it captures
+  // a graph, that graph. nullptr and CU_STREAM_LEGACY (0x1) name the legacy default stream and
+  // CU_STREAM_PER_THREAD (0x2) the per-thread one, both of the calling thread's current context.
+  struct StreamInfo {
+    int device = -1;
+    void* graph = nullptr;  // the CUgraph being captured, else null
+  };
+  virtual Status stream_info(void* stream, StreamInfo* info) = 0;
+  // The hand-off of one stream operation, on `stream` after the work already there: where
+  // `reset`, writes 0 to the low word of *done; writes `value` to *start; then waits until the 64
+  // bits at done are at least `value`. `start` and `done` are device views of host words
+  // (map_host) that the proxy thread reads and writes; a nonzero high word of *done releases
+  // every wait on it, for good.
+  virtual Status enqueue_handoff(void* stream, void* start, void* done, std::uint32_t value,
+                                 bool reset) = 0;
+  // Calls release(arg) once `graph` and every instantiation of it are destroyed (on a thread of
+  // the driver's; it must not call CUDA), or at once where the graph could not take it.
+  virtual Status retain_with_graph(void* graph, void (*release)(void*), void* arg) = 0;
+  // While deferred, the IPC cache keeps the mappings it would close (a stale, evicted or dead
+  // peer's) until close_deferred: closing one may wait for the GPU to go idle, which it never does
+  // while a stream waits for ferry's proxy. deferred_unmaps says how many wait (any thread).
+  virtual void defer_unmaps(bool defer) = 0;
+  virtual void close_deferred() = 0;
+  [[nodiscard]] virtual std::size_t deferred_unmaps() const = 0;
+  // Lets the calling thread make any CUDA call while other threads capture graphs
+  // (cuThreadExchangeStreamCaptureMode); returns the mode to restore with restore_capture.
+  virtual int relax_capture() = 0;
+  virtual void restore_capture(int mode) = 0;
+
   // Pins host memory for DMA (staging rings); unregister before unmapping.
   virtual Status register_host(void* pointer, std::size_t bytes) = 0;
   virtual void unregister_host(void* pointer) = 0;

@@ -9,7 +9,8 @@
 
 namespace ferry::cuda {
 
-// X(name, version): every driver function ferry calls, and the CUDA version that introduced the
+// X(name, version): every driver function ferry calls (the graph calls at the end for its tools and
+// tests), and the CUDA version that introduced the
 // signature cuda.h gives that name. The version matters: asked for at 13000, "cuCtxSynchronize"
 // is cuCtxSynchronize_v2(CUcontext), not the cuCtxSynchronize(void) that cuda.h declares, and a
 // call through the wrong type passes a garbage context. The pointer types come from cuda.h's
@@ -61,6 +62,19 @@ namespace ferry::cuda {
   X(cuEventSynchronize, 2000)                      \
   X(cuEventElapsedTime, 12080)                     \
   X(cuStreamWriteValue32, 11070)                   \
+  X(cuStreamWaitValue64, 11070)                    \
+  X(cuStreamGetCtx, 9020)                          \
+  X(cuStreamGetCaptureInfo, 12030)                 \
+  X(cuThreadExchangeStreamCaptureMode, 10010)      \
+  X(cuUserObjectCreate, 11030)                     \
+  X(cuGraphRetainUserObject, 11030)                \
+  X(cuUserObjectRelease, 11030)                    \
+  X(cuStreamBeginCapture, 10010)                   \
+  X(cuStreamEndCapture, 10000)                     \
+  X(cuGraphInstantiateWithFlags, 11040)            \
+  X(cuGraphLaunch, 10000)                          \
+  X(cuGraphExecDestroy, 10000)                     \
+  X(cuGraphDestroy, 10000)                         \
   X(cuModuleLoadData, 2000)                        \
   X(cuModuleUnload, 2000)                          \
   X(cuModuleGetFunction, 2000)                     \

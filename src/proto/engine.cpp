@@ -16,6 +16,7 @@
 #include "proto/chunked.hpp"
 #include "proto/device_path.hpp"
 #include "proto/messages.hpp"
+#include "proto/stream_ops.hpp"
 #include "proto/wire.hpp"
 #include "transport/self/transport.hpp"
 #include "transport/shm/transport.hpp"
@@ -101,9 +102,16 @@ void Engine::open_links() {
 
 Engine::~Engine() { shutdown(); }
 
+proto::StreamOps& Engine::streams() {
+  if (!streams_) streams_ = std::make_unique<proto::StreamOps>(*this);
+  return *streams_;
+}
+
 void Engine::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  // The stream proxy first: it calls the engine like an application thread.
+  if (streams_) streams_->stop();
   waiting_.stop_progress_thread();
   *handle_ = nullptr;
   finalize();

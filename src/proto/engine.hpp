@@ -33,6 +33,7 @@ struct CtsHeader;   // proto/wire.hpp
 class DevicePath;   // proto/device_path.hpp
 class ChunkedPath;  // proto/chunked.hpp
 class Messages;     // proto/messages.hpp
+class StreamOps;    // proto/stream_ops.hpp
 
 class Engine final : public transport::AmHandler {
  public:
@@ -127,6 +128,8 @@ class Engine final : public transport::AmHandler {
   // Completes the request once no copy uses its buffer any more.
   void complete_when_idle(std::uint32_t index, Status status);
   [[nodiscard]] DevicePath& device() { return *device_; }
+  // Operations ordered on applications' CUDA streams (proto/stream_ops.hpp), made on first use.
+  StreamOps& streams();
   [[nodiscard]] ChunkedPath& chunked() { return *chunked_; }
   // FERRY_TEST_CRASH_AT: where this rank dies, if the test names it.
   [[nodiscard]] const util::CrashPoints& crashes() const { return crashes_; }
@@ -167,6 +170,7 @@ class Engine final : public transport::AmHandler {
   int progress_all();                 // progress() past its idle poll
   util::CrashPoints crashes_;         // FERRY_TEST_CRASH_AT, FERRY_TEST_CRASH_RANK
   std::uint32_t progress_calls_ = 0;  // peers are checked every kCheckPeersEvery calls
+  std::unique_ptr<StreamOps> streams_;  // last: its requests go first
 };
 
 }  // namespace ferry::proto

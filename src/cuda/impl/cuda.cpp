@@ -12,6 +12,7 @@
 #include "cuda/impl/ipc_cache.hpp"
 #include "cuda/impl/launches.hpp"
 #include "cuda/impl/resident.hpp"
+#include "cuda/impl/streams.hpp"
 
 namespace ferry::cuda {
 namespace {
@@ -99,6 +100,21 @@ class CudaImpl final : public Cuda {
   }
   void unmap_host(int ordinal, void* host) override { devices_.unmap_host(ordinal, host); }
   Status zero(int ordinal, void* pointer, std::size_t bytes) override;
+  Status stream_info(void* stream, StreamInfo* info) override {
+    return streams::info(d_, static_cast<CUstream>(stream), info);
+  }
+  Status enqueue_handoff(void* stream, void* start, void* done, std::uint32_t value,
+                         bool reset) override {
+    return streams::handoff(d_, static_cast<CUstream>(stream), start, done, value, reset);
+  }
+  Status retain_with_graph(void* graph, void (*release)(void*), void* arg) override {
+    return streams::retain(d_, static_cast<CUgraph>(graph), release, arg);
+  }
+  void defer_unmaps(bool defer) override { ipc_.defer_unmaps(defer); }
+  void close_deferred() override { ipc_.close_deferred(); }
+  [[nodiscard]] std::size_t deferred_unmaps() const override { return ipc_.deferred(); }
+  int relax_capture() override { return streams::exchange_capture_mode(d_, -1); }
+  void restore_capture(int mode) override { streams::exchange_capture_mode(d_, mode); }
   Status register_host(void* pointer, std::size_t bytes) override;
   void unregister_host(void* pointer) override;
 

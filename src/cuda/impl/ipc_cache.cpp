@@ -12,7 +12,14 @@ IpcCache::IpcCache(Devices& devices, const util::Config& config)
       inject_failure_(config.get_bool(util::Var::kTestCudaIpcFail)) {}
 
 IpcCache::~IpcCache() {
-  for (auto& entry : mappings_) close_mapping(entry);
+  close_deferred();
+  for (auto& entry : mappings_) close_now(entry);
+}
+
+void IpcCache::close_deferred() {
+  for (const Mapping& mapping : deferred_) close_now(mapping);
+  deferred_.clear();
+  deferred_count_.store(0, std::memory_order_relaxed);
 }
 
 Status IpcCache::export_ipc(const void* pointer, const mem::MemoryInfo& info, IpcKey* key,
@@ -209,6 +216,15 @@ IpcCache::Index::iterator IpcCache::drop(Index::iterator it) {
 }
 
 void IpcCache::close_mapping(const Mapping& mapping) {
+  if (defer_) {
+    deferred_.push_back(mapping);
+    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+    return;
+  }
+  close_now(mapping);
+}
+
+void IpcCache::close_now(const Mapping& mapping) {
   ScopedContext scope(d_, devices_.made(mapping.key.device).context);
   if (mapping.kind == mem::IpcKind::kPosixFd) {
     d_->cuMemUnmap(mapping.mapped, mapping.extent);  // releases the imported allocation

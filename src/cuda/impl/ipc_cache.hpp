@@ -7,12 +7,15 @@
 
 #include <cuda.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "cuda/impl/devices.hpp"
 
@@ -35,6 +38,12 @@ class IpcCache {
   [[nodiscard]] bool inject_failure() const { return inject_failure_; }
   [[nodiscard]] std::size_t size() const { return mappings_.size(); }
   [[nodiscard]] std::uint64_t bytes() const { return bytes_; }
+  // Cuda's defer_unmaps, close_deferred and deferred_unmaps.
+  void defer_unmaps(bool defer) { defer_ = defer; }
+  void close_deferred();
+  [[nodiscard]] std::size_t deferred() const {
+    return deferred_count_.load(std::memory_order_relaxed);
+  }
 
  private:
   // Buffer ids (cudaMalloc) and memory block ids (cuMem) are separate counters: the kind is part
@@ -66,7 +75,9 @@ class IpcCache {
   Status map_descriptor(const IpcKey& key, int local, util::Fd* fd, CUdeviceptr* mapped);
   // Closes an unpinned mapping and forgets it; returns the next index entry.
   Index::iterator drop(Index::iterator it);
+  // Closes it now, or keeps it for close_deferred while closes are deferred.
   void close_mapping(const Mapping& mapping);
+  void close_now(const Mapping& mapping);
   void evict();
 
   Devices& devices_;
@@ -78,6 +89,9 @@ class IpcCache {
   std::list<Mapping> mappings_;                                 // most recently used first
   Index index_;
   std::uint64_t bytes_ = 0;
+  bool defer_ = false;
+  std::vector<Mapping> deferred_;
+  std::atomic<std::size_t> deferred_count_{0};  // deferred_.size(), for any thread
 };
 
 }  // namespace ferry::cuda

@@ -1,0 +1,449 @@
+// Stream-ordered operations (see stream_ops.hpp).
+#include "proto/stream_ops.hpp"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "cuda/cuda.hpp"
+#include "proto/engine.hpp"
+#include "util/clock.hpp"
+#include "util/log.hpp"
+
+namespace ferry::proto {
+namespace {
+
+using util::Clock;
+
+// A hand-off's four words, 16 bytes of host memory the GPUs reach: [0] the stream's "ready"
+// (its value), [2] the proxy's "done" (the same value), [3] nonzero releases every wait for good.
+constexpr std::size_t kPairBytes = 16;
+constexpr std::size_t kPageBytes = 64 * 1024;
+constexpr std::uint32_t kPairsPerPage = kPageBytes / kPairBytes;
+// After this long without work the proxy polls every kPoll instead of spinning.
+constexpr auto kSpin = std::chrono::milliseconds(2);
+constexpr useconds_t kPollUs = 20;
+// Hand-offs of operations not captured in graphs that may wait at once (see submit).
+constexpr int kDepth = 8;
+// Operations that neither start nor end for this long are logged (once per stall).
+constexpr auto kStall = std::chrono::seconds(10);
+
+}  // namespace
+
+struct StreamOps::Slot {
+  std::uint32_t index = 0;         // its words
+  std::uint32_t* words = nullptr;  // the same, for the proxy (pages_ may grow meanwhile)
+  std::uint32_t value = 0;         // what its stream writes to start it (1 for a graph's)
+  bool persistent = false;         // captured in a graph: runs at every replay
+  std::atomic<bool> graph_gone{false};
+  std::vector<Pending> work;
+  std::vector<Request> running;
+  bool in_flight = false;
+  bool reached = false;  // its stream got to it at least once
+  Clock::time_point deadline;
+};
+
+StreamOps::StreamOps(proto::Engine& engine) : engine_(engine) {}
+
+StreamOps::~StreamOps() { stop(); }
+
+std::uint32_t* StreamOps::word(std::uint32_t index) const {
+  const Page& page = pages_[index / kPairsPerPage];
+  return reinterpret_cast<std::uint32_t*>(static_cast<std::byte*>(page.host) +
+                                          (index % kPairsPerPage) * kPairBytes);
+}
+
+Status StreamOps::enqueue(CudaStream stream, Start start, const std::string& what) {
+  if (failed_.load(std::memory_order_acquire)) {
+    Status error = async_error();
+    return Status(error.code(),
+                  what + ": not enqueued, an earlier stream operation failed: " + error.message());
+  }
+  std::vector<Pending> one;
+  {
+    std::lock_guard lock(mutex_);
+    if (group_depth_ > 0) {
+      group_.push_back({stream, std::move(start), what});
+      return Status::ok();
+    }
+  }
+  one.push_back({stream, std::move(start), what});
+  return submit(stream, std::move(one));
+}
+
+void StreamOps::group_start() {
+  std::lock_guard lock(mutex_);
+  ++group_depth_;
+}
+
+Status StreamOps::group_end() {
+  std::vector<Pending> work;
+  {
+    std::lock_guard lock(mutex_);
+    if (group_depth_ == 0) {
+      return Status(Code::kInvalidArgument, "group_end without a group_start");
+    }
+    if (--group_depth_ > 0) return Status::ok();
+    work.swap(group_);
+  }
+  if (work.empty()) return Status::ok();
+  for (const Pending& p : work) {
+    if (p.stream != work.front().stream) {
+      return Status(Code::kInvalidArgument,
+                    "group_end: the group's " + work.front().what + " and " + p.what +
+                        " name different streams; every operation of a group names the same "
+                        "stream (nothing of the group was enqueued)");
+    }
+  }
+  const CudaStream stream = work.front().stream;
+  return submit(stream, std::move(work));
+}
+
+Status StreamOps::async_error() const {
+  std::lock_guard lock(error_mutex_);
+  return error_;
+}
+
+void StreamOps::fail(const Status& status) {
+  std::lock_guard lock(error_mutex_);
+  if (!error_.is_ok()) {
+    FERRY_LOG(kDebug, "%s", status.message().c_str());
+    return;
+  }
+  error_ = status;
+  failed_.store(true, std::memory_order_release);
+  FERRY_LOG(kWarn, "%s (the Context's asynchronous error now)", status.message().c_str());
+}
+
+Status StreamOps::take_words(int device, Slot& slot, std::byte** view) {
+  std::unique_lock lock(mutex_);
+  if (stopped_) return Status(Code::kInvalidArgument, "the Context is finalized");
+  while (free_words_.empty()) {
+    // A page is made outside the lock: the proxy takes it on every pass.
+    lock.unlock();
+    Page page;
+    page.device = device;
+    if (Status s = engine_.cuda()->map_host(device, kPageBytes, &page.host, &page.view); !s) {
+      return Status(s.code(), "host words for the stream's hand-off: " + s.message());
+    }
+    lock.lock();
+    const auto first = static_cast<std::uint32_t>(pages_.size()) * kPairsPerPage;
+    pages_.push_back(page);
+    generation_.resize(generation_.size() + kPairsPerPage, 0);
+    for (std::uint32_t i = kPairsPerPage; i-- > 0;) free_words_.push_back(first + i);
+  }
+  slot.index = free_words_.back();
+  free_words_.pop_back();
+  std::uint32_t& generation = generation_[slot.index];
+  // A graph's words say 1 at every replay; another hand-off's a value above the last one's, so
+  // that a stream still waiting on an earlier use of the words is released by this one's "done".
+  generation = slot.persistent ? 1 : (generation + 1 == 0 ? 2 : generation + 1);
+  slot.value = generation;
+  slot.words = word(slot.index);
+  const Page& page = pages_[slot.index / kPairsPerPage];
+  *view = static_cast<std::byte*>(page.view) + (slot.index % kPairsPerPage) * kPairBytes;
+  return Status::ok();
+}
+
+void StreamOps::release_words(Slot& slot) {
+  if (!slot.persistent) outstanding_.fetch_sub(1);
+  std::lock_guard lock(mutex_);
+  if (slot.persistent) {
+    // No replay uses them any more: clean for the next hand-off.
+    std::uint32_t* w = word(slot.index);
+    __atomic_store_n(&w[0], 0u, __ATOMIC_RELAXED);
+    __atomic_store_n(&w[2], 0u, __ATOMIC_RELAXED);
+    generation_[slot.index] = 0;
+  }
+  free_words_.push_back(slot.index);
+}
+
+void StreamOps::graph_released(void* arg) {
+  auto* slot = static_cast<std::shared_ptr<Slot>*>(arg);
+  (*slot)->graph_gone.store(true, std::memory_order_release);
+  delete slot;
+}
+
+Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
+  const std::string what = work.front().what;  // work moves into the slot
+  if (!engine_.waiting().threaded()) {
+    return Status(Code::kUnsupported,
+                  what +
+                      " on a CUDA stream: stream operations are run by a thread of ferry's, "
+                      "which FERRY_THREADS=single rules out (use multi)");
+  }
+  cuda::Cuda* gpu = engine_.cuda();
+  if (gpu == nullptr) {
+    return Status(Code::kUnsupported,
+                  what + " on a CUDA stream: this process has no CUDA (ferry-info says why)");
+  }
+  // ferry's own CUDA calls here (host memory for the words) are legal while this thread
+  // captures.
+  struct Relaxed {
+    explicit Relaxed(cuda::Cuda* gpu) : gpu(gpu), mode(gpu->relax_capture()) {}
+    ~Relaxed() { gpu->restore_capture(mode); }
+    cuda::Cuda* gpu;
+    int mode;
+  } relaxed(gpu);
+  cuda::Cuda::StreamInfo info;
+  if (Status s = gpu->stream_info(stream, &info); !s) {
+    return Status(s.code(), what + " on a CUDA stream: " + s.message());
+  }
+  auto slot = std::make_shared<Slot>();
+  slot->persistent = info.graph != nullptr;
+  // At most kDepth hand-offs wait at once. A thread that enqueues on a full stream blocks in
+  // CUDA holding the driver's lock, which the proxy's own CUDA calls then wait for (two H100s:
+  // 10,000 allreduces enqueued back to back stopped at the first); this thread waits here
+  // instead, holding nothing. Nor does a hand-off start while the proxy closes deferred IPC
+  // mappings (flush_unmaps), which it does only when none is known. A graph's counts until the
+  // proxy knows it.
+  for (;;) {
+    while ((outstanding_.load() >= kDepth || flushing_.load()) && !stopping_.load()) {
+      ::sched_yield();
+    }
+    outstanding_.fetch_add(1);
+    if (!flushing_.load()) break;
+    outstanding_.fetch_sub(1);
+  }
+  slot->work = std::move(work);
+  // No lock is held while calling CUDA on the application's stream: a full stream blocks the
+  // call until the work before it, this Context's hand-offs included, has drained.
+  std::byte* view = nullptr;
+  Status taken;
+  {
+    // The engine's lock keeps the CUDA module's state whole (the proxy uses it too). From the
+    // first hand-off on, the IPC cache's closes wait for flush_unmaps; the kernels a device
+    // operation may launch are loaded before any of its hand-offs is on a stream (loading one
+    // later, in the proxy, may wait for the streams to drain).
+    auto entry = engine_.enter();
+    if (!deferring_.exchange(true)) gpu->defer_unmaps(true);
+    static_cast<void>(gpu->kernels_missing(info.device));
+    taken = take_words(info.device, *slot, &view);
+  }
+  if (Status s = taken; !s) {
+    outstanding_.fetch_sub(1);
+    return Status(s.code(), what + ": " + s.message());
+  }
+  if (slot->persistent) {
+    auto* held = new std::shared_ptr<Slot>(slot);
+    if (Status s = gpu->retain_with_graph(info.graph, &StreamOps::graph_released, held); !s) {
+      release_words(*slot);
+      outstanding_.fetch_sub(1);
+      return Status(s.code(), what + " captured in a graph: " + s.message());
+    }
+  }
+  Status handed = gpu->enqueue_handoff(stream, view, view + 8, slot->value, slot->persistent);
+  if (!handed && !slot->persistent) {
+    release_words(*slot);
+    return Status(handed.code(), what + ": " + handed.message());
+  }
+  // A graph's slot stays with the proxy until the graph goes, even where its hand-off failed.
+  std::lock_guard lock(mutex_);
+  if (slot->persistent) outstanding_.fetch_sub(1);
+  submitted_.push_back(std::move(slot));
+  if (!proxy_.joinable()) proxy_ = std::thread([this] { loop(); });
+  return handed.is_ok() ? Status::ok() : Status(handed.code(), what + ": " + handed.message());
+}
+
+bool StreamOps::start_if_reached(Slot& slot) {
+  std::uint32_t* w = slot.words;
+  if (__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) != slot.value) return false;
+  // A replay writes 1 again only after this one's "done", so clearing it here loses nothing.
+  if (slot.persistent) __atomic_store_n(&w[0], 0u, __ATOMIC_RELAXED);
+  slot.reached = true;
+  slot.running.clear();
+  for (Pending& p : slot.work) slot.running.push_back(p.start());
+  slot.in_flight = true;
+  const double timeout = engine_.waiting().timeout();
+  slot.deadline = timeout > 0 ? util::deadline_after(timeout) : Clock::time_point::max();
+  return true;
+}
+
+bool StreamOps::advance(Slot& slot) {
+  bool done = true;
+  for (Request& r : slot.running) done = r.test() && done;
+  Status failure;
+  if (!done) {
+    if (Clock::now() < slot.deadline) return false;
+    // FERRY_TIMEOUT: the stream goes on; a receive that has not matched is withdrawn.
+    for (std::size_t i = 0; i < slot.running.size(); ++i) {
+      Request& r = slot.running[i];
+      if (r.test()) continue;
+      r.cancel();
+      if (failure.is_ok()) {
+        failure = Status(Code::kTimeout, "stream " + slot.work[i].what +
+                                             " not complete within FERRY_TIMEOUT (" +
+                                             std::to_string(engine_.waiting().timeout()) + " s)");
+      }
+    }
+  }
+  for (std::size_t i = 0; i < slot.running.size() && failure.is_ok(); ++i) {
+    Request& r = slot.running[i];
+    if (!r.test()) continue;
+    if (Status s = r.status(); !s) {
+      failure = Status(s.code(), "stream " + slot.work[i].what + ": " + s.message());
+    }
+  }
+  if (!failure.is_ok()) fail(failure);
+  slot.running.clear();
+  slot.in_flight = false;
+  __atomic_store_n(&slot.words[2], slot.value, __ATOMIC_RELEASE);
+  return true;
+}
+
+void StreamOps::loop() {
+  engine_.cuda()->relax_capture();  // for good: this thread's calls never break a capture
+  auto last_work = Clock::now();
+  auto last_change = last_work;
+  bool reported = false;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& s : submitted_) slots_.push_back(std::move(s));
+      submitted_.clear();
+    }
+    bool working = false;   // an operation in flight or started: poll at once
+    bool watching = false;  // a stream will reach its hand-off soon
+    bool changed = false;   // an operation started or ended
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      Slot& s = **it;
+      if (!s.in_flight) {
+        if (!start_if_reached(s)) {
+          if (s.persistent && s.graph_gone.load(std::memory_order_acquire)) {
+            release_words(s);
+            it = slots_.erase(it);
+            continue;
+          }
+          watching = watching || !s.persistent;
+          ++it;
+          continue;
+        }
+        changed = true;
+      }
+      working = true;
+      if (advance(s)) {
+        changed = true;
+        if (!s.persistent) {
+          release_words(s);
+          it = slots_.erase(it);
+          continue;
+        }
+      }
+      ++it;
+    }
+    if (slots_.empty()) flush_unmaps();
+    const auto now = Clock::now();
+    if (changed || !(working || watching)) {
+      last_change = now;
+      reported = false;
+    } else if (!reported && now - last_change > kStall) {
+      FERRY_LOG(kWarn, "%s", describe_stall(now - last_change).c_str());
+      reported = true;
+    }
+    if (working) {
+      last_work = now;
+    } else if (watching || now - last_work < kSpin) {
+      ::sched_yield();
+    } else {
+      ::usleep(kPollUs);
+    }
+  }
+}
+
+// IPC mappings the cache would have closed are closed here, where no stream can wait for the
+// proxy: no hand-off is known (graphs' included), and none starts until this ends.
+void StreamOps::flush_unmaps() {
+  cuda::Cuda* gpu = engine_.cuda();
+  if (gpu->deferred_unmaps() == 0) return;
+  flushing_.store(true);
+  bool idle = outstanding_.load() == 0;
+  if (idle) {
+    std::lock_guard lock(mutex_);
+    idle = submitted_.empty();
+  }
+  if (idle) {
+    auto entry = engine_.enter();
+    gpu->close_deferred();
+  }
+  flushing_.store(false);
+}
+
+std::string StreamOps::describe_stall(Clock::duration quiet) const {
+  std::string out =
+      "stream operations: none started or ended for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(quiet).count()) + " s;";
+  int listed = 0;
+  for (const auto& s : slots_) {
+    if (s->persistent && !s->in_flight) continue;
+    if (++listed > 4) {
+      out += " ...";
+      break;
+    }
+    out += " " + s->work.front().what + (s->work.size() > 1 ? " (a group)" : "");
+    if (s->in_flight) {
+      out += " runs;";
+    } else {
+      out += " waits for its stream to reach it (ready word " +
+             std::to_string(__atomic_load_n(&s->words[0], __ATOMIC_ACQUIRE)) + ", wanted " +
+             std::to_string(s->value) + ");";
+    }
+  }
+  return out;
+}
+
+void StreamOps::stop() {
+  if (stopped_) return;
+  stopping_.store(true, std::memory_order_release);
+  if (proxy_.joinable()) proxy_.join();
+  std::lock_guard lock(mutex_);
+  stopped_ = true;
+  for (auto& s : submitted_) slots_.push_back(std::move(s));
+  submitted_.clear();
+  std::size_t unreached = 0;
+  std::size_t graphs = 0;
+  for (auto& s : slots_) {
+    if (s->in_flight) {
+      fail(Status(Code::kInvalidArgument,
+                  "stream " + s->work.front().what + ": the Context was finalized while it ran"));
+    }
+    s->running.clear();
+    if (s->persistent && !s->graph_gone.load(std::memory_order_acquire)) ++graphs;
+    if (!s->persistent && !s->reached &&
+        __atomic_load_n(&s->words[0], __ATOMIC_ACQUIRE) != s->value) {
+      ++unreached;
+    }
+  }
+  slots_.clear();
+  // Every wait on these words passes from now on, so no stream (or replay) waits for a proxy that
+  // is gone.
+  for (std::uint32_t i = 0; i < pages_.size() * kPairsPerPage; ++i) {
+    __atomic_store_n(&word(i)[3], 1u, __ATOMIC_RELEASE);
+  }
+  if (cuda::Cuda* gpu = engine_.cuda(); gpu != nullptr) {
+    gpu->defer_unmaps(false);
+    gpu->close_deferred();
+  }
+  if (unreached > 0) {
+    FERRY_LOG(kWarn,
+              "finalize: %zu stream operation(s) not yet reached by their streams: the streams "
+              "will pass them without communicating",
+              unreached);
+  }
+  if (graphs > 0 || unreached > 0) {
+    // Their streams or graphs still write and read the words: they stay (a few KiB).
+    if (graphs > 0) {
+      FERRY_LOG(kInfo,
+                "finalize: %zu captured stream operation(s) outlive the Context: their graphs "
+                "replay without communicating",
+                graphs);
+    }
+    return;
+  }
+  for (const Page& page : pages_) engine_.cuda()->unmap_host(page.device, page.host);
+  pages_.clear();
+}
+
+}  // namespace ferry::proto

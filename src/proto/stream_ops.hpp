@@ -1,0 +1,117 @@
+// Stream-ordered operations: a communication call ordered on an application's CUDA stream after
+// the work already there, with the work enqueued after it waiting for its result, and the host
+// call returning at once. Also what a stream captures into a CUDA graph, run again by every replay
+// with no call into ferry.
+//
+// How: the call enqueues a hand-off on the stream (stream memory operations, which hold no SM): a
+// write of a host word that says "the buffers are ready", then a wait until another host word
+// says "done". ferry's proxy thread watches the words, starts the operations (the Context's own
+// non-blocking calls, so every path and fallback of the host-synchronous ones applies), advances
+// them and writes "done" when they end, failed or not: the stream is always released. A failure
+// becomes the Context's asynchronous error (Context::async_error, and the next stream call). A
+// captured hand-off keeps its words as long as its graph lives (a CUDA user object tells when it
+// goes), and each replay starts its operations again with the arguments of the capture.
+//
+// Order: the proxy starts the operations in the order their streams reach them, so the stream
+// calls of one communicator go on one stream (or streams ordered among themselves), the same
+// order on every member, as with NCCL. They run on a twin of the communicator (Group::stream_twin),
+// so they never interleave with its host-synchronous collectives.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::proto {
+
+class Engine;
+
+// Starts one operation on the engine (taking its lock itself) and returns its Request.
+using Start = std::function<Request()>;
+
+class StreamOps {
+ public:
+  explicit StreamOps(proto::Engine& engine);
+  ~StreamOps();
+  StreamOps(const StreamOps&) = delete;
+  StreamOps& operator=(const StreamOps&) = delete;
+
+  // Enqueues `start` on `stream` (or, between group_start and group_end, keeps it for the
+  // group). `what` names the call in errors ("allreduce"). Fails, enqueueing nothing, where
+  // stream operations cannot run here (no CUDA, FERRY_THREADS=single), the stream is not
+  // usable, or an earlier stream operation failed (the asynchronous error).
+  Status enqueue(CudaStream stream, Start start, const std::string& what);
+  // Operations enqueued between group_start and the matching group_end start together, after
+  // the work before the group on its stream, so that a member's sends and receives to and from
+  // each other cannot wait for one another. Groups nest; the outermost group_end enqueues. Every
+  // operation of a group names the same stream.
+  void group_start();
+  Status group_end();
+  // The first failure of a stream operation of this Context, or ok. It stays.
+  [[nodiscard]] Status async_error() const;
+  // Stops the proxy thread and releases every stream waiting for it, now and in later graph
+  // replays (the Context's end).
+  void stop();
+
+ private:
+  struct Slot;
+  struct Page {
+    void* host = nullptr;  // kWordsPerPage words, host memory
+    void* view = nullptr;  // the same, as the GPUs see it
+    int device = -1;
+  };
+  struct Pending {
+    CudaStream stream;
+    Start start;
+    std::string what;
+  };
+  // Takes a pair of words for `slot` (its index, value and words; *view is the GPUs' address of
+  // them); a page of them is made on `device` where none is free.
+  Status take_words(int device, Slot& slot, std::byte** view);
+  Status submit(CudaStream stream, std::vector<Pending> work);
+  void fail(const Status& status);
+  void loop();
+  // Starts a slot's operations where its stream has reached them; true when it did.
+  bool start_if_reached(Slot& slot);
+  // Advances a running slot; true when it ended (the stream is released).
+  bool advance(Slot& slot);
+  void release_words(Slot& slot);
+  void flush_unmaps();
+  // What waits, for the log line of a stall.
+  [[nodiscard]] std::string describe_stall(std::chrono::steady_clock::duration quiet) const;
+  // A graph's user object went: its slot's words may be reused (a driver thread calls it).
+  static void graph_released(void* arg);
+  [[nodiscard]] std::uint32_t* word(std::uint32_t index) const;
+
+  proto::Engine& engine_;
+  // Slots handed over by enqueueing threads; the proxy moves them to its own list.
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<Slot>> submitted_;
+  std::vector<Page> pages_;                 // guarded by mutex_ (the proxy keeps pointers)
+  std::vector<std::uint32_t> free_words_;   // guarded by mutex_
+  std::vector<std::uint32_t> generation_;   // per word pair, guarded by mutex_
+  std::list<std::shared_ptr<Slot>> slots_;  // the proxy's
+  std::vector<Pending> group_;              // guarded by mutex_
+  int group_depth_ = 0;                     // guarded by mutex_
+  mutable std::mutex error_mutex_;
+  Status error_;
+  std::atomic<bool> failed_{false};
+  std::atomic<int> outstanding_{0};     // hand-offs enqueued and not ended, graphs' aside
+  std::atomic<bool> flushing_{false};   // flush_unmaps is closing mappings
+  std::atomic<bool> deferring_{false};  // the IPC cache defers its closes
+  std::atomic<bool> stopping_{false};
+  std::thread proxy_;
+  bool stopped_ = false;
+};
+
+}  // namespace ferry::proto

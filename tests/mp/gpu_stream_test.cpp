@@ -1,0 +1,340 @@
+// Stream-ordered operations on a GPU (run by ferryrun -n 2; rank r uses GPU r mod the GPU count).
+// Every case writes the send buffer by work on the stream, enqueues the operation on the same
+// stream, reads the result by work on the stream, and synchronizes only at the end: a result
+// that raced the work before or after it shows as a wrong value in the history the stream kept.
+// Graph cases capture the operation and replay the graph, each replay's input the last one's
+// output. `stream-death` (its own run, --keep-going): the last rank dies while the others' streams
+// wait for it, and they must be released with the error in Context::async_error within seconds.
+// Without a GPU it exits 77 (CTest: skipped) and says why.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/driver.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+Context* g_ctx = nullptr;
+const cuda::Driver* g_cuda = nullptr;
+CUstream g_stream = nullptr;
+
+void check(CUresult result, const char* what) {
+  if (result != CUDA_SUCCESS) {
+    std::fprintf(stderr, "%s: %s\n", what, cuda::error_string(result).c_str());
+    std::abort();
+  }
+}
+
+// Page-locked host memory the stream copies results into.
+struct Pinned {
+  explicit Pinned(std::size_t bytes) {
+    void* p = nullptr;
+    check(g_cuda->cuMemHostAlloc(&p, bytes, 0), "cuMemHostAlloc");
+    data = static_cast<std::uint8_t*>(p);
+    std::memset(data, 0, bytes);
+  }
+  ~Pinned() { g_cuda->cuMemFreeHost(data); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  std::uint8_t* data = nullptr;
+};
+
+struct Device {
+  explicit Device(std::size_t bytes) { check(g_cuda->cuMemAlloc(&p, bytes), "cuMemAlloc"); }
+  ~Device() { g_cuda->cuMemFree(p); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  [[nodiscard]] void* get() const { return reinterpret_cast<void*>(p); }
+  CUdeviceptr p = 0;
+};
+
+// Iterations per size: 10,000 for small ones, fewer where each moves much.
+int iterations_for(std::size_t bytes) {
+  const std::size_t budget = std::size_t{2} << 30;
+  return static_cast<int>(std::min<std::size_t>(10000, std::max<std::size_t>(8, budget / bytes)));
+}
+
+std::uint8_t value_of(int iteration, int rank) {
+  return static_cast<std::uint8_t>(iteration * 13 + rank * 7 + 1);
+}
+
+const std::vector<std::size_t> kSizes = {1,     7,        64,        1000,      4096,
+                                         65536, 1u << 20, 16u << 20, 256u << 20};
+
+// Each iteration: the stream sets the send buffer to this iteration's value, the operation
+// follows, and the stream copies the first and last byte of the result into the history.
+TEST(Stream, AllreduceOrderedEverySize) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  for (std::size_t bytes : kSizes) {
+    const int iterations = iterations_for(bytes);
+    Device send(bytes), recv(bytes);
+    Pinned history(2 * static_cast<std::size_t>(iterations));
+    for (int i = 0; i < iterations; ++i) {
+      check(g_cuda->cuMemsetD8Async(send.p, value_of(i, world.rank()), bytes, g_stream), "memset");
+      ASSERT_TRUE(
+          world.allreduce(send.get(), recv.get(), bytes, DataType::kUint8, ReduceOp::kSum, g_stream)
+              .is_ok());
+      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i), recv.p, 1,
+                                  g_stream),
+            "copy first");
+      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i + 1),
+                                  recv.p + bytes - 1, 1, g_stream),
+            "copy last");
+    }
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    int wrong = 0;
+    for (int i = 0; i < iterations; ++i) {
+      std::uint8_t expected = 0;
+      for (int r = 0; r < n; ++r) expected = static_cast<std::uint8_t>(expected + value_of(i, r));
+      wrong += (history.data[2 * i] != expected) + (history.data[2 * i + 1] != expected);
+    }
+    EXPECT_EQ(wrong, 0) << bytes << " B, " << iterations << " iterations";
+  }
+}
+
+// Every member sends to the next and receives from the previous, in a group (so neither waits
+// for the other), the same stream before and after.
+TEST(Stream, SendRecvGroupOrderedEverySize) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  const int next = (world.rank() + 1) % n;
+  const int previous = (world.rank() + n - 1) % n;
+  for (std::size_t bytes : kSizes) {
+    const int iterations = iterations_for(bytes);
+    Device send(bytes), recv(bytes);
+    Pinned history(2 * static_cast<std::size_t>(iterations));
+    for (int i = 0; i < iterations; ++i) {
+      check(g_cuda->cuMemsetD8Async(send.p, value_of(i, world.rank()), bytes, g_stream), "memset");
+      g_ctx->group_start();
+      ASSERT_TRUE(world.send(send.get(), bytes, next, g_stream).is_ok());
+      ASSERT_TRUE(world.recv(recv.get(), bytes, previous, g_stream).is_ok());
+      ASSERT_TRUE(g_ctx->group_end().is_ok());
+      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i), recv.p, 1,
+                                  g_stream),
+            "copy first");
+      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i + 1),
+                                  recv.p + bytes - 1, 1, g_stream),
+            "copy last");
+    }
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    int wrong = 0;
+    for (int i = 0; i < iterations; ++i) {
+      const std::uint8_t expected = value_of(i, previous);
+      wrong += (history.data[2 * i] != expected) + (history.data[2 * i + 1] != expected);
+    }
+    EXPECT_EQ(wrong, 0) << bytes << " B, " << iterations << " iterations";
+  }
+}
+
+// Host-synchronous collectives on the same communicator between stream ones.
+TEST(Stream, MixesWithHostCalls) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  Device buffer(4096);
+  Pinned history(64);
+  std::vector<std::int64_t> host(4, world.rank() + 1);
+  for (int i = 0; i < 32; ++i) {
+    check(g_cuda->cuMemsetD8Async(buffer.p, value_of(i, world.rank()), 4096, g_stream), "memset");
+    ASSERT_TRUE(
+        world
+            .allreduce(buffer.get(), buffer.get(), 4096, DataType::kUint8, ReduceOp::kSum, g_stream)
+            .is_ok());
+    check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i), buffer.p + 17,
+                                1, g_stream),
+          "copy");
+    std::vector<std::int64_t> sum(4);
+    ASSERT_TRUE(
+        world.allreduce(host.data(), sum.data(), 4, DataType::kInt64, ReduceOp::kSum).is_ok());
+    EXPECT_EQ(sum[3], static_cast<std::int64_t>(n) * (n + 1) / 2);
+  }
+  check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  for (int i = 0; i < 32; ++i) {
+    std::uint8_t expected = 0;
+    for (int r = 0; r < n; ++r) expected = static_cast<std::uint8_t>(expected + value_of(i, r));
+    EXPECT_EQ(history.data[2 * i], expected) << "iteration " << i;
+  }
+}
+
+// Captures `body` on the stream into a graph and replays it `replays` times without a host
+// synchronization between, then waits.
+template <class Body>
+void replay(int replays, Body body) {
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  check(g_cuda->cuStreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "begin capture");
+  body();
+  check(g_cuda->cuStreamEndCapture(g_stream, &graph), "end capture");
+  check(g_cuda->cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+  for (int i = 0; i < replays; ++i) check(g_cuda->cuGraphLaunch(exec, g_stream), "launch");
+  check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  check(g_cuda->cuGraphExecDestroy(exec), "destroy exec");
+  check(g_cuda->cuGraphDestroy(graph), "destroy graph");
+}
+
+// A graph of one allreduce (sum of float64) and a copy of its result back to its input: after k
+// replays every element is S * n^(k-1), S the sum of the members' first inputs (rank + 1), exact
+// in binary floating point for n = 2 up to 1,000 replays.
+TEST(Stream, GraphReplaysAllreduce) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  struct Case {
+    std::size_t count;
+    int replays;
+  };
+  for (Case c : {Case{1, 1000}, Case{1024, 1000}, Case{1u << 20, 100}, Case{8u << 20, 20}}) {
+    const int replays = n == 2 ? c.replays : std::min(c.replays, 20);
+    const std::size_t bytes = c.count * sizeof(double);
+    Device a(bytes), b(bytes);
+    std::vector<double> host(c.count, world.rank() + 1.0);
+    check(g_cuda->cuMemcpy(a.p, reinterpret_cast<CUdeviceptr>(host.data()), bytes), "fill");
+    replay(replays, [&] {
+      ASSERT_TRUE(
+          world.allreduce(a.get(), b.get(), c.count, DataType::kFloat64, ReduceOp::kSum, g_stream)
+              .is_ok());
+      check(g_cuda->cuMemcpyAsync(a.p, b.p, bytes, g_stream), "copy back");
+    });
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()), a.p, bytes), "read");
+    const double expected = n * (n + 1) / 2.0 * std::pow(static_cast<double>(n), replays - 1);
+    int wrong = 0;
+    for (double x : host) wrong += x != expected;
+    EXPECT_EQ(wrong, 0) << c.count << " doubles, " << replays << " replays: " << host[0]
+                        << " where " << expected;
+  }
+}
+
+// A graph of a group (send to the next member, receive from the previous) and a copy of what came
+// back into the send buffer: after k replays each member holds member (rank - k)'s first data.
+TEST(Stream, GraphReplaysSendRecv) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  const int next = (world.rank() + 1) % n;
+  const int previous = (world.rank() + n - 1) % n;
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
+    const int replays = 1001;
+    Device a(bytes), b(bytes);
+    check(g_cuda->cuMemsetD8(a.p, value_of(0, world.rank()), bytes), "fill");
+    replay(replays, [&] {
+      g_ctx->group_start();
+      ASSERT_TRUE(world.send(a.get(), bytes, next, g_stream).is_ok());
+      ASSERT_TRUE(world.recv(b.get(), bytes, previous, g_stream).is_ok());
+      ASSERT_TRUE(g_ctx->group_end().is_ok());
+      check(g_cuda->cuMemcpyAsync(a.p, b.p, bytes, g_stream), "copy back");
+    });
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    std::vector<std::uint8_t> host(bytes);
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()), a.p, bytes), "read");
+    const int origin = ((world.rank() - replays) % n + n) % n;
+    int wrong = 0;
+    for (std::uint8_t x : host) wrong += x != value_of(0, origin);
+    EXPECT_EQ(wrong, 0) << bytes << " B";
+  }
+}
+
+// Arguments the stream forms refuse where the call is made.
+TEST(Stream, RefusesBadArgumentsAtTheCall) {
+  Communicator world = g_ctx->world();
+  Device buffer(64);
+  EXPECT_EQ(world.broadcast(buffer.get(), 8, DataType::kUint8, world.size(), g_stream).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(world.send(buffer.get(), 8, -1, g_stream).code(), Code::kInvalidArgument);
+  EXPECT_EQ(
+      world
+          .allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat32, ReduceOp::kBitAnd, g_stream)
+          .code(),
+      Code::kInvalidArgument);
+  g_ctx->group_start();
+  CUstream other = nullptr;
+  check(g_cuda->cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), "stream");
+  ASSERT_TRUE(world.send(buffer.get(), 8, 0, g_stream).is_ok());
+  ASSERT_TRUE(world.recv(buffer.get(), 8, 0, other).is_ok());
+  EXPECT_EQ(g_ctx->group_end().code(), Code::kInvalidArgument);
+  EXPECT_EQ(g_ctx->group_end().code(), Code::kInvalidArgument);
+  g_cuda->cuStreamDestroy(other);
+  EXPECT_TRUE(g_ctx->async_error().is_ok());
+}
+
+// The last rank dies 300 ms in while every rank enqueues allreduces; the survivors' streams must
+// be released (cuStreamSynchronize returns) and the failure be in async_error.
+int stream_death(Context& ctx) {
+  Communicator world = ctx.world();
+  const int victim = ctx.size() - 1;
+  Device buffer(4096);
+  check(g_cuda->cuMemsetD8(buffer.p, 1, 4096), "memset");
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  long calls = 0;
+  Status enqueued;
+  while (enqueued.is_ok() && Clock::now() - start < std::chrono::seconds(20)) {
+    if (ctx.rank() == victim && Clock::now() - start > std::chrono::milliseconds(300)) {
+      ::kill(::getpid(), SIGKILL);
+    }
+    enqueued = world.allreduce(buffer.get(), buffer.get(), 1024, DataType::kFloat32, ReduceOp::kMax,
+                               g_stream);
+    ++calls;
+    if (calls % 64 == 0) check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  }
+  const auto failed_at = Clock::now();
+  const CUresult synchronized = g_cuda->cuStreamSynchronize(g_stream);
+  const double release_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - failed_at).count();
+  const Status error = ctx.async_error();
+  const double total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::printf(
+      "rank %d: stream allreduces without rank %d: %ld enqueued, the last enqueue said %s; "
+      "stream released %.1f ms after it (%s); async_error %s; %.0f ms in all\n",
+      ctx.rank(), victim, calls, enqueued.to_string().c_str(), release_ms,
+      synchronized == CUDA_SUCCESS ? "ok" : "failed", error.to_string().c_str(), total_ms);
+  const bool ok = synchronized == CUDA_SUCCESS && error.code() == Code::kPeerFailed &&
+                  !enqueued.is_ok() && total_ms < 15000;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::string why;
+  ferry::g_cuda = ferry::cuda::driver(&why);
+  if (ferry::g_cuda == nullptr) {
+    std::printf("SKIP: GPU tests need a CUDA driver and device: %s\n", why.c_str());
+    return 77;
+  }
+  try {
+    ferry::Context ctx = ferry::Context::init();
+    ferry::g_ctx = &ctx;
+    CUdevice device;
+    ferry::check(ferry::g_cuda->cuDeviceGet(&device, ctx.rank() % ferry::g_cuda->device_count),
+                 "cuDeviceGet");
+    CUcontext context;
+    ferry::check(ferry::g_cuda->cuDevicePrimaryCtxRetain(&context, device), "retain");
+    ferry::check(ferry::g_cuda->cuCtxSetCurrent(context), "set current");
+    ferry::check(ferry::g_cuda->cuStreamCreate(&ferry::g_stream, CU_STREAM_NON_BLOCKING),
+                 "cuStreamCreate");
+    int result = 0;
+    if (argc > 1 && std::string(argv[1]) == "stream-death") {
+      result = ferry::stream_death(ctx);
+    } else {
+      result = RUN_ALL_TESTS();
+    }
+    ferry::g_ctx = nullptr;
+    return result;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "gpu_stream_test: %s\n", e.what());
+    return 1;
+  }
+}
