@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe guard tests coll coll_kill coll_sanitizer perf perf_staged compare coll_compare twoshot
-# resident check sanitizer ofi ofi_perf kill (default: info tests perf). guard measures every GPU
+# Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_perf perf perf_staged
+# compare coll_compare twoshot resident check sanitizer ofi ofi_perf kill (default: info tests
+# perf). guard measures every GPU
 # figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
 # their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
 # The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
@@ -15,7 +16,15 @@ if [ "${1:-}" = pack ]; then
   rm -rf "$here/.devbin" && mkdir -p "$here/.devbin/bin" "$here/.devbin/lib"
   cp "$build"/tools/ferryrun "$build"/tools/ferry-perf "$build"/tools/ferry-info \
      "$build"/tests/ferry_gpu_tests "$build"/tests/ferry_gpu_coll_tests \
-     "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
+     "$build"/tests/ferry_gpu_stream_tests "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
+  # nccl-tests, where NCCL_TESTS names a folder it was built in (a fetched copy of
+  # NVIDIA/nccl-tests: make -C src NCCL_HOME=$CUDA_HOME
+  # NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90), with the CUDA runtime it links.
+  if [ -n "${NCCL_TESTS:-}" ]; then
+    cp "$NCCL_TESTS"/build/all_reduce_perf "$NCCL_TESTS"/build/sendrecv_perf "$here/.devbin/bin/"
+    cp -L "$(ldd "$NCCL_TESTS"/build/all_reduce_perf | awk '/libcudart/ {print $3}')" \
+      "$here/.devbin/lib/"
+  fi
   [ -x "$build/bench/nccl_perf" ] && cp "$build/bench/nccl_perf" "$here/.devbin/bin/"
   [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
   [ -x "$build/bench/pinned_rate" ] && cp "$build/bench/pinned_rate" "$here/.devbin/bin/"
@@ -68,6 +77,46 @@ for step in $steps; do
         env "$@" "$bin/ferryrun" --timeout 500 -n "$n" "$bin/ferry_gpu_coll_tests" 2>&1 \
           | tee -a "$out/gpu_coll.log" | grep -E "^\[  |rank .*grew|Failure|error|SKIP" | head -30
         echo "exit ${PIPESTATUS[0]}"
+      done ;;
+    stream)
+      # Stream-ordered operations and graph replays (IPC, then staged), then the last rank killed
+      # while the others' streams wait for it: they must be released with the error.
+      for mode in ipc staged; do
+        env=()
+        [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
+        echo "--- gpu.stream.$mode ${env[*]:-}"
+        env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_stream_tests" 2>&1 \
+          | tee "$out/gpu_stream_$mode.log" | grep -E "^\[  |Failure|error|SKIP|Which is|Expected" \
+          | awk 'NR <= 40'
+        echo "exit ${PIPESTATUS[0]}"
+      done
+      echo "--- stream-death -n 2"
+      "$bin/ferryrun" --timeout 60 --keep-going -n 2 "$bin/ferry_gpu_stream_tests" stream-death \
+        2>&1 | tee "$out/gpu_stream_death.log" | grep -E "^rank|error|warn" | awk 'NR <= 20'
+      echo "exit ${PIPESTATUS[0]}" ;;
+    stream_perf)
+      # Interleaved rounds: ferry's allreduce and sendrecv host-synchronous (allreduce only),
+      # stream-ordered back to back, and replayed from graphs of 100 calls; then nccl-tests (one
+      # process, a GPU per rank) back to back and replayed from graphs (-G: 20 calls a graph).
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-8,512,32k,2m,16m,128m}
+      ngpu=$(nvidia-smi -L | wc -l)
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-2}"); do
+        echo "--- round $round"
+        for mode in "" "--stream" "--graph 100"; do
+          tests="allreduce sendrecv"
+          [ -z "$mode" ] && tests=allreduce
+          "$bin/ferryrun" --timeout 300 -n "$ngpu" "$bin/ferry-perf" $tests $mode -m cuda \
+            --check --sizes "$sizes" 2>&1 | tee -a "$out/stream_perf_ferry.txt"
+        done
+        for t in all_reduce_perf sendrecv_perf; do
+          [ -x "$bin/$t" ] || continue
+          for graph in 0 100; do
+            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/$t" -b 8 -e 128M -f 8 -g "$ngpu" \
+              -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
+              | sed "s/^/$t -G $graph: /" | tee -a "$out/stream_perf_nccl.txt" | grep -v "#"
+          done
+        done
       done ;;
     coll_compare)
       # Interleaved rounds: ferry-perf allreduce -m cuda, then NCCL's allreduce, same sizes.

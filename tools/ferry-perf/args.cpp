@@ -16,15 +16,20 @@ namespace ferry::perf {
       "  side polling its memory for the\n"
       "  other's last byte; get_lat a blocking get; the _bw tests a window then a flush;\n"
       "  atomic_add a window of 8-byte adds: latency_us is the time per add)\n"
-      "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter|reduce]...\n"
+      "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter|reduce|\n"
+      "                                 sendrecv]...\n"
       "  (collectives: SIZE is the bytes of the result; allreduce, reduce_scatter and reduce\n"
       "  add float32, broadcast comes from rank 0, reduce goes to it; -m cuda puts every rank's\n"
-      "  buffers on its GPU)\n"
+      "  buffers on its GPU; sendrecv (with --stream): each rank sends to the next and receives\n"
+      "  from the previous)\n"
       "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
       "  --iterations N     timed iterations per size (default: by size)\n"
       "  --warmup N         untimed iterations first (default: a tenth)\n"
       "  --window W         sends in flight in bandwidth tests (default 64)\n"
       "  --check            verify every byte received\n"
+      "  --stream           collectives by their stream-ordered forms on a CUDA stream, timed\n"
+      "                     from the first enqueue until the stream is done\n"
+      "  --graph N          as --stream, captured in CUDA graphs of N calls that are replayed\n"
       "  --register         one-sided on host memory: the exposed buffer is the program's own,\n"
       "                     given to register_memory (reached by CMA on this node)\n"
       "  -m, --mem A[:B]    buffers in host, pinned (host memory page-locked by CUDA) or cuda\n"
@@ -74,7 +79,7 @@ bool is_one_sided(const std::string& test) {
 
 bool is_collective(const std::string& test) {
   return test == "allreduce" || test == "broadcast" || test == "allgather" ||
-         test == "reduce_scatter" || test == "reduce";
+         test == "reduce_scatter" || test == "reduce" || test == "sendrecv";
 }
 
 Args parse(int argc, char** argv) {
@@ -114,6 +119,11 @@ Args parse(int argc, char** argv) {
       }
     } else if (a == "--check") {
       args.check = true;
+    } else if (a == "--stream") {
+      args.stream = true;
+    } else if (a == "--graph") {
+      args.graph = parse_count("--graph", value(), 1);
+      args.stream = true;
     } else if (a == "--register") {
       args.register_host = true;
     } else if (a == "--json") {
@@ -127,6 +137,10 @@ Args parse(int argc, char** argv) {
     }
   }
   if (args.tests.empty()) args.tests = {"latency", "bandwidth"};
+  for (const std::string& t : args.tests) {
+    if (args.stream && !is_collective(t)) usage(("--stream takes collectives, not " + t).c_str());
+    if (!args.stream && t == "sendrecv") usage("sendrecv needs --stream");
+  }
   if (args.sizes.empty()) {
     for (std::size_t s = 1; s <= (64u << 20); s *= 2) args.sizes.push_back(s);
   }
@@ -158,11 +172,16 @@ void print(const Args& args, const std::vector<Record>& records, const ferry::Co
     }
     return;
   }
+  const std::string mode =
+      args.graph > 0 ? "; stream-ordered, graphs of " + std::to_string(args.graph) + " calls"
+      : args.stream  ? "; stream-ordered"
+                     : "";
   std::printf(
       "# ferry-perf %s: ranks 0 and 1 of %d (collectives: all); memory %s:%s; rank 1 via "
-      "%s%s\n",
+      "%s%s%s\n",
       FERRY_VERSION_STRING, ctx.size(), args.mem[0].c_str(), args.mem[1].c_str(),
-      ctx.size() > 1 ? ctx.describe_peer(1).c_str() : "-", args.check ? "; data checked" : "");
+      ctx.size() > 1 ? ctx.describe_peer(1).c_str() : "-", args.check ? "; data checked" : "",
+      mode.c_str());
   std::printf("%-10s %12s %11s %12s %15s\n", "test", "size", "iterations", "latency_us",
               "bandwidth_GBps");
   for (const Record& r : records) {

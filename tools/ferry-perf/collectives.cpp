@@ -3,7 +3,7 @@
 
 namespace ferry::perf {
 
-Record collective(ferry::Communicator& world, const Args& args, Space& space,
+Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& args, Space& space,
                   const std::string& test, std::size_t size, long iters, long warmup) {
   const auto n = static_cast<std::size_t>(world.size());
   const std::size_t floats = size / 4;
@@ -21,6 +21,8 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
           pattern(i, world.rank(), 1);
     }
     out.push(0, size);
+  } else if (test == "sendrecv") {
+    fill(in.shadow(), size, world.rank());
   } else {
     std::fill_n(out.shadow(), size, std::byte{0});
     if (world.rank() == 0) fill(out.shadow(), size, 1);
@@ -32,31 +34,55 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
                    : test == "reduce_scatter" ? 1
                    : test == "allgather"      ? 2
                    : test == "reduce"         ? 4
+                   : test == "sendrecv"       ? 5
                                               : 3;
   std::byte* my_block = out.data() + static_cast<std::size_t>(world.rank()) * (size / n);
-  auto once = [&] {
+  const int next = (world.rank() + 1) % world.size();
+  const int previous = (world.rank() + world.size() - 1) % world.size();
+  // With a stream (a CudaStream argument) the stream-ordered form, else the blocking one.
+  auto once = [&](auto... stream) {
     switch (kind) {
       case 0:
         return world.allreduce(in.data(), out.data(), floats, ferry::DataType::kFloat32,
-                               ferry::ReduceOp::kSum);
+                               ferry::ReduceOp::kSum, stream...);
       case 1:
         return world.reduce_scatter(in.data(), out.data(), floats / n, ferry::DataType::kFloat32,
-                                    ferry::ReduceOp::kSum);
+                                    ferry::ReduceOp::kSum, stream...);
       case 2:
-        return world.allgather(my_block, out.data(), size / n, ferry::DataType::kUint8);
+        return world.allgather(my_block, out.data(), size / n, ferry::DataType::kUint8, stream...);
       case 4:
         return world.reduce(in.data(), out.data(), floats, ferry::DataType::kFloat32,
-                            ferry::ReduceOp::kSum, 0);
+                            ferry::ReduceOp::kSum, 0, stream...);
+      case 5:
+        if constexpr (sizeof...(stream) == 1) {
+          ctx.group_start();
+          require(world.send(in.data(), size, next, stream...), "send");
+          require(world.recv(out.data(), size, previous, stream...), "recv");
+          return ctx.group_end();
+        } else {
+          return ferry::Status(ferry::Code::kUnsupported, "sendrecv needs --stream");
+        }
       default:
-        return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0);
+        return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0, stream...);
     }
   };
-  for (long i = 0; i < warmup; ++i) require(once(), test.c_str());
-  require(world.barrier(), "barrier");
-  const Clock::time_point start = Clock::now();
-  for (long i = 0; i < iters; ++i) require(once(), test.c_str());
-  const double mine =
-      std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(iters);
+  double mine = 0;
+  if (args.stream) {
+    auto enqueue = [&](ferry::CudaStream stream) { require(once(stream), test.c_str()); };
+    space.forget_graphs();
+    if (warmup > 0) space.on_stream(warmup, args.graph, enqueue);
+    require(world.barrier(), "barrier");
+    const Clock::time_point start = Clock::now();
+    iters = space.on_stream(iters, args.graph, enqueue);
+    mine = std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(iters);
+    require(ctx.async_error(), (test + " on the stream").c_str());
+  } else {
+    for (long i = 0; i < warmup; ++i) require(once(), test.c_str());
+    require(world.barrier(), "barrier");
+    const Clock::time_point start = Clock::now();
+    for (long i = 0; i < iters; ++i) require(once(), test.c_str());
+    mine = std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(iters);
+  }
   double slowest = 0;
   require(world.allreduce(&mine, &slowest, 1, ferry::DataType::kFloat64, ferry::ReduceOp::kMax),
           "allreduce of the times");
@@ -81,6 +107,8 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
           ok = ok && got[r * (size / n) + i] == pattern(i, static_cast<long>(r), 1);
         }
       }
+    } else if (test == "sendrecv") {
+      verify(got, size, previous, "sendrecv");
     } else {
       verify(got, size, 1, "broadcast");
     }
@@ -91,9 +119,10 @@ Record collective(ferry::Communicator& world, const Args& args, Space& space,
     }
   }
   const double nd = static_cast<double>(n);
-  const double factor = test == "allreduce"                       ? 2 * (nd - 1) / nd
-                        : test == "broadcast" || test == "reduce" ? 1
-                                                                  : (nd - 1) / nd;
+  const double factor = test == "allreduce" ? 2 * (nd - 1) / nd
+                        : test == "broadcast" || test == "reduce" || test == "sendrecv"
+                            ? 1
+                            : (nd - 1) / nd;
   return {test, size, iters, slowest * 1e6, static_cast<double>(size) / slowest / 1e9 * factor};
 }
 

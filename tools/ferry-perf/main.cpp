@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
         long iters = bench.iterations_for(test, size);
         long warmup = args.warmup >= 0 ? args.warmup : std::max(1L, iters / 10);
         if (is_collective(test)) {
-          records.push_back(collective(world, args, space, test, size, iters, warmup));
+          records.push_back(collective(ctx, world, args, space, test, size, iters, warmup));
           continue;
         }
         if (ctx.rank() > 1) continue;  // point to point: ranks 0 and 1 only

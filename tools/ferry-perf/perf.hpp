@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct Args {
   int window = 64;
   bool check = false;
   bool register_host = false;  // one-sided on host memory: register_memory, not allocate_memory
+  bool stream = false;         // collectives by their stream-ordered forms, on one CUDA stream
+  long graph = 0;              // > 0: captured in CUDA graphs of this many calls, replayed
   enum { kTable, kJson, kCsv } format = kTable;
   std::string mem[2] = {"host", "host"};  // where rank 0's and rank 1's buffers live
 };
@@ -113,6 +116,48 @@ class Space {
 #endif
     ::operator delete[](p, kHostAlignment);
   }
+  // Enqueues `calls` calls of once(stream) on a stream of this process's GPU, back to back, or
+  // where `graph` > 0 captures `graph` of them in a CUDA graph and replays it; waits for the
+  // stream and returns the calls made (`calls` rounded up to whole graphs).
+  template <class Once>
+  long on_stream(long calls, long graph, Once once) {
+#ifdef FERRY_HAVE_CUDA
+    if (d_ == nullptr) fail("--stream needs CUDA (-m cuda or pinned)");
+    if (stream_ == nullptr) check(d_->cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "stream");
+    auto* stream = reinterpret_cast<ferry::CudaStream>(stream_);
+    if (graph <= 0) {
+      for (long i = 0; i < calls; ++i) once(stream);
+    } else {
+      if (graphs_.count(graph) == 0) {
+        CUgraph g = nullptr;
+        CUgraphExec exec = nullptr;
+        check(d_->cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
+        for (long i = 0; i < graph; ++i) once(stream);
+        check(d_->cuStreamEndCapture(stream_, &g), "end capture");
+        check(d_->cuGraphInstantiateWithFlags(&exec, g, 0), "instantiate");
+        d_->cuGraphDestroy(g);
+        graphs_[graph] = exec;
+      }
+      const long launches = std::max(1L, (calls + graph - 1) / graph);
+      for (long i = 0; i < launches; ++i)
+        check(d_->cuGraphLaunch(graphs_[graph], stream_), "launch");
+      calls = launches * graph;
+    }
+    check(d_->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    return calls;
+#else
+    (void)calls, (void)graph, (void)once;
+    fail("--stream: this ferry-perf was built without CUDA support");
+#endif
+  }
+  // A new size or test captures again.
+  void forget_graphs() {
+#ifdef FERRY_HAVE_CUDA
+    for (auto& [calls, exec] : graphs_) d_->cuGraphExecDestroy(exec);
+    graphs_.clear();
+#endif
+  }
+
   // Copies between a buffer of this space and host memory (data checks).
   void put(std::byte* dst, const std::byte* host, std::size_t bytes) {
 #ifdef FERRY_HAVE_CUDA
@@ -149,6 +194,8 @@ class Space {
     if (r != CUDA_SUCCESS) fail(std::string(what) + ": " + ferry::cuda::error_string(r));
   }
   const ferry::cuda::Driver* d_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::map<long, CUgraphExec> graphs_;  // by calls per graph
 #endif
   int device_ = -1;
   bool pinned_ = false;
@@ -235,7 +282,10 @@ struct Bench {
 // One collective over every rank, timed like OSU and NCCL's tests: a barrier, then `iters` calls
 // back to back; the time of one call is the slowest rank's mean. Bus bandwidth is NCCL's: the
 // bytes each rank must move per unit time, comparable across rank counts.
-Record collective(ferry::Communicator& world, const Args& args, Space& space,
+// With --stream (and --graph) the calls are the stream-ordered forms, timed from the first
+// enqueue to the stream's end; sendrecv (stream forms only) is NCCL's test of the name: every
+// member sends to the next and receives from the previous, in a group.
+Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& args, Space& space,
                   const std::string& test, std::size_t size, long iters, long warmup);
 
 }  // namespace ferry::perf
