@@ -13,7 +13,9 @@
 # ferry-perf's) and reduce (to rank 0) latency at 128 KiB, 256 KiB, 512 KiB and 1 MiB instead of the
 # issue's sizes (8 B, 64 KiB, 16 MiB); COLL_CASES=reduce: reduce at the issue's sizes. COLL_RANKS="2 3 4": the rank counts (default "2 4").
 # COLL_ALT="VAR=value ...": each round also runs ferry with those variables (a third column and
-# its ratio to Open MPI), e.g. COLL_ALT=FERRY_COLL_NODE=64k.
+# its ratio to Open MPI), e.g. COLL_ALT=FERRY_COLL_NODE=64k. COLL_CASES=small: barrier, and the
+# other five at 8 B and 64 KiB (allgather and reduce_scatter at 64 B and 64 KiB in all). Each
+# table gives the spread between rounds too: (slowest - fastest) / median, per side.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
@@ -62,6 +64,22 @@ if [ "${COLL_CASES:-}" = mid ]; then
     "rd512k reduce 524288 300 latency"
     "rd1m reduce 1048576 200 latency"
   )
+elif [ "${COLL_CASES:-}" = small ]; then
+  # The small host collectives: barrier, and 8 B and 64 KiB of the others (allgather and
+  # reduce_scatter 64 B in all, so that 8 ranks have a block each).
+  cases=(
+    "br barrier 1 20000 latency"
+    "bc8 broadcast 8 20000 latency"
+    "bc64k broadcast 65536 2000 latency"
+    "rd8 reduce 8 20000 latency"
+    "rd64k reduce 65536 2000 latency"
+    "ar8 allreduce 8 20000 latency"
+    "ar64k allreduce 65536 2000 latency"
+    "ag64 allgather 64 20000 latency"
+    "ag64k allgather 65536 2000 latency"
+    "rs64 reduce_scatter 64 20000 latency"
+    "rs64k reduce_scatter 65536 2000 latency"
+  )
 elif [ "${COLL_CASES:-}" = reduce ]; then
   cases=(
     "rd8 reduce 8 20000 latency"
@@ -108,6 +126,8 @@ import statistics, sys
 rows = [line.split("\t") for line in open(sys.argv[1]).read().split("\n") if line]
 alt = sys.argv[3]
 def name(key):
+    if key == "br":
+        return "barrier latency (us)"
     test = {"ar": "allreduce", "bc": "broadcast", "ag": "allgather", "rs": "reduce_scatter",
             "rd": "reduce"}[key[:2]]
     size = key[2:]
@@ -123,14 +143,17 @@ for n in sorted({r[0] for r in rows}, key=int):
     print()
     extra = f" | ferry with {alt} | its ratio" if alt else ""
     print(f"| metric ({n} ranks, {sys.argv[2]} interleaved rounds, medians) | ferry | Open MPI "
-          f"| per-round ratio{extra} |")
-    print("|---|---|---|---|" + ("---|---|" if alt else ""))
+          f"| per-round ratio | ferry spread | Open MPI spread{extra} |")
+    print("|---|---|---|---|---|---|" + ("---|---|" if alt else ""))
     for key in keys:
         data = [(float(f), float(o), a) for k_n, k, f, o, a in rows if k_n == n and k == key]
         f = statistics.median(d[0] for d in data)
         o = statistics.median(d[1] for d in data)
         r = statistics.median(ratio(key, d[0], d[1]) for d in data)
-        line = f"| {name(key)} | {f:.3f} | {o:.3f} | {r:.2f} |"
+        spread = lambda xs: (max(xs) - min(xs)) / statistics.median(xs)
+        sf = spread([d[0] for d in data])
+        so = spread([d[1] for d in data])
+        line = f"| {name(key)} | {f:.3f} | {o:.3f} | {r:.2f} | {sf:.2f} | {so:.2f} |"
         if alt:
             a = statistics.median(float(d[2]) for d in data)
             ra = statistics.median(ratio(key, float(d[2]), d[1]) for d in data)

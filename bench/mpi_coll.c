@@ -1,7 +1,8 @@
 /* The reference side of bench/coll_compare.sh: the same collective loops as ferry-perf's
  * allreduce, broadcast, allgather, reduce_scatter and reduce modes, written against MPI, so both
  * are measured the same way in one run.
- *   mpirun -np N mpi_coll allreduce|broadcast|allgather|reduce_scatter|reduce SIZE ITERATIONS
+ *   mpirun -np N mpi_coll allreduce|broadcast|allgather|reduce_scatter|reduce|barrier SIZE
+ *     ITERATIONS (barrier: SIZE is unused, give 1)
  *     -> prints "LATENCY_US BUSBW_GBPS"
  * allreduce: MPI_Allreduce of SIZE/4 floats (MPI_SUM), separate send and receive buffers;
  * broadcast: MPI_Bcast of SIZE bytes from rank 0; allgather: MPI_Allgather in place of SIZE/N
@@ -26,15 +27,18 @@ int main(int argc, char** argv) {
   const int allgather = argc >= 4 && strcmp(argv[1], "allgather") == 0;
   const int reduce_scatter = argc >= 4 && strcmp(argv[1], "reduce_scatter") == 0;
   const int reduce = argc >= 4 && strcmp(argv[1], "reduce") == 0;
+  const int barrier = argc >= 4 && strcmp(argv[1], "barrier") == 0; /* SIZE unused */
   const long size = argc >= 4 ? atol(argv[2]) : 0;
   const long iters = argc >= 4 ? atol(argv[3]) : 0;
-  if ((!allreduce && !broadcast && !allgather && !reduce_scatter && !reduce) || size <= 0 ||
+  if ((!allreduce && !broadcast && !allgather && !reduce_scatter && !reduce && !barrier) ||
+      size <= 0 ||
       size > 0x7fffffffL || iters <= 0 ||
       ((allreduce || reduce_scatter || reduce) && size % 4 != 0) || (allgather && size < nranks) ||
       (reduce_scatter && size / 4 < nranks)) {
     if (rank == 0)
       fprintf(stderr,
-              "usage: mpi_coll allreduce|broadcast|allgather|reduce_scatter|reduce SIZE ITERATIONS"
+              "usage: mpi_coll allreduce|broadcast|allgather|reduce_scatter|reduce|barrier SIZE "
+              "ITERATIONS"
               " (SIZE > 0, a multiple of 4 for the reductions, at least N elements)\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
@@ -62,7 +66,9 @@ int main(int argc, char** argv) {
       MPI_Barrier(MPI_COMM_WORLD);
       start = MPI_Wtime();
     }
-    if (allreduce) {
+    if (barrier) {
+      MPI_Barrier(MPI_COMM_WORLD);
+    } else if (allreduce) {
       MPI_Allreduce(out, in, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (reduce) {
       MPI_Reduce(out, in, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -89,7 +95,7 @@ int main(int argc, char** argv) {
     for (long i = 0; i < block * nranks && !bad; ++i) {
       bad = out[i] != (char)((i % block + i / block) % 251);
     }
-  } else {
+  } else if (!barrier) {
     for (long i = 0; i < size && !bad; ++i) bad = out[i] != (char)(i % 251);
   }
   if (bad) {

@@ -17,10 +17,11 @@ namespace ferry::perf {
       "  other's last byte; get_lat a blocking get; the _bw tests a window then a flush;\n"
       "  atomic_add a window of 8-byte adds: latency_us is the time per add)\n"
       "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter|reduce|\n"
-      "                                 sendrecv]...\n"
+      "                                 barrier|sendrecv]...\n"
       "  (collectives: SIZE is the bytes of the result; allreduce, reduce_scatter and reduce\n"
       "  add float32, broadcast comes from rank 0, reduce goes to it; -m cuda puts every rank's\n"
-      "  buffers on its GPU; sendrecv (with --stream): each rank sends to the next and receives\n"
+      "  buffers on its GPU; barrier ignores SIZE; sendrecv (with --stream): each rank sends to "
+      "the next and receives\n"
       "  from the previous)\n"
       "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
       "  --iterations N     timed iterations per size (default: by size)\n"
@@ -79,7 +80,7 @@ bool is_one_sided(const std::string& test) {
 
 bool is_collective(const std::string& test) {
   return test == "allreduce" || test == "broadcast" || test == "allgather" ||
-         test == "reduce_scatter" || test == "reduce" || test == "sendrecv";
+         test == "reduce_scatter" || test == "reduce" || test == "sendrecv" || test == "barrier";
 }
 
 Args parse(int argc, char** argv) {

@@ -35,6 +35,7 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
                    : test == "allgather"      ? 2
                    : test == "reduce"         ? 4
                    : test == "sendrecv"       ? 5
+                   : test == "barrier"        ? 6
                                               : 3;
   std::byte* my_block = out.data() + static_cast<std::size_t>(world.rank()) * (size / n);
   const int next = (world.rank() + 1) % world.size();
@@ -62,6 +63,8 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
         } else {
           return ferry::Status(ferry::Code::kUnsupported, "sendrecv needs --stream");
         }
+      case 6:
+        return world.barrier(stream...);
       default:
         return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0, stream...);
     }
@@ -86,7 +89,7 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
   double slowest = 0;
   require(world.allreduce(&mine, &slowest, 1, ferry::DataType::kFloat64, ferry::ReduceOp::kMax),
           "allreduce of the times");
-  if (args.check) {
+  if (args.check && kind != 6) {
     out.pull(0, size);
     const std::byte* got = out.shadow();
     const float sum = static_cast<float>(n * (n + 1) / 2);
