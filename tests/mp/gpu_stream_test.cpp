@@ -71,6 +71,16 @@ std::uint8_t value_of(int iteration, int rank) {
 const std::vector<std::size_t> kSizes = {1,     7,        64,        1000,      4096,
                                          65536, 1u << 20, 16u << 20, 256u << 20};
 
+// On the stream: the first and last byte of `result` into history[2i] and history[2i + 1].
+void record_ends(const Device& result, std::size_t bytes, Pinned& history, int i) {
+  auto* at = history.data + 2 * static_cast<std::size_t>(i);
+  check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(at), result.p, 1, g_stream),
+        "copy first");
+  check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(at + 1), result.p + bytes - 1, 1,
+                              g_stream),
+        "copy last");
+}
+
 // Each iteration: the stream sets the send buffer to this iteration's value, the operation
 // follows, and the stream copies the first and last byte of the result into the history.
 TEST(Stream, AllreduceOrderedEverySize) {
@@ -85,12 +95,7 @@ TEST(Stream, AllreduceOrderedEverySize) {
       ASSERT_TRUE(
           world.allreduce(send.get(), recv.get(), bytes, DataType::kUint8, ReduceOp::kSum, g_stream)
               .is_ok());
-      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i), recv.p, 1,
-                                  g_stream),
-            "copy first");
-      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i + 1),
-                                  recv.p + bytes - 1, 1, g_stream),
-            "copy last");
+      record_ends(recv, bytes, history, i);
     }
     check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
     ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
@@ -121,12 +126,7 @@ TEST(Stream, SendRecvGroupOrderedEverySize) {
       ASSERT_TRUE(world.send(send.get(), bytes, next, g_stream).is_ok());
       ASSERT_TRUE(world.recv(recv.get(), bytes, previous, g_stream).is_ok());
       ASSERT_TRUE(g_ctx->group_end().is_ok());
-      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i), recv.p, 1,
-                                  g_stream),
-            "copy first");
-      check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(history.data + 2 * i + 1),
-                                  recv.p + bytes - 1, 1, g_stream),
-            "copy last");
+      record_ends(recv, bytes, history, i);
     }
     check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
     ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
