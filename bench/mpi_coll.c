@@ -31,8 +31,7 @@ int main(int argc, char** argv) {
   const long size = argc >= 4 ? atol(argv[2]) : 0;
   const long iters = argc >= 4 ? atol(argv[3]) : 0;
   if ((!allreduce && !broadcast && !allgather && !reduce_scatter && !reduce && !barrier) ||
-      size <= 0 ||
-      size > 0x7fffffffL || iters <= 0 ||
+      size <= 0 || size > 0x7fffffffL || iters <= 0 ||
       ((allreduce || reduce_scatter || reduce) && size % 4 != 0) || (allgather && size < nranks) ||
       (reduce_scatter && size / 4 < nranks)) {
     if (rank == 0)
