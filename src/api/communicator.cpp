@@ -204,8 +204,10 @@ std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> stream_parts(
 template <class Build>
 Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream stream,
                           const char* name, Build build) {
-  auto [twin, streams] = stream_parts(group);
-  return streams->enqueue(
+  // Not a structured binding: clang before 16 cannot capture one.
+  std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> parts = stream_parts(group);
+  std::shared_ptr<coll::Group> twin = std::move(parts.first);
+  return parts.second->enqueue(
       stream,
       [twin, build] {
         auto inner = twin->engine()->enter();
