@@ -410,7 +410,8 @@ class Context {
 // pass different counts get kInvalidArgument, not a hang. Under FERRY_TIMEOUT a blocking form
 // returns kTimeout with its transfers withdrawn (its buffers are free again); a wait on an i-form's
 // Request returns kTimeout and leaves the collective running, as for point-to-point requests.
-// After a failure the communicator should not be used for further collectives.
+// After a failure the communicator should not be used for further collectives: revoke it and
+// shrink it (below).
 //
 // A Communicator may outlive its Context (a global one, say): the Context's destruction releases
 // the communicator's device state, and its collectives then fail with kInvalidArgument (split
@@ -428,6 +429,37 @@ class Communicator {
   // rank here). A member passing kUndefined gets an invalid Communicator. Throws ferry::Error.
   static constexpr int kUndefined = -1;
   Communicator split(int color, int key) const;
+
+  // ---- Surviving failures (docs/design/failures.md, "Fault-tolerant communicators") ----
+  // A member that sees a failure (kPeerFailed, kTimeout) revokes the communicator, the survivors
+  // shrink it, and they go on with the new one:
+  //   if (!comm.allreduce(...)) { comm.revoke(); comm = comm.shrink(); /* rebalance, redo */ }
+  //
+  // Revokes the communicator on every member: each collective of it that waits now (host or
+  // stream-ordered, on any member) and every later one fails with kRevoked, so that no member
+  // stays blocked on members that stopped using it. Returns at once; the members learn it in
+  // their next progress (any call into ferry), and each passes it on, so it reaches them all even
+  // if this rank dies meanwhile. Stream-ordered sends and receives already enqueued are not cut
+  // short. agree and shrink still work on it.
+  Status revoke();
+  // Whether it was revoked (here or by a member), after a progress call.
+  [[nodiscard]] bool revoked() const;
+  // The members (ranks of this communicator) this rank knows to have failed, ascending; the
+  // survivors may know different sets until they agree (agree's `failed`).
+  [[nodiscard]] std::vector<int> failed_ranks() const;
+  // Fault-tolerant agreement, collective over the members that are alive (works on a revoked
+  // communicator too): every member that returns ok returns the same *flag, the bitwise AND of
+  // the flags of all members that survive it (and of some that died during it), and the same
+  // *failed (unless null): the members all of them now count as failed. Members that die before
+  // or during the call do not stop it. kTimeout under FERRY_TIMEOUT names whom it waited for;
+  // kPeerFailed when the others counted this member as failed.
+  Status agree(std::uint64_t* flag, std::vector<int>* failed = nullptr);
+  // A new communicator of the members that survive, agreed by all of them (members keep their
+  // order), even when more members die during the call: those are left out too. One that dies
+  // after it is a dead member of the new communicator, whose collectives then fail with
+  // kPeerFailed (shrink again). Works on a revoked communicator. Throws ferry::Error (kTimeout
+  // under FERRY_TIMEOUT, naming whom it waited for).
+  [[nodiscard]] Communicator shrink() const;
 
   Status barrier();
   Request ibarrier();

@@ -23,6 +23,7 @@ enum class Code : int {
   kIoError,          // a system call failed
   kBootstrapError,   // the launcher's store failed or disagreed
   kInternal,
+  kRevoked,  // the communicator was revoked (Communicator::revoke) by this or another member
 };
 
 const char* to_string(Code code) noexcept;

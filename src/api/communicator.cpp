@@ -50,13 +50,48 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(group_->split(color, key));
 }
 
+Status Communicator::revoke() {
+  if (Status s = unusable(group_); !s) return s;
+  auto entry = group_->engine()->enter();
+  group_->revoke();
+  return Status();
+}
+
+bool Communicator::revoked() const {
+  if (!unusable(group_).is_ok()) return false;
+  auto entry = group_->engine()->enter();
+  group_->engine()->progress();  // a revocation that has arrived is learned
+  return group_->revoked();
+}
+
+std::vector<int> Communicator::failed_ranks() const {
+  if (!unusable(group_).is_ok()) return {};
+  auto entry = group_->engine()->enter();
+  return group_->failed_members();
+}
+
+Status Communicator::agree(std::uint64_t* flag, std::vector<int>* failed) {
+  if (Status s = unusable(group_); !s) return s;
+  if (flag == nullptr) return Status(Code::kInvalidArgument, "agree: a null flag");
+  auto entry = group_->engine()->enter();
+  return group_->agree(flag, failed);
+}
+
+Communicator Communicator::shrink() const {
+  if (Status s = unusable(group_); !s) throw Error(s);
+  auto entry = group_->engine()->enter();
+  return Communicator(group_->shrink());
+}
+
 // The i-forms run a schedule that the engine advances; the blocking forms run it now.
-#define FERRY_NONBLOCKING(name, params, args)                   \
-  Request Communicator::i##name params {                        \
-    if (!unusable(group_).is_ok()) return Request();            \
-    coll::Group& g = *group_;                                   \
-    auto entry = g.engine()->enter();                           \
-    return g.start([&](coll::Plan& p) { return g.name args; }); \
+// A revoked communicator fails every call at once (Group::revoked; one that waits fails there).
+#define FERRY_NONBLOCKING(name, params, args)                      \
+  Request Communicator::i##name params {                           \
+    if (!unusable(group_).is_ok()) return Request();               \
+    coll::Group& g = *group_;                                      \
+    auto entry = g.engine()->enter();                              \
+    if (g.revoked()) return g.failed(g.revoked_status("i" #name)); \
+    return g.start([&](coll::Plan& p) { return g.name args; });    \
   }
 #define FERRY_COLLECTIVE(name, params, args)                  \
   FERRY_NONBLOCKING(name, params, args)                       \
@@ -64,6 +99,7 @@ Communicator Communicator::split(int color, int key) const {
     if (Status s = unusable(group_); !s) return s;            \
     coll::Group& g = *group_;                                 \
     auto entry = g.engine()->enter();                         \
+    if (g.revoked()) return g.revoked_status(#name);          \
     return g.run([&](coll::Plan& p) { return g.name args; }); \
   }
 // Small ones may go through the node's shared area at once (Group::quick), with the same result
@@ -74,6 +110,7 @@ Communicator Communicator::split(int color, int key) const {
     if (Status s = unusable(group_); !s) return s;             \
     coll::Group& g = *group_;                                  \
     auto entry = g.engine()->enter();                          \
+    if (g.revoked()) return g.revoked_status(#name);           \
     Status quick;                                              \
     if (g.quick quick_args) return quick;                      \
     return g.run([&](coll::Plan& p) { return g.name args; });  \
@@ -143,6 +180,7 @@ Request Communicator::ialltoall(const void* send, void* recv, std::size_t count,
   if (!unusable(group_).is_ok()) return Request();
   coll::Group& g = *group_;
   auto entry = g.engine()->enter();
+  if (g.revoked()) return g.failed(g.revoked_status("ialltoall"));
   const EvenBlocks b(g.size(), count);
   return g.start([&](coll::Plan& p) {
     return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
@@ -154,6 +192,7 @@ Status Communicator::alltoall(const void* send, void* recv, std::size_t count, D
   if (Status s = unusable(group_); !s) return s;
   coll::Group& g = *group_;
   auto entry = g.engine()->enter();
+  if (g.revoked()) return g.revoked_status("alltoall");
   const EvenBlocks b(g.size(), count);
   return g.run([&](coll::Plan& p) {
     return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements, type,
@@ -194,9 +233,14 @@ Status check_stream_call(const coll::Group& g, const char* name, std::size_t cou
 // The communicator's stream twin and the Context's stream operations, taken under the engine's
 // lock, which the enqueueing then lets go: a full stream blocks the call that enqueues on it
 // until the proxy, which needs that lock, has drained it.
+// Null parts, and *revoked set, for a revoked communicator.
 std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> stream_parts(
-    const std::shared_ptr<coll::Group>& group) {
+    const std::shared_ptr<coll::Group>& group, const char* name, Status* revoked) {
   auto entry = group->engine()->enter();
+  if (group->revoked()) {
+    *revoked = group->revoked_status(std::string(name) + " on a stream");
+    return {nullptr, nullptr};
+  }
   return {group->stream_twin(), &group->engine()->streams()};
 }
 
@@ -205,7 +249,10 @@ template <class Build>
 Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream stream,
                           const char* name, Build build) {
   // Not a structured binding: clang before 16 cannot capture one.
-  std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> parts = stream_parts(group);
+  Status revoked;
+  std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> parts =
+      stream_parts(group, name, &revoked);
+  if (!revoked.is_ok()) return revoked;
   std::shared_ptr<coll::Group> twin = std::move(parts.first);
   return parts.second->enqueue(
       stream,
@@ -293,7 +340,9 @@ Status enqueue_message(const std::shared_ptr<coll::Group>& group, bool sending, 
                                               std::to_string(bytes) + " bytes");
   }
   proto::Engine* engine = group->engine();
-  const auto [twin, streams] = stream_parts(group);
+  Status revoked;
+  const auto [twin, streams] = stream_parts(group, name, &revoked);
+  if (!revoked.is_ok()) return revoked;
   const int rank = twin->member(peer);
   const Tag tag = coll::tag_of(twin->id(), 0) | 1;
   std::string what = std::string(name) + (sending ? " to " : " from ") + group->peer_label(peer);

@@ -15,10 +15,6 @@
 
 namespace ferry::coll {
 
-struct Group::Ids {
-  std::uint32_t next = 1;  // 0 is the world
-};
-
 Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uint32_t id,
              std::shared_ptr<Ids> ids)
     : engine_(engine),
@@ -26,7 +22,10 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
       members_(std::move(members)),
       rank_(rank),
       id_(id),
-      ids_(std::move(ids)) {
+      ids_(std::move(ids)),
+      revocations_(&engine->revocations()) {
+  // A stream twin is revoked with its communicator, whose id enrolls them both.
+  if ((id_ & kStreamTwinBit) == 0) revocations_->enroll(id_, members_);
   const util::Config& config = engine_->config();
   small_ = config.get_size(util::Var::kCollSmall);
   allreduce_ = static_cast<int>(config.get_int(util::Var::kCollAllreduce));
@@ -43,7 +42,17 @@ Group::Group(proto::Engine* engine, std::vector<int> members, int rank, std::uin
       *this, std::min(config.get_size(util::Var::kCollNode), slot_budget / 64 * 64));
 }
 
-Group::~Group() = default;
+Group::~Group() {
+  // A Communicator may go on any thread, and after its Context (nothing to tell then).
+  if (detached() || (id_ & kStreamTwinBit) != 0) return;
+  auto entry = engine_->enter();
+  revocations_->leave(id_);
+}
+
+std::string Group::call_label(std::uint32_t sequence) const {
+  return "#" + std::to_string(sequence & 0xffffffu) + " on communicator " +
+         std::to_string(base_id()) + ((id_ & kStreamTwinBit) != 0 ? " (stream-ordered)" : "");
+}
 
 std::string Group::peer_label(int m) const {
   return "member " + std::to_string(m) + " (rank " + std::to_string(member(m)) + ")";

@@ -18,6 +18,7 @@
 #include "coll/schedule.hpp"
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
+#include "proto/revocations.hpp"
 
 namespace ferry::proto {
 class Engine;
@@ -34,6 +35,9 @@ inline constexpr Tag tag_of(std::uint32_t id, std::uint32_t sequence) {
   return kReservedTagBit | (Tag{id & ((1u << kIdBits) - 1)} << 40) |
          (Tag{sequence & 0xffffffu} << 16);
 }
+// The low bits of an agreement's messages (agreement.cpp), whose sequence is the agreement's
+// own number: no collective's tag has them (a stream send's has bit 0 alone).
+inline constexpr Tag kAgreementTag = 0x4000;
 
 // `count` elements cut into n blocks whose sizes differ by at most one (the first count % n have
 // one more): the ring's blocks, and the shares of an allreduce split in the node's area.
@@ -77,6 +81,10 @@ class Group : public std::enable_shared_from_this<Group> {
   [[nodiscard]] const std::vector<int>& members() const { return members_; }
   // Its id in the tags of its messages.
   [[nodiscard]] std::uint32_t id() const { return id_; }
+  // "#17 on communicator 3" (its last collective's number; "on communicator 3's stream twin"):
+  // which call of which communicator, as every member numbers them, for messages.
+  [[nodiscard]] std::string call_label(std::uint32_t sequence) const;
+  [[nodiscard]] std::uint32_t last_sequence() const { return sequence_ - 1; }
   // FERRY_TIMEOUT in seconds (0: none).
   [[nodiscard]] double timeout() const { return timeout_; }
   // "member 2 (rank 5)", for messages.
@@ -84,6 +92,26 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // Null for Communicator::kUndefined. Throws ferry::Error.
   std::shared_ptr<Group> split(int color, int key);
+
+  // ---- Surviving failures (agreement.cpp; Communicator's revoke, agree, shrink) ----
+  // Revoked here or by a member: every collective of it (and of its stream twin) fails.
+  [[nodiscard]] bool revoked() {
+    if (revocations_->epoch() != revoke_epoch_) {
+      revoke_epoch_ = revocations_->epoch();
+      revoked_ = revocations_->why(base_id()) != nullptr;
+    }
+    return revoked_;
+  }
+  // kRevoked for `what` ("allreduce of ..."), saying who revoked the communicator.
+  [[nodiscard]] Status revoked_status(const std::string& what) const;
+  void revoke();
+  // The members this rank knows to have failed (after asking the transports), ascending.
+  std::vector<int> failed_members();
+  // A fault-tolerant agreement of the members still alive: *flag becomes the AND of their flags,
+  // *failed (unless null) the members they count as failed; the same on every survivor.
+  Status agree(std::uint64_t* flag, std::vector<int>* failed);
+  // A communicator of the members that survive, agreed by them. Throws ferry::Error.
+  std::shared_ptr<Group> shrink();
   // The communicator that runs this one's stream-ordered operations (proto/stream_ops.hpp), so
   // that they never interleave with its host-synchronous collectives: the same members, and an
   // id that every member derives alike (kStreamTwinBit), made without a message.
@@ -143,13 +171,24 @@ class Group : public std::enable_shared_from_this<Group> {
   }
   void give_back(std::unique_ptr<Reusable> reusable) { reusable_ = std::move(reusable); }
 
+  // A Request that failed at its start.
+  Request failed(Status status);
+
  private:
   struct Ids;  // the communicator ids this process has used
   Group(proto::Engine* engine, std::vector<int> members, int rank, std::uint32_t id,
         std::shared_ptr<Ids> ids);
   // The tag of the next collective (every member numbers them alike).
   Tag next_tag() { return tag_of(id_, sequence_++); }
-  Request failed(Status status);
+  // Its id without the stream twin's bit: a communicator and its twin are revoked together.
+  [[nodiscard]] std::uint32_t base_id() const { return id_ & ~kStreamTwinBit; }
+  // What the survivors of an agreement decided (agreement.cpp).
+  struct Agreed {
+    std::uint64_t flag = 0;
+    std::uint64_t next_id = 0;  // the largest next free communicator id among them
+    std::vector<bool> failed;   // by member
+  };
+  Status agreement(std::uint64_t flag, const char* name, Agreed* agreed);
   Request start_schedule(std::unique_ptr<Schedule> schedule);
   // What is wrong with the arguments, or ok. Places the plan where its buffers are (host memory
   // or one GPU), which every call of one collective must agree on.
@@ -212,6 +251,14 @@ class Group : public std::enable_shared_from_this<Group> {
   std::unique_ptr<DeviceOneShot> oneshot_;
   std::unique_ptr<NodeCollectives> nodes_;
   std::shared_ptr<Group> twin_;  // stream_twin(), made on first use
+  proto::Revocations* revocations_;
+  std::uint64_t revoke_epoch_ = 0;  // revocations_'s epoch when revoked_ was last asked
+  bool revoked_ = false;
+  std::uint32_t agreements_ = 0;  // agreements run (agree, shrink): every member numbers alike
+};
+
+struct Group::Ids {
+  std::uint32_t next = 1;  // 0 is the world
 };
 
 }  // namespace ferry::coll

@@ -205,6 +205,7 @@ class NodeCollectives::Call {
   Status wait(int m) {
     ++polls_;
     if ((polls_ & 7) != 0) return Status();  // the rest every 8 polls: the word is seen sooner
+    if (g_.revoked()) return g_.revoked_status(what());
     if (area_.control(m).failed.load(std::memory_order_acquire) != 0) {
       return Status(Code::kPeerFailed,
                     what() + ": " + g_.peer_label(m) +
@@ -216,16 +217,25 @@ class NodeCollectives::Call {
       return Status(Code::kPeerFailed, what() + ": " + g_.peer_label(m) + " is gone: " + *why);
     }
     if (g_.timeout() > 0 && util::Clock::now() >= deadline_) {
-      return Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
-                                        std::to_string(g_.timeout()) + " s), waiting for " +
-                                        g_.peer_label(m));
+      // Not arrived: the members that have not posted this call (else the one waited for,
+      // which posted but has not gone on to the stage we wait for).
+      std::string missing;
+      for (int k = 0; k < g_.size(); ++k) {
+        if (k != g_.rank() &&
+            area_.generation(k, call_).call.load(std::memory_order_acquire) < call_) {
+          missing += (missing.empty() ? "" : ", ") + g_.peer_label(k);
+        }
+      }
+      return Status(Code::kTimeout,
+                    what() + ": not complete after FERRY_TIMEOUT (" + std::to_string(g_.timeout()) +
+                        " s); not arrived: " + (missing.empty() ? g_.peer_label(m) : missing));
     }
     return Status();
   }
 
   [[nodiscard]] std::string what() const {
-    return node_call::describe(signature_) + " over " + std::to_string(g_.size()) +
-           " members (through the node's shared area)";
+    return node_call::describe(signature_) + " " + g_.call_label(g_.last_sequence()) + " (" +
+           std::to_string(g_.size()) + " members, through the node's shared area)";
   }
 
   NodeCollectives& nodes_;

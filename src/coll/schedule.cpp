@@ -2,6 +2,7 @@
 // (Immediate). See schedule.hpp.
 #include "coll/schedule.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -16,10 +17,26 @@ namespace ferry::coll {
 // ---- Execution: what both share ----
 
 std::string Execution::what() const {
-  return std::string(what_.name) + " of " + std::to_string(what_.count) + " " +
-         to_string(what_.type) +
-         (what_.reduces ? std::string(" (") + to_string(what_.op) + ")" : std::string()) +
-         " over " + std::to_string(group_->size()) + " members";
+  return std::string(what_.name) + " " +
+         group_->call_label(static_cast<std::uint32_t>(tag_ >> 16)) + " (" +
+         std::to_string(what_.count) + " " + to_string(what_.type) +
+         (what_.reduces ? std::string(", ") + to_string(what_.op) : std::string()) + ", " +
+         std::to_string(group_->size()) + " members)";
+}
+
+std::string Execution::not_arrived() const {
+  std::vector<int> members;
+  proto::Engine* engine = group_->engine();
+  for (const InFlight& f : in_flight_) {
+    if (engine->requests().done(proto::Engine::index_of(f.request))) continue;
+    if (std::find(members.begin(), members.end(), f.action.member) == members.end()) {
+      members.push_back(f.action.member);
+    }
+  }
+  std::sort(members.begin(), members.end());
+  std::string text;
+  for (int m : members) text += (text.empty() ? "" : ", ") + peer_name(m);
+  return text.empty() ? std::string() : "; not arrived: " + text;
 }
 
 std::string Execution::peer_name(int member) const {
@@ -76,6 +93,10 @@ bool Execution::gpu_idle() {
 
 bool Execution::gpu_member_died(Status* failure) {
   if ((++polls_ & 1023) != 0) return false;
+  if (group_->revoked()) {
+    *failure = group_->revoked_status(what());
+    return true;
+  }
   proto::Engine* engine = group_->engine();
   for (int m = 0; m < group_->size(); ++m) {
     if (const std::string* why = engine->liveness().failure(group_->member(m))) {
@@ -123,6 +144,11 @@ void Execution::release_device_scratch() {
 
 Execution::State Execution::poll(Status* failure) {
   proto::Engine* engine = group_->engine();
+  if (group_->revoked()) {
+    *failure = group_->revoked_status(what());
+    withdraw();
+    return State::kFailed;
+  }
   bool running = false;
   for (const InFlight& f : in_flight_) {
     const std::uint32_t index = proto::Engine::index_of(f.request);
@@ -387,13 +413,14 @@ void Immediate::next_round() {
       if (state == State::kDone) break;
       engine->waiting().step(&idle);
       if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
+        const std::string missing = not_arrived();
         withdraw();
         // A failure held while deaths were looked for is the better answer than the timeout.
-        status_ = !held_.is_ok()
-                      ? held_
-                      : Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
-                                                   std::to_string(timeout_) + " s, in round " +
-                                                   std::to_string(round_) + "); withdrawn");
+        status_ = !held_.is_ok() ? held_
+                                 : Status(Code::kTimeout,
+                                          what() + ": not complete after FERRY_TIMEOUT (" +
+                                              std::to_string(timeout_) + " s, in round " +
+                                              std::to_string(round_) + "); withdrawn" + missing);
         return;
       }
     }

@@ -119,6 +119,9 @@ class Execution : public Plan {
   Clock::time_point blame_by_{};
   Status held_;  // that failure, reported if nothing better comes
   [[nodiscard]] std::string what() const;
+  // "; not arrived: member 2 (rank 5), ..." naming the members whose transfers of this round
+  // are not done, or empty.
+  [[nodiscard]] std::string not_arrived() const;
   [[nodiscard]] std::string peer_name(int member) const;
 
   Group* group_;  // kept alive by the caller (Immediate) or by the Schedule

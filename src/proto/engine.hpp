@@ -19,6 +19,7 @@
 #include "proto/matching.hpp"
 #include "proto/operation.hpp"
 #include "proto/request_pool.hpp"
+#include "proto/revocations.hpp"
 #include "proto/rma/one_sided.hpp"
 #include "proto/waiting.hpp"
 #include "proto/wire.hpp"
@@ -77,6 +78,8 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] Operations& operations() { return operations_; }
   // Which peers died, in which order, and whether anyone is left (proto/liveness.hpp).
   [[nodiscard]] const Liveness& liveness() const { return liveness_; }
+  // The communicators revoked in the job as far as this rank knows (proto/revocations.hpp).
+  [[nodiscard]] Revocations& revocations() { return revocations_; }
   // Asks the transports now which peers died (as progress does every few thousand calls), and
   // fails what involves them.
   void look_for_failures();
@@ -162,6 +165,7 @@ class Engine final : public transport::AmHandler {
   Links links_{*this, config_};
   Waiting waiting_{*this, links_.polled()};
   Liveness liveness_{links_.all()};
+  Revocations revocations_{*this};
   std::unique_ptr<rma::OneSided> rma_;  // made once the transports are set up
   DirectEnds direct_ends_{*this};
   RequestPool requests_;

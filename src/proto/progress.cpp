@@ -131,6 +131,7 @@ void protocol_error(int source, const char* what) {
 void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data) {
   if (messages_->on_am(id, source, data)) return;
   if (id == kAmCtsChunked) return chunked_->on_cts(source, data);
+  if (id == kAmRevoke) return revocations_.on_am(source, data);
   if (!device_->on_am(id, source, data) && !rma_->on_am(id, source, data)) {
     protocol_error(source, "unknown active message id");
   }

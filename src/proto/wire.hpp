@@ -40,6 +40,8 @@ enum AmId : std::uint8_t {
   kAmNativeRevoke = 21,   // NativeRevokeHeader: the region is being deregistered: stop
   kAmNativeRevoked = 22,  // NativeRevokeHeader: no access to the region is in flight here now
   kAmRmaAcks = 23,        // RmaAcksHeader + `count` RmaAckHeaders: kAmRmaAck, several at once
+
+  kAmRevoke = 24,  // RevokeHeader: a communicator was revoked (proto/revocations.hpp)
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -186,6 +188,12 @@ enum RmaRefusal : std::uint32_t {
   kRmaNotNative = 7,   // the region is not registered with the network transport
   kRmaReadOnly = 8,    // a put or atomic on a region registered from read-only memory
   kRmaUnmapped = 9,    // the owner's memory behind the region is no longer mapped (writable)
+};
+
+// kAmRevoke: communicator `id` (its base id, no stream-twin bit) was revoked by job rank `by`.
+struct RevokeHeader {
+  std::uint32_t id;
+  std::int32_t by;
 };
 
 template <typename H>

@@ -19,6 +19,9 @@ enum class CrashPoint : int {
   kFinalize,
   kMidPipeline,  // after the first fragment (or staging-ring chunk) of a large message
   kMidClaim,     // between claiming a shm FIFO element and publishing it
+  kMidRevoke,    // Communicator::revoke, having told one member
+  kMidAgree,     // agree or shrink, having sent this member's contribution to one member
+  kMidDecide,    // agree or shrink, having sent this member's estimate to one member
 };
 
 inline void crash_point(const Config& config, int rank, CrashPoint point) {

@@ -33,6 +33,8 @@ const char* to_string(Code code) noexcept {
       return "bootstrap error";
     case Code::kInternal:
       return "internal error";
+    case Code::kRevoked:
+      return "communicator revoked";
   }
   return "unknown code";
 }

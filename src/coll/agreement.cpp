@@ -1,0 +1,309 @@
+// Surviving failures: revoke, the fault-tolerant agreement, and shrink (see group.hpp).
+//
+// The agreement assumes what the engine's failure detection gives: a rank seen dead is dead (a
+// pidfd on a node; across nodes a keepalive, whose bound is FERRY_KEEPALIVE), and a dead rank is
+// seen dead by every survivor eventually. On that, two phases:
+//  1. Every member sends its contribution (its flag, the members it knows failed, its next free
+//     communicator id) to every other member and waits for each one's, or for its death. Each
+//     member's estimate merges what it got: so every survivor's flag is in every estimate.
+//  2. Rotating coordinator: in round c, member c sends its estimate to all others, and each
+//     member that does not know c to be dead waits for it (or for c's death) and adopts it whole.
+//     After the first round whose coordinator survives, every survivor holds that coordinator's
+//     estimate, and later coordinators send the same one: every survivor decides alike, however
+//     many members die meanwhile (a coordinator that dies mid-send leaves some members with its
+//     estimate and some without, which the next surviving coordinator's round evens out).
+// Messages: n-1 per member in each phase, small; n rounds in the second, each one message deep.
+#include <algorithm>
+#include <cstring>
+
+#include "coll/group.hpp"
+#include "proto/engine.hpp"
+#include "proto/messages.hpp"
+#include "util/clock.hpp"
+
+namespace ferry::coll {
+namespace {
+
+// A member's contribution or estimate, as sent: the flag, the largest next free id, the member
+// count, then one bit per member that is known to have failed.
+struct View {
+  std::uint64_t flag = 0;
+  std::uint64_t next_id = 0;
+  std::vector<std::uint64_t> failed;  // a bit per member
+
+  explicit View(int members) : failed((static_cast<std::size_t>(members) + 63) / 64) {}
+  [[nodiscard]] bool has_failed(int m) const {
+    return (failed[static_cast<std::size_t>(m) / 64] >> (m % 64) & 1) != 0;
+  }
+  void set_failed(int m) {
+    failed[static_cast<std::size_t>(m) / 64] |= std::uint64_t{1} << (m % 64);
+  }
+  void merge(const View& other) {
+    flag &= other.flag;
+    next_id = std::max(next_id, other.next_id);
+    for (std::size_t w = 0; w < failed.size(); ++w) failed[w] |= other.failed[w];
+  }
+
+  static std::size_t bytes(int members) {
+    return 2 * sizeof(std::uint64_t) + (static_cast<std::size_t>(members) + 63) / 64 * 8;
+  }
+  void encode(std::byte* out) const {
+    std::memcpy(out, &flag, 8);
+    std::memcpy(out + 8, &next_id, 8);
+    std::memcpy(out + 16, failed.data(), failed.size() * 8);
+  }
+  // False when the bits name members that do not exist (a corrupt message).
+  bool decode(const std::byte* in, int members) {
+    std::memcpy(&flag, in, 8);
+    std::memcpy(&next_id, in + 8, 8);
+    std::memcpy(failed.data(), in + 16, failed.size() * 8);
+    const int spare = static_cast<int>(failed.size()) * 64 - members;
+    return spare == 0 || (failed.back() >> (64 - spare)) == 0;
+  }
+};
+
+// Waits for requests of an agreement to complete, within its deadline.
+class Waiter {
+ public:
+  Waiter(Group& g, double timeout)
+      : engine_(g.engine()),
+        deadline_(timeout > 0 ? util::deadline_after(timeout) : util::Clock::time_point::max()) {}
+
+  // Until `request` completes: true; false when the deadline passed first (the request is then
+  // withdrawn: a receive canceled, a send abandoned, and waited for).
+  bool wait(Request& request) {
+    const std::uint32_t index = proto::Engine::index_of(request);
+    int idle = 0;
+    for (std::uint32_t polls = 0; !engine_->requests().done(index); ++polls) {
+      engine_->waiting().step(&idle);
+      if ((polls & 255) == 255 && util::Clock::now() >= deadline_) {
+        withdraw(request);
+        return false;
+      }
+    }
+    return true;
+  }
+  void withdraw(Request& request) {
+    const std::uint32_t index = proto::Engine::index_of(request);
+    if (!request.valid() || engine_->requests().done(index)) return;
+    if (!engine_->messages().cancel(index)) engine_->messages().abandon_send(index);
+    int idle = 0;
+    while (!engine_->requests().done(index)) engine_->waiting().step(&idle);
+  }
+  [[nodiscard]] const Status& status(const Request& request) const {
+    return engine_->requests()[proto::Engine::index_of(request)].status;
+  }
+  [[nodiscard]] std::size_t received(const Request& request) const {
+    return engine_->requests()[proto::Engine::index_of(request)].info.bytes;
+  }
+
+ private:
+  proto::Engine* engine_;
+  util::Clock::time_point deadline_;
+};
+
+}  // namespace
+
+Status Group::revoked_status(const std::string& what) const {
+  const std::string* why = revocations_->why(base_id());
+  return Status(Code::kRevoked,
+                what + ": the communicator is " + (why != nullptr ? *why : std::string("revoked")));
+}
+
+void Group::revoke() { revocations_->revoke(base_id(), engine_->rank()); }
+
+std::vector<int> Group::failed_members() {
+  engine_->look_for_failures();
+  std::vector<int> failed;
+  for (int m = 0; m < size(); ++m) {
+    if (engine_->liveness().failure(member(m)) != nullptr) failed.push_back(m);
+  }
+  return failed;
+}
+
+Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
+  const int n = size();
+  const std::uint32_t number = agreements_++;
+  const Tag tag = tag_of(base_id(), number) | kAgreementTag;
+  const std::string what = std::string(name) + " over " + std::to_string(n) +
+                           " members (agreement " + std::to_string(number) + ")";
+  proto::Engine* engine = engine_;
+  proto::Messages& messages = engine->messages();
+  const std::size_t bytes = View::bytes(n);
+  Waiter waiter(*this, timeout_);
+  auto dead = [&](int m) { return engine->liveness().failure(member(m)) != nullptr; };
+  auto timed_out = [&](const std::string& waiting_for) {
+    return Status(Code::kTimeout, what + ": not complete after FERRY_TIMEOUT (" +
+                                      std::to_string(timeout_) + " s): " + waiting_for);
+  };
+
+  View estimate(n);
+  estimate.flag = flag;
+  estimate.next_id = ids_->next;
+  engine->look_for_failures();
+  for (int m = 0; m < n; ++m) {
+    if (dead(m)) estimate.set_failed(m);
+  }
+
+  // Phase 1: every member's contribution to every other.
+  std::vector<std::byte> mine(bytes);
+  estimate.encode(mine.data());
+  std::vector<std::byte> theirs(bytes * static_cast<std::size_t>(n));
+  std::vector<Request> receives(static_cast<std::size_t>(n));
+  std::vector<Request> sends(static_cast<std::size_t>(n));
+  for (int m = 0; m < n; ++m) {
+    if (m == rank_) continue;
+    receives[static_cast<std::size_t>(m)] = messages.irecv(
+        &theirs[bytes * static_cast<std::size_t>(m)], bytes, member(m), tag | 1, kFullMask);
+  }
+  bool first = true;
+  for (int m = 0; m < n; ++m) {
+    if (m == rank_) continue;
+    sends[static_cast<std::size_t>(m)] = messages.isend(mine.data(), bytes, member(m), tag | 1);
+    if (first && engine->crashes().at(util::CrashPoint::kMidAgree)) {
+      waiter.wait(sends[static_cast<std::size_t>(m)]);
+      engine->links().drain();
+      engine->crashes().here(util::CrashPoint::kMidAgree);
+    }
+    first = false;
+  }
+  std::string missing;
+  for (int m = 0; m < n; ++m) {
+    if (m == rank_) continue;
+    if (!waiter.wait(receives[static_cast<std::size_t>(m)])) {
+      missing += (missing.empty() ? "" : ", ") + peer_label(m);
+    }
+  }
+  if (!missing.empty()) {
+    for (Request& r : receives) waiter.withdraw(r);
+    for (Request& r : sends) waiter.withdraw(r);
+    return timed_out("no contribution came from " + missing);
+  }
+  View contribution(n);
+  for (int m = 0; m < n; ++m) {
+    if (m == rank_) continue;
+    const Request& r = receives[static_cast<std::size_t>(m)];
+    const Status& s = waiter.status(r);
+    if (s.code() == Code::kPeerFailed) {
+      estimate.set_failed(m);
+      continue;
+    }
+    if (!s.is_ok() || waiter.received(r) != bytes ||
+        !contribution.decode(&theirs[bytes * static_cast<std::size_t>(m)], n)) {
+      for (Request& w : sends) waiter.withdraw(w);
+      return Status(Code::kProtocolError, what + ": " + peer_label(m) + "'s contribution: " +
+                                              (s.is_ok() ? "malformed" : s.message()));
+    }
+    estimate.merge(contribution);
+  }
+  for (Request& r : sends) {
+    if (r.valid()) waiter.wait(r);  // small: on its way or failed (a dead member) at once
+  }
+
+  // Phase 2: rotating coordinator.
+  std::vector<std::byte> coordinated(bytes);
+  for (int c = 0; c < n; ++c) {
+    if (c == rank_) {
+      estimate.encode(mine.data());
+      first = true;
+      for (int m = 0; m < n; ++m) {
+        if (m == rank_) continue;
+        sends[static_cast<std::size_t>(m)] = messages.isend(mine.data(), bytes, member(m), tag | 2);
+        if (first && engine->crashes().at(util::CrashPoint::kMidDecide)) {
+          waiter.wait(sends[static_cast<std::size_t>(m)]);
+          engine->links().drain();
+          engine->crashes().here(util::CrashPoint::kMidDecide);
+        }
+        first = false;
+      }
+      for (Request& r : sends) {
+        if (r.valid()) waiter.wait(r);
+      }
+      continue;
+    }
+    if (estimate.has_failed(c) || dead(c)) continue;
+    Request r = messages.irecv(coordinated.data(), bytes, member(c), tag | 2, kFullMask);
+    if (!waiter.wait(r)) {
+      return timed_out("no estimate came from " + peer_label(c) + ", the coordinator of round " +
+                       std::to_string(c));
+    }
+    const Status& s = waiter.status(r);
+    if (s.code() == Code::kPeerFailed) continue;
+    View adopted(n);
+    if (!s.is_ok() || waiter.received(r) != bytes || !adopted.decode(coordinated.data(), n)) {
+      return Status(Code::kProtocolError, what + ": " + peer_label(c) + "'s estimate: " +
+                                              (s.is_ok() ? "malformed" : s.message()));
+    }
+    estimate = std::move(adopted);
+  }
+
+  agreed->flag = estimate.flag;
+  agreed->next_id = estimate.next_id;
+  agreed->failed.assign(static_cast<std::size_t>(n), false);
+  for (int m = 0; m < n; ++m) agreed->failed[static_cast<std::size_t>(m)] = estimate.has_failed(m);
+  if (agreed->failed[static_cast<std::size_t>(rank_)]) {
+    return Status(Code::kPeerFailed, what + ": the other members count this one (" +
+                                         peer_label(rank_) + ") as failed");
+  }
+  return Status();
+}
+
+Status Group::agree(std::uint64_t* flag, std::vector<int>* failed) {
+  Agreed agreed;
+  if (Status s = agreement(*flag, "agree", &agreed); !s.is_ok()) return s;
+  *flag = agreed.flag;
+  if (failed != nullptr) {
+    failed->clear();
+    for (int m = 0; m < size(); ++m) {
+      if (agreed.failed[static_cast<std::size_t>(m)]) failed->push_back(m);
+    }
+  }
+  return Status();
+}
+
+std::shared_ptr<Group> Group::shrink() {
+  Agreed agreed;
+  for (;;) {
+    if (Status s = agreement(~std::uint64_t{0}, "shrink", &agreed); !s.is_ok()) {
+      throw Error(s.code(), "shrink: " + s.message());
+    }
+    // A member that died during the agreement may have been decided alive: a second agreement
+    // asks whether any survivor knows one of those kept to be dead now, and if one does, the
+    // survivors agree again (each time leaving out more; the deaths are finite).
+    engine_->look_for_failures();
+    std::uint64_t none_dead = 1;
+    for (int m = 0; m < size(); ++m) {
+      if (!agreed.failed[static_cast<std::size_t>(m)] &&
+          engine_->liveness().failure(member(m)) != nullptr) {
+        none_dead = 0;
+      }
+    }
+    Agreed check;
+    if (Status s = agreement(none_dead, "shrink", &check); !s.is_ok()) {
+      throw Error(s.code(), "shrink: " + s.message());
+    }
+    bool more_failed = false;
+    for (int m = 0; m < size(); ++m) {
+      more_failed |=
+          check.failed[static_cast<std::size_t>(m)] && !agreed.failed[static_cast<std::size_t>(m)];
+    }
+    if (check.flag == 1 && !more_failed) break;
+  }
+  if (agreed.next_id >= std::uint64_t{kStreamTwinBit}) {
+    throw Error(Code::kNoResources, "shrink: this process has made " +
+                                        std::to_string(agreed.next_id) +
+                                        " communicators, the most a job may have");
+  }
+  std::vector<int> members;
+  int rank = -1;
+  for (int m = 0; m < size(); ++m) {
+    if (agreed.failed[static_cast<std::size_t>(m)]) continue;
+    if (m == rank_) rank = static_cast<int>(members.size());
+    members.push_back(member(m));
+  }
+  const auto id = static_cast<std::uint32_t>(agreed.next_id);
+  ids_->next = id + 1;
+  return std::shared_ptr<Group>(new Group(engine_, std::move(members), rank, id, ids_));
+}
+
+}  // namespace ferry::coll
