@@ -201,7 +201,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                                 \
     "job identity, part of shared-memory names (set by ferryrun)")                                 \
   X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                      \
-    "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim|mid-revoke|"       \
+    "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim|mid-revoke|"      \
     "mid-agree|mid-decide",                                                                        \
     "test fault: the rank named by FERRY_TEST_CRASH_RANK kills itself (SIGKILL) there")            \
   X(kTestCrashRank, "FERRY_TEST_CRASH_RANK", kInt, "-1", -1, 1 << 24, "",                          \
