@@ -49,15 +49,25 @@ int main(int argc, char** argv) {
     ferry::Status s = comm.allreduce(mine.data(), sum.data(), kWidth, ferry::DataType::kInt64,
                                      ferry::ReduceOp::kSum);
     if (s.code() == ferry::Code::kPeerFailed || s.code() == ferry::Code::kRevoked) {
-      // Someone is gone: make sure every survivor stops using this communicator, agree on who
-      // is left, take over the lost samples, and redo the step.
+      // Someone is gone: make sure every survivor stops using this communicator (one still
+      // waiting in it, or about to call it, fails at once), agree on who is left, and take
+      // over the lost samples.
       const auto start = std::chrono::steady_clock::now();
       const int before = comm.size();
       comm.revoke();
       comm = comm.shrink();  // throws ferry::Error if the survivors cannot agree (FERRY_TIMEOUT)
-      const std::vector<std::int64_t> again = local_gradient(comm.rank(), comm.size(), step);
-      s = comm.allreduce(again.data(), sum.data(), kWidth, ferry::DataType::kInt64,
-                         ferry::ReduceOp::kSum);
+      // The survivors may be a step apart: one finished a step before the death showed while
+      // another still waited in it. All go back to the earliest (a real code would restore
+      // that step's state) and redo it together.
+      const std::int64_t here = step;
+      std::int64_t resume = 0;
+      s = comm.allreduce(&here, &resume, 1, ferry::DataType::kInt64, ferry::ReduceOp::kMin);
+      if (s.is_ok()) {
+        step = static_cast<int>(resume);
+        const std::vector<std::int64_t> again = local_gradient(comm.rank(), comm.size(), step);
+        s = comm.allreduce(again.data(), sum.data(), kWidth, ferry::DataType::kInt64,
+                           ferry::ReduceOp::kSum);
+      }
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
@@ -74,7 +84,8 @@ int main(int argc, char** argv) {
     }
     const std::vector<std::int64_t> whole = local_gradient(0, 1, step);
     if (sum != whole) {
-      std::fprintf(stderr, "rank %d: step %d: the gradient is wrong\n", ctx.rank(), step);
+      std::fprintf(stderr, "rank %d: step %d: the gradient is wrong (member %d of %d)\n",
+                   ctx.rank(), step, comm.rank(), comm.size());
       return 1;
     }
   }

@@ -147,6 +147,10 @@ class Engine final : public transport::AmHandler {
 
   using Peer = Link;
   void peer_failed(int rank, const std::string& why);
+  // Tells the ranks of other nodes that `dead`, of this node, exited (kAmPeerDead).
+  void tell_other_nodes(int dead);
+  void on_peer_dead(int source, std::span<const std::byte> data);
+  std::vector<std::pair<int, int>> reported_dead_;  // (rank, by whom), for look_for_failures
 
   std::shared_ptr<Engine*> handle_;
   bool shut_down_ = false;                                 // shutdown() ran

@@ -72,7 +72,56 @@ int Engine::progress_all() {
 void Engine::look_for_failures() {
   std::vector<std::pair<int, std::string>> failed;
   links_.check(&failed);
-  for (const auto& [rank, why] : failed) peer_failed(rank, why);
+  for (const auto& [rank, why] : failed) {
+    const bool seen_here = links_.link(rank).shares_memory && !links_.link(rank).failed;
+    peer_failed(rank, why);
+    // A death on this node is certain (its pid is gone): the ranks of other nodes, which would
+    // see it only when their sends fail or their keepalives run out (FERRY_KEEPALIVE, seconds),
+    // are told now.
+    if (seen_here) tell_other_nodes(rank);
+  }
+  // Deaths that ranks of other nodes told us of (kAmPeerDead, kept by on_am). The notice may
+  // overtake what the dead rank sent before it died (another connection): read what has come
+  // first, as ofi does before it takes a peer its pidfd saw go for dead.
+  if (reported_dead_.empty()) return;
+  for (int pass = 0, quiet = 0; pass < 100 && quiet < 2; ++pass) {
+    int events = 0;
+    for (transport::Transport* t : links_.polled()) events += t->progress();
+    quiet = events == 0 ? quiet + 1 : 0;
+  }
+  std::vector<std::pair<int, int>> reported;
+  reported.swap(reported_dead_);
+  for (const auto& [rank, by] : reported) {
+    if (links_.link(rank).failed || links_.link(by).failed) continue;
+    peer_failed(rank, "rank " + std::to_string(rank) + " exited (seen by rank " +
+                          std::to_string(by) + ", on its node)");
+  }
+}
+
+void Engine::tell_other_nodes(int dead) {
+  for (int r = 0; r < size_; ++r) {
+    const Link& link = links_.link(r);
+    if (r == rank_ || r == dead || link.shares_memory || link.failed || link.endpoint == nullptr) {
+      continue;
+    }
+    links_.send_control(r, kAmPeerDead, as_bytes(PeerDeadHeader{dead, 0}));
+  }
+}
+
+void Engine::on_peer_dead(int source, std::span<const std::byte> data) {
+  PeerDeadHeader header{};
+  if (data.size() != sizeof(header) || !decode(data, &header)) {
+    return protocol_error(source, "death notice of the wrong size");
+  }
+  if (header.rank < 0 || header.rank >= size_ || header.rank == rank_ || header.rank == source) {
+    return protocol_error(source, "death notice naming itself, this rank or no rank");
+  }
+  if (links_.link(header.rank).failed || reported_dead_.size() >= static_cast<std::size_t>(size_)) {
+    return;
+  }
+  // Failed at the next look (not here, inside a transport's poll); asked for at once.
+  reported_dead_.emplace_back(header.rank, source);
+  progress_calls_ = kCheckPeersEvery;
 }
 
 void Engine::peer_failed(int rank, const std::string& why) {
@@ -132,6 +181,7 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
   if (messages_->on_am(id, source, data)) return;
   if (id == kAmCtsChunked) return chunked_->on_cts(source, data);
   if (id == kAmRevoke) return revocations_.on_am(source, data);
+  if (id == kAmPeerDead) return on_peer_dead(source, data);
   if (!device_->on_am(id, source, data) && !rma_->on_am(id, source, data)) {
     protocol_error(source, "unknown active message id");
   }

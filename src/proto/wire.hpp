@@ -42,6 +42,8 @@ enum AmId : std::uint8_t {
   kAmRmaAcks = 23,        // RmaAcksHeader + `count` RmaAckHeaders: kAmRmaAck, several at once
 
   kAmRevoke = 24,  // RevokeHeader: a communicator was revoked (proto/revocations.hpp)
+  kAmPeerDead =
+      25,  // PeerDeadHeader: a rank of the sender's node exited (Engine::look_for_failures)
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -194,6 +196,12 @@ enum RmaRefusal : std::uint32_t {
 struct RevokeHeader {
   std::uint32_t id;
   std::int32_t by;
+};
+
+// kAmPeerDead: job rank `rank`, on the sender's node, exited (seen by its pid there).
+struct PeerDeadHeader {
+  std::int32_t rank;
+  std::int32_t reserved;
 };
 
 template <typename H>

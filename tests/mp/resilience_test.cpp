@@ -232,15 +232,40 @@ void never_arrives_scenario(ferry::Context& ctx) {
   expect(ctx.barrier().is_ok(), "barrier at the end");
 }
 
+// Run across two nodes (netns_test.sh: ranks 2 and 3 on the second) with FERRY_KEEPALIVE far
+// longer than the bound: rank 3 dies, and ranks 0 and 1, which only wait to receive from it,
+// must learn it within a second from rank 2, which saw it exit on its node.
+void death_notice_scenario(ferry::Context& ctx) {
+  expect(ctx.size() == 4, "needs 4 ranks");
+  expect(ctx.barrier().is_ok(), "barrier");
+  if (ctx.rank() == 3) die();
+  char byte = 0;
+  if (ctx.rank() == 2) {
+    // Sees it by its pid, then waits (progressing, so the notice goes out) for rank 0's word.
+    expect(ctx.recv(&byte, 1, 3, 7).code() == ferry::Code::kPeerFailed, "rank 2's receive");
+    expect(ctx.recv(&byte, 1, 0, 8).is_ok(), "rank 0's word");
+  }
+  if (ctx.rank() < 2) {
+    const auto start = Clock::now();
+    const ferry::Status s = ctx.recv(&byte, 1, 3, 7);
+    const double waited = ms_since(start);
+    expect(s.code() == ferry::Code::kPeerFailed && waited < 1000,
+           "receive from the dead rank: " + s.to_string() + " after " + std::to_string(waited) +
+               " ms");
+    std::printf("rank %d: death seen in %.1f ms: %s\n", ctx.rank(), waited, s.message().c_str());
+    if (ctx.rank() == 0) expect(ctx.send(&byte, 1, 2, 8).is_ok(), "the word to rank 2");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr,
-        "usage: %s revoke | revoke-death | never-arrives | agree|shrink before|during|after "
-        "[VICTIM]\n",
-        argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s revoke | revoke-death | never-arrives | death-notice | agree|shrink "
+                 "before|during|after "
+                 "[VICTIM]\n",
+                 argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
@@ -249,6 +274,8 @@ int main(int argc, char** argv) {
     me = ctx.rank();
     if (scenario == "revoke") {
       revoke_scenario(ctx);
+    } else if (scenario == "death-notice") {
+      death_notice_scenario(ctx);
     } else if (scenario == "never-arrives") {
       never_arrives_scenario(ctx);
     } else if (scenario == "revoke-death") {

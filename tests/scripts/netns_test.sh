@@ -4,9 +4,9 @@
 # addresses, which exist only inside the namespaces). Runs the multi-process suite, then kills a
 # rank of one "node" mid-job. The namespaces are created and removed here; without the rights to
 # make them the test is skipped (exit 77) and says so.
-#   netns_test.sh FERRYRUN MP_TESTS FAULT_TEST
+#   netns_test.sh FERRYRUN MP_TESTS FAULT_TEST [RESILIENCE_TEST]
 set -u
-ferryrun=$1 program=$2 fault=$3
+ferryrun=$1 program=$2 fault=$3 resilience=${4:-}
 id=$$
 ns_a=ferry-a-$id ns_b=ferry-b-$id if_a=fva$id if_b=fvb$id
 cleanup() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; }
@@ -60,5 +60,19 @@ for detect in "" "FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=0.2"; do
     echo "$out" | tail -8
   fi
 done
+# Ranks 2 and 3 in the second namespace; rank 3 is killed while ranks 0 and 1 only wait to
+# receive from it. With keepalives 30 s apart, they learn it from rank 2, which saw it exit.
+if [ -n "$resilience" ]; then
+  out=$(FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=30 FERRY_TIMEOUT=20 timeout 60 "$ferryrun" \
+        --keep-going -n 4 bash -c "$place" bash "$resilience" death-notice 2>&1)
+  rc=$?
+  if [ $rc -eq 137 ] && [ "$(echo "$out" | grep -c "death-notice, 0 failures")" -eq 3 ]; then
+    passed=$((passed + 1))
+    echo "ok   a death on the other node told by a rank there: $(echo "$out" | grep -o 'seen in [0-9.]* ms' | tr '\n' ' ')"
+  else
+    failed=$((failed + 1)); echo "FAIL a death on the other node told by a rank there: rc $rc"
+    echo "$out" | tail -8
+  fi
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

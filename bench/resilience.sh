@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Recovery time of a job that loses a rank: examples/resilient_training kills its last rank at
+# step 10 and the survivors revoke, shrink and redo the allreduce; it prints how long that took
+# (from the failed allreduce's return on member 0 to the redone one's end). Cases:
+#   one node, 8 ranks over shared memory;
+#   two "nodes", 16 ranks: two network namespaces joined by a veth pair (8 ranks in each, ofi tcp
+#   between them, a death across them seen as a remote one, by failed sends and keepalives
+#   (FERRY_TEST_OFI_REMOTE=1, FERRY_KEEPALIVE at its default of 1 s), where this machine lets us make namespaces (root), else every peer
+#   taken as remote on one node (the same detection, without the namespaces).
+#   bench/resilience.sh BUILD_DIR [ROUNDS]
+set -u
+build=$1 rounds=${2:-5}
+ferryrun=$build/tools/ferryrun program=$build/examples/resilient_training
+# `times LABEL [VAR=VALUE...] -- FERRYRUN-ARGS...`: the recovery time of each round, and the median.
+times() {
+  local label=$1 vars=() values=()
+  shift
+  while [ "$1" != -- ]; do vars+=("$1"); shift; done
+  shift
+  for _ in $(seq "$rounds"); do
+    out=$(env "${vars[@]}" timeout 120 "$ferryrun" --keep-going "$@" 2>&1)
+    values+=("$(echo "$out" | grep -o 'took [0-9.]* ms' | grep -o '[0-9.]*')")
+    echo "$out" | grep -q "every step's gradient checked" || { echo "  FAIL:"; echo "$out" | grep -v "^step\|finalize" | head -20; }
+  done
+  printf '%-58s %s  median %s ms\n' "$label" "${values[*]}" \
+    "$(printf '%s\n' "${values[@]}" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')"
+}
+times "one node, 8 ranks (shm)" -- -n 8 "$program"
+id=$$ ns_a=ferry-ra-$$ ns_b=ferry-rb-$$ if_a=fra$$ if_b=frb$$
+cleanup() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; }
+trap cleanup EXIT
+remote=(FERRY_TEST_OFI_REMOTE=1)
+if command -v ip >/dev/null && ip netns add "$ns_a" 2>/dev/null; then
+  ip netns add "$ns_b"
+  ip link add "$if_a" type veth peer name "$if_b"
+  ip link set "$if_a" netns "$ns_a"
+  ip link set "$if_b" netns "$ns_b"
+  ip -n "$ns_a" addr add 10.231.9.1/24 dev "$if_a"
+  ip -n "$ns_b" addr add 10.231.9.2/24 dev "$if_b"
+  for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+  ip -n "$ns_a" link set "$if_a" up
+  ip -n "$ns_b" link set "$if_b" up
+  place='half=$((FERRY_SIZE / 2))
+  if [ "$FERRY_RANK" -lt $half ]; then ns='$ns_a' nic='$if_a' local=$FERRY_RANK
+  else ns='$ns_b' nic='$if_b' local=$((FERRY_RANK - half)); fi
+  exec ip netns exec "$ns" env FERRY_LOCAL_RANK=$local FERRY_LOCAL_SIZE=$half \
+    FERRY_OFI_PROVIDER=tcp FI_TCP_IFACE="$nic" "$@"'
+  times "two namespace nodes, 16 ranks (shm + ofi tcp, keepalives)" "${remote[@]}" -- \
+    -n 16 bash -c "$place" bash "$program"
+else
+  times "16 ranks, every peer remote (ofi tcp, keepalives)" FERRY_TRANSPORTS=self,ofi \
+    FERRY_OFI_PROVIDER=tcp "${remote[@]}" -- -n 16 "$program"
+fi
