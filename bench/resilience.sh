@@ -7,6 +7,11 @@
 #   between them, a death across them seen as a remote one, by failed sends and keepalives
 #   (FERRY_TEST_OFI_REMOTE=1, FERRY_KEEPALIVE at its default of 1 s), where this machine lets us make namespaces (root), else every peer
 #   taken as remote on one node (the same detection, without the namespaces).
+# Then how soon a death is seen with the CPUs saturated (two busy processes per CPU beside the
+# job): tests/mp/fault_test's victim dies 100 ms after a barrier while the others wait on it;
+# printed is the time from the kill to the error (their wait's length less those 100 ms), on
+# one node (pidfd), and across the namespaces (death notice from the victim's node-mate,
+# resilience_test death-notice, keepalives 30 s apart).
 #   bench/resilience.sh BUILD_DIR [ROUNDS]
 set -u
 build=$1 rounds=${2:-5}
@@ -27,7 +32,11 @@ times() {
 }
 times "one node, 8 ranks (shm)" -- -n 8 "$program"
 id=$$ ns_a=ferry-ra-$$ ns_b=ferry-rb-$$ if_a=fra$$ if_b=frb$$
-cleanup() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; }
+busy=()
+cleanup() {
+  ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null
+  [ ${#busy[@]} -eq 0 ] || kill "${busy[@]}" 2>/dev/null
+}
 trap cleanup EXIT
 remote=(FERRY_TEST_OFI_REMOTE=1)
 if command -v ip >/dev/null && ip netns add "$ns_a" 2>/dev/null; then
@@ -50,4 +59,31 @@ if command -v ip >/dev/null && ip netns add "$ns_a" 2>/dev/null; then
 else
   times "16 ranks, every peer remote (ofi tcp, keepalives)" FERRY_TRANSPORTS=self,ofi \
     FERRY_OFI_PROVIDER=tcp "${remote[@]}" -- -n 16 "$program"
+fi
+
+# Detection with the CPUs saturated.
+for _ in $(seq $((2 * $(nproc)))); do
+  sh -c 'while :; do :; done' &
+  busy+=($!)
+done
+detect() {
+  local label=$1 offset=$2 values=()
+  shift 2
+  for _ in $(seq "$rounds"); do
+    out=$("$@" 2>&1)
+    for v in $(echo "$out" | grep -o 'seen in [0-9.]* ms' | grep -o '[0-9.]*'); do
+      values+=("$(awk -v v="$v" -v o="$offset" 'BEGIN { printf "%.1f", v - o }')")
+    done
+  done
+  printf '%-58s %s  max %s ms\n' "$label" "${values[*]}" \
+    "$(printf '%s\n' "${values[@]}" | sort -n | tail -1)"
+}
+detect "under load, one node: kill to error (spin)" 100 \
+  timeout 60 "$ferryrun" --keep-going -n 3 "$build/tests/ferry_fault_test"
+detect "under load, one node: kill to error (FERRY_WAIT_MODE=block)" 100 \
+  env FERRY_WAIT_MODE=block timeout 60 "$ferryrun" --keep-going -n 3 "$build/tests/ferry_fault_test"
+if [ -n "${place:-}" ]; then
+  detect "under load, across the namespaces: kill to error (notice)" 0 \
+    env FERRY_TEST_OFI_REMOTE=1 FERRY_KEEPALIVE=30 FERRY_TIMEOUT=20 timeout 60 "$ferryrun" \
+    --keep-going -n 4 bash -c "$place" bash "$build/tests/ferry_resilience_test" death-notice
 fi
