@@ -39,16 +39,9 @@ cleanup() {
 }
 trap cleanup EXIT
 remote=(FERRY_TEST_OFI_REMOTE=1)
-if command -v ip >/dev/null && ip netns add "$ns_a" 2>/dev/null; then
-  ip netns add "$ns_b"
-  ip link add "$if_a" type veth peer name "$if_b"
-  ip link set "$if_a" netns "$ns_a"
-  ip link set "$if_b" netns "$ns_b"
-  ip -n "$ns_a" addr add 10.231.9.1/24 dev "$if_a"
-  ip -n "$ns_b" addr add 10.231.9.2/24 dev "$if_b"
-  for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-  ip -n "$ns_a" link set "$if_a" up
-  ip -n "$ns_b" link set "$if_b" up
+# shellcheck source=../tests/scripts/two_namespaces.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../tests/scripts/two_namespaces.sh"
+if two_namespaces "$ns_a" "$ns_b" "$if_a" "$if_b" 10.231.9; then
   place='half=$((FERRY_SIZE / 2))
   if [ "$FERRY_RANK" -lt $half ]; then ns='$ns_a' nic='$if_a' local=$FERRY_RANK
   else ns='$ns_b' nic='$if_b' local=$((FERRY_RANK - half)); fi

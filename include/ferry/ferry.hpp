@@ -376,6 +376,13 @@ class Context {
   // results are not valid), or ok. It stays: every later stream call fails with it too.
   [[nodiscard]] Status async_error() const;
 
+  // What each rank of the job waits for now, a line each: "rank 2: waiting 3.20 s: allreduce #4
+  // on communicator 0 (...); not arrived: member 3 (rank 3)" or "rank 1: not waiting in ferry".
+  // A blocking call appears once it has waited about 100 ms. Under ferryrun (which prints the
+  // same table when a job times out, on SIGUSR1 and when a rank dies) every rank is listed; under
+  // other launchers only this one.
+  [[nodiscard]] std::string wait_report() const;
+
   // Per peer: the transport in use and why (for ferry-info and error messages).
   [[nodiscard]] std::string describe_peer(int rank) const;
   // The transports this process has, and why the absent ones are absent.

@@ -140,6 +140,11 @@ bool Context::arm() {
   auto entry = engine_->enter();
   return engine_->waiting().arm();
 }
+std::string Context::wait_report() const {
+  auto entry = engine_->enter();
+  return engine_->wait_report();
+}
+
 std::string Context::describe_peer(int rank) const {
   auto entry = engine_->enter();
   return engine_->describe_peer(rank);

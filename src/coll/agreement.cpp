@@ -131,6 +131,9 @@ Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
   proto::Messages& messages = engine->messages();
   const std::size_t bytes = View::bytes(n);
   Waiter waiter(*this, timeout_);
+  const proto::Waiting::Note note = engine->waiting().note(
+      [](const void* text, std::uintptr_t) { return *static_cast<const std::string*>(text); },
+      &what);
   auto dead = [&](int m) { return engine->liveness().failure(member(m)) != nullptr; };
   auto timed_out = [&](const std::string& waiting_for) {
     return Status(Code::kTimeout, what + ": not complete after FERRY_TIMEOUT (" +
@@ -156,17 +159,23 @@ Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
     receives[static_cast<std::size_t>(m)] = messages.irecv(
         &theirs[bytes * static_cast<std::size_t>(m)], bytes, member(m), tag | 1, kFullMask);
   }
-  bool first = true;
-  for (int m = 0; m < n; ++m) {
-    if (m == rank_) continue;
-    sends[static_cast<std::size_t>(m)] = messages.isend(mine.data(), bytes, member(m), tag | 1);
-    if (first && engine->crashes().at(util::CrashPoint::kMidAgree)) {
-      waiter.wait(sends[static_cast<std::size_t>(m)]);
-      engine->links().drain();
-      engine->crashes().here(util::CrashPoint::kMidAgree);
+  // Sends `mine` to every other member with the phase's tag; a test's crash point dies having
+  // sent to one only.
+  auto send_to_all = [&](Tag phase, util::CrashPoint point) {
+    bool first = true;
+    for (int m = 0; m < n; ++m) {
+      if (m == rank_) continue;
+      sends[static_cast<std::size_t>(m)] =
+          messages.isend(mine.data(), bytes, member(m), tag | phase);
+      if (first && engine->crashes().at(point)) {
+        waiter.wait(sends[static_cast<std::size_t>(m)]);
+        engine->links().drain();
+        engine->crashes().here(point);
+      }
+      first = false;
     }
-    first = false;
-  }
+  };
+  send_to_all(1, util::CrashPoint::kMidAgree);
   std::string missing;
   for (int m = 0; m < n; ++m) {
     if (m == rank_) continue;
@@ -205,17 +214,7 @@ Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
   for (int c = 0; c < n; ++c) {
     if (c == rank_) {
       estimate.encode(mine.data());
-      first = true;
-      for (int m = 0; m < n; ++m) {
-        if (m == rank_) continue;
-        sends[static_cast<std::size_t>(m)] = messages.isend(mine.data(), bytes, member(m), tag | 2);
-        if (first && engine->crashes().at(util::CrashPoint::kMidDecide)) {
-          waiter.wait(sends[static_cast<std::size_t>(m)]);
-          engine->links().drain();
-          engine->crashes().here(util::CrashPoint::kMidDecide);
-        }
-        first = false;
-      }
+      send_to_all(2, util::CrashPoint::kMidDecide);
       for (Request& r : sends) {
         if (r.valid()) waiter.wait(r);
       }

@@ -75,6 +75,14 @@ std::string Group::where(int device) {
 
 Request Group::failed(Status status) { return engine_->operations().failed(std::move(status)); }
 
+proto::Waiting::Note Group::waiting_note(const Immediate* call) {
+  return engine_->waiting().note(
+      [](const void* subject, std::uintptr_t) {
+        return static_cast<const Immediate*>(subject)->describe_wait();
+      },
+      call);
+}
+
 Status Group::check(Plan& p, const char* name, std::initializer_list<const void*> buffers,
                     std::size_t elements, DataType type, int root) {
   auto bad = [&](Code code, const std::string& why) {

@@ -19,6 +19,7 @@
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/revocations.hpp"
+#include "proto/waiting.hpp"
 
 namespace ferry::proto {
 class Engine;
@@ -130,6 +131,7 @@ class Group : public std::enable_shared_from_this<Group> {
   template <class Build>
   Status run(Build&& build) {
     Immediate now(this, next_tag(), timeout_);
+    const proto::Waiting::Note note = waiting_note(&now);
     if (Status bad = build(now); !bad.is_ok()) return bad;
     return now.finish();
   }
@@ -173,6 +175,8 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // A Request that failed at its start.
   Request failed(Status status);
+  // What a blocking collective waits for, on the job's wait board (proto/waiting.hpp).
+  proto::Waiting::Note waiting_note(const Immediate* call);
 
  private:
   struct Ids;  // the communicator ids this process has used

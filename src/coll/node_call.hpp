@@ -55,7 +55,13 @@ class NodeCollectives::Call {
         g_(nodes.g_),
         area_(*nodes.area_),
         signature_(signature),
-        call_(++nodes.calls_) {
+        call_(++nodes.calls_),
+        note_(g_.engine()->waiting().note(
+            [](const void* call, std::uintptr_t) {
+              const auto* c = static_cast<const Call*>(call);
+              return c->what() + "; waiting for " + c->g_.peer_label(c->waiting_for_);
+            },
+            this)) {
     if (g_.timeout() > 0) deadline_ = util::deadline_after(g_.timeout());
   }
 
@@ -203,6 +209,7 @@ class NodeCollectives::Call {
  private:
   // One poll's wait for member m.
   Status wait(int m) {
+    waiting_for_ = m;
     ++polls_;
     if ((polls_ & 7) != 0) return Status();  // the rest every 8 polls: the word is seen sooner
     if (g_.revoked()) return g_.revoked_status(what());
@@ -247,6 +254,8 @@ class NodeCollectives::Call {
   int idle_ = 0;
   std::uint32_t polls_ = 0;
   bool posted_ = false;
+  int waiting_for_ = 0;  // the member the last wait was for
+  proto::Waiting::Note note_;
 };
 
 }  // namespace ferry::coll

@@ -186,6 +186,8 @@ class Immediate final : public Execution {
   std::byte* scratch(std::size_t bytes) override;
   // Runs what is left and returns the outcome.
   Status finish();
+  // What it waits for: the call and the members whose transfers of the round are not done.
+  [[nodiscard]] std::string describe_wait() const { return what() + not_arrived(); }
 
  private:
   double timeout_;

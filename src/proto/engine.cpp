@@ -51,6 +51,10 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   util::set_log_rank(size_ > 1 ? rank_ : -1);
   rndv_threshold_ = config_.get_size(util::Var::kRndvThreshold);
   waiting_.configure(config_, bootstrap_->local_ranks().size());
+  // ferryrun's board, where a long wait says what it waits for (util/wait_board.hpp).
+  if (board_.adopt(static_cast<int>(config_.get_int(util::Var::kBoardFd)), size_)) {
+    waiting_.attach_board(&board_, rank_);
+  }
   crashes_ = util::CrashPoints(config_, rank_);
   cuda_ = cuda::Cuda::create(config_, &cuda_why_);
   if (!cuda_ && config_.get_string(util::Var::kCuda) == "require") {
@@ -190,8 +194,36 @@ void Engine::abort(int code, const std::string& reason) {
 }
 
 Status Engine::barrier() {
+  const Waiting::Note note = waiting_.note(
+      [](const void*, std::uintptr_t) {
+        return std::string("barrier of the job (Context::barrier, through the launcher)");
+      },
+      nullptr);
   int idle = 0;
   return bootstrap_->barrier([this, &idle] { waiting_.step(&idle); });
+}
+
+std::string Engine::wait_report() {
+  char line[64];
+  std::string report;
+  if (!board_.usable()) {
+    const std::string mine = waiting_.current_wait();
+    std::snprintf(line, sizeof(line), "rank %d: ", rank_);
+    return line + (mine.empty() ? std::string("not waiting in ferry") : "waiting: " + mine) +
+           " (no wait board: only ferryrun's jobs have one)\n";
+  }
+  const std::vector<util::WaitBoard::Entry> entries = board_.read();
+  for (std::size_t r = 0; r < entries.size(); ++r) {
+    const util::WaitBoard::Entry& e = entries[r];
+    if (e.waited_s > 0) {
+      std::snprintf(line, sizeof(line), "rank %zu: waiting %.2f s: ", r, e.waited_s);
+      report += line + e.text + "\n";
+    } else {
+      std::snprintf(line, sizeof(line), "rank %zu: not waiting in ferry\n", r);
+      report += line;
+    }
+  }
+  return report;
 }
 
 std::string Engine::describe_peer(int rank) const {

@@ -110,6 +110,8 @@ class Engine final : public transport::AmHandler {
   void cancel_teardown(const void* owner) { teardown_.erase(owner); }
 
   [[nodiscard]] std::string describe_peer(int rank) const;
+  // What every rank of the job waits for now, a line each (Context::wait_report).
+  std::string wait_report();
   [[nodiscard]] cuda::Cuda* cuda() const { return cuda_.get(); }
 
   void on_am(std::uint8_t id, int source, std::span<const std::byte> data) override;
@@ -167,6 +169,7 @@ class Engine final : public transport::AmHandler {
   int size_ = 1;
   std::size_t rndv_threshold_ = 0;
   Links links_{*this, config_};
+  util::WaitBoard board_;  // before waiting_, which writes to it
   Waiting waiting_{*this, links_.polled()};
   Liveness liveness_{links_.all()};
   Revocations revocations_{*this};

@@ -37,9 +37,34 @@ bool Waiting::test(std::uint32_t index) {
   return requests.done(index);
 }
 
+namespace {
+
+// "receive from rank 3 (tag 0x7)", for the board.
+std::string describe_request(const void* engine, std::uintptr_t index) {
+  auto* owner = const_cast<Engine*>(static_cast<const Engine*>(engine));
+  const RequestSlot& slot = owner->requests()[static_cast<std::uint32_t>(index)];
+  char text[96];
+  if (slot.kind == RequestKind::kSend) {
+    std::snprintf(text, sizeof(text), "send to rank %d (tag 0x%llx)", slot.peer,
+                  static_cast<unsigned long long>(slot.tag));
+  } else if (slot.kind == RequestKind::kRecv && slot.info.source < 0) {
+    std::snprintf(text, sizeof(text), "receive from any rank (tag 0x%llx)",
+                  static_cast<unsigned long long>(slot.tag));
+  } else if (slot.kind == RequestKind::kRecv) {
+    std::snprintf(text, sizeof(text), "receive from rank %d (tag 0x%llx)", slot.info.source,
+                  static_cast<unsigned long long>(slot.tag));
+  } else {
+    std::snprintf(text, sizeof(text), "a non-blocking operation's request");
+  }
+  return text;
+}
+
+}  // namespace
+
 Status Waiting::wait(std::uint32_t index) {
   if (timeout_ > 0) return wait_for(index, timeout_);
   RequestPool& requests = engine_.requests();
+  const Note note = this->note(describe_request, &engine_, index);
   int idle = 0;
   while (!requests.done(index)) step(&idle);
   return requests[index].status;
@@ -51,6 +76,7 @@ Status Waiting::wait_for(std::uint32_t index, double seconds) {
   }
   RequestPool& requests = engine_.requests();
   const auto deadline = util::deadline_after(seconds);
+  const Note note = this->note(describe_request, &engine_, index);
   int idle = 0;
   for (std::uint32_t polls = 0; !requests.done(index); ++polls) {
     step(&idle);
@@ -144,6 +170,33 @@ void Waiting::check_peers_before_yield() {
   if (now < next_yield_check_) return;
   next_yield_check_ = now + std::chrono::milliseconds(10);
   engine_.look_for_failures();
+  if (note_.describe != nullptr) post_note(util::WaitBoard::now_ns());
+}
+
+void Waiting::post_note(std::int64_t now_ns) {
+  constexpr std::int64_t kFirstPostNs = 100'000'000;  // a wait that yielded this long is posted
+  constexpr std::int64_t kRepostNs = 1'000'000'000;   // and again each second (who is late
+                                                      // changes)
+  if (note_.since_ns == 0) {
+    note_.since_ns = now_ns;
+    note_.next_post_ns = now_ns + kFirstPostNs;
+    return;
+  }
+  if (board_ == nullptr || !board_->usable() || now_ns < note_.next_post_ns) return;
+  board_->post(rank_, note_.since_ns, note_.describe(note_.subject, note_.detail));
+  note_.posted = true;
+  note_.next_post_ns = now_ns + kRepostNs;
+}
+
+void Waiting::end_note(const Note::Current& outer) {
+  if (note_.posted && board_ != nullptr) board_->clear(rank_);
+  note_ = outer;
+  note_.posted = false;  // the outer call's wait is posted again at its next yield
+  note_.next_post_ns = 0;
+}
+
+std::string Waiting::current_wait() const {
+  return note_.describe != nullptr ? note_.describe(note_.subject, note_.detail) : std::string();
 }
 
 void Waiting::spin_step(int* idle_polls) {

@@ -17,6 +17,7 @@
 #include "ferry/status.hpp"
 #include "util/clock.hpp"
 #include "util/config.hpp"
+#include "util/wait_board.hpp"
 
 namespace ferry::transport {
 class Transport;
@@ -104,6 +105,44 @@ class Waiting {
   // nap (growing to 2 ms) instead of sleeping on the doorbell, so a long wait costs little CPU.
   void spin_step(int* idle_polls);
 
+  // ---- What a blocking call waits for (the job's wait board, util/wait_board.hpp) ----
+  // A blocking call names what it waits for by a function that describes it on demand, so a
+  // call that ends soon costs two stores: a wait that has yielded for 100 ms is written to this
+  // rank's slot of the board (again each second), and cleared when the call ends.
+  using Describe = std::string (*)(const void* subject, std::uintptr_t detail);
+  class [[nodiscard]] Note {
+   public:
+    Note(Waiting& waiting, Describe describe, const void* subject, std::uintptr_t detail)
+        : waiting_(waiting), outer_(waiting.note_) {
+      waiting.note_ = Current{describe, subject, detail};
+    }
+    ~Note() { waiting_.end_note(outer_); }
+    Note(const Note&) = delete;
+    Note& operator=(const Note&) = delete;
+
+   private:
+    friend class Waiting;
+    Waiting& waiting_;
+    struct Current {
+      Describe describe = nullptr;
+      const void* subject = nullptr;
+      std::uintptr_t detail = 0;
+      std::int64_t since_ns = 0;      // when the wait first yielded (0: not yet)
+      std::int64_t next_post_ns = 0;  // when the board gets it (again)
+      bool posted = false;
+    } outer_;
+  };
+  Note note(Describe describe, const void* subject, std::uintptr_t detail = 0) {
+    return Note(*this, describe, subject, detail);
+  }
+  // The job's board (null: none) and this rank's slot in it.
+  void attach_board(util::WaitBoard* board, int rank) {
+    board_ = board;
+    rank_ = rank;
+  }
+  // What this rank's blocking call waits for now, or "" when none.
+  [[nodiscard]] std::string current_wait() const;
+
   // ---- The application's event loop ----
   [[nodiscard]] int event_fd() const;
   // Arms the transports' wake-ups; false when something is already there (progress first).
@@ -126,8 +165,15 @@ class Waiting {
   void check_peers_before_yield();
   void progress_loop();
 
+  // A wait that has yielded a while goes to the board; a note that ends clears it.
+  void post_note(std::int64_t now_ns);
+  void end_note(const Note::Current& outer);
+
   Engine& engine_;
   const std::vector<transport::Transport*>& polled_;
+  Note::Current note_;
+  util::WaitBoard* board_ = nullptr;
+  int rank_ = 0;
   int spin_count_ = 0;
   bool auto_spin_ = true;  // FERRY_SPIN_COUNT unset (negative): decided by placed()
   int usable_cpus_ = 1;    // in this process's affinity

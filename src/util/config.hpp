@@ -200,6 +200,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "(FERRY_STORE set), else a single process")                                                    \
   X(kJobId, "FERRY_JOB_ID", kString, "", 0, 0, "",                                                 \
     "job identity, part of shared-memory names (set by ferryrun)")                                 \
+  X(kBoardFd, "FERRY_BOARD_FD", kInt, "-1", -1, 1 << 30, "",                                       \
+    "the job's wait board, a descriptor ferryrun passes (set by ferryrun)")                        \
   X(kTestCrashAt, "FERRY_TEST_CRASH_AT", kEnum, "none", 0, 0,                                      \
     "none|segment-created|initialized|first-send|finalize|mid-pipeline|mid-claim|mid-revoke|"      \
     "mid-agree|mid-decide",                                                                        \

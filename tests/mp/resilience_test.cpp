@@ -257,15 +257,45 @@ void death_notice_scenario(ferry::Context& ctx) {
   }
 }
 
+// The last rank looks at the job's wait board (Context::wait_report) while the others wait for
+// it in a barrier of the world communicator, then joins them. "stuck": it never joins, and
+// ferryrun's --timeout prints the board.
+void report_scenario(ferry::Context& ctx, bool stuck) {
+  ferry::Communicator world = ctx.world();
+  expect_working(world, "before");
+  const int late = ctx.size() - 1;
+  if (ctx.rank() == late) {
+    if (stuck) ::sleep(60);
+    ::usleep(500000);
+    const std::string report = ctx.wait_report();
+    for (int r = 0; r < late; ++r) {
+      const std::string line = "rank " + std::to_string(r) + ": waiting ";
+      const std::size_t at = report.find(line);
+      const std::size_t end = report.find('\n', at);
+      const std::string text = at == std::string::npos ? "" : report.substr(at, end - at);
+      expect(text.find("barrier") != std::string::npos &&
+                 text.find("on communicator 0") != std::string::npos &&
+                 text.find("rank " + std::to_string(late) + ")") != std::string::npos,
+             "the report's line for rank " + std::to_string(r) + ": '" + text + "' in\n" + report);
+    }
+    expect(
+        report.find("rank " + std::to_string(late) + ": not waiting in ferry") != std::string::npos,
+        "the report's line for this rank:\n" + report);
+  }
+  expect(world.barrier().is_ok(), "the barrier");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: %s revoke | revoke-death | never-arrives | death-notice | agree|shrink "
-                 "before|during|after "
-                 "[VICTIM]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s revoke | revoke-death | never-arrives | death-notice | report | stuck | "
+        "agree|shrink "
+        "before|during|after "
+        "[VICTIM]\n",
+        argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
@@ -274,6 +304,8 @@ int main(int argc, char** argv) {
     me = ctx.rank();
     if (scenario == "revoke") {
       revoke_scenario(ctx);
+    } else if (scenario == "report" || scenario == "stuck") {
+      report_scenario(ctx, scenario == "stuck");
     } else if (scenario == "death-notice") {
       death_notice_scenario(ctx);
     } else if (scenario == "never-arrives") {

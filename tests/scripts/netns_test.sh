@@ -11,21 +11,12 @@ id=$$
 ns_a=ferry-a-$id ns_b=ferry-b-$id if_a=fva$id if_b=fvb$id
 cleanup() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; }
 trap cleanup EXIT
-if ! command -v ip >/dev/null || ! ip netns add "$ns_a" 2>/dev/null; then
+# shellcheck source=two_namespaces.sh
+. "$(dirname "${BASH_SOURCE[0]}")/two_namespaces.sh"
+if ! two_namespaces "$ns_a" "$ns_b" "$if_a" "$if_b" 10.231.7; then
   echo "SKIP: cannot create network namespaces here (needs iproute2, root and CAP_SYS_ADMIN)"
   exit 77
 fi
-set -e
-ip netns add "$ns_b"
-ip link add "$if_a" type veth peer name "$if_b"
-ip link set "$if_a" netns "$ns_a"
-ip link set "$if_b" netns "$ns_b"
-ip -n "$ns_a" addr add 10.231.7.1/24 dev "$if_a"
-ip -n "$ns_b" addr add 10.231.7.2/24 dev "$if_b"
-for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-ip -n "$ns_a" link set "$if_a" up
-ip -n "$ns_b" link set "$if_b" up
-set +e
 
 # Ranks 0 and 1 run in the first namespace, the others in the second, each told its place on
 # its "node" as a launcher of two nodes would (FERRY_LOCAL_RANK, FERRY_LOCAL_SIZE).

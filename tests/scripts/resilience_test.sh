@@ -48,5 +48,19 @@ for variant in "${variants[@]}"; do
       FERRY_TEST_CRASH_RANK=0 -- "$call" during 0
   done
 done
+# The wait board: a program asks for it (Context::wait_report), and ferryrun prints it when the
+# job times out (rank 3 never joins the others' barrier).
+run "the wait report names each rank's call and whom it waits for" 0 4 -- report
+out=$(timeout 60 "$ferryrun" --timeout 2 -n 4 "$program" stuck 2>&1)
+rc=$?
+board=$(echo "$out" | sed -n '/where the ranks were at the timeout/,$p')
+waiting=$(echo "$board" | grep -c "^  rank [012]: waiting [0-9.]* s: barrier .* on communicator 0 .*waiting for member 3 (rank 3)")
+if [ "$rc" -eq 124 ] && [ "$waiting" -eq 3 ] &&
+   echo "$board" | grep -q "^  rank 3: running, not waiting in ferry" && [ "$before" = "$(leftovers)" ]; then
+  passed=$((passed + 1)); echo "ok   ferryrun --timeout prints who waits for what"
+else
+  failed=$((failed + 1)); echo "FAIL ferryrun --timeout prints who waits for what: rc $rc, $waiting lines"
+  echo "$out" | tail -12
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

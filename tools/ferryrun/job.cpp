@@ -29,6 +29,7 @@
 #include "housekeeping.hpp"
 #include "util/fd.hpp"
 #include "util/log.hpp"
+#include "util/wait_board.hpp"
 
 extern char** environ;
 
@@ -98,6 +99,7 @@ class Job {
   struct Rank {
     pid_t pid = -1;
     bool running = false;
+    std::string ended;  // "was killed by signal 9 (Killed)", once reaped
   };
 
   bool start();
@@ -117,6 +119,9 @@ class Job {
   void report_deferred();
   void on_abort(int rank, int pid, int code, const std::string& reason);
   void on_timeout();
+  // Prints what the ranks wait for (the job's wait board, util/wait_board.hpp): every rank, or
+  // only those waiting in ferry.
+  void print_board(const char* when, bool waiting_only);
   // Records the first failure's exit status and ends the job; later failures only log.
   bool fail(int status);
   // Sends `signal` to the whole job and arms SIGKILL after the grace period.
@@ -135,11 +140,12 @@ class Job {
   std::optional<Deferred> deferred_;
   std::optional<Clock::time_point> deferred_at_;
   std::string job_id_;
+  util::WaitBoard board_;
   ScratchDir dir_;
   std::unique_ptr<bootstrap::StoreServer> server_;
   util::Fd signal_fd_;
   util::Fd signal_pipe_[2];  // read, write
-  static constexpr int kSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+  static constexpr int kSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1};
   struct sigaction old_actions_[std::size(kSignals)]{};
   sigset_t old_mask_{};
   rlimit old_files_{};
@@ -155,6 +161,10 @@ class Job {
 bool Job::start() {
   job_id_ = bootstrap::new_job_id();
   std::string error;
+  if (!board_.create(options_.ranks, &error)) {
+    info("%s: the job runs without it", error.c_str());
+    error.clear();
+  }
   if (!dir_.create(&error)) {
     std::fprintf(stderr, "ferryrun: %s\n", error.c_str());
     return false;
@@ -231,8 +241,9 @@ bool Job::block_signals() {
 }
 
 std::vector<std::string> Job::child_environment(int rank) const {
-  static const char* const kOwned[] = {"FERRY_RANK=",       "FERRY_SIZE=",  "FERRY_LOCAL_RANK=",
-                                       "FERRY_LOCAL_SIZE=", "FERRY_STORE=", "FERRY_JOB_ID="};
+  static const char* const kOwned[] = {
+      "FERRY_RANK=",  "FERRY_SIZE=",   "FERRY_LOCAL_RANK=", "FERRY_LOCAL_SIZE=",
+      "FERRY_STORE=", "FERRY_JOB_ID=", "FERRY_BOARD_FD="};
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     bool owned = false;
@@ -247,6 +258,7 @@ std::vector<std::string> Job::child_environment(int rank) const {
   env.push_back("FERRY_LOCAL_SIZE=" + std::to_string(options_.ranks));
   env.push_back("FERRY_STORE=unix:" + dir_.socket_path());
   env.push_back("FERRY_JOB_ID=" + job_id_);
+  if (board_.usable()) env.push_back("FERRY_BOARD_FD=" + std::to_string(board_.fd()));
   return env;
 }
 
@@ -280,6 +292,7 @@ bool Job::spawn(int rank, int stdin_fd) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(kExitCannotRun);
     if (stdin_fd != STDIN_FILENO) ::dup2(stdin_fd, STDIN_FILENO);
+    if (board_.usable()) ::fcntl(board_.fd(), F_SETFD, 0);  // the rank maps it, then closes it
     ::setrlimit(RLIMIT_NOFILE, &old_files_);
     // The dispositions ferryrun found (a signal ignored under nohup stays ignored in the ranks),
     // before the signals are unblocked: none may reach ferryrun's pipe from here.
@@ -364,6 +377,10 @@ void Job::on_signal(int signal) {
     reap();
     return;
   }
+  if (signal == SIGUSR1) {
+    print_board("(SIGUSR1)", false);
+    return;
+  }
   const char* name = sigabbrev_np(signal) != nullptr ? sigabbrev_np(signal) : "?";
   if (terminating_) {
     // A second interrupt (or one during a failure's grace period): no more waiting.
@@ -435,6 +452,7 @@ void Job::on_exit(int rank, int status) {
       std::snprintf(how, sizeof(how), "exited with code %d", WEXITSTATUS(status));
     }
     server_->rank_exited(rank, pid, how);
+    ranks_[static_cast<std::size_t>(rank)].ended = how;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     if (!server_->joined(rank) || server_->finalized(rank) || terminating_) {
@@ -489,8 +507,10 @@ void Job::on_exit(int rank, int status) {
   if (options_.keep_going && !terminating_) {
     fail(code);
     std::fprintf(stderr, "ferryrun: %s; the other ranks go on (--keep-going)\n", text);
+    print_board("when it went", true);
   } else if (fail(code)) {
     std::fprintf(stderr, "ferryrun: %s; ending the job\n", text);
+    print_board("when it went", true);
     terminate(SIGTERM);
   } else {
     info("%s", text);  // expected while the job is being ended
@@ -512,8 +532,33 @@ void Job::on_abort(int rank, int pid, int code, const std::string& reason) {
 void Job::on_timeout() {
   if (fail(kExitTimeout)) {
     std::fprintf(stderr, "ferryrun: job timed out after %s s\n", options_.timeout_text.c_str());
+    print_board("at the timeout", false);
     terminate(SIGTERM);
   }
+}
+
+void Job::print_board(const char* when, bool waiting_only) {
+  if (!board_.usable()) return;
+  const std::vector<util::WaitBoard::Entry> entries = board_.read();
+  std::string table;
+  char line[96];
+  for (std::size_t r = 0; r < entries.size() && r < ranks_.size(); ++r) {
+    const util::WaitBoard::Entry& e = entries[r];
+    if (!ranks_[r].running) {
+      if (waiting_only) continue;
+      std::snprintf(line, sizeof(line), "  rank %zu: %s\n", r,
+                    ranks_[r].ended.empty() ? "not started" : ranks_[r].ended.c_str());
+      table += line;
+    } else if (e.waited_s > 0) {
+      std::snprintf(line, sizeof(line), "  rank %zu: waiting %.2f s: ", r, e.waited_s);
+      table += line + e.text + "\n";
+    } else if (!waiting_only) {
+      std::snprintf(line, sizeof(line), "  rank %zu: running, not waiting in ferry\n", r);
+      table += line;
+    }
+  }
+  if (!table.empty())
+    std::fprintf(stderr, "ferryrun: where the ranks were %s:\n%s", when, table.c_str());
 }
 
 bool Job::fail(int status) {
