@@ -121,127 +121,173 @@ std::vector<int> Group::failed_members() {
   return failed;
 }
 
-Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
-  const int n = size();
-  const std::uint32_t number = agreements_++;
-  const Tag tag = tag_of(base_id(), number) | kAgreementTag;
-  const std::string what = std::string(name) + " over " + std::to_string(n) +
-                           " members (agreement " + std::to_string(number) + ")";
-  proto::Engine* engine = engine_;
-  proto::Messages& messages = engine->messages();
-  const std::size_t bytes = View::bytes(n);
-  Waiter waiter(*this, timeout_);
-  const proto::Waiting::Note note = engine->waiting().note(
-      [](const void* text, std::uintptr_t) { return *static_cast<const std::string*>(text); },
-      &what);
-  auto dead = [&](int m) { return engine->liveness().failure(member(m)) != nullptr; };
-  auto timed_out = [&](const std::string& waiting_for) {
-    return Status(Code::kTimeout, what + ": not complete after FERRY_TIMEOUT (" +
-                                      std::to_string(timeout_) + " s): " + waiting_for);
-  };
+namespace {
 
-  View estimate(n);
-  estimate.flag = flag;
-  estimate.next_id = ids_->next;
-  engine->look_for_failures();
-  for (int m = 0; m < n; ++m) {
-    if (dead(m)) estimate.set_failed(m);
+// One agreement of a member: its estimate through the two phases (see the top of this file).
+class Agreement {
+ public:
+  Agreement(Group& g, Tag tag, std::string what, View estimate)
+      : g_(g),
+        engine_(g.engine()),
+        n_(g.size()),
+        tag_(tag),
+        what_(std::move(what)),
+        bytes_(View::bytes(n_)),
+        waiter_(g, g.timeout()),
+        estimate_(std::move(estimate)),
+        mine_(bytes_),
+        sends_(static_cast<std::size_t>(n_)) {}
+
+  // Phase 1: every member's contribution to every other, merged into the estimate.
+  Status gather() {
+    const auto n = static_cast<std::size_t>(n_);
+    std::vector<std::byte> theirs(bytes_ * n);
+    std::vector<Request> receives(n);
+    for (int m = 0; m < n_; ++m) {
+      if (m == g_.rank()) continue;
+      receives[static_cast<std::size_t>(m)] = engine_->messages().irecv(
+          &theirs[bytes_ * static_cast<std::size_t>(m)], bytes_, g_.member(m), tag_ | 1, kFullMask);
+    }
+    estimate_.encode(mine_.data());
+    send_to_all(1, util::CrashPoint::kMidAgree);
+    std::string missing;
+    for (int m = 0; m < n_; ++m) {
+      if (m != g_.rank() && !waiter_.wait(receives[static_cast<std::size_t>(m)])) {
+        missing += (missing.empty() ? "" : ", ") + g_.peer_label(m);
+      }
+    }
+    if (!missing.empty()) {
+      for (Request& r : receives) waiter_.withdraw(r);
+      withdraw_sends();
+      return timed_out("no contribution came from " + missing);
+    }
+    View contribution(n_);
+    for (int m = 0; m < n_; ++m) {
+      if (m == g_.rank()) continue;
+      const Request& r = receives[static_cast<std::size_t>(m)];
+      const Status& s = waiter_.status(r);
+      if (s.code() == Code::kPeerFailed) {
+        estimate_.set_failed(m);
+        continue;
+      }
+      if (!s.is_ok() || waiter_.received(r) != bytes_ ||
+          !contribution.decode(&theirs[bytes_ * static_cast<std::size_t>(m)], n_)) {
+        withdraw_sends();
+        return malformed(m, "contribution", s);
+      }
+      estimate_.merge(contribution);
+    }
+    wait_sends();
+    return Status();
   }
 
-  // Phase 1: every member's contribution to every other.
-  std::vector<std::byte> mine(bytes);
-  estimate.encode(mine.data());
-  std::vector<std::byte> theirs(bytes * static_cast<std::size_t>(n));
-  std::vector<Request> receives(static_cast<std::size_t>(n));
-  std::vector<Request> sends(static_cast<std::size_t>(n));
-  for (int m = 0; m < n; ++m) {
-    if (m == rank_) continue;
-    receives[static_cast<std::size_t>(m)] = messages.irecv(
-        &theirs[bytes * static_cast<std::size_t>(m)], bytes, member(m), tag | 1, kFullMask);
+  // Phase 2: rotating coordinator; each member adopts the estimate of each coordinator it hears.
+  Status decide() {
+    std::vector<std::byte> coordinated(bytes_);
+    for (int c = 0; c < n_; ++c) {
+      if (c == g_.rank()) {
+        estimate_.encode(mine_.data());
+        send_to_all(2, util::CrashPoint::kMidDecide);
+        wait_sends();
+        continue;
+      }
+      if (estimate_.has_failed(c) || engine_->liveness().failure(g_.member(c)) != nullptr) continue;
+      Request r =
+          engine_->messages().irecv(coordinated.data(), bytes_, g_.member(c), tag_ | 2, kFullMask);
+      if (!waiter_.wait(r)) {
+        return timed_out("no estimate came from " + g_.peer_label(c) +
+                         ", the coordinator of round " + std::to_string(c));
+      }
+      const Status& s = waiter_.status(r);
+      if (s.code() == Code::kPeerFailed) continue;
+      View adopted(n_);
+      if (!s.is_ok() || waiter_.received(r) != bytes_ || !adopted.decode(coordinated.data(), n_)) {
+        return malformed(c, "estimate", s);
+      }
+      estimate_ = std::move(adopted);
+    }
+    return Status();
   }
-  // Sends `mine` to every other member with the phase's tag; a test's crash point dies having
+
+  [[nodiscard]] const View& estimate() const { return estimate_; }
+  [[nodiscard]] const std::string& what() const { return what_; }
+
+ private:
+  // Sends `mine_` to every other member with the phase's tag; a test's crash point dies having
   // sent to one only.
-  auto send_to_all = [&](Tag phase, util::CrashPoint point) {
+  void send_to_all(Tag phase, util::CrashPoint point) {
     bool first = true;
-    for (int m = 0; m < n; ++m) {
-      if (m == rank_) continue;
-      sends[static_cast<std::size_t>(m)] =
-          messages.isend(mine.data(), bytes, member(m), tag | phase);
-      if (first && engine->crashes().at(point)) {
-        waiter.wait(sends[static_cast<std::size_t>(m)]);
-        engine->links().drain();
-        engine->crashes().here(point);
+    for (int m = 0; m < n_; ++m) {
+      if (m == g_.rank()) continue;
+      Request& send = sends_[static_cast<std::size_t>(m)];
+      send = engine_->messages().isend(mine_.data(), bytes_, g_.member(m), tag_ | phase);
+      if (first && engine_->crashes().at(point)) {
+        waiter_.wait(send);
+        engine_->links().drain();
+        engine_->crashes().here(point);
       }
       first = false;
     }
-  };
-  send_to_all(1, util::CrashPoint::kMidAgree);
-  std::string missing;
-  for (int m = 0; m < n; ++m) {
-    if (m == rank_) continue;
-    if (!waiter.wait(receives[static_cast<std::size_t>(m)])) {
-      missing += (missing.empty() ? "" : ", ") + peer_label(m);
+  }
+  // Small: on their way or failed (a dead member) at once.
+  void wait_sends() {
+    for (Request& r : sends_) {
+      if (r.valid()) waiter_.wait(r);
     }
   }
-  if (!missing.empty()) {
-    for (Request& r : receives) waiter.withdraw(r);
-    for (Request& r : sends) waiter.withdraw(r);
-    return timed_out("no contribution came from " + missing);
+  void withdraw_sends() {
+    for (Request& r : sends_) waiter_.withdraw(r);
   }
-  View contribution(n);
-  for (int m = 0; m < n; ++m) {
-    if (m == rank_) continue;
-    const Request& r = receives[static_cast<std::size_t>(m)];
-    const Status& s = waiter.status(r);
-    if (s.code() == Code::kPeerFailed) {
-      estimate.set_failed(m);
-      continue;
-    }
-    if (!s.is_ok() || waiter.received(r) != bytes ||
-        !contribution.decode(&theirs[bytes * static_cast<std::size_t>(m)], n)) {
-      for (Request& w : sends) waiter.withdraw(w);
-      return Status(Code::kProtocolError, what + ": " + peer_label(m) + "'s contribution: " +
-                                              (s.is_ok() ? "malformed" : s.message()));
-    }
-    estimate.merge(contribution);
+  Status timed_out(const std::string& waiting_for) const {
+    return Status(Code::kTimeout, what_ + ": not complete after FERRY_TIMEOUT (" +
+                                      std::to_string(g_.timeout()) + " s): " + waiting_for);
   }
-  for (Request& r : sends) {
-    if (r.valid()) waiter.wait(r);  // small: on its way or failed (a dead member) at once
+  Status malformed(int m, const char* part, const Status& s) const {
+    return Status(Code::kProtocolError, what_ + ": " + g_.peer_label(m) + "'s " + part + ": " +
+                                            (s.is_ok() ? "malformed" : s.message()));
   }
 
-  // Phase 2: rotating coordinator.
-  std::vector<std::byte> coordinated(bytes);
-  for (int c = 0; c < n; ++c) {
-    if (c == rank_) {
-      estimate.encode(mine.data());
-      send_to_all(2, util::CrashPoint::kMidDecide);
-      for (Request& r : sends) {
-        if (r.valid()) waiter.wait(r);
-      }
-      continue;
-    }
-    if (estimate.has_failed(c) || dead(c)) continue;
-    Request r = messages.irecv(coordinated.data(), bytes, member(c), tag | 2, kFullMask);
-    if (!waiter.wait(r)) {
-      return timed_out("no estimate came from " + peer_label(c) + ", the coordinator of round " +
-                       std::to_string(c));
-    }
-    const Status& s = waiter.status(r);
-    if (s.code() == Code::kPeerFailed) continue;
-    View adopted(n);
-    if (!s.is_ok() || waiter.received(r) != bytes || !adopted.decode(coordinated.data(), n)) {
-      return Status(Code::kProtocolError, what + ": " + peer_label(c) + "'s estimate: " +
-                                              (s.is_ok() ? "malformed" : s.message()));
-    }
-    estimate = std::move(adopted);
-  }
+  Group& g_;
+  proto::Engine* engine_;
+  int n_;
+  Tag tag_;
+  std::string what_;
+  std::size_t bytes_;
+  Waiter waiter_;
+  View estimate_;
+  std::vector<std::byte> mine_;  // what this member sends (its contribution, then its estimate)
+  std::vector<Request> sends_;
+};
 
-  agreed->flag = estimate.flag;
-  agreed->next_id = estimate.next_id;
+}  // namespace
+
+Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
+  const int n = size();
+  const std::uint32_t number = agreements_++;
+  View mine(n);
+  mine.flag = flag;
+  mine.next_id = ids_->next;
+  engine_->look_for_failures();
+  for (int m = 0; m < n; ++m) {
+    if (engine_->liveness().failure(member(m)) != nullptr) mine.set_failed(m);
+  }
+  Agreement agreement(*this, tag_of(base_id(), number) | kAgreementTag,
+                      std::string(name) + " over " + std::to_string(n) + " members (agreement " +
+                          std::to_string(number) + ")",
+                      std::move(mine));
+  const proto::Waiting::Note note = engine_->waiting().note(
+      [](const void* text, std::uintptr_t) { return *static_cast<const std::string*>(text); },
+      &agreement.what());
+  if (Status s = agreement.gather(); !s.is_ok()) return s;
+  if (Status s = agreement.decide(); !s.is_ok()) return s;
+
+  const View& decided = agreement.estimate();
+  agreed->flag = decided.flag;
+  agreed->next_id = decided.next_id;
   agreed->failed.assign(static_cast<std::size_t>(n), false);
-  for (int m = 0; m < n; ++m) agreed->failed[static_cast<std::size_t>(m)] = estimate.has_failed(m);
-  if (agreed->failed[static_cast<std::size_t>(rank_)]) {
-    return Status(Code::kPeerFailed, what + ": the other members count this one (" +
+  for (int m = 0; m < n; ++m) agreed->failed[static_cast<std::size_t>(m)] = decided.has_failed(m);
+  if (decided.has_failed(rank_)) {
+    return Status(Code::kPeerFailed, agreement.what() + ": the other members count this one (" +
                                          peer_label(rank_) + ") as failed");
   }
   return Status();
