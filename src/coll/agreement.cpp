@@ -62,7 +62,7 @@ struct View {
   }
 };
 
-// Waits for requests of an agreement to complete, within its deadline.
+// Waits for requests of an agreement to complete, within its deadline (one for the whole call).
 class Waiter {
  public:
   Waiter(Group& g, double timeout)
@@ -73,15 +73,12 @@ class Waiter {
   // withdrawn: a receive canceled, a send abandoned, and waited for).
   bool wait(Request& request) {
     const std::uint32_t index = proto::Engine::index_of(request);
-    int idle = 0;
-    for (std::uint32_t polls = 0; !engine_->requests().done(index); ++polls) {
-      engine_->waiting().step(&idle);
-      if ((polls & 255) == 255 && util::Clock::now() >= deadline_) {
-        withdraw(request);
-        return false;
-      }
+    if (engine_->waiting().wait_until([&] { return engine_->requests().done(index); },
+                                      deadline_)) {
+      return true;
     }
-    return true;
+    withdraw(request);
+    return false;
   }
   void withdraw(Request& request) {
     const std::uint32_t index = proto::Engine::index_of(request);
@@ -334,7 +331,7 @@ std::shared_ptr<Group> Group::shrink() {
     }
     if (check.flag == 1 && !more_failed) break;
   }
-  if (agreed.next_id >= std::uint64_t{kStreamTwinBit}) {
+  if (agreed.next_id >= std::uint64_t{kIdLimit}) {
     throw Error(Code::kNoResources, "shrink: this process has made " +
                                         std::to_string(agreed.next_id) +
                                         " communicators, the most a job may have");

@@ -84,15 +84,16 @@ void Engine::look_for_failures() {
   // overtake what the dead rank sent before it died (another connection): read what has come
   // first, as ofi does before it takes a peer its pidfd saw go for dead.
   if (reported_dead_.empty()) return;
-  for (int pass = 0, quiet = 0; pass < 100 && quiet < 2; ++pass) {
+  transport::drain_until_quiet([this] {
     int events = 0;
     for (transport::Transport* t : links_.polled()) events += t->progress();
-    quiet = events == 0 ? quiet + 1 : 0;
-  }
+    return events;
+  });
   std::vector<std::pair<int, int>> reported;
   reported.swap(reported_dead_);
+  // A notice is believed even when its sender has died since: it saw the pid go.
   for (const auto& [rank, by] : reported) {
-    if (links_.link(rank).failed || links_.link(by).failed) continue;
+    if (links_.link(rank).failed) continue;
     peer_failed(rank, "rank " + std::to_string(rank) + " exited (seen by rank " +
                           std::to_string(by) + ", on its node)");
   }

@@ -89,10 +89,16 @@ class Waiting {
   // FERRY_TIMEOUT ran out first.
   template <typename Done>
   bool wait_until(Done done) {
-    const auto deadline = util::deadline_after(timeout_);
+    return wait_until(done, timeout_ > 0 ? util::deadline_after(timeout_)
+                                         : util::Clock::time_point::max());
+  }
+  // The same with a deadline of the caller's (time_point::max(): none), for a call whose one
+  // deadline covers several waits.
+  template <typename Done>
+  bool wait_until(Done done, util::Clock::time_point deadline) {
     int idle = 0;
     while (!done()) {
-      if (timeout_ > 0 && util::Clock::now() >= deadline) return false;
+      if (util::Clock::now() >= deadline) return false;
       step(&idle);
     }
     return true;

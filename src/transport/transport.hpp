@@ -194,4 +194,15 @@ class Transport {
   virtual void disarm() {}
 };
 
+// Before a peer is taken for dead: reads what it sent before it went (delivered to this process,
+// or waiting in a socket), since messages from a failed peer are dropped and a receive may wait
+// for its last one. `progress` is one poll of the transports concerned, returning its events;
+// polled until two passes in a row find nothing, at most 100.
+template <typename Progress>
+void drain_until_quiet(Progress&& progress) {
+  for (int pass = 0, quiet = 0; pass < 100 && quiet < 2; ++pass) {
+    quiet = progress() == 0 ? quiet + 1 : 0;
+  }
+}
+
 }  // namespace ferry::transport

@@ -321,12 +321,8 @@ void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
   }
   if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0) {
     // What an exited process sent before it went is in this process already (its provider
-    // confirmed delivery, or the bytes wait in the socket): read it before the process is taken
-    // for dead, since messages from a failed peer are dropped. A wildcard receive may wait for
-    // its last message.
-    for (int pass = 0, quiet = 0; pass < 100 && quiet < 2; ++pass) {
-      quiet = progress() == 0 ? quiet + 1 : 0;
-    }
+    // confirmed delivery, or the bytes wait in the socket).
+    drain_until_quiet([this] { return progress(); });
     for (std::size_t i = 0; i < fds.size(); ++i) {
       if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       const int rank = watched[i];
