@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
-# Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_perf perf perf_staged
-# compare coll_compare twoshot resident check sanitizer ofi ofi_perf kill (default: info tests
-# perf). guard measures every GPU
+# Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
+# perf perf_staged compare coll_compare twoshot resident check sanitizer ofi ofi_perf kill
+# (default: info tests perf). guard measures every GPU
 # figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
 # their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
 # The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
@@ -79,21 +79,29 @@ for step in $steps; do
         echo "exit ${PIPESTATUS[0]}"
       done ;;
     stream)
-      # Stream-ordered operations and graph replays (IPC, then staged), then the last rank killed
-      # while the others' streams wait for it: they must be released with the error.
-      for mode in ipc staged; do
+      # Stream-ordered operations and graph replays (allreduces as kernels on the stream with
+      # IPC, then every call by ferry's thread, then staged), then the last rank killed while the
+      # others' streams or graph replays wait for it: they must be released with the error; then
+      # an allreduce nobody else makes, released by FERRY_TIMEOUT.
+      for mode in ipc proxy staged; do
         env=()
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
+        [ $mode = proxy ] && env=(FERRY_STREAM_KERNEL=0)
         echo "--- gpu.stream.$mode ${env[*]:-}"
         env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_stream_tests" 2>&1 \
           | tee "$out/gpu_stream_$mode.log" | grep -E "^\[  |Failure|error|SKIP|Which is|Expected" \
           | awk 'NR <= 40'
         echo "exit ${PIPESTATUS[0]}"
       done
-      echo "--- stream-death -n 2"
-      "$bin/ferryrun" --timeout 60 --keep-going -n 2 "$bin/ferry_gpu_stream_tests" stream-death \
-        2>&1 | tee "$out/gpu_stream_death.log" | grep -E "^rank|error|warn" | awk 'NR <= 20'
-      echo "exit ${PIPESTATUS[0]}" ;;
+      for mode in stream-death graph-death never-arrives; do
+        for kernel in 16m 0; do
+          echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel"
+          FERRY_STREAM_KERNEL=$kernel FERRY_TIMEOUT=$([ $mode = never-arrives ] && echo 1 || echo 0) \
+            "$bin/ferryrun" --timeout 60 --keep-going -n 2 "$bin/ferry_gpu_stream_tests" $mode \
+            2>&1 | tee "$out/gpu_$mode.$kernel.log" | grep -E "^rank|error|warn" | awk 'NR <= 20'
+          echo "exit ${PIPESTATUS[0]}"
+        done
+      done ;;
     stream_perf)
       # Interleaved rounds: ferry's allreduce and sendrecv host-synchronous (allreduce only),
       # stream-ordered back to back, and replayed from graphs of 100 calls; then nccl-tests (one
@@ -103,11 +111,13 @@ for step in $steps; do
       ngpu=$(nvidia-smi -L | wc -l)
       for round in $(seq 1 "${GPU_RUN_ROUNDS:-2}"); do
         echo "--- round $round"
+        # One test per run: a run that stops loses only its own rows (they print at the end).
         for mode in "" "--stream" "--graph 100"; do
-          tests="allreduce sendrecv"
-          [ -z "$mode" ] && tests=allreduce
-          "$bin/ferryrun" --timeout 300 -n "$ngpu" "$bin/ferry-perf" $tests $mode -m cuda \
-            --check --sizes "$sizes" 2>&1 | tee -a "$out/stream_perf_ferry.txt"
+          for t in allreduce sendrecv; do
+            [ -z "$mode" ] && [ $t = sendrecv ] && continue
+            "$bin/ferryrun" --timeout 120 -n "$ngpu" "$bin/ferry-perf" $t $mode -m cuda \
+              --check --sizes "$sizes" 2>&1 | tee -a "$out/stream_perf_ferry.txt"
+          done
         done
         for t in all_reduce_perf sendrecv_perf; do
           [ -x "$bin/$t" ] || continue
@@ -254,6 +264,17 @@ for step in $steps; do
         compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
           "$bin/ferryrun" --timeout 300 -n 2 "$bin/ferry_gpu_coll_tests" 2>&1 \
           | tee "$out/${tool}_coll.txt" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  |Failure"
+        echo "exit ${PIPESTATUS[0]}"
+      done ;;
+    stream_sanitizer)
+      # memcheck, racecheck and synccheck over both ranks of the stream suite's graph replays,
+      # host buffers and mixed calls (the on-stream kernel, LL and one-shot; the proxy's paths).
+      filter=${GPU_RUN_STREAM_FILTER:-Stream.Graph*:Stream.AllreduceOfHostBuffers:Stream.MixesWithHostCalls}
+      for tool in memcheck racecheck synccheck; do
+        echo "--- $tool"
+        compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
+          "$bin/ferryrun" --timeout 300 -n 2 "$bin/ferry_gpu_stream_tests" --gtest_filter="$filter" \
+          2>&1 | tee "$out/${tool}_stream.txt" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  |Failure"
         echo "exit ${PIPESTATUS[0]}"
       done ;;
     coll_kill)

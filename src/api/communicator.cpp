@@ -7,6 +7,7 @@
 
 #include "coll/group.hpp"
 #include "coll/reduce.hpp"
+#include "cuda/cuda.hpp"
 #include "proto/engine.hpp"
 #include "proto/messages.hpp"
 #include "proto/stream_ops.hpp"
@@ -230,18 +231,38 @@ Status check_stream_call(const coll::Group& g, const char* name, std::size_t cou
   return Status();
 }
 
+// The twin's device set-up (its one-shot area: IPC mappings, host words, the resident kernel's
+// stream; a collective of the members) is made by the thread of the first stream collective, not
+// by ferry's thread when the stream reaches the call: there its CUDA calls would wait for the
+// driver's locks, which a thread blocked launching onto a full stream or graph holds (two H100s:
+// graph replays of an allreduce stopped at the first). Every member makes its stream collectives
+// in the same order, so all make this one alike; a stream that names no GPU takes part, failing.
+void prepare_twin(coll::Group& twin, CudaStream stream) {
+  cuda::Cuda* gpu = twin.engine()->cuda();
+  if (gpu == nullptr) return;
+  const int mode = gpu->relax_capture();
+  cuda::Cuda::StreamInfo info;
+  const bool known = gpu->stream_info(stream, &info).is_ok();
+  static_cast<void>(twin.oneshot().ready(known ? info.device : -1, 1, DataType::kUint8));
+  gpu->restore_capture(mode);
+}
+
 // The communicator's stream twin and the Context's stream operations, taken under the engine's
 // lock, which the enqueueing then lets go: a full stream blocks the call that enqueues on it
-// until the proxy, which needs that lock, has drained it.
+// until the proxy, which needs that lock, has drained it. For a collective (`stream` set), the
+// twin's device set-up too.
 // Null parts, and *revoked set, for a revoked communicator.
 std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> stream_parts(
-    const std::shared_ptr<coll::Group>& group, const char* name, Status* revoked) {
+    const std::shared_ptr<coll::Group>& group, const char* name, Status* revoked,
+    std::optional<CudaStream> collective_stream = std::nullopt) {
   auto entry = group->engine()->enter();
   if (group->revoked()) {
     *revoked = group->revoked_status(std::string(name) + " on a stream");
     return {nullptr, nullptr};
   }
-  return {group->stream_twin(), &group->engine()->streams()};
+  std::shared_ptr<coll::Group> twin = group->stream_twin();
+  if (collective_stream.has_value()) prepare_twin(*twin, *collective_stream);
+  return {twin, &group->engine()->streams()};
 }
 
 // Enqueues a collective of the communicator's stream twin, which `build` describes.
@@ -251,7 +272,7 @@ Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream 
   // Not a structured binding: clang before 16 cannot capture one.
   Status revoked;
   std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> parts =
-      stream_parts(group, name, &revoked);
+      stream_parts(group, name, &revoked, stream);
   if (!revoked.is_ok()) return revoked;
   std::shared_ptr<coll::Group> twin = std::move(parts.first);
   return parts.second->enqueue(
@@ -283,11 +304,6 @@ FERRY_STREAM_COLLECTIVE(reduce,
                          ReduceOp op, int root, CudaStream stream),
                         (*group_, "reduce", count, type, root, {send}, op),
                         (p, send, recv, count, type, op, root))
-FERRY_STREAM_COLLECTIVE(allreduce,
-                        (const void* send, void* recv, std::size_t count, DataType type,
-                         ReduceOp op, CudaStream stream),
-                        (*group_, "allreduce", count, type, 0, {send, recv}, op),
-                        (p, send, recv, count, type, op))
 FERRY_STREAM_COLLECTIVE(
     allgather, (const void* send, void* recv, std::size_t count, DataType type, CudaStream stream),
     (*group_, "allgather", count, type, 0, {send, recv}), (p, send, recv, count, type))
@@ -307,6 +323,22 @@ FERRY_STREAM_COLLECTIVE(scatter,
                         (*group_, "scatter", count, type, root, {recv}),
                         (p, send, recv, count, type, root))
 #undef FERRY_STREAM_COLLECTIVE
+
+Status Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type,
+                               ReduceOp op, CudaStream stream) {
+  if (Status s = unusable(group_); !s) return s;
+  if (Status s = check_stream_call(*group_, "allreduce", count, type, 0, {send, recv}, op); !s) {
+    return s;
+  }
+  // Among one node's GPUs, one kernel on the stream itself, with no host in the loop.
+  bool taken = false;
+  Status by_kernel =
+      coll::allreduce_by_kernel(*group_, send, recv, count, type, op, stream, &taken);
+  if (taken) return by_kernel;
+  return enqueue_collective(group_, stream, "allreduce", [=](coll::Group& g, coll::Plan& p) {
+    return g.allreduce(p, send, recv, count, type, op);
+  });
+}
 
 Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type,
                               CudaStream stream) {

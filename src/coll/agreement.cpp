@@ -73,8 +73,7 @@ class Waiter {
   // withdrawn: a receive canceled, a send abandoned, and waited for).
   bool wait(Request& request) {
     const std::uint32_t index = proto::Engine::index_of(request);
-    if (engine_->waiting().wait_until([&] { return engine_->requests().done(index); },
-                                      deadline_)) {
+    if (engine_->waiting().wait_until([&] { return engine_->requests().done(index); }, deadline_)) {
       return true;
     }
     withdraw(request);

@@ -5,22 +5,25 @@
 
 #include "coll/group.hpp"
 #include "proto/engine.hpp"
+#include "proto/stream_ops.hpp"
 #include "util/log.hpp"
 
 namespace ferry::coll {
 
 DeviceOneShot::DeviceOneShot(Group& group, const util::Config& config)
     : group_(group),
+      on_stream_((group.id() & kKernelTwinBit) != 0),
       slice_(config.get_size(util::Var::kCollDeviceOneshotSlice)),
-      twoshot_from_(config.get_size(util::Var::kCollDeviceTwoshot)),
-      resident_us_(static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident))),
+      twoshot_from_(on_stream_ ? 0 : config.get_size(util::Var::kCollDeviceTwoshot)),
+      resident_us_(
+          on_stream_ ? 0
+                     : static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident))),
       shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {
   // Each member of a one-shot call pushes its data to the n - 1 others, so the size limit
   // shrinks with the members (and so does the exchange area: 2 * n slots of that size).
   const std::size_t peers = group.size() > 1 ? static_cast<std::size_t>(group.size()) - 1 : 1;
-  bytes_ = config.get_bool(util::Var::kCudaIpc)
-               ? config.get_size(util::Var::kCollDeviceOneshot) / peers / 256 * 256
-               : 0;
+  const util::Var limit = on_stream_ ? util::Var::kStreamKernel : util::Var::kCollDeviceOneshot;
+  bytes_ = config.get_bool(util::Var::kCudaIpc) ? config.get_size(limit) / peers / 256 * 256 : 0;
 }
 
 DeviceOneShot::~DeviceOneShot() {
@@ -75,16 +78,27 @@ Status DeviceOneShot::prepare(int device) {
   State& o = *state_;
   o.device = device;
   const int n = group_.size();
-  const std::size_t area_bytes = cuda::Cuda::oneshot_area_bytes(n, bytes_);
+  const std::size_t area_bytes = on_stream_ ? cuda::Cuda::on_stream_area_bytes(n, bytes_)
+                                            : cuda::Cuda::oneshot_area_bytes(n, bytes_);
   struct Offer {
     cuda::IpcKey key;
     std::int64_t ok;
   } mine{};
-  Status status = gpu->allocate(device, area_bytes, &o.area);
+  // A member without a device (a stream of no GPU of its process) still takes part, failing.
+  Status status = device < 0 ? Status(Code::kInvalidArgument, "no CUDA device named")
+                             : gpu->allocate(device, area_bytes, &o.area);
   if (status.is_ok()) status = gpu->zero(device, o.area, area_bytes);
   void* words = nullptr;
   if (status.is_ok()) status = gpu->map_host(device, 64, &words, &o.words_device);
   o.words = static_cast<unsigned*>(words);
+  if (status.is_ok() && on_stream_) {
+    status = gpu->allocate(device, 256, &o.counters);
+    if (status.is_ok()) status = gpu->zero(device, o.counters, 256);
+    // Loaded now, not at the first launch, when streams may wait for ferry's thread.
+    if (status.is_ok() && !gpu->kernels_missing(device).empty()) {
+      status = Status(Code::kUnsupported, gpu->kernels_missing(device));
+    }
+  }
   if (status.is_ok()) {
     const mem::MemoryInfo info = gpu->classify(o.area);
     util::Fd none;
@@ -162,8 +176,12 @@ Status DeviceOneShot::prepare(int device) {
   if (!status.is_ok()) return status;
   if (all_ok == 0) return Status(Code::kUnsupported, "another member could not map every area");
   o.usable = true;
-  FERRY_LOG(kInfo, "collectives: one-shot device allreduce ready on cuda:%d (%d members, %zu B)",
-            device, n, bytes_);
+  FERRY_LOG(kInfo, "collectives: one-shot device allreduce%s ready on cuda:%d (%d members, %zu B)",
+            on_stream_ ? " on streams" : "", device, n, bytes_);
+  if (on_stream_) {
+    o.watch = group_.engine()->streams().watch([this] { return watch(); });
+    return Status();
+  }
   prepare_resident();
   return Status();
 }
@@ -193,6 +211,12 @@ void DeviceOneShot::release() {
   // A kernel of a collective that was never completed (its Request dropped) stops waiting for
   // its peers before its memory goes.
   if (o.words != nullptr) __atomic_store_n(&o.words[0], 1u, __ATOMIC_RELEASE);
+  if (o.watch >= 0) group_.engine()->streams().unwatch(o.watch);
+  o.watch = -1;
+  if (o.counters != nullptr) gpu->release(o.device, o.counters);
+  o.counters = nullptr;
+  if (o.staging != nullptr) gpu->release(o.device, o.staging);
+  o.staging = nullptr;
   if (o.resident >= 0) gpu->resident_close(o.resident);
   o.resident = -1;
   for (const auto& [rank, key] : o.mapped) gpu->unpin(rank, o.device, key);
@@ -273,10 +297,144 @@ bool DeviceOneShot::by_twoshot(std::size_t bytes) const {
   return group_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_;
 }
 
+cuda::Cuda::OneShot DeviceOneShot::on_stream_call(void* out, const void* in, std::size_t count,
+                                                  DataType type, ReduceOp op, bool ring) const {
+  const State& o = *state_;
+  cuda::Cuda::OneShot call;
+  call.out = out;
+  call.in = in;
+  call.count = count;
+  call.type = type;
+  call.op = op;
+  call.members = group_.size();
+  call.me = group_.rank();
+  call.ring = ring;
+  call.slot_bytes = bytes_;
+  call.block_bytes = slice_;
+  call.max_blocks = o.max_blocks;
+  call.areas = o.areas;
+  call.words = o.words_device;
+  call.counters = o.counters;
+  const double timeout = group_.timeout();
+  call.timeout_ns = timeout > 0 ? static_cast<std::uint64_t>(timeout * 1e9) : 0;
+  return call;
+}
+
+Status DeviceOneShot::staging(void** pointer) {
+  State& o = *state_;
+  if (o.staging == nullptr) {
+    if (Status s = group_.engine()->cuda()->allocate(o.device, bytes_, &o.staging); !s) {
+      o.staging = nullptr;
+      return s;
+    }
+  }
+  *pointer = o.staging;
+  return Status();
+}
+
+Status DeviceOneShot::watch() {
+  if (!state_ || state_->words == nullptr || state_->reported) return Status();
+  Status failure = watched_failure();
+  state_->reported = !failure.is_ok();
+  return failure;
+}
+
+// What watch() reports (stopping the calls for good), or ok.
+Status DeviceOneShot::watched_failure() {
+  const unsigned* words = state_->words;
+  const std::string what = "an allreduce run as a kernel on a stream, on communicator " +
+                           std::to_string(group_.base_id());
+  if (__atomic_load_n(&words[1], __ATOMIC_ACQUIRE) != 0) {
+    stop();
+    return Status(Code::kInvalidArgument,
+                  what +
+                      ": the members' calls differ in count, type or op (do the members pass "
+                      "the same counts, types and op, in the same order?)");
+  }
+  if (__atomic_load_n(&words[2], __ATOMIC_ACQUIRE) != 0) {
+    stop();
+    return Status(Code::kTimeout, what + ": a member did not arrive within FERRY_TIMEOUT (" +
+                                      std::to_string(group_.timeout()) + " s)");
+  }
+  if (group_.revoked()) {
+    stop();
+    return group_.revoked_status(what);
+  }
+  proto::Engine* engine = group_.engine();
+  for (int m = 0; m < group_.size(); ++m) {
+    if (const std::string* why = engine->liveness().failure(group_.member(m)); why != nullptr) {
+      stop();
+      return Status(Code::kPeerFailed, what + ": " + group_.peer_label(m) + " failed: " + *why);
+    }
+  }
+  return Status();
+}
+
 void DeviceOneShot::stop() {
   if (!state_ || state_->words == nullptr) return;
   __atomic_store_n(&state_->words[0], 1u, __ATOMIC_RELEASE);
   state_->usable = false;
+}
+
+Status allreduce_by_kernel(Group& group, const void* send, void* recv, std::size_t count,
+                           DataType type, ReduceOp op, void* stream, bool* taken) {
+  *taken = false;
+  proto::Engine* engine = group.engine();
+  cuda::Cuda* gpu = engine->cuda();
+  if (gpu == nullptr || !engine->waiting().threaded() || count == 0 || group.size() < 2 ||
+      group.allreduce_forced()) {
+    return Status();
+  }
+  cuda::Cuda::OneShot call;
+  int device = -1;
+  void* staged = nullptr;  // where the kernel works, where not in the buffers
+  std::size_t bytes = 0;
+  {
+    auto entry = engine->enter();
+    // What the thread's path reports at once.
+    if (group.revoked() || !engine->streams().async_error().is_ok()) return Status();
+    std::shared_ptr<Group> twin = group.kernel_twin();
+    DeviceOneShot& kernels = twin->oneshot();
+    // The set-up's CUDA calls are legal while this thread's stream captures a graph.
+    const int mode = gpu->relax_capture();
+    cuda::Cuda::StreamInfo info;
+    const bool known = gpu->stream_info(stream, &info).is_ok();
+    const bool ready = kernels.ready(known ? info.device : -1, count, type);
+    gpu->restore_capture(mode);
+    if (!ready || !known) return Status();
+    *taken = true;
+    // Buffers the kernel cannot reach go through device memory of its own, by copies on the
+    // stream: every member runs the kernel alike, whatever its buffers.
+    auto reachable = [&](const void* buffer) {
+      const mem::MemoryInfo memory = gpu->classify(buffer);
+      return memory.kind == mem::MemoryKind::kCudaManaged ||
+             (memory.kind == mem::MemoryKind::kCudaDevice && memory.device == info.device);
+    };
+    if (!reachable(send) || !reachable(recv)) {
+      if (Status s = kernels.staging(&staged); !s) {
+        return Status(s.code(),
+                      "allreduce on a stream: device memory to stage host buffers through: " +
+                          s.message() + " (the other members wait for this call)");
+      }
+    }
+    bytes = count * size_of(type);
+    call =
+        kernels.on_stream_call(staged != nullptr ? staged : recv, staged != nullptr ? staged : send,
+                               count, type, op, twin->allreduce_by_ring(bytes, count));
+    device = info.device;
+  }
+  // Not under the engine's lock: a full stream blocks these calls until its work drains, which
+  // may need ferry's stream thread. The kernel is enqueued even where the copy in failed, so that
+  // the other members' calls end.
+  Status copied =
+      staged != nullptr ? gpu->copy_on_stream(stream, device, staged, send, bytes) : Status();
+  Status launched = gpu->allreduce_on_stream(stream, device, call);
+  if (launched.is_ok() && copied.is_ok() && staged != nullptr) {
+    copied = gpu->copy_on_stream(stream, device, recv, staged, bytes);
+  }
+  if (!launched.is_ok()) copied = launched;
+  if (!copied.is_ok()) return Status(copied.code(), "allreduce on a stream: " + copied.message());
+  return Status();
 }
 
 }  // namespace ferry::coll

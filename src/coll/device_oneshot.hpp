@@ -4,6 +4,12 @@
 // blocking calls of one block without a launch. Set up by the first call that can use it (a
 // collective: every member decides alike), released with the Group or, before, when its engine
 // goes (a Communicator may outlive its Context).
+//
+// On-stream mode (the DeviceOneShot of a kernel twin, Group::kernel_twin): the same area, set up
+// the same way, for stream allreduces enqueued as one kernel on the application's stream, whose
+// calls the GPU numbers itself; no resident or two-shot kernel. Nothing on the host sees such a
+// call end, so ferry's stream thread watches for what must stop it (a dead member, a revoke) and
+// for what it reports (a mismatch, a timeout): watch() below.
 #pragma once
 
 #include <array>
@@ -22,6 +28,14 @@ namespace ferry::coll {
 
 class Group;
 
+// A stream allreduce of `group` as one kernel on `stream` (the kernel twin's DeviceOneShot in
+// on-stream mode), where every member is on this node with a GPU of its own and the size fits
+// FERRY_STREAM_KERNEL: then *taken, and the status says whether it was enqueued. Else the call is
+// for ferry's stream thread. The first call that fits sets the area up: a collective of the
+// members, made here. Takes the engine's lock, but not across the launch.
+Status allreduce_by_kernel(Group& group, const void* send, void* recv, std::size_t count,
+                           DataType type, ReduceOp op, void* stream, bool* taken);
+
 class DeviceOneShot {
  public:
   DeviceOneShot(Group& group, const util::Config& config);
@@ -37,6 +51,17 @@ class DeviceOneShot {
   std::uint64_t next() { return ++state_->sequence; }
   Status launch(const Execution::Action& action, DataType type, ReduceOp op, int lane,
                 bool blocking, cuda::Ticket* ticket);
+  // On-stream mode: the call for allreduce_on_stream of `count` elements of `type` (ready() said
+  // yes) from `in` to `out`, in the host algorithm's order (`ring`).
+  [[nodiscard]] cuda::Cuda::OneShot on_stream_call(void* out, const void* in, std::size_t count,
+                                                   DataType type, ReduceOp op, bool ring) const;
+  // On-stream mode: device memory of one call's size limit, for a member whose buffers the kernel
+  // cannot reach (host memory, another GPU's): made on first use, kept with the area.
+  Status staging(void** pointer);
+  // On-stream mode, asked by ferry's stream thread about every millisecond (engine lock held):
+  // raises the stop word where a member has failed or the communicator is revoked, and returns
+  // why the calls on the streams are not valid (that, a mismatch, or a timeout), else ok.
+  Status watch();
   // After a one-shot kernel finished: a mismatch it saw between the members' calls, or ok.
   Status outcome();
   // Tells a one-shot kernel to stop waiting for its peers, and stops using the path.
@@ -63,16 +88,22 @@ class DeviceOneShot {
     unsigned max_blocks = cuda::Cuda::kOneShotBlocks;
     cuda::Ticket last_launch;  // of the last launched one-shot kernel, if `launched`
     bool launched = false;
+    void* counters = nullptr;  // on-stream mode: the calls' numbers, kept by the GPU
+    void* staging = nullptr;   // on-stream mode: staging(), or null
+    int watch = -1;            // on-stream mode: the stream thread's watch of it
+    bool reported = false;     // watch() returned its failure
   };
   // Each member makes its exchange area, they swap IPC keys and map each other's, then agree
   // that every member succeeded.
   Status prepare(int device);
   void prepare_resident();
+  Status watched_failure();
   void release();
 
   Group& group_;
-  std::size_t bytes_;             // FERRY_COLL_DEVICE_ONESHOT, per peer
-  std::size_t slice_;             // FERRY_COLL_DEVICE_ONESHOT_SLICE
+  bool on_stream_;     // a kernel twin's (see above)
+  std::size_t bytes_;  // FERRY_COLL_DEVICE_ONESHOT (on stream: FERRY_STREAM_KERNEL), per peer
+  std::size_t slice_;  // FERRY_COLL_DEVICE_ONESHOT_SLICE
   std::size_t twoshot_from_;      // FERRY_COLL_DEVICE_TWOSHOT
   std::uint64_t resident_us_;     // FERRY_COLL_DEVICE_RESIDENT
   bool shared_gpu_;               // FERRY_COLL_DEVICE_SHARED_GPU

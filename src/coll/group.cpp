@@ -166,7 +166,7 @@ std::shared_ptr<Group> Group::split(int color, int key) {
     order.emplace_back(entry[1], m);
     id = std::max(id, entry[2]);
   }
-  if (id >= std::int64_t{kStreamTwinBit}) {
+  if (id >= std::int64_t{kIdLimit}) {
     throw Error(Code::kNoResources, "split: this process has made " + std::to_string(id) +
                                         " communicators, the most a job may have");
   }
@@ -187,6 +187,14 @@ std::shared_ptr<Group> Group::stream_twin() {
     twin_ = std::shared_ptr<Group>(new Group(engine_, members_, rank_, id_ | kStreamTwinBit, ids_));
   }
   return twin_;
+}
+
+std::shared_ptr<Group> Group::kernel_twin() {
+  if (!kernel_twin_) {
+    kernel_twin_ = std::shared_ptr<Group>(
+        new Group(engine_, members_, rank_, id_ | kStreamTwinBit | kKernelTwinBit, ids_));
+  }
+  return kernel_twin_;
 }
 
 bool Group::quick(Status* status, Kind kind, const void* send, void* recv, std::size_t count,

@@ -30,8 +30,11 @@ namespace ferry::coll {
 // The tag of a collective message: the reserved bit, the communicator id (23 bits), the
 // collective's sequence number (24 bits); the low 16 bits stay zero.
 inline constexpr int kIdBits = 23;
-// Ids with this bit are the stream twins of the others (Group::stream_twin).
+// Ids with this bit are the stream twins of the others (Group::stream_twin); with this one too,
+// their kernel twins (Group::kernel_twin). A communicator's own id is below kIdLimit.
 inline constexpr std::uint32_t kStreamTwinBit = 1u << (kIdBits - 1);
+inline constexpr std::uint32_t kKernelTwinBit = 1u << (kIdBits - 2);
+inline constexpr std::uint32_t kIdLimit = kKernelTwinBit;
 inline constexpr Tag tag_of(std::uint32_t id, std::uint32_t sequence) {
   return kReservedTagBit | (Tag{id & ((1u << kIdBits) - 1)} << 40) |
          (Tag{sequence & 0xffffffu} << 16);
@@ -117,6 +120,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // that they never interleave with its host-synchronous collectives: the same members, and an
   // id that every member derives alike (kStreamTwinBit), made without a message.
   std::shared_ptr<Group> stream_twin();
+  // The communicator whose one-shot area (oneshot(), in its on-stream mode) runs this one's
+  // stream allreduces as kernels on the application's stream: its collectives are only the
+  // area's set-up, made by the thread that makes the first such call (kKernelTwinBit).
+  std::shared_ptr<Group> kernel_twin();
 
   // Runs a collective that `build(Plan&)` describes (one of the algorithms below, which return
   // what is wrong with their arguments): start() behind a Request, advanced by the engine; run()
@@ -178,14 +185,21 @@ class Group : public std::enable_shared_from_this<Group> {
   // What a blocking collective waits for, on the job's wait board (proto/waiting.hpp).
   proto::Waiting::Note waiting_note(const Immediate* call);
 
+  // Whether FERRY_COLL_ALLREDUCE forces an algorithm; whether an allreduce takes the ring's
+  // order (else recursive doubling's).
+  [[nodiscard]] bool allreduce_forced() const { return allreduce_ != 0; }
+  [[nodiscard]] bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
+    return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());
+  }
+  // Its id without the twins' bits: a communicator and its twins are revoked together.
+  [[nodiscard]] std::uint32_t base_id() const { return id_ & ~(kStreamTwinBit | kKernelTwinBit); }
+
  private:
   struct Ids;  // the communicator ids this process has used
   Group(proto::Engine* engine, std::vector<int> members, int rank, std::uint32_t id,
         std::shared_ptr<Ids> ids);
   // The tag of the next collective (every member numbers them alike).
   Tag next_tag() { return tag_of(id_, sequence_++); }
-  // Its id without the stream twin's bit: a communicator and its twin are revoked together.
-  [[nodiscard]] std::uint32_t base_id() const { return id_ & ~kStreamTwinBit; }
   // What the survivors of an agreement decided (agreement.cpp).
   struct Agreed {
     std::uint64_t flag = 0;
@@ -229,9 +243,6 @@ class Group : public std::enable_shared_from_this<Group> {
            (members_.size() > 2 ? bytes > nodes_->bytes() || broadcast_by_chain(bytes)
                                 : bytes >= (2u << 20));
   }
-  bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
-    return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());
-  }
   bool reduce_by_ring(std::size_t bytes) const {
     return reduce_ == 2 || (reduce_ == 0 && bytes >= small_ && members_.size() > 2);
   }
@@ -254,7 +265,8 @@ class Group : public std::enable_shared_from_this<Group> {
   double timeout_;  // FERRY_TIMEOUT
   std::unique_ptr<DeviceOneShot> oneshot_;
   std::unique_ptr<NodeCollectives> nodes_;
-  std::shared_ptr<Group> twin_;  // stream_twin(), made on first use
+  std::shared_ptr<Group> twin_;         // stream_twin(), made on first use
+  std::shared_ptr<Group> kernel_twin_;  // kernel_twin(), made on first use
   proto::Revocations* revocations_;
   std::uint64_t revoke_epoch_ = 0;  // revocations_'s epoch when revoked_ was last asked
   bool revoked_ = false;

@@ -290,6 +290,10 @@ std::byte* Schedule::scratch(std::size_t bytes) {
   return scratch_.back().get();
 }
 
+void Schedule::abandon() {
+  if (device_ != kHost && !gpu_idle()) stop_gpu();
+}
+
 bool Schedule::advance(Status* status) {
   if (!scratch_failure_.is_ok()) {
     *status = scratch_failure_;

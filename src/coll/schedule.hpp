@@ -152,6 +152,7 @@ class Schedule final : public Execution, public proto::Operation {
 
   ~Schedule() override;
   bool advance(Status* status) override;
+  void abandon() override;
 
  private:
   std::shared_ptr<Group> keep_;  // a non-blocking collective may outlive its Communicator

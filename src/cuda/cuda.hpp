@@ -146,6 +146,13 @@ class Cuda {
     return 2 * static_cast<std::size_t>(members) * slot_bytes +
            4 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;
   }
+  // The exchange area of the on-stream kernel (ferry_allreduce_on_stream): the one-shot part, then
+  // 2 generations x `members` LL slots (kernels/on_stream.cuh) for calls of up to 16 KiB.
+  static constexpr std::size_t kLLSlotBytes = 2049 * 16;
+  static std::size_t on_stream_area_bytes(int members, std::size_t slot_bytes) {
+    return oneshot_area_bytes(members, slot_bytes) +
+           2 * static_cast<std::size_t>(members) * kLLSlotBytes;
+  }
   struct OneShot {
     void* out = nullptr;
     const void* in = nullptr;
@@ -169,12 +176,22 @@ class Cuda {
     // (2 such blocks per multiprocessor, 132 of them) and waited for each other until the timeout.
     unsigned max_blocks = kOneShotBlocks;
     std::array<void*, kOneShotMembers> areas{};  // every member's area as mapped here
-    // Device view of two host words: [0] nonzero ends the waiting; the kernel sets [1] when a
-    // member's call differs in count, type or op.
+    // Device view of host words: [0] nonzero ends the waiting; the kernel sets [1] when a
+    // member's call differs in count, type or op, and [2] when it waited past timeout_ns.
     void* words = nullptr;
+    // allreduce_on_stream only: 16 bytes of device memory, zeroed before the first call, where
+    // the GPU keeps the calls' numbers (`sequence` is not used); how long a block may wait for
+    // its peers (0: no limit).
+    void* counters = nullptr;
+    std::uint64_t timeout_ns = 0;
   };
   virtual Status allreduce_oneshot_async(int device, int lane, const OneShot& call,
                                          Ticket* ticket) = 0;
+  // The same call enqueued on an application's stream (a CUstream of `device`'s context, the
+  // legacy or per-thread default stream included), after the work already there; a stream that
+  // captures a graph captures it, and every replay is a call of its own. Nothing tells the host
+  // when it ends: errors are in `words` (a stopped call's result is not valid).
+  virtual Status allreduce_on_stream(void* stream, int device, const OneShot& call) = 0;
   // The resident one-shot kernel (kernels.cu, ferry_allreduce_resident): one block that stays on
   // the GPU between one communicator's calls of one block (data up to its block_bytes), so such a
   // call costs no launch. resident_open makes its mailbox and stream (nothing runs yet; `shape`
@@ -209,6 +226,10 @@ class Cuda {
   // every wait on it, for good.
   virtual Status enqueue_handoff(void* stream, void* start, void* done, std::uint32_t value,
                                  bool reset) = 0;
+  // A copy on `stream` (of `device`'s context) after the work already there: any memory CUDA
+  // can copy (pageable host memory makes the call wait for the stream, and a capture refuses it).
+  virtual Status copy_on_stream(void* stream, int device, void* dst, const void* src,
+                                std::size_t bytes) = 0;
   // Calls release(arg) once `graph` and every instantiation of it are destroyed (on a thread of
   // the driver's; it must not call CUDA), or at once where the graph could not take it.
   virtual Status retain_with_graph(void* graph, void (*release)(void*), void* arg) = 0;

@@ -66,6 +66,11 @@ extern "C" __global__ void __launch_bounds__(512)
                static_cast<std::size_t>(gridDim.x) * blockDim.x);
 }
 
+// In this order: each part uses those before it.
 #include "kernels/oneshot.cuh"
+// (the two-shot kernel)
 #include "kernels/twoshot.cuh"
+// (the on-stream kernel: LL, and the one-shot blocks)
+#include "kernels/on_stream.cuh"
+// (the resident kernel)
 #include "kernels/resident.cuh"

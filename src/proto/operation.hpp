@@ -20,6 +20,9 @@ class Operation {
   // Under FERRY_TIMEOUT a wait on its request returns kTimeout and the operation goes on (wait
   // again), like a point-to-point request's.
   virtual bool advance(Status* status) = 0;
+  // Its caller gave up on it (a stream operation past FERRY_TIMEOUT): work on a GPU that waits
+  // for peers stops, so that nothing keeps the device busy for ever. It still ends by advance.
+  virtual void abandon() {}
 };
 
 class Engine;
@@ -35,6 +38,8 @@ class Operations {
   // Moves every operation forward once (not from inside an operation's own advance); completes
   // the requests of those that finished, and says how many.
   int advance();
+  // Operation::abandon of the operation behind request `index`, if it still runs.
+  void abandon(std::uint32_t index);
   [[nodiscard]] bool empty() const { return operations_.empty(); }
 
  private:

@@ -25,6 +25,12 @@ Request Operations::start(std::unique_ptr<Operation> operation) {
   return request;
 }
 
+void Operations::abandon(std::uint32_t index) {
+  for (auto& [at, operation] : operations_) {
+    if (at == index) operation->abandon();
+  }
+}
+
 int Operations::advance() {
   if (advancing_) return 0;
   advancing_ = true;

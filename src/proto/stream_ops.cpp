@@ -30,6 +30,8 @@ constexpr useconds_t kPollUs = 20;
 constexpr int kDepth = 8;
 // Operations that neither start nor end for this long are logged (once per stall).
 constexpr auto kStall = std::chrono::seconds(10);
+// How often watched work is checked (StreamOps::watch).
+constexpr auto kWatchEvery = std::chrono::milliseconds(1);
 
 }  // namespace
 
@@ -244,7 +246,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
   std::lock_guard lock(mutex_);
   if (slot->persistent) outstanding_.fetch_sub(1);
   submitted_.push_back(std::move(slot));
-  if (!proxy_.joinable()) proxy_ = std::thread([this] { loop(); });
+  start_proxy();
   return handed.is_ok() ? Status::ok() : Status(handed.code(), what + ": " + handed.message());
 }
 
@@ -268,11 +270,16 @@ bool StreamOps::advance(Slot& slot) {
   Status failure;
   if (!done) {
     if (Clock::now() < slot.deadline) return false;
-    // FERRY_TIMEOUT: the stream goes on; a receive that has not matched is withdrawn.
+    // FERRY_TIMEOUT: the stream goes on; a receive that has not matched is withdrawn, and a
+    // collective's kernels stop waiting for their peers.
     for (std::size_t i = 0; i < slot.running.size(); ++i) {
       Request& r = slot.running[i];
       if (r.test()) continue;
       r.cancel();
+      {
+        auto entry = engine_.enter();
+        engine_.operations().abandon(Engine::index_of(r));
+      }
       if (failure.is_ok()) {
         failure = Status(Code::kTimeout, "stream " + slot.work[i].what +
                                              " not complete within FERRY_TIMEOUT (" +
@@ -298,6 +305,7 @@ void StreamOps::loop() {
   engine_.cuda()->relax_capture();  // for good: this thread's calls never break a capture
   auto last_work = Clock::now();
   auto last_change = last_work;
+  auto last_watch = last_work;
   bool reported = false;
   while (!stopping_.load(std::memory_order_acquire)) {
     {
@@ -336,6 +344,10 @@ void StreamOps::loop() {
     }
     if (slots_.empty()) flush_unmaps();
     const auto now = Clock::now();
+    if (watching_.load(std::memory_order_acquire) && now - last_watch >= kWatchEvery) {
+      last_watch = now;
+      check_watches();
+    }
     if (changed || !(working || watching)) {
       last_change = now;
       reported = false;
@@ -392,6 +404,33 @@ std::string StreamOps::describe_stall(Clock::duration quiet) const {
     }
   }
   return out;
+}
+
+void StreamOps::start_proxy() {
+  if (!proxy_.joinable() && !stopping_.load()) proxy_ = std::thread([this] { loop(); });
+}
+
+int StreamOps::watch(Watch check) {
+  const int id = next_watch_++;
+  watches_.emplace(id, std::move(check));
+  watching_.store(true, std::memory_order_release);
+  std::lock_guard lock(mutex_);
+  start_proxy();
+  return id;
+}
+
+void StreamOps::unwatch(int id) {
+  watches_.erase(id);
+  watching_.store(!watches_.empty(), std::memory_order_release);
+}
+
+void StreamOps::check_watches() {
+  auto entry = engine_.enter();
+  engine_.progress();
+  engine_.look_for_failures();
+  for (auto& [id, check] : watches_) {
+    if (Status s = check(); !s) fail(s);
+  }
 }
 
 void StreamOps::stop() {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +63,14 @@ class StreamOps {
   // Stops the proxy thread and releases every stream waiting for it, now and in later graph
   // replays (the Context's end).
   void stop();
+  // Work on the streams that the proxy does not run (the kernels coll/ enqueues there, which wait
+  // for their peers by themselves) is watched: the proxy calls `check` about every millisecond,
+  // after a pass of the engine's progress, with the engine's lock held; a failure it returns
+  // becomes the asynchronous error. watch starts the proxy. Both are called with the engine's
+  // lock held.
+  using Watch = std::function<Status()>;
+  int watch(Watch check);
+  void unwatch(int id);
 
  private:
   struct Slot;
@@ -87,6 +96,8 @@ class StreamOps {
   bool advance(Slot& slot);
   void release_words(Slot& slot);
   void flush_unmaps();
+  void start_proxy();  // with mutex_ held
+  void check_watches();
   // What waits, for the log line of a stall.
   [[nodiscard]] std::string describe_stall(std::chrono::steady_clock::duration quiet) const;
   // A graph's user object went: its slot's words may be reused (a driver thread calls it).
@@ -112,6 +123,9 @@ class StreamOps {
   std::atomic<bool> stopping_{false};
   std::thread proxy_;
   bool stopped_ = false;
+  std::map<int, Watch> watches_;  // guarded by the engine's lock
+  int next_watch_ = 0;
+  std::atomic<bool> watching_{false};
 };
 
 }  // namespace ferry::proto

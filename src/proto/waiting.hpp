@@ -89,8 +89,8 @@ class Waiting {
   // FERRY_TIMEOUT ran out first.
   template <typename Done>
   bool wait_until(Done done) {
-    return wait_until(done, timeout_ > 0 ? util::deadline_after(timeout_)
-                                         : util::Clock::time_point::max());
+    return wait_until(
+        done, timeout_ > 0 ? util::deadline_after(timeout_) : util::Clock::time_point::max());
   }
   // The same with a deadline of the caller's (time_point::max(): none), for a call whose one
   // deadline covers several waits.

@@ -195,6 +195,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "device allreduces between two members from this size up, where the one-shot path is set up, " \
     "run as the two-shot kernel: each member reduces half and pushes it back, in rounds of "       \
     "FERRY_COLL_DEVICE_ONESHOT past twice that (0: never; must be the same on every member)")      \
+  X(kStreamKernel, "FERRY_STREAM_KERNEL", kSize, "16m", 0, 1 << 30, "",                            \
+    "stream-ordered allreduces of device memory up to this size divided by (members - 1), where "  \
+    "every member is on this node with a GPU of its own, run as one kernel on the application's "  \
+    "stream, which a graph captures as it is (0: every stream call through ferry's thread)")       \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",              \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "     \
     "(FERRY_STORE set), else a single process")                                                    \
@@ -242,7 +246,7 @@ inline constexpr Var kJobWide[] = {
     Var::kCollChunk,          Var::kCollDeviceOneshotSlice,
     Var::kCollDeviceResident, Var::kCollDeviceSharedGpu,
     Var::kCollDeviceOneshot,  Var::kCollDeviceTwoshot,
-    Var::kOfiChunk,
+    Var::kStreamKernel,       Var::kOfiChunk,
 };
 [[nodiscard]] bool job_wide(Var var) noexcept;
 

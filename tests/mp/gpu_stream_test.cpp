@@ -3,8 +3,10 @@
 // stream, reads the result by work on the stream, and synchronizes only at the end: a result
 // that raced the work before or after it shows as a wrong value in the history the stream kept.
 // Graph cases capture the operation and replay the graph, each replay's input the last one's
-// output. `stream-death` (its own run, --keep-going): the last rank dies while the others' streams
-// wait for it, and they must be released with the error in Context::async_error within seconds.
+// output. `stream-death` and `graph-death` (runs of their own, --keep-going): the last rank dies
+// while the others' streams (or graph replays) wait for it, and they must be released with the
+// error in Context::async_error within seconds. `never-arrives` (FERRY_TIMEOUT set): rank 0's
+// allreduce has no partner, and its stream is released with kTimeout.
 // Without a GPU it exits 77 (CTest: skipped) and says why.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -244,6 +246,42 @@ TEST(Stream, GraphReplaysSendRecv) {
   }
 }
 
+// Host buffers, page-locked and not, where the allreduce runs as a kernel on the stream: they go
+// through device memory of the kernel's by copies on the stream, the results as exact.
+TEST(Stream, AllreduceOfHostBuffers) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{65536}}) {
+    Pinned pinned_send(bytes), pinned_recv(bytes);
+    std::vector<std::uint8_t> send(bytes), recv(bytes);
+    for (int i = 0; i < 100; ++i) {
+      std::memset(pinned_send.data, value_of(i, world.rank()), bytes);
+      std::memset(send.data(), value_of(i + 1, world.rank()), bytes);
+      ASSERT_TRUE(world
+                      .allreduce(pinned_send.data, pinned_recv.data, bytes, DataType::kUint8,
+                                 ReduceOp::kSum, g_stream)
+                      .is_ok());
+      ASSERT_TRUE(world
+                      .allreduce(send.data(), recv.data(), bytes, DataType::kUint8, ReduceOp::kSum,
+                                 g_stream)
+                      .is_ok());
+      check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+      ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+      std::uint8_t expected = 0;
+      std::uint8_t expected_next = 0;
+      for (int r = 0; r < n; ++r) {
+        expected = static_cast<std::uint8_t>(expected + value_of(i, r));
+        expected_next = static_cast<std::uint8_t>(expected_next + value_of(i + 1, r));
+      }
+      int wrong = 0;
+      for (std::size_t k = 0; k < bytes; ++k) {
+        wrong += (pinned_recv.data[k] != expected) + (recv[k] != expected_next);
+      }
+      ASSERT_EQ(wrong, 0) << bytes << " B, iteration " << i;
+    }
+  }
+}
+
 // Arguments the stream forms refuse where the call is made.
 TEST(Stream, RefusesBadArgumentsAtTheCall) {
   Communicator world = g_ctx->world();
@@ -303,6 +341,85 @@ int stream_death(Context& ctx) {
   return ok ? 0 : 1;
 }
 
+// A graph of one 8-byte allreduce replayed over and over while the last rank dies 300 ms in: the
+// survivors' replays must end (cuStreamSynchronize returns) with the failure in async_error,
+// where the allreduce waits for its peers inside a kernel of the graph.
+int graph_death(Context& ctx) {
+  Communicator world = ctx.world();
+  const int victim = ctx.size() - 1;
+  Device buffer(8);
+  check(g_cuda->cuMemsetD8(buffer.p, 1, 8), "memset");
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  check(g_cuda->cuStreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "begin capture");
+  const Status captured =
+      world.allreduce(buffer.get(), buffer.get(), 1, DataType::kInt64, ReduceOp::kMax, g_stream);
+  check(g_cuda->cuStreamEndCapture(g_stream, &graph), "end capture");
+  check(g_cuda->cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  long replays = 0;
+  while (ctx.async_error().is_ok() && Clock::now() - start < std::chrono::seconds(20)) {
+    if (ctx.rank() == victim && Clock::now() - start > std::chrono::milliseconds(300)) {
+      ::kill(::getpid(), SIGKILL);
+    }
+    check(g_cuda->cuGraphLaunch(exec, g_stream), "launch");
+    if (++replays % 64 == 0) check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  }
+  const CUresult synchronized = g_cuda->cuStreamSynchronize(g_stream);
+  const Status error = ctx.async_error();
+  const double total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::printf(
+      "rank %d: graph replays of an allreduce without rank %d: captured %s, %ld replays; "
+      "stream %s; async_error %s; %.0f ms in all\n",
+      ctx.rank(), victim, captured.to_string().c_str(), replays,
+      synchronized == CUDA_SUCCESS ? "released" : "failed", error.to_string().c_str(), total_ms);
+  g_cuda->cuGraphExecDestroy(exec);
+  g_cuda->cuGraphDestroy(graph);
+  const bool ok = captured.is_ok() && synchronized == CUDA_SUCCESS &&
+                  error.code() == Code::kPeerFailed && total_ms < 15000;
+  return ok ? 0 : 1;
+}
+
+// After one allreduce together, rank 0 enqueues one that no other rank makes (they wait, then
+// meet it in a barrier): with FERRY_TIMEOUT set (1 s), its stream must be released within about
+// that time, the error kTimeout.
+int never_arrives(Context& ctx) {
+  Communicator world = ctx.world();
+  Device buffer(64);
+  check(g_cuda->cuMemsetD8(buffer.p, 1, 64), "memset");
+  Status enqueued =
+      world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64, ReduceOp::kSum, g_stream);
+  check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  if (!enqueued.is_ok() || !ctx.async_error().is_ok()) {
+    std::printf("rank %d: the first allreduce failed: %s / %s\n", ctx.rank(),
+                enqueued.to_string().c_str(), ctx.async_error().to_string().c_str());
+    return 1;
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  if (ctx.rank() != 0) ::usleep(800000);
+  if (ctx.rank() == 0) {
+    enqueued = world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64, ReduceOp::kSum,
+                               g_stream);
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    // The error comes from ferry's thread, within a millisecond or so of the kernel's stop.
+    while (ctx.async_error().is_ok() && Clock::now() - start < std::chrono::seconds(30)) {
+      ::usleep(1000);
+    }
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  const Status error = ctx.async_error();
+  std::printf(
+      "rank %d: an allreduce nobody else made: enqueued %s; stream released and async "
+      "error %s after %.0f ms\n",
+      ctx.rank(), enqueued.to_string().c_str(), error.to_string().c_str(), ms);
+  const Status met = world.barrier();
+  return met.is_ok() && (ctx.rank() != 0 || (enqueued.is_ok() && error.code() == Code::kTimeout))
+             ? 0
+             : 1;
+}
+
 }  // namespace
 }  // namespace ferry
 
@@ -328,6 +445,10 @@ int main(int argc, char** argv) {
     int result = 0;
     if (argc > 1 && std::string(argv[1]) == "stream-death") {
       result = ferry::stream_death(ctx);
+    } else if (argc > 1 && std::string(argv[1]) == "graph-death") {
+      result = ferry::graph_death(ctx);
+    } else if (argc > 1 && std::string(argv[1]) == "never-arrives") {
+      result = ferry::never_arrives(ctx);
     } else {
       result = RUN_ALL_TESTS();
     }

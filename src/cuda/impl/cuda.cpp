@@ -87,6 +87,9 @@ class CudaImpl final : public Cuda {
                                  Ticket* ticket) override {
     return launches_.allreduce_oneshot(ordinal, lane, call, ticket);
   }
+  Status allreduce_on_stream(void* stream, int ordinal, const OneShot& call) override {
+    return launches_.allreduce_on_stream(stream, ordinal, call);
+  }
   Status resident_open(int ordinal, const OneShot& shape, std::uint64_t idle_us, int* id) override {
     return residents_.open(ordinal, shape, idle_us, id);
   }
@@ -106,6 +109,11 @@ class CudaImpl final : public Cuda {
   Status enqueue_handoff(void* stream, void* start, void* done, std::uint32_t value,
                          bool reset) override {
     return streams::handoff(d_, static_cast<CUstream>(stream), start, done, value, reset);
+  }
+  Status copy_on_stream(void* stream, int ordinal, void* dst, const void* src,
+                        std::size_t bytes) override {
+    ScopedContext scope(d_, devices_.get(ordinal).context);
+    return streams::copy(d_, static_cast<CUstream>(stream), dst, src, bytes);
   }
   Status retain_with_graph(void* graph, void (*release)(void*), void* arg) override {
     return streams::retain(d_, static_cast<CUgraph>(graph), release, arg);

@@ -90,6 +90,7 @@ struct Device {
   CUfunction oneshot = nullptr;
   CUfunction twoshot = nullptr;
   CUfunction resident = nullptr;
+  CUfunction on_stream = nullptr;
   std::string kernels_error;  // why the module could not be loaded
   int multiprocessors = 0;
   std::unordered_map<void*, std::size_t> sizes;  // allocate()'d, in use

@@ -44,6 +44,10 @@ std::string Launches::missing(int ordinal) {
         CUDA_SUCCESS) {
       dev.resident = nullptr;  // small one-shot calls are launched
     }
+    if (d_->cuModuleGetFunction(&dev.on_stream, dev.module, "ferry_allreduce_on_stream") !=
+        CUDA_SUCCESS) {
+      dev.on_stream = nullptr;  // stream allreduces go through the proxy
+    }
     d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                              dev.handle);
   }
@@ -107,6 +111,21 @@ Status Launches::reduce(int ordinal, int lane_index, void* out, const void* a, c
   return devices_.mark(ordinal, lane_number, ticket);
 }
 
+namespace {
+
+// A block per call.block_bytes, up to kOneShotBlocks: a small call is one block with one flag per
+// peer. Block b waits for block b of each peer, so every member computes the same grid.
+unsigned oneshot_blocks(const Cuda::OneShot& call) {
+  const std::size_t data = call.count * size_of(call.type);
+  const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, Cuda::kOneShotBlocks);
+  return static_cast<unsigned>(
+      call.block_bytes == 0
+          ? most
+          : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1, most));
+}
+
+}  // namespace
+
 Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneShot& call,
                                    Ticket* ticket) {
   Device& dev = devices_.get(ordinal);
@@ -114,14 +133,7 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
   const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
   Lane& lane = dev.lanes[lane_number];
   ScopedContext scope(d_, dev.context);
-  // A block per call.block_bytes, up to kOneShotBlocks: a small call is one block with one
-  // flag per peer. Block b waits for block b of each peer.
-  const std::size_t data = call.count * size_of(call.type);
-  const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, Cuda::kOneShotBlocks);
-  const auto blocks = static_cast<unsigned>(
-      call.block_bytes == 0
-          ? most
-          : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1, most));
+  const unsigned blocks = oneshot_blocks(call);
   void* out = call.out;
   const void* in = call.in;
   unsigned long long count = call.count;
@@ -159,6 +171,37 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
   ticket->stream =
       static_cast<std::uint32_t>(ordinal * kLaneSlots) + static_cast<std::uint32_t>(lane_number);
   ticket->sequence = ++lane.issued;
+  return Status::ok();
+}
+
+Status Launches::allreduce_on_stream(void* stream, int ordinal, const Cuda::OneShot& call) {
+  Device& dev = devices_.get(ordinal);
+  const std::string why = missing(ordinal);  // loads the module on first use
+  if (dev.on_stream == nullptr) {
+    return Status(Code::kUnsupported,
+                  why.empty() ? "the module has no ferry_allreduce_on_stream" : why);
+  }
+  ScopedContext scope(d_, dev.context);
+  void* out = call.out;
+  const void* in = call.in;
+  unsigned long long count = call.count;
+  int type = static_cast<int>(call.type);
+  int op = static_cast<int>(call.op);
+  int members = call.members;
+  int me = call.me;
+  int ring = call.ring ? 1 : 0;
+  unsigned long long slot_bytes = call.slot_bytes;
+  std::array<void*, Cuda::kOneShotMembers> areas = call.areas;
+  void* words = call.words;
+  void* counters = call.counters;
+  unsigned long long timeout_ns = call.timeout_ns;
+  void* params[] = {&out,  &in,         &count,       &type,  &op,       &members,   &me,
+                    &ring, &slot_bytes, areas.data(), &words, &counters, &timeout_ns};
+  const CUresult result = d_->cuLaunchKernel(dev.on_stream, oneshot_blocks(call), 1, 1, 512, 1, 1,
+                                             0, static_cast<CUstream>(stream), params, nullptr);
+  if (result != CUDA_SUCCESS) {
+    return driver_error("cuLaunchKernel(ferry_allreduce_on_stream)", result);
+  }
   return Status::ok();
 }
 

@@ -66,6 +66,15 @@ Status handoff(const Driver* d, CUstream stream, void* start, void* done, std::u
   return Status::ok();
 }
 
+Status copy(const Driver* d, CUstream stream, void* dst, const void* src, std::size_t bytes) {
+  if (CUresult r = d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
+                                    reinterpret_cast<CUdeviceptr>(src), bytes, stream);
+      r != CUDA_SUCCESS) {
+    return driver_error("cuMemcpyAsync (on the application's stream)", r);
+  }
+  return Status::ok();
+}
+
 Status retain(const Driver* d, CUgraph graph, void (*release)(void*), void* arg) {
   CUuserObject object = nullptr;
   if (CUresult r =

@@ -29,6 +29,11 @@ __device__ __forceinline__ unsigned long long load_relaxed(const unsigned long l
 __device__ __forceinline__ void store_release(unsigned long long* p, unsigned long long v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 // The order of the host algorithm the call stands in for: recursive doubling (a tree), or the
 // ring's reduce-scatter, where block b of n (count / n elements, the first count % n blocks one
@@ -85,11 +90,12 @@ __device__ __forceinline__ bool reached(unsigned long long seen, unsigned long l
 
 // Run by thread 0 of block `block`: waits for every peer's flag for the block to show `value` in
 // this member's area. Returns 1 where the block must stop: the host raised words[0] (a member
-// died, or the call timed out), or a peer's call differs (then words[1] is set too).
+// died, or the call timed out), a peer's call differs (then words[1] is set too), or the GPU's
+// clock passed `deadline` (nanoseconds, 0: none; then words[2] is set).
 template <bool kRounds>
 __device__ int wait_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
                           unsigned block, unsigned long long value, unsigned long long signature,
-                          volatile unsigned* words) {
+                          volatile unsigned* words, unsigned long long deadline = 0) {
   int stop = 0;
   for (int j = 0; j < members && stop == 0; ++j) {
     if (j == me) continue;
@@ -113,6 +119,11 @@ __device__ int wait_flags(const Areas& areas, std::size_t flags_offset, int memb
         stop = 1;
         break;
       }
+      if ((spins & 4095) == 0 && deadline != 0 && now_ns() > deadline) {
+        words[2] = 1;
+        stop = 1;
+        break;
+      }
     }
     asm volatile("fence.acq_rel.sys;" ::: "memory");
     if (stop == 0 && (differs || flag[1] != signature)) {
@@ -126,9 +137,11 @@ __device__ int wait_flags(const Areas& areas, std::size_t flags_offset, int memb
 // raise_flags, then wait_flags for a one-shot call.
 __device__ int exchange_flags(const Areas& areas, std::size_t flags_offset, int members, int me,
                               unsigned block, unsigned long long sequence,
-                              unsigned long long signature, volatile unsigned* words) {
+                              unsigned long long signature, volatile unsigned* words,
+                              unsigned long long deadline) {
   raise_flags(areas, flags_offset, members, me, block, sequence, signature);
-  return wait_flags<false>(areas, flags_offset, members, me, block, sequence, signature, words);
+  return wait_flags<false>(areas, flags_offset, members, me, block, sequence, signature, words,
+                           deadline);
 }
 
 // Block `block` of `blocks`'s part of [lo, hi): whole 16-byte units of elements.
@@ -246,7 +259,6 @@ __device__ void oneshot_reduce(void* out_buffer, const void* in_buffer, std::siz
   }
 }
 
-
 // One type's reduction of a one-shot slice, by op. Its own switch, not with_op: with a lambda per
 // (type, op) the resident kernel's stack frame grew from 2 KB to 6 KB (ptxas -v), and its calls
 // were measured with this code.
@@ -289,12 +301,13 @@ __device__ void oneshot_op(int op, bool bitwise, void* out, const void* in, std:
 // `in` over `count` elements; see above. words[0] is a host word: nonzero makes a block stop
 // waiting (a member died, or the call timed out); a block sets words[1] when a peer's call differs
 // in count, type or op. The grid (at most kMaxBlocks blocks) follows the size, the same on every
-// member for the same call; block b waits for block b of each peer.
+// member for the same call; block b waits for block b of each peer, until `deadline` (wait_flags).
 template <bool kWide>
 __device__ void oneshot_block(void* out, const void* in, unsigned long long count, int type, int op,
                               int members, int me, int ring, unsigned long long sequence,
                               unsigned long long slot_bytes, const Areas& areas,
-                              volatile unsigned* words, unsigned block, unsigned blocks) {
+                              volatile unsigned* words, unsigned block, unsigned blocks,
+                              unsigned long long deadline = 0) {
   const std::size_t size = type_size(type);
   std::size_t first, last;
   block_part(0, count, 16 / size, block, blocks, &first, &last);
@@ -381,7 +394,8 @@ __device__ void oneshot_block(void* out, const void* in, unsigned long long coun
   __syncthreads();
   __shared__ int stop;
   if (threadIdx.x == 0) {
-    stop = exchange_flags(areas, flags_offset, members, me, block, sequence, signature, words);
+    stop = exchange_flags(areas, flags_offset, members, me, block, sequence, signature, words,
+                          deadline);
   }
   __syncthreads();
   if (stop == 0) {
@@ -422,4 +436,3 @@ extern "C" __global__ void __launch_bounds__(512)
                       words, blockIdx.x, gridDim.x);
   finish_call(blocks_done, lane_flag, done);
 }
-

@@ -1,0 +1,224 @@
+// The allreduce enqueued on an application's stream: part of kernels.cu's translation unit (after
+// oneshot.cuh, whose exchange areas and reduction order it shares).
+#pragma once
+
+// ---- LL: small calls, data and flag in one 16-byte store ----
+//
+// An on-stream area ends with 2 generations x members LL slots of kLLSlotBytes. Line 0 of member
+// j's slot holds the signature of its call, line l > 0 bytes [8(l - 1), 8l) of its input, each as
+// {low word, flag, high word, flag} with flag the call's number: each half (a word and a flag) is
+// one 8-byte store the reader sees whole, so a reader that sees both flags equal to its call's
+// number has the line's data, without a fence or a flag of its own. The writer pushes its lines
+// into every peer's slot; every thread then reads the lines it reduces from its own area.
+namespace {
+
+constexpr unsigned long long kLLSlotBytes = 2049 * 16;  // the signature, then 16 KiB of data
+constexpr unsigned long long kLLMaxBytes = 2048 * 8;
+
+// Where the one-shot kernels' part of an area ends (Cuda::oneshot_area_bytes).
+__device__ __forceinline__ unsigned long long oneshot_area_end(int members,
+                                                               unsigned long long slot_bytes) {
+  return 2 * static_cast<unsigned long long>(members) * slot_bytes +
+         4 * static_cast<unsigned long long>(members) * kMaxBlocks * 16;
+}
+
+__device__ __forceinline__ void ll_store(unsigned char* line, unsigned long long data,
+                                         unsigned flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line),
+               "r"(static_cast<unsigned>(data)), "r"(flag), "r"(static_cast<unsigned>(data >> 32)),
+               "r"(flag)
+               : "memory");
+}
+
+// Waits until `line` shows `flag` and gives its data; false where the call must stop: the host
+// raised words[0] (a member died, the communicator was revoked, or a member saw a mismatch) or the
+// GPU's clock passed `deadline` (then words[2] is set).
+__device__ __forceinline__ bool ll_load(const unsigned char* line, unsigned flag,
+                                        volatile unsigned* words, unsigned long long deadline,
+                                        unsigned long long* data) {
+  unsigned a, b, c, d;
+  for (unsigned spins = 1;; ++spins) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "l"(line)
+                 : "memory");
+    if (b == flag && d == flag) break;
+    if ((spins & 4095) == 0) {
+      if (words[0] != 0) return false;
+      if (deadline != 0 && now_ns() > deadline) {
+        words[2] = 1;
+        return false;
+      }
+    }
+  }
+  *data = static_cast<unsigned long long>(c) << 32 | a;
+  return true;
+}
+
+// Bytes [at, at + 8) of `in` (of `bytes`), zero past its end, whatever its alignment.
+__device__ __forceinline__ unsigned long long ll_input(const unsigned char* in,
+                                                       unsigned long long bytes,
+                                                       unsigned long long at) {
+  if (at + 8 <= bytes && (reinterpret_cast<std::uintptr_t>(in + at) & 7) == 0) {
+    return *reinterpret_cast<const unsigned long long*>(in + at);
+  }
+  unsigned long long v = 0;
+  for (unsigned k = 0; k < 8 && at + k < bytes; ++k) {
+    v |= static_cast<unsigned long long>(in[at + k]) << (8 * k);
+  }
+  return v;
+}
+
+// Line `line` (> 0) reduced: this member's input and every peer's line, element by element in the
+// order's sequence, into out.
+template <class E, int kOp>
+__device__ __forceinline__ void ll_combine(void* out_buffer, unsigned long long count,
+                                           const Order& order, unsigned long long line,
+                                           const unsigned long long (&words)[kMaxMembers],
+                                           int members) {
+  using T = typename E::Storage;
+  constexpr unsigned kPer = 8 / sizeof(T);
+  union Lanes {
+    unsigned long long whole;
+    T item[kPer];
+  };
+  Lanes lanes[kMaxMembers];
+#pragma unroll
+  for (int j = 0; j < kMaxMembers; ++j) lanes[j].whole = j < members ? words[j] : 0;
+  auto* out = static_cast<T*>(out_buffer);
+#pragma unroll
+  for (unsigned e = 0; e < kPer; ++e) {
+    const unsigned long long i = (line - 1) * kPer + e;
+    if (i >= count) break;
+    T x[kMaxMembers];
+#pragma unroll
+    for (int j = 0; j < kMaxMembers; ++j) x[j] = lanes[j].item[e];
+    out[i] = combine_members<E, kOp>(x, order, i);
+  }
+}
+
+template <class E>
+__device__ __forceinline__ void ll_combine_op(int op, bool bitwise, void* out,
+                                              unsigned long long count, const Order& order,
+                                              unsigned long long line,
+                                              const unsigned long long (&words)[kMaxMembers],
+                                              int members) {
+#define FERRY_LL(kOp) return ll_combine<E, kOp>(out, count, order, line, words, members)
+  switch (op) {
+    case kSum:
+      FERRY_LL(kSum);
+    case kProd:
+      FERRY_LL(kProd);
+    case kMin:
+      FERRY_LL(kMin);
+    case kMax:
+      FERRY_LL(kMax);
+    default:
+      break;
+  }
+  if (!bitwise) return;
+  switch (op) {
+    case kBitAnd:
+      FERRY_LL(kBitAnd);
+    case kBitOr:
+      FERRY_LL(kBitOr);
+    case kBitXor:
+      FERRY_LL(kBitXor);
+    default:
+      break;
+  }
+#undef FERRY_LL
+}
+
+// A call of at most kLLMaxBytes by LL, every block taking lines by the grid's stride. A member
+// whose signature differs from this one's raises words[1] and words[0] (every member then stops).
+__device__ void ll_allreduce(void* out, const void* in, unsigned long long count, int type, int op,
+                             int members, int me, int ring, unsigned long long sequence,
+                             unsigned long long slot_bytes, const Areas& areas,
+                             volatile unsigned* words, unsigned long long deadline) {
+  const unsigned long long bytes = count * type_size(type);
+  const unsigned long long lines = (bytes + 7) / 8 + 1;
+  const unsigned flag = static_cast<unsigned>(sequence);
+  const unsigned long long ll_offset =
+      oneshot_area_end(members, slot_bytes) +
+      (sequence & 1) * static_cast<unsigned long long>(members) * kLLSlotBytes;
+  const unsigned long long signature =
+      count << 8 | static_cast<unsigned long long>(type) << 4 | static_cast<unsigned>(op);
+  const auto* input = static_cast<const unsigned char*>(in);
+  const unsigned long long first = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (unsigned long long line = first; line < lines; line += stride) {
+    const unsigned long long data = line == 0 ? signature : ll_input(input, bytes, (line - 1) * 8);
+    for (int j = 0; j < members; ++j) {
+      if (j == me) continue;
+      ll_store(areas.area[j] + ll_offset + static_cast<unsigned long long>(me) * kLLSlotBytes +
+                   line * 16,
+               data, flag);
+    }
+  }
+  const unsigned char* mine = areas.area[me] + ll_offset;
+  const Order order(count, members, ring != 0);
+  for (unsigned long long line = first; line < lines; line += stride) {
+    unsigned long long got[kMaxMembers];
+    bool stopped = false;
+    for (int j = 0; j < members && !stopped; ++j) {
+      got[j] = 0;
+      if (j == me) {
+        got[j] = line == 0 ? signature : ll_input(input, bytes, (line - 1) * 8);
+      } else if (!ll_load(mine + static_cast<unsigned long long>(j) * kLLSlotBytes + line * 16,
+                          flag, words, deadline, &got[j])) {
+        stopped = true;
+      }
+    }
+    if (stopped) return;
+    if (line == 0) {
+      for (int j = 0; j < members; ++j) {
+        if (got[j] != signature) {
+          words[1] = 1;
+          words[0] = 1;
+          return;
+        }
+      }
+      continue;
+    }
+    with_element(type, [&](auto element, bool bitwise) {
+      ll_combine_op<decltype(element)>(op, bitwise, out, count, order, line, got, members);
+    });
+  }
+}
+
+}  // namespace
+
+// The call enqueued on an application's stream (Cuda::allreduce_on_stream): LL up to
+// kLLMaxBytes, else the one-shot kernel's blocks and flags. The GPU keeps the call's number
+// (counters[0], raised by the launch's last block; counters[1] counts the blocks), so that every
+// replay of a graph that captured the launch is a call of its own, with no host in the loop. A
+// block that waits for its peers past `timeout_ns` (0: no limit) stops and sets words[2]; words[0],
+// raised by the host, stops it as in the launched call.
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_on_stream(void* out, const void* in, unsigned long long count, int type, int op,
+                              int members, int me, int ring, unsigned long long slot_bytes,
+                              Areas areas, volatile unsigned* words, unsigned long long* counters,
+                              unsigned long long timeout_ns) {
+  __shared__ unsigned long long sequence;
+  if (threadIdx.x == 0) sequence = *reinterpret_cast<volatile unsigned long long*>(counters) + 1;
+  __syncthreads();
+  const unsigned long long deadline = timeout_ns != 0 ? now_ns() + timeout_ns : 0;
+  if (count * type_size(type) <= kLLMaxBytes) {
+    ll_allreduce(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words,
+                 deadline);
+  } else {
+    oneshot_block<true>(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas,
+                        words, blockIdx.x, gridDim.x, deadline);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    auto* blocks_done = reinterpret_cast<unsigned*>(counters + 1);
+    if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
+      *blocks_done = 0;
+      *reinterpret_cast<volatile unsigned long long*>(counters) = sequence;
+      __threadfence();
+    }
+  }
+}
