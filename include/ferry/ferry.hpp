@@ -515,11 +515,15 @@ class Communicator {
   // enqueued on `stream` before it is done (the kernels and copies that wrote its buffers), and
   // the work enqueued after it waits for its result. A stream that captures a CUDA graph captures
   // it: every replay of the graph communicates again, with the same buffers, and no call into
-  // ferry. The buffers are device or host memory; the operation runs as the host-synchronous call
-  // would, by a thread of ferry's (which needs FERRY_THREADS=multi, the default). Every member
-  // enqueues the same stream calls of a communicator in the same order, on one stream (or on
-  // streams ordered among themselves); they never mix with its host-synchronous calls, which
-  // remain usable beside them.
+  // ferry. The buffers are device or host memory. An allreduce among the GPUs of one node (up to
+  // FERRY_STREAM_KERNEL) is a kernel on the stream itself; every other call runs as the
+  // host-synchronous call would, by a thread of ferry's (which needs FERRY_THREADS=multi, the
+  // default). Every member enqueues the same stream calls of a communicator in the same order, on
+  // one stream (or on streams ordered among themselves); they never mix with its
+  // host-synchronous calls, which remain usable beside them. The first stream collective of a
+  // communicator (and its first allreduce that runs as a kernel) sets up its device path, a
+  // collective of the members made by the calling thread. A graph must not be replayed after
+  // its communicator is gone.
   //
   // The return value says whether the call was enqueued (arguments, the stream, and an earlier
   // failure: Context::async_error). A failure while it runs (a dead member, FERRY_TIMEOUT) does
