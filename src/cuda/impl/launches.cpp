@@ -124,6 +124,30 @@ unsigned oneshot_blocks(const Cuda::OneShot& call) {
           : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1, most));
 }
 
+// A one-shot call's arguments as the kernels take them (cuLaunchKernel wants their addresses).
+struct OneShotArgs {
+  explicit OneShotArgs(const Cuda::OneShot& call)
+      : out(call.out),
+        in(call.in),
+        count(call.count),
+        type(static_cast<int>(call.type)),
+        op(static_cast<int>(call.op)),
+        members(call.members),
+        me(call.me),
+        ring(call.ring ? 1 : 0),
+        sequence(call.sequence),
+        slot_bytes(call.slot_bytes),
+        areas(call.areas),
+        words(call.words) {}
+  void* out;
+  const void* in;
+  unsigned long long count;
+  int type, op, members, me, ring;
+  unsigned long long sequence, slot_bytes;
+  std::array<void*, Cuda::kOneShotMembers> areas;
+  void* words;
+};
+
 }  // namespace
 
 Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneShot& call,
@@ -134,18 +158,7 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
   Lane& lane = dev.lanes[lane_number];
   ScopedContext scope(d_, dev.context);
   const unsigned blocks = oneshot_blocks(call);
-  void* out = call.out;
-  const void* in = call.in;
-  unsigned long long count = call.count;
-  int type = static_cast<int>(call.type);
-  int op = static_cast<int>(call.op);
-  int members = call.members;
-  int me = call.me;
-  int ring = call.ring ? 1 : 0;
-  unsigned long long sequence = call.sequence;
-  unsigned long long slot_bytes = call.slot_bytes;
-  std::array<void*, Cuda::kOneShotMembers> areas = call.areas;
-  void* words = call.words;
+  OneShotArgs a(call);
   // The kernel reports its own completion where it can (one GPU command and one driver call
   // fewer than a stream write after it).
   void* blocks_done = nullptr;
@@ -156,9 +169,9 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
     lane_flag = static_cast<std::uint32_t*>(dev.flags_device) + 16 * lane_number;
     done = lane.issued + 1;
   }
-  void* params[] = {&out,         &in,    &count,       &type,      &op,
-                    &members,     &me,    &ring,        &sequence,  &slot_bytes,
-                    areas.data(), &words, &blocks_done, &lane_flag, &done};
+  void* params[] = {&a.out,         &a.in,    &a.count,     &a.type,     &a.op,
+                    &a.members,     &a.me,    &a.ring,      &a.sequence, &a.slot_bytes,
+                    a.areas.data(), &a.words, &blocks_done, &lane_flag,  &done};
   const bool two_shot = call.two_shot && call.members == 2;
   CUresult result = d_->cuLaunchKernel(two_shot ? dev.twoshot : dev.oneshot, blocks, 1, 1, 512, 1,
                                        1, 0, lane.stream, params, nullptr);
@@ -182,21 +195,11 @@ Status Launches::allreduce_on_stream(void* stream, int ordinal, const Cuda::OneS
                   why.empty() ? "the module has no ferry_allreduce_on_stream" : why);
   }
   ScopedContext scope(d_, dev.context);
-  void* out = call.out;
-  const void* in = call.in;
-  unsigned long long count = call.count;
-  int type = static_cast<int>(call.type);
-  int op = static_cast<int>(call.op);
-  int members = call.members;
-  int me = call.me;
-  int ring = call.ring ? 1 : 0;
-  unsigned long long slot_bytes = call.slot_bytes;
-  std::array<void*, Cuda::kOneShotMembers> areas = call.areas;
-  void* words = call.words;
+  OneShotArgs a(call);
   void* counters = call.counters;
   unsigned long long timeout_ns = call.timeout_ns;
-  void* params[] = {&out,  &in,         &count,       &type,  &op,       &members,   &me,
-                    &ring, &slot_bytes, areas.data(), &words, &counters, &timeout_ns};
+  void* params[] = {&a.out,  &a.in,         &a.count,       &a.type,  &a.op,     &a.members, &a.me,
+                    &a.ring, &a.slot_bytes, a.areas.data(), &a.words, &counters, &timeout_ns};
   const CUresult result = d_->cuLaunchKernel(dev.on_stream, oneshot_blocks(call), 1, 1, 512, 1, 1,
                                              0, static_cast<CUstream>(stream), params, nullptr);
   if (result != CUDA_SUCCESS) {
