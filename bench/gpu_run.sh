@@ -3,7 +3,7 @@
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
 # perf perf_staged compare coll_compare twoshot resident check sanitizer ofi ofi_perf kill
-# (default: info tests perf). guard measures every GPU
+# mesh_tests mesh_perf (every GPU of the machine; default: info tests perf). guard measures every GPU
 # figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
 # their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
 # The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
@@ -21,7 +21,9 @@ if [ "${1:-}" = pack ]; then
   # NVIDIA/nccl-tests: make -C src NCCL_HOME=$CUDA_HOME
   # NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90), with the CUDA runtime it links.
   if [ -n "${NCCL_TESTS:-}" ]; then
-    cp "$NCCL_TESTS"/build/all_reduce_perf "$NCCL_TESTS"/build/sendrecv_perf "$here/.devbin/bin/"
+    for t in all_reduce sendrecv broadcast all_gather reduce_scatter reduce; do
+      cp "$NCCL_TESTS/build/${t}_perf" "$here/.devbin/bin/"
+    done
     cp -L "$(ldd "$NCCL_TESTS"/build/all_reduce_perf | awk '/libcudart/ {print $3}')" \
       "$here/.devbin/lib/"
   fi
@@ -216,6 +218,59 @@ for step in $steps; do
         fi
         LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "${run[@]}" "$bin/nccl_perf" --sizes "$sizes" \
           2>&1 | grep -v "^NCCL INFO" | tee -a "$out/compare_nccl.txt"
+      done ;;
+    mesh_tests)
+      # Every GPU a rank (4 or 8 on a full mesh): the collective and stream suites (the
+      # point-to-point suite is a pair's: the tests step); the collectives again with the two-shot
+      # kernel from 1 KiB and from 21 KiB (up to 1.3 MiB with four members), and with the ring
+      # forced; then a rank killed mid-allreduce (small calls, then 256 MiB ones by the ring).
+      ngpu=$(nvidia-smi -L | wc -l)
+      for case in "gpu_coll" "gpu_coll FERRY_COLL_DEVICE_TWOSHOT=1k" \
+          "gpu_coll FERRY_COLL_DEVICE_TWOSHOT=64k FERRY_COLL_DEVICE_ONESHOT=1m" \
+          "gpu_coll FERRY_COLL_ALLREDUCE=ring FERRY_COLL_SMALL=0" "gpu_stream"; do
+        set -- $case
+        suite=$1; shift
+        echo "--- $suite -n $ngpu $*"
+        env "$@" "$bin/ferryrun" --timeout 240 -n "$ngpu" "$bin/ferry_${suite}_tests" 2>&1 \
+          | tee -a "$out/mesh_tests.log" | grep -E "^\[  |Failure|error|SKIP|Which is|Expected" | awk 'NR <= 30'
+        echo "exit ${PIPESTATUS[0]}"
+      done
+      for size in "" 256; do
+        echo "--- coll_kill -n $ngpu ${size:+(${size} MiB)}"
+        "$bin/ferryrun" --timeout 60 --keep-going -n "$ngpu" "$bin/ferry_fault_test" \
+          coll-death-device $size 2>&1 | tee -a "$out/mesh_tests.log" | grep -E "rank|FAIL|SKIP"
+        echo "exit ${PIPESTATUS[0]}"
+      done ;;
+    mesh_perf)
+      # Interleaved rounds on every GPU of the machine: ferry-perf's collectives of device
+      # buffers, the allreduce again with the two-shot kernel off and from GPU_RUN_TWOSHOT_FROM,
+      # and stream-ordered and graph-replayed; then nccl-tests (one process, a GPU per rank) for
+      # the same collectives, allreduce also replayed from graphs.
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-8,64k,1m,8m,64m,512m}
+      ngpu=$(nvidia-smi -L | wc -l)
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-2}"); do
+        echo "--- round $round" | tee -a "$out/mesh_perf_ferry.txt"
+        "$bin/ferryrun" --timeout 300 -n "$ngpu" "$bin/ferry-perf" allreduce broadcast allgather \
+          reduce_scatter reduce -m cuda --check --sizes "$sizes" 2>&1 | tee -a "$out/mesh_perf_ferry.txt"
+        for twoshot in 0 "${GPU_RUN_TWOSHOT_FROM:-3m}"; do
+          echo "--- FERRY_COLL_DEVICE_TWOSHOT=$twoshot" | tee -a "$out/mesh_perf_ferry.txt"
+          FERRY_COLL_DEVICE_TWOSHOT=$twoshot "$bin/ferryrun" --timeout 120 -n "$ngpu" \
+            "$bin/ferry-perf" allreduce -m cuda --check --sizes "${GPU_RUN_TWOSHOT_SIZES:-1m,2m,4m,8m,64m}" \
+            2>&1 | tee -a "$out/mesh_perf_ferry.txt"
+        done
+        for mode in "--stream" "--graph 100"; do
+          "$bin/ferryrun" --timeout 120 -n "$ngpu" "$bin/ferry-perf" allreduce $mode -m cuda \
+            --check --sizes 8,1k,32k,1m 2>&1 | tee -a "$out/mesh_perf_ferry.txt"
+        done
+        for t in all_reduce broadcast all_gather reduce_scatter reduce; do
+          [ -x "$bin/${t}_perf" ] || continue
+          for graph in 0 $([ $t = all_reduce ] && echo 100); do
+            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/${t}_perf" -b 8 -e 512M -f 8 \
+              -g "$ngpu" -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
+              | sed "s/^/$t -G $graph: /" | tee -a "$out/mesh_perf_nccl.txt" | grep -v "#"
+          done
+        done
       done ;;
     guard)
       python3 "$here/bench/gpu_guard.py" --rounds "${GPU_RUN_ROUNDS:-2}" --out "$out" ;;

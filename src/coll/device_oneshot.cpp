@@ -291,10 +291,16 @@ Status DeviceOneShot::outcome() {
                 "pass the same counts, types and op?)");
 }
 
-// A device allreduce between two members by the two-shot kernel (from FERRY_COLL_DEVICE_TWOSHOT
-// up; in rounds where it is larger than the area's two slots), where the one-shot path is set up.
+// A device allreduce by the two-shot kernel from FERRY_COLL_DEVICE_TWOSHOT / (members - 1) up
+// (where the one-shot kernel's limit stops by default), where the one-shot path is set up: between
+// two members any size (in rounds past the area's two slots); among more, up to a part per slot
+// (21 MiB for four members), past which the ring is faster (kernels/twoshot.cuh).
 bool DeviceOneShot::by_twoshot(std::size_t bytes) const {
-  return group_.size() == 2 && twoshot_from_ != 0 && bytes >= twoshot_from_;
+  const auto n = static_cast<std::size_t>(group_.size());
+  if (n < 2 || twoshot_from_ == 0 || bytes < std::max<std::size_t>(twoshot_from_ / (n - 1), 1)) {
+    return false;
+  }
+  return n == 2 || bytes <= n * bytes_;
 }
 
 cuda::Cuda::OneShot DeviceOneShot::on_stream_call(void* out, const void* in, std::size_t count,

@@ -162,8 +162,9 @@ class Cuda {
     int members = 0;
     int me = 0;
     bool ring = false;  // reduce in the ring's order (else recursive doubling's)
-    // Two members only: the two-shot kernel (each member reduces half and sends it back), in
-    // rounds of slot_bytes where the data is larger than 2 x slot_bytes.
+    // The two-shot kernel (each member reduces its part and the others take it): two members in
+    // rounds of slot_bytes where the data is larger than 2 x slot_bytes; more members at most
+    // members x slot_bytes (ferry_allreduce_twoshot_mesh).
     bool two_shot = false;
     std::uint64_t sequence = 0;  // 1, 2, ...: the same on every member for the same call
     std::size_t slot_bytes = 0;

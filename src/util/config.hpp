@@ -192,9 +192,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "node and has a GPU of its own and no algorithm is forced, run as one kernel per GPU that "    \
     "pushes its data to every member through CUDA IPC (0: never)")                                 \
   X(kCollDeviceTwoshot, "FERRY_COLL_DEVICE_TWOSHOT", kSize, "16m", 0, 1 << 30, "",                 \
-    "device allreduces between two members from this size up, where the one-shot path is set up, " \
-    "run as the two-shot kernel: each member reduces half and pushes it back, in rounds of "       \
-    "FERRY_COLL_DEVICE_ONESHOT past twice that (0: never; must be the same on every member)")      \
+    "device allreduces from this size divided by (members - 1) up, where the one-shot path is "    \
+    "set up, run as the two-shot kernel: each member reduces its part (1 / members) and the "      \
+    "others take it; two members any size, more up to members times the one-shot limit (0: "       \
+    "never; must be the same on every member)")                                                    \
   X(kStreamKernel, "FERRY_STREAM_KERNEL", kSize, "16m", 0, 1 << 30, "",                            \
     "stream-ordered allreduces of device memory up to this size divided by (members - 1), where "  \
     "every member is on this node with a GPU of its own, run as one kernel on the application's "  \

@@ -349,13 +349,14 @@ TEST_F(GpuColl, NonBlockingCollectivesCompleteInAnyOrder) {
   EXPECT_TRUE(same(hb, from_device(rb, bytes), DataType::kInt32));
 }
 
-// Between two members with a GPU each, allreduces from FERRY_COLL_DEVICE_TWOSHOT (16 MiB) up run as
-// the two-shot kernel: each member reduces half and pushes it back, in one round up to twice the
-// one-shot limit (32 MiB), in rounds of 16 MiB past it. Every type, sizes that split unevenly and
-// at an element that is not a whole 16-byte unit, one round and three, buffers that are not
-// 16-byte aligned (the element path), in place, with two calls in flight, and mixed with one-shot
-// calls, all against the host path's bits. Elsewhere (or with other sizes forced) the same calls
-// check whichever path takes them.
+// Among members with a GPU each, allreduces from FERRY_COLL_DEVICE_TWOSHOT / (members - 1) up run
+// as the two-shot kernel: each member reduces its part and the others take it; two members in one
+// round up to twice the one-shot limit (32 MiB), in rounds of 16 MiB past it; more up to a part per
+// slot (four: 21 MiB, so 17 and 20 MiB here; larger calls by the ring). Every type, sizes that
+// split unevenly and at an element that is not a whole 16-byte unit, one round and three, buffers
+// that are not 16-byte aligned (the element path), in place, with two calls in flight, and mixed
+// with one-shot calls, all against the host path's bits. Elsewhere (or with other sizes forced) the
+// same calls check whichever path takes them.
 TEST_F(GpuColl, TwoShotAllreduceMatchesHost) {
   const std::size_t mib = std::size_t{1} << 20;
   std::uint64_t salt = 500;
@@ -432,7 +433,7 @@ TEST_F(GpuColl, TwoShotAllreduceMatchesHost) {
       same(expected[3], from_device(recv_.data() + half, inputs[3].size()), DataType::kFloat32));
   // Counts that differ by one element fail on both members (the kernels' signatures differ), and
   // the communicator goes on.
-  if (oneshot_expected(world_.size()) && world_.size() == 2) {
+  if (oneshot_expected(world_.size())) {
     const std::size_t count = (20 * mib) / 4 + static_cast<std::size_t>(world_.rank());
     to_device(send_.data(), input(DataType::kFloat32, count, world_.rank(), ++salt));
     s = world_.allreduce(send_.data(), recv_.data(), count, DataType::kFloat32, ReduceOp::kSum);

@@ -88,7 +88,8 @@ struct Device {
   CUfunction reduce = nullptr;
   CUfunction copy = nullptr;
   CUfunction oneshot = nullptr;
-  CUfunction twoshot = nullptr;
+  CUfunction twoshot = nullptr;       // two members
+  CUfunction twoshot_mesh = nullptr;  // three or more
   CUfunction resident = nullptr;
   CUfunction on_stream = nullptr;
   std::string kernels_error;  // why the module could not be loaded

@@ -31,10 +31,13 @@ std::string Launches::missing(int ordinal) {
              (result = d_->cuModuleGetFunction(&dev.oneshot, dev.module,
                                                "ferry_allreduce_oneshot")) != CUDA_SUCCESS ||
              (result = d_->cuModuleGetFunction(&dev.twoshot, dev.module,
-                                               "ferry_allreduce_twoshot")) != CUDA_SUCCESS) {
+                                               "ferry_allreduce_twoshot")) != CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.twoshot_mesh, dev.module,
+                                               "ferry_allreduce_twoshot_mesh")) != CUDA_SUCCESS) {
     dev.reduce = nullptr;
     dev.oneshot = nullptr;
     dev.twoshot = nullptr;
+    dev.twoshot_mesh = nullptr;
     dev.kernels_error = driver_error("cuModuleGetFunction", result).message();
   } else {
     if (d_->cuModuleGetFunction(&dev.copy, dev.module, "ferry_copy") != CUDA_SUCCESS) {
@@ -172,14 +175,16 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
   void* params[] = {&a.out,         &a.in,    &a.count,     &a.type,     &a.op,
                     &a.members,     &a.me,    &a.ring,      &a.sequence, &a.slot_bytes,
                     a.areas.data(), &a.words, &blocks_done, &lane_flag,  &done};
-  const bool two_shot = call.two_shot && call.members == 2;
-  CUresult result = d_->cuLaunchKernel(two_shot ? dev.twoshot : dev.oneshot, blocks, 1, 1, 512, 1,
-                                       1, 0, lane.stream, params, nullptr);
-  if (result != CUDA_SUCCESS) {
-    return driver_error(two_shot ? "cuLaunchKernel(ferry_allreduce_twoshot)"
-                                 : "cuLaunchKernel(ferry_allreduce_oneshot)",
-                        result);
+  CUfunction kernel = dev.oneshot;
+  const char* name = "cuLaunchKernel(ferry_allreduce_oneshot)";
+  if (call.two_shot) {
+    kernel = call.members == 2 ? dev.twoshot : dev.twoshot_mesh;
+    name = call.members == 2 ? "cuLaunchKernel(ferry_allreduce_twoshot)"
+                             : "cuLaunchKernel(ferry_allreduce_twoshot_mesh)";
   }
+  CUresult result =
+      d_->cuLaunchKernel(kernel, blocks, 1, 1, 512, 1, 1, 0, lane.stream, params, nullptr);
+  if (result != CUDA_SUCCESS) return driver_error(name, result);
   if (lane_flag == nullptr) return devices_.mark(ordinal, lane_number, ticket);
   ticket->stream =
       static_cast<std::uint32_t>(ordinal * kLaneSlots) + static_cast<std::uint32_t>(lane_number);

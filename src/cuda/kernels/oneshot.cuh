@@ -154,15 +154,20 @@ __device__ void block_part(std::size_t lo, std::size_t hi, std::size_t unit, uns
   *last = *first + span < hi ? *first + span : hi;
 }
 
-// Element i reduced over the members' values x[0..members) in the order's sequence.
+// The ring's block (of its reduce-scatter) that element i belongs to.
+__device__ __forceinline__ int ring_block(const Order& order, std::size_t i) {
+  const std::size_t head = order.longer * (order.base + 1);
+  return static_cast<int>(i < head ? i / (order.base + 1)
+                                   : order.longer + (i - head) / order.base);
+}
+
+// An element of ring block b (ring_block; any b in recursive doubling's order) reduced over the
+// members' values x[0..members) in the order's sequence.
 template <class E, int kOp>
-__device__ __forceinline__ typename E::Storage combine_members(
-    const typename E::Storage (&x)[kMaxMembers], const Order& order, std::size_t i) {
+__device__ __forceinline__ typename E::Storage combine_members_at(
+    const typename E::Storage (&x)[kMaxMembers], const Order& order, int b) {
   using T = typename E::Storage;
   if (order.ring) {
-    const std::size_t head = order.longer * (order.base + 1);
-    const int b =
-        static_cast<int>(i < head ? i / (order.base + 1) : order.longer + (i - head) / order.base);
     T acc = x[0];
 #pragma unroll
     for (int m = 1; m < kMaxMembers; ++m) {
@@ -195,6 +200,13 @@ __device__ __forceinline__ typename E::Storage combine_members(
     }
   }
   return v[0];
+}
+
+// Element i reduced over the members' values x[0..members) in the order's sequence.
+template <class E, int kOp>
+__device__ __forceinline__ typename E::Storage combine_members(
+    const typename E::Storage (&x)[kMaxMembers], const Order& order, std::size_t i) {
+  return combine_members_at<E, kOp>(x, order, order.ring ? ring_block(order, i) : 0);
 }
 
 // out[first, last) = the members' data reduced in the order's sequence: this member's from `in`,

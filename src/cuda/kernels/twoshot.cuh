@@ -179,3 +179,189 @@ extern "C" __global__ void __maxnreg__(96)
   finish_call(blocks_done, lane_flag, done);
 }
 
+
+// ---- Two-shot allreduce among three or more GPUs ----
+//
+// The same two phases for n members on a full mesh (NVLink through switches, every pair at full
+// speed), by reads: the call is cut into n parts of whole 16-byte units, part j being member j's.
+// Each member copies the other parts of its input into its own area and raises its flags; reduces
+// its own part from its input and the peers' copies of that part, read over NVLink, in the host
+// algorithm's order, writing the result to its output and over its own part in its area; raises
+// its result flags; and reads the other parts' results from the peers' areas. Each member moves
+// 2 (n - 1) / n of the data over its links, as a ring does, in two steps instead of 2 (n - 1).
+// Reads, not writes: on four H100s, pushing each part into its owner's area and each result into
+// every peer's (the two-member kernel's way) gave 90 GB/s of bus bandwidth at 16 MiB against 155
+// by reads, and the same 113 at 8 MiB. A call takes at most the generation's n slots (a part per
+// slot): larger ones take the ring, which moves them faster than this kernel did in rounds (four
+// H100s, 64 MiB: 148 GB/s in rounds of half the slots; the ring 242 on four H200s).
+namespace {
+
+// Elements [first, last) of a part (from element `base` of the call) reduced over every member's
+// value in the order's sequence: member m's value at sources[m][i - base]; the result stored at
+// targets[t][i - base] for t < outputs.
+template <class E, int kOp>
+__device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers],
+                            unsigned char* const (&targets)[kMaxMembers], int outputs,
+                            std::size_t base, std::size_t first, std::size_t last,
+                            const Order& order) {
+  using T = typename E::Storage;
+  constexpr std::size_t kVector = 16 / sizeof(T);
+  const int members = order.members;
+  std::uintptr_t alignment = 0;
+#pragma unroll
+  for (int m = 0; m < kMaxMembers; ++m) {
+    if (m < members) alignment |= reinterpret_cast<std::uintptr_t>(sources[m]);
+    if (m < outputs) alignment |= reinterpret_cast<std::uintptr_t>(targets[m]);
+  }
+  // Element by element: where the buffers are not 16-byte aligned, in recursive doubling's order
+  // (small calls, by this kernel only where forced), and for the units a ring block's boundary
+  // cuts.
+  const auto one = [&](std::size_t i) {
+    T item[kMaxMembers];
+#pragma unroll
+    for (int m = 0; m < kMaxMembers; ++m) {
+      if (m < members) item[m] = reinterpret_cast<const T*>(sources[m])[i];
+    }
+    const T z = combine_members<E, kOp>(item, order, base + i);
+#pragma unroll
+    for (int m = 0; m < kMaxMembers; ++m) {
+      if (m < outputs) reinterpret_cast<T*>(targets[m])[i] = z;
+    }
+  };
+  std::size_t tail = first;
+  if ((alignment & 15) == 0 && order.ring) {
+    union Lanes {
+      uint4 whole;
+      T item[kVector];
+    };
+    const std::size_t end = last / kVector;
+    for (std::size_t v = first / kVector + threadIdx.x; v < end; v += blockDim.x) {
+      const std::size_t i = base + v * kVector;
+      const int b = ring_block(order, i);
+      if (ring_block(order, i + kVector - 1) != b) {
+        for (std::size_t e = 0; e < kVector; ++e) one(v * kVector + e);
+        continue;
+      }
+      // The ring's chain for block b: members b, b + 1, ... (mod n), the partial result first.
+      Lanes x[kMaxMembers];
+#pragma unroll
+      for (int k = 0; k < kMaxMembers; ++k) {
+        if (k >= members) continue;
+        const int m = b + k < members ? b + k : b + k - members;
+        x[k].whole = reinterpret_cast<const uint4*>(sources[m])[v];
+      }
+      Lanes z;
+#pragma unroll
+      for (std::size_t e = 0; e < kVector; ++e) {
+        T acc = x[0].item[e];
+#pragma unroll
+        for (int k = 1; k < kMaxMembers; ++k) {
+          if (k < members) acc = E::template combine<kOp>(acc, x[k].item[e]);
+        }
+        z.item[e] = acc;
+      }
+#pragma unroll
+      for (int m = 0; m < kMaxMembers; ++m) {
+        if (m < outputs) reinterpret_cast<uint4*>(targets[m])[v] = z.whole;
+      }
+    }
+    tail = end * kVector > first ? end * kVector : first;
+  }
+  for (std::size_t i = tail + threadIdx.x; i < last; i += blockDim.x) one(i);
+}
+
+}  // namespace
+
+// One launch of a two-shot call among 3 to kMaxMembers members (see above; the arguments are
+// ferry_allreduce_oneshot's). Block b handles sub-part b of every part and waits only for block b
+// of each peer. The caller keeps a part within a slot (count * size <= members * slot_bytes).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_twoshot_mesh(void* out, const void* in, unsigned long long count, int type,
+                                 int op, int members, int me, int ring,
+                                 unsigned long long sequence, unsigned long long slot_bytes,
+                                 Areas areas, volatile unsigned* words, unsigned* blocks_done,
+                                 volatile unsigned* lane_flag, unsigned done) {
+  const std::size_t size = type_size(type);
+  const std::size_t unit = 16 / size;
+  const auto n = static_cast<std::size_t>(members);
+  const std::size_t generation = sequence & 1;
+  const std::size_t data_offset = generation * n * slot_bytes;
+  const std::size_t copied_flags = 2 * n * slot_bytes + generation * n * kMaxBlocks * 16;
+  const std::size_t result_flags = copied_flags + 2 * n * kMaxBlocks * 16;
+  // Bit 3 marks a two-shot call, as in the two-member kernel.
+  const unsigned long long signature =
+      count << 8 | static_cast<unsigned long long>(type) << 4 | 8u | static_cast<unsigned>(op);
+  // Part j at j * part_bytes of the generation in every area (slots are multiples of 256 bytes,
+  // so a part that fits one is whole units).
+  const std::size_t part = ((count + n - 1) / n + unit - 1) / unit * unit;
+  const std::size_t part_bytes = part * size;
+  std::size_t first, last;
+  block_part(0, part, unit, blockIdx.x, gridDim.x, &first, &last);
+  const Order order(count, members, ring != 0);
+  // Member j's part: its first element, and this block's share [lo, hi) of it.
+  struct Share {
+    std::size_t base, lo, hi;
+  };
+  const auto share = [&](int j) {
+    const std::size_t base = static_cast<std::size_t>(j) * part;
+    const std::size_t length = base < count ? (count - base < part ? count - base : part) : 0;
+    return Share{base, first < length ? first : length, last < length ? last : length};
+  };
+  const auto at = [&](int j) {
+    return data_offset + static_cast<std::size_t>(j) * part_bytes;
+  };
+  // The other parts into this member's own area, then its flags.
+  for (int j = 0; j < members; ++j) {
+    if (j == me) continue;
+    const Share s = share(j);
+    block_copy(areas.area[me] + at(j) + s.lo * size,
+               static_cast<const unsigned char*>(in) + (s.base + s.lo) * size, (s.hi - s.lo) * size);
+  }
+  __syncthreads();
+  __shared__ int stop;
+  if (threadIdx.x == 0) {
+    raise_flags(areas, copied_flags, members, me, blockIdx.x, sequence, signature);
+    stop = wait_flags<false>(areas, copied_flags, members, me, blockIdx.x, sequence, signature,
+                             words);
+  }
+  __syncthreads();
+  if (stop == 0) {
+    const Share own = share(me);
+    const unsigned char* sources[kMaxMembers];
+    unsigned char* targets[kMaxMembers] = {};
+#pragma unroll
+    for (int m = 0; m < kMaxMembers; ++m) {
+      sources[m] = nullptr;
+      if (m < members) {
+        sources[m] = m == me ? static_cast<const unsigned char*>(in) + own.base * size
+                             : areas.area[m] + at(me);
+      }
+    }
+    // The result to the output and over this member's own part in its area.
+    targets[0] = static_cast<unsigned char*>(out) + own.base * size;
+    targets[1] = areas.area[me] + at(me);
+    with_element(type, [&](auto element, bool bitwise) {
+      with_op(op, bitwise, [&](auto kOp) {
+        mesh_reduce<decltype(element), kOp>(sources, targets, 2, own.base, own.lo, own.hi, order);
+      });
+    });
+    __syncthreads();
+    // A second word: no barrier separates the first's last read from this write.
+    __shared__ int results_stop;
+    if (threadIdx.x == 0) {
+      raise_flags(areas, result_flags, members, me, blockIdx.x, sequence, signature);
+      results_stop = wait_flags<false>(areas, result_flags, members, me, blockIdx.x, sequence,
+                                       signature, words);
+    }
+    __syncthreads();
+    if (results_stop == 0) {
+      for (int j = 0; j < members; ++j) {
+        if (j == me) continue;
+        const Share s = share(j);
+        block_copy(static_cast<unsigned char*>(out) + (s.base + s.lo) * size,
+                   areas.area[j] + at(j) + s.lo * size, (s.hi - s.lo) * size);
+      }
+    }
+  }
+  finish_call(blocks_done, lane_flag, done);
+}
