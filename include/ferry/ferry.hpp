@@ -410,8 +410,8 @@ class Context {
 // all CUDA device memory of one GPU (ready: the stream that wrote them synchronized), else the call
 // fails with kUnsupported; device buffers give the same bits as host buffers, NaN payloads aside.
 // Where every member is on one node, a small device allreduce (FERRY_COLL_DEVICE_ONESHOT; with two
-// members any from FERRY_COLL_DEVICE_TWOSHOT up) runs as one kernel per GPU, which needs every
-// member to pass device buffers when any does.
+// members any from FERRY_COLL_DEVICE_TWOSHOT up, with more up to members times the one-shot limit)
+// runs as one kernel per GPU, which needs every member to pass device buffers when any does.
 //
 // A dead member fails the collective (kPeerFailed) on every member that waits, and members that
 // pass different counts get kInvalidArgument, not a hang. Under FERRY_TIMEOUT a blocking form
