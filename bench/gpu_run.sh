@@ -3,7 +3,7 @@
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
 # perf perf_staged compare coll_compare twoshot resident check sanitizer ofi ofi_perf kill
-# mesh_tests mesh_perf (every GPU of the machine; default: info tests perf). guard measures every GPU
+# mesh_tests mesh_perf mesh_probe (every GPU of the machine; default: info tests perf). guard measures every GPU
 # figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
 # their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
 # The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
@@ -31,6 +31,10 @@ if [ "${1:-}" = pack ]; then
   [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
   [ -x "$build/bench/pinned_rate" ] && cp "$build/bench/pinned_rate" "$here/.devbin/bin/"
   [ -f "$build/kernels.fatbin" ] && cp "$build/kernels.fatbin" "$here/.devbin/"
+  # The link probe (bench/mesh_probe.cu: CUDA runtime, not the library's build).
+  nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+  [ -x "$nvcc" ] && "$nvcc" -O3 -std=c++20 -gencode arch=compute_90,code=sm_90 \
+    "$here/bench/mesh_probe.cu" -o "$here/.devbin/bin/mesh_probe"
   cp -P "$build"/libferry.so* "$here/.devbin/lib/"
   strip --strip-debug "$here"/.devbin/bin/* "$here"/.devbin/lib/libferry.so.*.* 2>/dev/null
   du -sh "$here/.devbin"
@@ -241,11 +245,16 @@ for step in $steps; do
           coll-death-device $size 2>&1 | tee -a "$out/mesh_tests.log" | grep -E "rank|FAIL|SKIP"
         echo "exit ${PIPESTATUS[0]}"
       done ;;
+    mesh_probe)
+      # What the links carry by copy engine and by SMs, to one peer and to all, all GPUs at once.
+      nvidia-smi topo -m 2>&1 | head -12
+      "$bin/mesh_probe" ${MESH_PROBE_SIZES:-2m 16m 128m} 2>&1 | tee "$out/mesh_probe.txt" ;;
     mesh_perf)
       # Interleaved rounds on every GPU of the machine: ferry-perf's collectives of device
       # buffers, the allreduce again with the two-shot kernel off and from GPU_RUN_TWOSHOT_FROM,
       # and stream-ordered and graph-replayed; then nccl-tests (one process, a GPU per rank) for
-      # the same collectives, allreduce also replayed from graphs.
+      # the same collectives, allreduce also replayed from graphs (sizes: GPU_RUN_SIZES and
+      # GPU_RUN_NCCL_RANGE, nccl-tests' -b -e -f).
       nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
       sizes=${GPU_RUN_SIZES:-8,64k,1m,8m,64m,512m}
       ngpu=$(nvidia-smi -L | wc -l)
@@ -266,7 +275,7 @@ for step in $steps; do
         for t in all_reduce broadcast all_gather reduce_scatter reduce; do
           [ -x "$bin/${t}_perf" ] || continue
           for graph in 0 $([ $t = all_reduce ] && echo 100); do
-            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/${t}_perf" -b 8 -e 512M -f 8 \
+            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/${t}_perf" ${GPU_RUN_NCCL_RANGE:--b 8 -e 512M -f 8} \
               -g "$ngpu" -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
               | sed "s/^/$t -G $graph: /" | tee -a "$out/mesh_perf_nccl.txt" | grep -v "#"
           done

@@ -113,6 +113,10 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
   const bool chain = broadcast_by_chain(bytes);
   if (n == 1 || bytes == 0) {
     // nothing moves
+  } else if (p.device() != Plan::kHost && broadcast_ == 0 &&
+             oneshot_->mesh_ready(p.device(), cuda::Cuda::OneShot::Kind::kBroadcast, bytes)) {
+    // Device buffers of three or more members on a node: one kernel per GPU (kernels/mesh.cuh).
+    p.oneshot(data, data, count, oneshot_->next(), Plan::OneShot::kBroadcast, root);
   } else if (!chain && broadcast_ == 0 && nodes_->ready(p, bytes)) {
     return nodes_->broadcast(buffer, count, type, root);
   } else if (broadcast_by_stream(bytes) && nodes_->ready(p, 0)) {
@@ -177,6 +181,11 @@ Status Group::reduce(Plan& p, const void* send, void* recv, std::size_t count, D
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
+  } else if (p.device() != Plan::kHost && ring && reduce_ == 0 &&
+             oneshot_->mesh_ready(p.device(), cuda::Cuda::OneShot::Kind::kReduce, bytes)) {
+    // Device buffers of three or more members on a node: one kernel per GPU (kernels/mesh.cuh),
+    // in the ring's order below.
+    p.oneshot(result, in, count, oneshot_->next(), Plan::OneShot::kReduce, root);
   } else if (reduce_ == 0 && nodes_->ready(p, bytes)) {
     return nodes_->reduce(send, recv, count, type, op, root, ring);
   } else if (ring) {
@@ -245,7 +254,8 @@ Status Group::allreduce(Plan& p, const void* send, void* recv, std::size_t count
              oneshot_->ready(p.device(), count, type)) {
     // Device buffers of members that share a node: one kernel per GPU, no messages, reducing in
     // the order of the algorithm it stands in for (so the bits are the host path's).
-    p.oneshot(result, in, count, oneshot_->next(), ring);
+    p.oneshot(result, in, count, oneshot_->next(),
+              ring ? Plan::OneShot::kAllreduceRing : Plan::OneShot::kAllreduce, 0);
   } else if (allreduce_ == 0 && nodes_->ready(p, bytes)) {
     return nodes_->allreduce(send, recv, count, type, op, ring);
   } else if (ring) {
@@ -326,6 +336,11 @@ Status Group::reduce_scatter(Plan& p, const void* send, void* recv, std::size_t 
     // nothing to reduce
   } else if (n == 1) {
     p.copy(result, in, bytes);
+  } else if (p.device() != Plan::kHost &&
+             oneshot_->mesh_ready(p.device(), cuda::Cuda::OneShot::Kind::kReduceScatter, bytes)) {
+    // Device buffers of three or more members on a node: one kernel per GPU (kernels/mesh.cuh),
+    // in the ring's order below.
+    p.oneshot(result, in, count, oneshot_->next(), Plan::OneShot::kReduceScatter, 0);
   } else if (nodes_->ready(p, bytes * static_cast<std::size_t>(n))) {
     return nodes_->reduce_scatter(send, recv, count, type, op);
   } else {
@@ -354,6 +369,10 @@ Status Group::allgather(Plan& p, const void* send, void* recv, std::size_t count
   const bool ring = allgather_by_ring(bytes);
   if (bytes == 0) {
     // nothing moves
+  } else if (p.device() != Plan::kHost && allgather_ == 0 &&
+             oneshot_->mesh_ready(p.device(), cuda::Cuda::OneShot::Kind::kAllgather, bytes)) {
+    // Device buffers of three or more members on a node: one kernel per GPU (kernels/mesh.cuh).
+    p.oneshot(result, in, count, oneshot_->next(), Plan::OneShot::kAllgather, 0);
   } else if (allgather_ == 0 && nodes_->ready(p, bytes)) {
     // On one node the area takes the ring's sizes too (3 ranks, 128 KiB each: 6.5-6.8 us against
     // 26-27 by the ring's messages on this VM).

@@ -70,6 +70,16 @@ bool DeviceOneShot::ready(int device, std::size_t count, DataType type) {
   return state_->usable && state_->device == device;
 }
 
+bool DeviceOneShot::mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::size_t bytes) {
+  const auto n = static_cast<std::size_t>(group_.size());
+  // A reduce's blocks are the ring's: count / n elements, or one more.
+  const std::size_t block = kind == cuda::Cuda::OneShot::Kind::kReduceScatter ? bytes
+                            : kind == cuda::Cuda::OneShot::Kind::kReduce      ? bytes / n + 16
+                                                                              : 0;
+  const bool fits = block > 0 ? (block + 255) / 256 * 256 <= bytes_ : bytes <= n * bytes_;
+  return n >= 3 && !on_stream_ && bytes > 0 && fits && ready(device, 1, DataType::kUint8);
+}
+
 // Each member makes its exchange area, they swap IPC keys and map each other's, then agree that
 // every member succeeded (else nobody uses the path). Every step runs on every member, so their
 // collectives stay in step whatever fails.
@@ -239,8 +249,16 @@ Status DeviceOneShot::launch(const Execution::Action& a, DataType type, ReduceOp
   call.op = op;
   call.members = group_.size();
   call.me = group_.rank();
-  call.ring = a.member == 1;  // Group::allreduce's choice of order
-  call.two_shot = by_twoshot(a.size * size_of(type));
+  const auto form = static_cast<Plan::OneShot>(a.member);
+  call.kind = form == Plan::OneShot::kAllgather       ? cuda::Cuda::OneShot::Kind::kAllgather
+              : form == Plan::OneShot::kReduceScatter ? cuda::Cuda::OneShot::Kind::kReduceScatter
+              : form == Plan::OneShot::kBroadcast     ? cuda::Cuda::OneShot::Kind::kBroadcast
+              : form == Plan::OneShot::kReduce        ? cuda::Cuda::OneShot::Kind::kReduce
+                                                      : cuda::Cuda::OneShot::Kind::kAllreduce;
+  call.root = a.root;
+  const bool allreduce = call.kind == cuda::Cuda::OneShot::Kind::kAllreduce;
+  call.ring = form == Plan::OneShot::kAllreduceRing;  // Group::allreduce's choice of order
+  call.two_shot = allreduce && by_twoshot(a.size * size_of(type));
   call.sequence = a.sequence;
   call.slot_bytes = bytes_;
   call.block_bytes = slice_;
@@ -251,8 +269,8 @@ Status DeviceOneShot::launch(const Execution::Action& a, DataType type, ReduceOp
   // The resident kernel takes a blocking call of one block once the launched calls before it are
   // done (it runs beside them, and a member runs one call at a time). Blocking calls are finished
   // before the next begins, so it never holds two.
-  if (blocking && !call.two_shot && o.resident >= 0 && a.size * size_of(type) <= slice_ &&
-      (!o.launched || gpu->done(o.last_launch))) {
+  if (blocking && allreduce && !call.two_shot && o.resident >= 0 &&
+      a.size * size_of(type) <= slice_ && (!o.launched || gpu->done(o.last_launch))) {
     o.launched = false;
     Status s = gpu->resident_post(o.resident, call, ticket);
     if (s.is_ok()) return s;
@@ -287,8 +305,9 @@ Status DeviceOneShot::outcome() {
   if (__atomic_load_n(&state_->words[1], __ATOMIC_ACQUIRE) == 0) return Status();
   __atomic_store_n(&state_->words[1], 0u, __ATOMIC_RELEASE);
   return Status(Code::kInvalidArgument,
-                "the members' one-shot allreduces differ in count, type or op (do the members "
-                "pass the same counts, types and op?)");
+                "the members' calls of this device collective differ in kind, count, type or "
+                "op (do the members make the same collectives with the same counts, types and "
+                "op?)");
 }
 
 // A device allreduce by the two-shot kernel from FERRY_COLL_DEVICE_TWOSHOT / (members - 1) up

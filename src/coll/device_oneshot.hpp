@@ -47,6 +47,12 @@ class DeviceOneShot {
   // first use (a collective: every member makes the same call at the same point, so the answer
   // is the same everywhere).
   bool ready(int device, std::size_t count, DataType type);
+  // Whether an allgather (`bytes` per member), a reduce-scatter (`bytes` per member's block), a
+  // broadcast or a reduce among three or more members runs as one kernel per GPU
+  // (kernels/mesh.cuh) on `device`: where it fits the area (a reduce-scatter's or a reduce's
+  // block a slot, else the generation's members x slot), setting the path up on first use as
+  // ready() does.
+  bool mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::size_t bytes);
   // The next call's number (the same on every member).
   std::uint64_t next() { return ++state_->sequence; }
   Status launch(const Execution::Action& action, DataType type, ReduceOp op, int lane,

@@ -272,9 +272,9 @@ void Schedule::copy(void* to, const void* from, std::size_t bytes) {
 }
 
 void Schedule::oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
-                       bool ring) {
-  actions_.push_back({Action::kOneShot, ring ? 1 : 0, static_cast<const std::byte*>(in), nullptr,
-                      static_cast<std::byte*>(out), count, sequence});
+                       OneShot form, int root) {
+  actions_.push_back({Action::kOneShot, static_cast<int>(form), static_cast<const std::byte*>(in),
+                      nullptr, static_cast<std::byte*>(out), count, sequence, root});
 }
 
 void Schedule::next_round() {
@@ -401,9 +401,10 @@ void Immediate::copy(void* to, const void* from, std::size_t bytes) {
 }
 
 void Immediate::oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
-                        bool ring) {
-  reusable_->locals.push_back({Action::kOneShot, ring ? 1 : 0, static_cast<const std::byte*>(in),
-                               nullptr, static_cast<std::byte*>(out), count, sequence});
+                        OneShot form, int root) {
+  reusable_->locals.push_back({Action::kOneShot, static_cast<int>(form),
+                               static_cast<const std::byte*>(in), nullptr,
+                               static_cast<std::byte*>(out), count, sequence, root});
 }
 
 void Immediate::next_round() {

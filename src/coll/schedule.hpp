@@ -52,10 +52,19 @@ class Plan {
   // out = a op b over `count` elements (out may be a or b).
   virtual void reduce(void* out, const void* a, const void* b, std::size_t count) = 0;
   virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
-  // The whole allreduce as one kernel on every member's GPU (DeviceOneShot::ready()): a local
-  // action that waits for the peers' kernels.
+  // The whole collective as one kernel on every member's GPU (DeviceOneShot::ready(),
+  // mesh_ready()): a local action that waits for the peers' kernels.
+  // `root`: a broadcast's or a reduce's.
+  enum class OneShot : std::uint8_t {
+    kAllreduce,
+    kAllreduceRing,
+    kAllgather,
+    kReduceScatter,
+    kBroadcast,
+    kReduce
+  };
   virtual void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
-                       bool ring) = 0;
+                       OneShot form, int root) = 0;
   virtual void next_round() = 0;
   // Memory that lasts until the collective completes.
   virtual std::byte* scratch(std::size_t bytes) = 0;
@@ -73,12 +82,13 @@ class Execution : public Plan {
 
   struct Action {
     enum Kind : std::uint8_t { kSend, kRecv, kReduce, kCopy, kOneShot } kind;
-    int member = -1;                  // send, recv; oneshot: 1 for the ring's order
+    int member = -1;                  // send, recv; oneshot: its Plan::OneShot
     const std::byte* from = nullptr;  // send: data; reduce: operand b; copy, oneshot: source
     const std::byte* a = nullptr;     // reduce: operand a
     std::byte* to = nullptr;          // recv: destination; reduce, copy, oneshot: result
     std::size_t size = 0;             // bytes (reduce, oneshot: elements)
     std::uint64_t sequence = 0;       // oneshot: the call's number in the group
+    int root = 0;                     // oneshot: a broadcast's or a reduce's root
     [[nodiscard]] bool local() const {
       return kind == kReduce || kind == kCopy || kind == kOneShot;
     }
@@ -145,8 +155,8 @@ class Schedule final : public Execution, public proto::Operation {
   void recv(int member, void* data, std::size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, std::size_t count) override;
   void copy(void* to, const void* from, std::size_t bytes) override;
-  void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
-               bool ring) override;
+  void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence, OneShot form,
+               int root) override;
   void next_round() override;
   std::byte* scratch(std::size_t bytes) override;
 
@@ -181,8 +191,8 @@ class Immediate final : public Execution {
   void recv(int member, void* data, std::size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, std::size_t count) override;
   void copy(void* to, const void* from, std::size_t bytes) override;
-  void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence,
-               bool ring) override;
+  void oneshot(void* out, const void* in, std::size_t count, std::uint64_t sequence, OneShot form,
+               int root) override;
   void next_round() override;
   std::byte* scratch(std::size_t bytes) override;
   // Runs what is left and returns the outcome.

@@ -154,6 +154,14 @@ class Cuda {
            2 * static_cast<std::size_t>(members) * kLLSlotBytes;
   }
   struct OneShot {
+    // The collective: an allreduce, or among three or more members an allgather (`count` elements
+    // per member, `out` members x count), a reduce-scatter (`count` per member's block, `in`
+    // members x count), a broadcast from `root` (in == out) or a reduce to `root` (in the ring's
+    // order), each at most members x slot_bytes, the reduce-scatter's and the reduce's blocks at
+    // most slot_bytes (kernels/mesh.cuh).
+    enum class Kind : std::uint8_t { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kReduce };
+    Kind kind = Kind::kAllreduce;
+    int root = 0;
     void* out = nullptr;
     const void* in = nullptr;
     std::size_t count = 0;  // at most slot_bytes of data (any by the two-shot kernel)

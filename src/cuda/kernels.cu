@@ -1,8 +1,8 @@
 // Device code of ferry's CUDA module: the element-wise reductions of the collectives on device
-// buffers, the copy kernel, and the one-shot, two-shot and resident allreduce kernels (the parts
-// in kernels/, one translation unit). nvcc compiles it into a fatbin (sm_90 code and PTX) that
-// libferry embeds and loads through the driver (cuModuleLoadData), so the library needs no CUDA
-// runtime.
+// buffers, the copy kernel, the one-shot, two-shot and resident allreduce kernels, and the mesh
+// allgather and reduce-scatter (the parts in kernels/, one translation unit). nvcc compiles it
+// into a fatbin (sm_90 code and PTX) that libferry embeds and loads through the driver
+// (cuModuleLoadData), so the library needs no CUDA runtime.
 //
 // The arithmetic is the host kernels' (src/coll/reduce.cpp), element by element: integers wrap,
 // float min/max are IEEE 754-2019 minimum/maximum (-0 below +0, a NaN operand gives NaN), and
@@ -70,6 +70,8 @@ extern "C" __global__ void __launch_bounds__(512)
 #include "kernels/oneshot.cuh"
 // (the two-shot kernel)
 #include "kernels/twoshot.cuh"
+// (allgather and reduce-scatter among three or more)
+#include "kernels/mesh.cuh"
 // (the on-stream kernel: LL, and the one-shot blocks)
 #include "kernels/on_stream.cuh"
 // (the resident kernel)

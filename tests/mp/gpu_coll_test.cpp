@@ -493,6 +493,92 @@ TEST_F(GpuColl, DifferentCountsFailOnEveryMemberInsteadOfHanging) {
   EXPECT_TRUE(same(host, from_device(recv_.data(), in.size()), DataType::kFloat32));
 }
 
+// Among three or more members, device allgathers, reduce-scatters, broadcasts and reduces that
+// fit the one-shot area run as one kernel per GPU (kernels/mesh.cuh): every type and op, counts
+// that cut 16-byte units, buffers off 16-byte alignment, every root, the reductions in the host
+// path's order (the same bits); and members whose calls differ in kind or root fail instead of
+// hanging.
+TEST_F(GpuColl, MeshCollectivesMatchHost) {
+  const int n = world_.size();
+  if (n < 3) GTEST_SKIP() << "the mesh kernels are for three or more members";
+  const auto un = static_cast<std::size_t>(n);
+  std::uint64_t salt = 500;
+  for (DataType type : kTypes) {
+    const std::size_t size = size_of(type);
+    for (std::size_t count :
+         {std::size_t{1}, std::size_t{7}, std::size_t{1031}, std::size_t{65537}}) {
+      for (std::size_t shift : {std::size_t{0}, size}) {
+        const std::vector<std::byte> in = input(type, count * un, world_.rank(), ++salt);
+        std::byte* send = send_.data() + shift;
+        std::byte* recv = recv_.data() + shift;
+        const std::string what = std::string(to_string(type)) + " count " + std::to_string(count) +
+                                 " shift " + std::to_string(shift);
+        const std::vector<std::byte> mine(in.begin(),
+                                          in.begin() + static_cast<std::ptrdiff_t>(count * size));
+        std::vector<std::byte> all(count * size * un);
+        ASSERT_TRUE(world_.allgather(mine.data(), all.data(), count, type).is_ok());
+        to_device(send, mine);
+        Status s = world_.allgather(send, recv, count, type);
+        ASSERT_TRUE(s.is_ok()) << s.message();
+        EXPECT_TRUE(same(all, from_device(recv, all.size()), type)) << "allgather " << what;
+        for (int root = 0; root < n; ++root) {
+          std::vector<std::byte> host = mine;
+          ASSERT_TRUE(world_.broadcast(host.data(), count, type, root).is_ok());
+          to_device(recv, mine);
+          s = world_.broadcast(recv, count, type, root);
+          ASSERT_TRUE(s.is_ok()) << s.message();
+          EXPECT_TRUE(same(host, from_device(recv, host.size()), type))
+              << "broadcast from " << root << " " << what;
+        }
+        to_device(send, in);
+        for (ReduceOp op : kOps) {
+          if (bitwise(op) && floating(type)) continue;
+          std::vector<std::byte> part(count * size);
+          ASSERT_TRUE(world_.reduce_scatter(in.data(), part.data(), count, type, op).is_ok());
+          s = world_.reduce_scatter(send, recv, count, type, op);
+          ASSERT_TRUE(s.is_ok()) << s.message();
+          EXPECT_TRUE(same(part, from_device(recv, part.size()), type))
+              << "reduce_scatter " << to_string(op) << " " << what;
+          // From FERRY_COLL_SMALL (64 KiB) a reduce takes the ring's order, and the kernel too.
+          if (count * size < (64u << 10)) continue;
+          for (int root = 0; root < n; ++root) {
+            std::vector<std::byte> host(count * size);
+            ASSERT_TRUE(world_.reduce(in.data(), host.data(), count, type, op, root).is_ok());
+            s = world_.reduce(send, recv, count, type, op, root);
+            ASSERT_TRUE(s.is_ok()) << s.message();
+            if (world_.rank() == root) {
+              EXPECT_TRUE(same(host, from_device(recv, host.size()), type))
+                  << "reduce to " << root << " " << to_string(op) << " " << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!oneshot_expected(n)) return;
+  // Member 0 makes an allgather where the others make a reduce-scatter of the same count.
+  const std::size_t count = 1000;
+  to_device(send_.data(), input(DataType::kFloat32, count * un, world_.rank(), 7));
+  const Status s = world_.rank() == 0
+                       ? world_.allgather(send_.data(), recv_.data(), count, DataType::kFloat32)
+                       : world_.reduce_scatter(send_.data(), recv_.data(), count,
+                                               DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_TRUE(s.code() == Code::kInvalidArgument || s.code() == Code::kTimeout) << s.to_string();
+  // Broadcasts that name different roots.
+  const Status roots =
+      world_.broadcast(recv_.data(), count, DataType::kFloat32, world_.rank() == 1 ? 1 : 0);
+  EXPECT_TRUE(roots.code() == Code::kInvalidArgument || roots.code() == Code::kTimeout)
+      << roots.to_string();
+  // The communicator still works.
+  const std::vector<std::byte> in = input(DataType::kFloat32, count, world_.rank(), 8);
+  std::vector<std::byte> all(count * 4 * un);
+  ASSERT_TRUE(world_.allgather(in.data(), all.data(), count, DataType::kFloat32).is_ok());
+  to_device(send_.data(), in);
+  const Status again = world_.allgather(send_.data(), recv_.data(), count, DataType::kFloat32);
+  ASSERT_TRUE(again.is_ok()) << again.to_string();
+  EXPECT_TRUE(same(all, from_device(recv_.data(), all.size()), DataType::kFloat32));
+}
+
 // Blocking allreduces of up to FERRY_COLL_DEVICE_ONESHOT_SLICE bytes go to a kernel that stays on
 // the GPU between calls where every member has a GPU of its own. Chains of calls (each input the
 // previous result, so nothing synchronizes the context between them) mixed with launched calls

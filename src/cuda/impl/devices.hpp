@@ -90,6 +90,10 @@ struct Device {
   CUfunction oneshot = nullptr;
   CUfunction twoshot = nullptr;       // two members
   CUfunction twoshot_mesh = nullptr;  // three or more
+  CUfunction allgather_mesh = nullptr;
+  CUfunction reduce_scatter_mesh = nullptr;
+  CUfunction broadcast_mesh = nullptr;
+  CUfunction reduce_mesh = nullptr;
   CUfunction resident = nullptr;
   CUfunction on_stream = nullptr;
   std::string kernels_error;  // why the module could not be loaded

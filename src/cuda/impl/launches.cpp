@@ -33,11 +33,23 @@ std::string Launches::missing(int ordinal) {
              (result = d_->cuModuleGetFunction(&dev.twoshot, dev.module,
                                                "ferry_allreduce_twoshot")) != CUDA_SUCCESS ||
              (result = d_->cuModuleGetFunction(&dev.twoshot_mesh, dev.module,
-                                               "ferry_allreduce_twoshot_mesh")) != CUDA_SUCCESS) {
+                                               "ferry_allreduce_twoshot_mesh")) != CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.allgather_mesh, dev.module,
+                                               "ferry_allgather_mesh")) != CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.reduce_scatter_mesh, dev.module,
+                                               "ferry_reduce_scatter_mesh")) != CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.broadcast_mesh, dev.module,
+                                               "ferry_broadcast_mesh")) != CUDA_SUCCESS ||
+             (result = d_->cuModuleGetFunction(&dev.reduce_mesh, dev.module,
+                                               "ferry_reduce_mesh")) != CUDA_SUCCESS) {
     dev.reduce = nullptr;
     dev.oneshot = nullptr;
     dev.twoshot = nullptr;
     dev.twoshot_mesh = nullptr;
+    dev.allgather_mesh = nullptr;
+    dev.reduce_scatter_mesh = nullptr;
+    dev.broadcast_mesh = nullptr;
+    dev.reduce_mesh = nullptr;
     dev.kernels_error = driver_error("cuModuleGetFunction", result).message();
   } else {
     if (d_->cuModuleGetFunction(&dev.copy, dev.module, "ferry_copy") != CUDA_SUCCESS) {
@@ -138,6 +150,7 @@ struct OneShotArgs {
         members(call.members),
         me(call.me),
         ring(call.ring ? 1 : 0),
+        root(call.root),
         sequence(call.sequence),
         slot_bytes(call.slot_bytes),
         areas(call.areas),
@@ -145,7 +158,7 @@ struct OneShotArgs {
   void* out;
   const void* in;
   unsigned long long count;
-  int type, op, members, me, ring;
+  int type, op, members, me, ring, root;
   unsigned long long sequence, slot_bytes;
   std::array<void*, Cuda::kOneShotMembers> areas;
   void* words;
@@ -174,10 +187,23 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
   }
   void* params[] = {&a.out,         &a.in,    &a.count,     &a.type,     &a.op,
                     &a.members,     &a.me,    &a.ring,      &a.sequence, &a.slot_bytes,
-                    a.areas.data(), &a.words, &blocks_done, &lane_flag,  &done};
+                    a.areas.data(), &a.words, &blocks_done, &lane_flag,  &done,
+                    &a.root};  // the broadcast and reduce kernels' last argument
   CUfunction kernel = dev.oneshot;
   const char* name = "cuLaunchKernel(ferry_allreduce_oneshot)";
-  if (call.two_shot) {
+  if (call.kind == Cuda::OneShot::Kind::kAllgather) {
+    kernel = dev.allgather_mesh;
+    name = "cuLaunchKernel(ferry_allgather_mesh)";
+  } else if (call.kind == Cuda::OneShot::Kind::kReduce) {
+    kernel = dev.reduce_mesh;
+    name = "cuLaunchKernel(ferry_reduce_mesh)";
+  } else if (call.kind == Cuda::OneShot::Kind::kBroadcast) {
+    kernel = dev.broadcast_mesh;
+    name = "cuLaunchKernel(ferry_broadcast_mesh)";
+  } else if (call.kind == Cuda::OneShot::Kind::kReduceScatter) {
+    kernel = dev.reduce_scatter_mesh;
+    name = "cuLaunchKernel(ferry_reduce_scatter_mesh)";
+  } else if (call.two_shot) {
     kernel = call.members == 2 ? dev.twoshot : dev.twoshot_mesh;
     name = call.members == 2 ? "cuLaunchKernel(ferry_allreduce_twoshot)"
                              : "cuLaunchKernel(ferry_allreduce_twoshot_mesh)";

@@ -161,13 +161,13 @@ __device__ __forceinline__ int ring_block(const Order& order, std::size_t i) {
                                    : order.longer + (i - head) / order.base);
 }
 
-// An element of ring block b (ring_block; any b in recursive doubling's order) reduced over the
-// members' values x[0..members) in the order's sequence.
+// Element i reduced over the members' values x[0..members) in the order's sequence.
 template <class E, int kOp>
-__device__ __forceinline__ typename E::Storage combine_members_at(
-    const typename E::Storage (&x)[kMaxMembers], const Order& order, int b) {
+__device__ __forceinline__ typename E::Storage combine_members(
+    const typename E::Storage (&x)[kMaxMembers], const Order& order, std::size_t i) {
   using T = typename E::Storage;
   if (order.ring) {
+    const int b = ring_block(order, i);
     T acc = x[0];
 #pragma unroll
     for (int m = 1; m < kMaxMembers; ++m) {
@@ -200,13 +200,6 @@ __device__ __forceinline__ typename E::Storage combine_members_at(
     }
   }
   return v[0];
-}
-
-// Element i reduced over the members' values x[0..members) in the order's sequence.
-template <class E, int kOp>
-__device__ __forceinline__ typename E::Storage combine_members(
-    const typename E::Storage (&x)[kMaxMembers], const Order& order, std::size_t i) {
-  return combine_members_at<E, kOp>(x, order, order.ring ? ring_block(order, i) : 0);
 }
 
 // out[first, last) = the members' data reduced in the order's sequence: this member's from `in`,

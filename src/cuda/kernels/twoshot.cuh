@@ -198,20 +198,19 @@ namespace {
 
 // Elements [first, last) of a part (from element `base` of the call) reduced over every member's
 // value in the order's sequence: member m's value at sources[m][i - base]; the result stored at
-// targets[t][i - base] for t < outputs.
+// out[i - base] and mine[i - base].
 template <class E, int kOp>
-__device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers],
-                            unsigned char* const (&targets)[kMaxMembers], int outputs,
-                            std::size_t base, std::size_t first, std::size_t last,
-                            const Order& order) {
+__device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], unsigned char* out,
+                            unsigned char* mine, std::size_t base, std::size_t first,
+                            std::size_t last, const Order& order) {
   using T = typename E::Storage;
   constexpr std::size_t kVector = 16 / sizeof(T);
   const int members = order.members;
-  std::uintptr_t alignment = 0;
+  std::uintptr_t alignment =
+      reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(mine);
 #pragma unroll
   for (int m = 0; m < kMaxMembers; ++m) {
     if (m < members) alignment |= reinterpret_cast<std::uintptr_t>(sources[m]);
-    if (m < outputs) alignment |= reinterpret_cast<std::uintptr_t>(targets[m]);
   }
   // Element by element: where the buffers are not 16-byte aligned, in recursive doubling's order
   // (small calls, by this kernel only where forced), and for the units a ring block's boundary
@@ -223,10 +222,8 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers],
       if (m < members) item[m] = reinterpret_cast<const T*>(sources[m])[i];
     }
     const T z = combine_members<E, kOp>(item, order, base + i);
-#pragma unroll
-    for (int m = 0; m < kMaxMembers; ++m) {
-      if (m < outputs) reinterpret_cast<T*>(targets[m])[i] = z;
-    }
+    reinterpret_cast<T*>(out)[i] = z;
+    reinterpret_cast<T*>(mine)[i] = z;
   };
   std::size_t tail = first;
   if ((alignment & 15) == 0 && order.ring) {
@@ -260,10 +257,8 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers],
         }
         z.item[e] = acc;
       }
-#pragma unroll
-      for (int m = 0; m < kMaxMembers; ++m) {
-        if (m < outputs) reinterpret_cast<uint4*>(targets[m])[v] = z.whole;
-      }
+      reinterpret_cast<uint4*>(out)[v] = z.whole;
+      reinterpret_cast<uint4*>(mine)[v] = z.whole;
     }
     tail = end * kVector > first ? end * kVector : first;
   }
@@ -328,7 +323,6 @@ extern "C" __global__ void __launch_bounds__(512)
   if (stop == 0) {
     const Share own = share(me);
     const unsigned char* sources[kMaxMembers];
-    unsigned char* targets[kMaxMembers] = {};
 #pragma unroll
     for (int m = 0; m < kMaxMembers; ++m) {
       sources[m] = nullptr;
@@ -338,11 +332,12 @@ extern "C" __global__ void __launch_bounds__(512)
       }
     }
     // The result to the output and over this member's own part in its area.
-    targets[0] = static_cast<unsigned char*>(out) + own.base * size;
-    targets[1] = areas.area[me] + at(me);
+    unsigned char* const result = static_cast<unsigned char*>(out) + own.base * size;
+    unsigned char* const mine = areas.area[me] + at(me);
     with_element(type, [&](auto element, bool bitwise) {
       with_op(op, bitwise, [&](auto kOp) {
-        mesh_reduce<decltype(element), kOp>(sources, targets, 2, own.base, own.lo, own.hi, order);
+        mesh_reduce<decltype(element), kOp>(sources, result, mine, own.base, own.lo, own.hi,
+                                            order);
       });
     });
     __syncthreads();
