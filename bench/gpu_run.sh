@@ -251,7 +251,7 @@ for step in $steps; do
       "$bin/mesh_probe" ${MESH_PROBE_SIZES:-2m 16m 128m} 2>&1 | tee "$out/mesh_probe.txt" ;;
     mesh_perf)
       # Interleaved rounds on every GPU of the machine: ferry-perf's collectives of device
-      # buffers, the allreduce again with the two-shot kernel off and from GPU_RUN_TWOSHOT_FROM,
+      # buffers, blocking and 20 in flight, the allreduce again with the two-shot kernel off and from GPU_RUN_TWOSHOT_FROM,
       # and stream-ordered and graph-replayed; then nccl-tests (one process, a GPU per rank) for
       # the same collectives, allreduce also replayed from graphs (sizes: GPU_RUN_SIZES and
       # GPU_RUN_NCCL_RANGE, nccl-tests' -b -e -f).
@@ -262,6 +262,12 @@ for step in $steps; do
         echo "--- round $round" | tee -a "$out/mesh_perf_ferry.txt"
         "$bin/ferryrun" --timeout 300 -n "$ngpu" "$bin/ferry-perf" allreduce broadcast allgather \
           reduce_scatter reduce -m cuda --check --sizes "$sizes" 2>&1 | tee -a "$out/mesh_perf_ferry.txt"
+        # Non-blocking, 20 calls posted before they are waited for, as nccl-tests times its 20
+        # iterations between synchronizations (a result buffer per call in flight).
+        echo "--- --in-flight 20" | tee -a "$out/mesh_perf_ferry.txt"
+        "$bin/ferryrun" --timeout 300 -n "$ngpu" "$bin/ferry-perf" allreduce broadcast allgather \
+          reduce_scatter reduce -m cuda --check --in-flight 20 \
+          --sizes "${GPU_RUN_IN_FLIGHT_SIZES:-8,64k,1m,8m,16m,64m}" 2>&1 | tee -a "$out/mesh_perf_ferry.txt"
         for twoshot in 0 "${GPU_RUN_TWOSHOT_FROM:-3m}"; do
           echo "--- FERRY_COLL_DEVICE_TWOSHOT=$twoshot" | tee -a "$out/mesh_perf_ferry.txt"
           FERRY_COLL_DEVICE_TWOSHOT=$twoshot "$bin/ferryrun" --timeout 120 -n "$ngpu" \

@@ -79,6 +79,30 @@ __global__ void __launch_bounds__(512) sum_all(uint4* out, const uint4* local, P
   }
 }
 
+// `rounds` barriers among `members` GPUs, one block each: thread j < members raises this GPU's
+// flag in GPU j's array (flags[j][me], 128 bytes apart) with the round's number, then waits for
+// every flag of its own array to show it. kFence: a system-scope fence before the raise (what the
+// collectives' kernels do, so that the data before a flag is visible with it).
+template <bool kFence>
+__global__ void barrier_rounds(Ptrs flags, int members, int me, int rounds) {
+  const int j = threadIdx.x;
+  for (int r = 1; r <= rounds; ++r) {
+    if (j < members && j != me) {
+      if (kFence) __threadfence_system();
+      auto* flag = reinterpret_cast<unsigned long long*>(flags.p[j]) + 16 * me;
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(
+                       static_cast<unsigned long long>(r))
+                   : "memory");
+      const auto* mine = reinterpret_cast<unsigned long long*>(flags.p[me]) + 16 * j;
+      unsigned long long seen = 0;
+      do {
+        asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine) : "memory");
+      } while (seen < static_cast<unsigned long long>(r));
+    }
+    __syncwarp();
+  }
+}
+
 struct Gpu {
   uint4* local = nullptr;                   // what this GPU sends / where it receives
   std::vector<uint4*> inbox;                // a buffer per peer slot, read or written by peers
@@ -222,6 +246,37 @@ int main(int argc, char** argv) {
                 us, static_cast<double>(bytes) * peers / (us * 1e3));
     std::fflush(stdout);
   };
+  // Barriers first: flags in each GPU's last inbox, zeroed before each run.
+  for (bool fence : {false, true}) {
+    const int rounds = 20000;
+    Ptrs flags{};
+    for (int g = 0; g < n && g <= kMaxPeers; ++g) flags.p[g] = gpus[g].inbox[max_peers - 1];
+    for (int g = 0; g < n && g <= kMaxPeers; ++g) {
+      CHECK(cudaSetDevice(g));
+      CHECK(cudaMemset(flags.p[g], 0, 4096));
+      CHECK(cudaDeviceSynchronize());
+    }
+    for (int g = 0; g < n && g <= kMaxPeers; ++g) {
+      CHECK(cudaSetDevice(g));
+      CHECK(cudaEventRecord(gpus[g].start, gpus[g].streams[0]));
+      if (fence) {
+        barrier_rounds<true><<<1, 32, 0, gpus[g].streams[0]>>>(flags, n, g, rounds);
+      } else {
+        barrier_rounds<false><<<1, 32, 0, gpus[g].streams[0]>>>(flags, n, g, rounds);
+      }
+      CHECK(cudaEventRecord(gpus[g].stop, gpus[g].streams[0]));
+    }
+    float slowest = 0;
+    for (int g = 0; g < n && g <= kMaxPeers; ++g) {
+      CHECK(cudaSetDevice(g));
+      CHECK(cudaDeviceSynchronize());
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, gpus[g].start, gpus[g].stop));
+      slowest = std::max(slowest, ms);
+    }
+    std::printf("barrier among %d GPUs%s: %.2f us a round\n", n,
+                fence ? " (system fence before each raise)" : "", slowest * 1000.0 / rounds);
+  }
   for (std::size_t bytes : sizes) {
     for (int peers : {1, max_peers}) {
       for (bool all : {false, true}) {

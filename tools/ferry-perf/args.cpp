@@ -31,6 +31,8 @@ namespace ferry::perf {
       "  --stream           collectives by their stream-ordered forms on a CUDA stream, timed\n"
       "                     from the first enqueue until the stream is done\n"
       "  --graph N          as --stream, captured in CUDA graphs of N calls that are replayed\n"
+      "  --in-flight K      collectives by their non-blocking forms, K posted before they are\n"
+      "                     waited for (as nccl-tests times its iterations; default 1: blocking)\n"
       "  --register         one-sided on host memory: the exposed buffer is the program's own,\n"
       "                     given to register_memory (reached by CMA on this node)\n"
       "  -m, --mem A[:B]    buffers in host, pinned (host memory page-locked by CUDA) or cuda\n"
@@ -122,6 +124,8 @@ Args parse(int argc, char** argv) {
       args.check = true;
     } else if (a == "--stream") {
       args.stream = true;
+    } else if (a == "--in-flight") {
+      args.in_flight = parse_count("--in-flight", value(), 1);
     } else if (a == "--graph") {
       args.graph = parse_count("--graph", value(), 1);
       args.stream = true;

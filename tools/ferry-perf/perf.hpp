@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct Args {
   bool check = false;
   bool register_host = false;  // one-sided on host memory: register_memory, not allocate_memory
   bool stream = false;         // collectives by their stream-ordered forms, on one CUDA stream
+  long in_flight = 1;          // collectives: non-blocking calls posted before waiting for them
   long graph = 0;              // > 0: captured in CUDA graphs of this many calls, replayed
   enum { kTable, kJson, kCsv } format = kTable;
   std::string mem[2] = {"host", "host"};  // where rank 0's and rank 1's buffers live
