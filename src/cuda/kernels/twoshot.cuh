@@ -183,17 +183,17 @@ extern "C" __global__ void __maxnreg__(96)
 // ---- Two-shot allreduce among three or more GPUs ----
 //
 // The same two phases for n members on a full mesh (NVLink through switches, every pair at full
-// speed), by reads: the call is cut into n parts of whole 16-byte units, part j being member j's.
-// Each member copies the other parts of its input into its own area and raises its flags; reduces
-// its own part from its input and the peers' copies of that part, read over NVLink, in the host
-// algorithm's order, writing the result to its output and over its own part in its area; raises
+// speed): the call is cut into n parts of whole 16-byte units, part j being member j's. Each
+// member writes each other part of its input into its owner's area (at its own index) and raises
+// its flags; reduces its own part from its input and the copies in its area, in the host
+// algorithm's order, writing the result to its output and to its own place in its area; raises
 // its result flags; and reads the other parts' results from the peers' areas. Each member moves
 // 2 (n - 1) / n of the data over its links, as a ring does, in two steps instead of 2 (n - 1).
-// Reads, not writes: on four H100s, pushing each part into its owner's area and each result into
-// every peer's (the two-member kernel's way) gave 90 GB/s of bus bandwidth at 16 MiB against 155
-// by reads, and the same 113 at 8 MiB. A call takes at most the generation's n slots (a part per
-// slot): larger ones take the ring, which moves them faster than this kernel did in rounds (four
-// H100s, 64 MiB: 148 GB/s in rounds of half the slots; the ring 242 on four H200s).
+// Writes for the parts and reads for the results: on four H100s at 16 MiB, 168-171 GB/s of bus
+// bandwidth against 159-162 reading the parts too, and 90 pushing the results into every peer's
+// area as well. A call takes at most the generation's n slots (a part per slot): larger ones take
+// the ring, which moves them faster than this kernel did in rounds (four H100s, 64 MiB: 148 GB/s
+// in rounds of half the slots; the ring 242 on four H200s).
 namespace {
 
 // Elements [first, last) of a part (from element `base` of the call) reduced over every member's
@@ -305,11 +305,12 @@ extern "C" __global__ void __launch_bounds__(512)
   const auto at = [&](int j) {
     return data_offset + static_cast<std::size_t>(j) * part_bytes;
   };
-  // The other parts into this member's own area, then its flags.
-  for (int j = 0; j < members; ++j) {
-    if (j == me) continue;
+  // Each other part into its owner's area at this member's place (writes over NVLink, the next
+  // member first), then the flags.
+  for (int k = 1; k < members; ++k) {
+    const int j = me + k < members ? me + k : me + k - members;
     const Share s = share(j);
-    block_copy(areas.area[me] + at(j) + s.lo * size,
+    block_copy(areas.area[j] + at(me) + s.lo * size,
                static_cast<const unsigned char*>(in) + (s.base + s.lo) * size, (s.hi - s.lo) * size);
   }
   __syncthreads();
@@ -328,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(512)
       sources[m] = nullptr;
       if (m < members) {
         sources[m] = m == me ? static_cast<const unsigned char*>(in) + own.base * size
-                             : areas.area[m] + at(me);
+                             : areas.area[me] + at(m);
       }
     }
     // The result to the output and over this member's own part in its area.
