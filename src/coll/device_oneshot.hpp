@@ -50,8 +50,8 @@ class DeviceOneShot {
   // Whether an allgather (`bytes` per member), a reduce-scatter (`bytes` per member's block), a
   // broadcast or a reduce among three or more members runs as one kernel per GPU
   // (kernels/mesh.cuh) on `device`: where it fits the area (a reduce-scatter's or a reduce's
-  // block a slot, else the generation's members x slot), setting the path up on first use as
-  // ready() does.
+  // block a slot, else the generation's members x slot; a broadcast from 2 MiB), setting the
+  // path up on first use as ready() does.
   bool mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::size_t bytes);
   // The next call's number (the same on every member).
   std::uint64_t next() { return ++state_->sequence; }

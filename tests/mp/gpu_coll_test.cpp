@@ -555,6 +555,20 @@ TEST_F(GpuColl, MeshCollectivesMatchHost) {
       }
     }
   }
+  // Broadcasts take the kernel from 2 MiB.
+  for (std::size_t shift : {std::size_t{0}, std::size_t{1}}) {
+    const std::size_t bytes = (3u << 20) + 5;
+    const std::vector<std::byte> data = input(DataType::kUint8, bytes, world_.rank(), 9 + shift);
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::byte> host = data;
+      ASSERT_TRUE(world_.broadcast(host.data(), bytes, DataType::kUint8, root).is_ok());
+      to_device(recv_.data() + shift, data);
+      const Status s = world_.broadcast(recv_.data() + shift, bytes, DataType::kUint8, root);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      EXPECT_TRUE(same(host, from_device(recv_.data() + shift, bytes), DataType::kUint8))
+          << "broadcast of " << bytes << " B from " << root << " shift " << shift;
+    }
+  }
   if (!oneshot_expected(n)) return;
   // Member 0 makes an allgather where the others make a reduce-scatter of the same count.
   const std::size_t count = 1000;
@@ -565,8 +579,8 @@ TEST_F(GpuColl, MeshCollectivesMatchHost) {
                                                DataType::kFloat32, ReduceOp::kSum);
   EXPECT_TRUE(s.code() == Code::kInvalidArgument || s.code() == Code::kTimeout) << s.to_string();
   // Broadcasts that name different roots.
-  const Status roots =
-      world_.broadcast(recv_.data(), count, DataType::kFloat32, world_.rank() == 1 ? 1 : 0);
+  const Status roots = world_.broadcast(recv_.data(), std::size_t{1} << 20, DataType::kFloat32,
+                                        world_.rank() == 1 ? 1 : 0);
   EXPECT_TRUE(roots.code() == Code::kInvalidArgument || roots.code() == Code::kTimeout)
       << roots.to_string();
   // The communicator still works.
