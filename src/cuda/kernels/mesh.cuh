@@ -46,28 +46,9 @@ __device__ void chain_reduce(const unsigned char* const (&sources)[kMaxMembers],
   }
   std::size_t tail = first;
   if ((alignment & 15) == 0) {
-    union Lanes {
-      uint4 whole;
-      T item[kVector];
-    };
     const std::size_t end = last / kVector;
     for (std::size_t v = first / kVector + threadIdx.x; v < end; v += blockDim.x) {
-      Lanes x[kMaxMembers];
-#pragma unroll
-      for (int k = 0; k < kMaxMembers; ++k) {
-        if (k < members) x[k].whole = reinterpret_cast<const uint4*>(chain[k])[v];
-      }
-      Lanes z;
-#pragma unroll
-      for (std::size_t e = 0; e < kVector; ++e) {
-        T acc = x[0].item[e];
-#pragma unroll
-        for (int k = 1; k < kMaxMembers; ++k) {
-          if (k < members) acc = E::template combine<kOp>(acc, x[k].item[e]);
-        }
-        z.item[e] = acc;
-      }
-      reinterpret_cast<uint4*>(out)[v] = z.whole;
+      reinterpret_cast<uint4*>(out)[v] = chain_unit<E, kOp>(chain, members, v);
     }
     tail = end * kVector > first ? end * kVector : first;
   }

@@ -196,6 +196,35 @@ extern "C" __global__ void __maxnreg__(96)
 // in rounds of half the slots; the ring 242 on four H200s).
 namespace {
 
+// Unit v (16 bytes) of the buffers chain[0..members) reduced along the chain, the partial result
+// first, element by element.
+template <class E, int kOp>
+__device__ __forceinline__ uint4 chain_unit(const unsigned char* const (&chain)[kMaxMembers],
+                                            int members, std::size_t v) {
+  using T = typename E::Storage;
+  constexpr std::size_t kVector = 16 / sizeof(T);
+  union Lanes {
+    uint4 whole;
+    T item[kVector];
+  };
+  Lanes x[kMaxMembers];
+#pragma unroll
+  for (int k = 0; k < kMaxMembers; ++k) {
+    if (k < members) x[k].whole = reinterpret_cast<const uint4*>(chain[k])[v];
+  }
+  Lanes z;
+#pragma unroll
+  for (std::size_t e = 0; e < kVector; ++e) {
+    T acc = x[0].item[e];
+#pragma unroll
+    for (int k = 1; k < kMaxMembers; ++k) {
+      if (k < members) acc = E::template combine<kOp>(acc, x[k].item[e]);
+    }
+    z.item[e] = acc;
+  }
+  return z.whole;
+}
+
 // Elements [first, last) of a part (from element `base` of the call) reduced over every member's
 // value in the order's sequence: member m's value at sources[m][i - base]; the result stored at
 // out[i - base] and mine[i - base].
@@ -227,10 +256,6 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], 
   };
   std::size_t tail = first;
   if ((alignment & 15) == 0 && order.ring) {
-    union Lanes {
-      uint4 whole;
-      T item[kVector];
-    };
     const std::size_t end = last / kVector;
     for (std::size_t v = first / kVector + threadIdx.x; v < end; v += blockDim.x) {
       const std::size_t i = base + v * kVector;
@@ -239,26 +264,15 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], 
         for (std::size_t e = 0; e < kVector; ++e) one(v * kVector + e);
         continue;
       }
-      // The ring's chain for block b: members b, b + 1, ... (mod n), the partial result first.
-      Lanes x[kMaxMembers];
+      // The ring's chain for block b: members b, b + 1, ... (mod n).
+      const unsigned char* chain[kMaxMembers];
 #pragma unroll
       for (int k = 0; k < kMaxMembers; ++k) {
-        if (k >= members) continue;
-        const int m = b + k < members ? b + k : b + k - members;
-        x[k].whole = reinterpret_cast<const uint4*>(sources[m])[v];
+        chain[k] = k < members ? sources[b + k < members ? b + k : b + k - members] : nullptr;
       }
-      Lanes z;
-#pragma unroll
-      for (std::size_t e = 0; e < kVector; ++e) {
-        T acc = x[0].item[e];
-#pragma unroll
-        for (int k = 1; k < kMaxMembers; ++k) {
-          if (k < members) acc = E::template combine<kOp>(acc, x[k].item[e]);
-        }
-        z.item[e] = acc;
-      }
-      reinterpret_cast<uint4*>(out)[v] = z.whole;
-      reinterpret_cast<uint4*>(mine)[v] = z.whole;
+      const uint4 z = chain_unit<E, kOp>(chain, members, v);
+      reinterpret_cast<uint4*>(out)[v] = z;
+      reinterpret_cast<uint4*>(mine)[v] = z;
     }
     tail = end * kVector > first ? end * kVector : first;
   }
