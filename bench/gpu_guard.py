@@ -3,8 +3,8 @@
 
 Each figure is measured against its reference in the same run, round after round (interleaved):
 point-to-point by CUDA IPC and allreduce against NCCL, the host-staged path and page-locked host
-receives by IPC against the copy engine's pinned rate, page-locked sends (staged) against the
-rate of both directions at once, one-sided puts and gets on device memory against the copy
+receives and sends by IPC against the copy engine's pinned rate, page-locked sends staged
+(FERRY_CUDA_IPC=0) against the rate of both directions at once, one-sided puts and gets on device memory against the copy
 engine's peer copy. The ratio of each round is taken, and the median over the rounds is
 compared with the ratio PERFORMANCE records (RECORDED below): a figure more than TOLERANCE worse
 is printed BELOW and the guard exits 1.
@@ -39,6 +39,7 @@ RECORDED = [
     ("staged bandwidth 64 MiB / pinned copy", "higher", {"H100": 0.97, "H200": None}),
     ("staged bandwidth 256 MiB / pinned copy", "higher", {"H100": 0.97, "H200": None}),
     ("cuda:pinned by IPC 64 MiB / pinned copy", "higher", {"H100": 0.99, "H200": None}),
+    ("pinned:cuda by IPC 64 MiB / pinned copy", "higher", {"H100": None, "H200": None}),
     ("pinned:cuda staged 64 MiB / h2d and d2h at once", "higher", {"H100": 0.96, "H200": None}),
     ("allreduce 8 B / NCCL (each call waited for)", "lower", {"H100": 0.79, "H200": None}),
     ("allreduce 8 MiB busbw / NCCL (each call waited for)", "higher", {"H100": 1.24, "H200": 1.08}),
@@ -109,6 +110,8 @@ def main():
                      env={"FERRY_CUDA_IPC": "0"}, out=log)
         to_pinned = run(perf + ["bandwidth", "-m", "cuda:pinned", "--sizes", "64m"], out=log)
         from_pinned = run(perf + ["bandwidth", "-m", "pinned:cuda", "--sizes", "64m"], out=log)
+        from_pinned_staged = run(perf + ["bandwidth", "-m", "pinned:cuda", "--sizes", "64m"],
+                                 env={"FERRY_CUDA_IPC": "0"}, out=log)
         allreduce = run(perf + ["allreduce", "-m", "cuda", "--sizes", "8,8m,512m"], out=log)
         nccl_all = run(nccl_perf + ["--allreduce", "--sizes", "8,8m,512m"], env=nccl_env, out=log)
         rma = run(perf + ["put_bw", "get_bw", "-m", "cuda", "--sizes", "4m", "--window", "16"],
@@ -125,8 +128,10 @@ def main():
                 measured["staged bandwidth %s / pinned copy" % label] = s_bw[size][2] / pinned
             measured["cuda:pinned by IPC 64 MiB / pinned copy"] = (
                 table(to_pinned, "bandwidth")[64 * MiB][2] / pinned)
+            measured["pinned:cuda by IPC 64 MiB / pinned copy"] = (
+                table(from_pinned, "bandwidth")[64 * MiB][2] / pinned)
             measured["pinned:cuda staged 64 MiB / h2d and d2h at once"] = (
-                table(from_pinned, "bandwidth")[64 * MiB][2] / both)
+                table(from_pinned_staged, "bandwidth")[64 * MiB][2] / both)
             f_all, n_all = table(allreduce, "allreduce"), table(nccl_all, "allreduce")
             measured["allreduce 8 B / NCCL (each call waited for)"] = f_all[8][1] / n_all[8][1]
             for size, label in ((8 * MiB, "8 MiB"), (512 * MiB, "512 MiB")):

@@ -2,13 +2,13 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere: pack them with
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
-# perf perf_staged compare coll_compare twoshot resident check sanitizer ofi ofi_perf kill
-# mesh_tests mesh_perf mesh_probe (every GPU of the machine; default: info tests perf). guard measures every GPU
-# figure docs/PERFORMANCE.md promises against its reference in the same run and prints those below
-# their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it.
-# The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
-# dependencies, with an env.sh that puts them on LD_LIBRARY_PATH) and
-# source .devlibs/env.sh first.
+# stream_ll pinned perf perf_staged compare coll_compare twoshot resident check sanitizer ofi
+# ofi_perf kill mesh_tests mesh_perf mesh_probe (every GPU of the machine; default: info tests
+# perf). guard measures every GPU figure docs/PERFORMANCE.md promises against its reference in the
+# same run and prints those below their recorded ratio (bench/gpu_guard.py): every change to GPU
+# code runs it. The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1
+# and its dependencies, with an env.sh that puts them on LD_LIBRARY_PATH) and source
+# .devlibs/env.sh first.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = pack ]; then
@@ -66,7 +66,14 @@ for step in $steps; do
         env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_tests" 2>&1 | tee "$out/gpu_$mode.log" \
           | grep -E "^\[  |rank .*(grew|->)|Failure|error|SKIP" | head -40
         echo "exit ${PIPESTATUS[0]}"
-      done ;;
+      done
+      # Page-locked sends alone with IPC failing: the receiver offers its buffer, the sender's
+      # mapping fails (its first), so it refuses IPC with that peer and stages the message.
+      echo "--- gpu.pinned_put_refused FERRY_TEST_CUDA_IPC_FAIL=1"
+      FERRY_TEST_CUDA_IPC_FAIL=1 "${run[@]}" "$bin/ferry_gpu_tests" \
+        --gtest_filter='Gpu.PinnedHost*' 2>&1 | tee "$out/gpu_pinned_put_refused.log" \
+        | grep -E "^\[  |CUDA IPC with rank|Failure|error" | head -20
+      echo "exit ${PIPESTATUS[0]}" ;;
     coll)
       # Collectives on device buffers against host buffers: 2 ranks, 3 ranks (two share a GPU
       # where there are two, so no one-shot kernel unless FERRY_COLL_DEVICE_SHARED_GPU=1), the
@@ -207,6 +214,48 @@ for step in $steps; do
     perf_staged)
       FERRY_CUDA_IPC=0 "${run[@]}" "$bin/ferry-perf" latency bandwidth -m cuda:cuda \
         --sizes 8,64k,4m,64m,256m 2>&1 | tee "$out/perf_staged.txt" ;;
+    pinned)
+      # Interleaved rounds: the copy engine's pinned rates (bench/pinned_rate), then page-locked
+      # host to and from device memory with CUDA IPC (written or read by one GPU's copy engine)
+      # and with FERRY_CUDA_IPC=0 (through the staging ring).
+      sizes=${GPU_RUN_SIZES:-4m,64m,256m}
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-3}"); do
+        echo "--- round $round"
+        "$bin/pinned_rate" 0 64 2>&1 | tee -a "$out/pinned_rate.txt"
+        for ipc in 1 0; do
+          for mem in pinned:cuda cuda:pinned; do
+            echo "# FERRY_CUDA_IPC=$ipc $mem" | tee -a "$out/pinned_perf.txt"
+            FERRY_CUDA_IPC=$ipc "${run[@]}" "$bin/ferry-perf" bandwidth -m $mem \
+              --sizes "$sizes" 2>&1 | tee -a "$out/pinned_perf.txt"
+          done
+        done
+      done ;;
+    stream_ll)
+      # Interleaved rounds: stream-ordered allreduces back to back and replayed from graphs of
+      # 100 calls with LL lines up to each of GPU_RUN_LL (FERRY_STREAM_LL), then nccl-tests back
+      # to back and from graphs, same sizes.
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-8,4k,16k,32k,64k,128k}
+      ngpu=$(nvidia-smi -L | wc -l)
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-2}"); do
+        echo "--- round $round"
+        for ll in ${GPU_RUN_LL:-16k 64k}; do
+          for mode in "--stream" "--graph 100"; do
+            echo "# FERRY_STREAM_LL=$ll $mode" | tee -a "$out/stream_ll_ferry.txt"
+            FERRY_STREAM_LL=$ll "$bin/ferryrun" --timeout 120 -n "$ngpu" "$bin/ferry-perf" \
+              allreduce $mode -m cuda --check --sizes "$sizes" 2>&1 \
+              | tee -a "$out/stream_ll_ferry.txt"
+          done
+        done
+        if [ -x "$bin/all_reduce_perf" ]; then
+          for graph in 0 100; do
+            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/all_reduce_perf" -b 8 -e 128K -f 2 \
+              -g "$ngpu" -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
+              | sed "s/^/all_reduce_perf -G $graph: /" | tee -a "$out/stream_ll_nccl.txt" \
+              | grep -v "#"
+          done
+        fi
+      done ;;
     compare)
       # Interleaved rounds: ferry-perf -m cuda:cuda, then NCCL's send/recv, same sizes and tests.
       nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)

@@ -52,6 +52,9 @@ bool DevicePath::on_am(std::uint8_t id, int source, std::span<const std::byte> d
     case kAmStageAck:
       on_stage_ack(source, data);
       return true;
+    case kAmStageWritten:
+      on_stage_written(source, data);
+      return true;
     default:
       return false;
   }
@@ -95,6 +98,10 @@ std::string DevicePath::describe(int rank) const {
              ? "; cuMem allocations host-staged (" + peer.ipc_fd.why + ")"
              : std::string(mailbox_ ? "; cuMem allocations by descriptor passing"
                                     : "; cuMem allocations host-staged (" + mailbox_why_ + ")");
+  if (peer.writes > 0) {
+    out += "; page-locked host memory written into its device buffers by this GPU (" +
+           std::to_string(peer.writes) + " messages)";
+  }
   return out;
 }
 
@@ -269,9 +276,74 @@ void DevicePath::start_staged_receive(std::uint32_t index, int source, std::uint
   slot.expected = slot.info.bytes;
   slot.received = 0;
   slot.gpu.stage_rreq = sreq;  // on a receive: the sender's request, for a FIN that fails it
-  engine_.links().send_control(
-      source, kAmStageCts,
-      as_bytes(StageCtsHeader{sreq, engine_.requests().wire_id(index), slot.expected, flags, 0}));
+  if (slot.gpu.offered) flags |= kStageHasKey;
+  const StageCtsHeader header{sreq, engine_.requests().wire_id(index), slot.expected, flags, 0};
+  Pending pending;
+  pending.request = index;
+  pending.am = kAmStageCts;
+  pending.header_size = sizeof(header);
+  std::memcpy(pending.header.data(), &header, sizeof header);
+  if (slot.gpu.offered) {
+    pending.payload = reinterpret_cast<const std::byte*>(&slot.gpu.key);  // a deque slot: stable
+    pending.payload_size = sizeof(cuda::IpcKey);
+  }
+  engine_.links().send_or_queue(source, std::move(pending));
+}
+
+void DevicePath::start_host_receive(std::uint32_t index, int source, std::uint64_t sreq) {
+  RequestSlot& slot = engine_.requests()[index];
+  if (slot.gpu.device >= 0 && engine_.cuda_ipc() && source != engine_.rank() &&
+      !peers_[static_cast<std::size_t>(source)].ipc_legacy.refused) {
+    // Offered to a page-locked sender, which writes into it in one pass (the handle is cached
+    // per allocation). cuMem allocations would need their descriptor passed: not offered.
+    const mem::MemoryInfo memory = engine_.cuda()->classify(slot.recv_buffer);
+    util::Fd none;
+    slot.gpu.offered =
+        memory.kind == mem::MemoryKind::kCudaDevice && memory.ipc == mem::IpcKind::kLegacy &&
+        memory.buffer_id != 0 &&
+        engine_.cuda()->export_ipc(slot.recv_buffer, memory, &slot.gpu.key, &none).is_ok();
+  }
+  start_staged_receive(index, source, sreq, 0);
+}
+
+bool DevicePath::start_ipc_put(std::uint32_t index, int source, std::uint64_t rreq,
+                               std::size_t length, const cuda::IpcKey& key) {
+  RequestSlot& slot = engine_.requests()[index];
+  PeerState& peer = peers_[static_cast<std::size_t>(source)];
+  const int copier = slot.gpu.pinned_device;
+  if (copier < 0 || !engine_.cuda_ipc() || peer.ipc_legacy.refused) return false;
+  if (key.kind != mem::IpcKind::kLegacy || key.offset > key.extent ||
+      length > key.extent - key.offset) {
+    protocol_error(source, "STAGE_CTS key does not cover the message (staged instead)");
+    return false;
+  }
+  std::string refusal = engine_.cuda()->ipc_refusal(key.uuid, copier);
+  void* mapped = nullptr;
+  if (refusal.empty()) {
+    util::Fd none;
+    Status status = engine_.cuda()->import_ipc(source, key, copier, &none, &mapped);
+    if (!status && status.code() == Code::kWouldBlock) return false;  // this message only
+    if (!status) refusal = status.message();
+  }
+  if (!refusal.empty()) {
+    refuse_ipc(source, mem::IpcKind::kLegacy, refusal);
+    return false;
+  }
+  // Host to the peer's device in one copy-engine pass: PCIe in, NVLink out.
+  DeviceOp op{DeviceOp::kIpcPut, {}, index, source, rreq, 0, 0, length, key, copier};
+  Status status = engine_.cuda()->copy_async(copier, next_lane_++, mapped, slot.send_buffer, length,
+                                             &op.ticket);
+  if (!status) {
+    engine_.cuda()->unpin(source, copier, key);
+    FERRY_LOG(kDebug, "send to rank %d staged: %s", source, status.message().c_str());
+    return false;
+  }
+  slot.rendezvous = false;
+  slot.gpu.stage_rreq = rreq;
+  ++slot.transfer.device_ops;
+  ops_.push_back(op);
+  ++peer.writes;
+  return true;
 }
 
 void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
@@ -287,6 +359,15 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
     return protocol_error(source, "STAGE_CTS for no rendezvous send of that size");
   }
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
+  if ((header.flags & kStageHasKey) != 0) {
+    cuda::IpcKey key;
+    if (data.size() != sizeof(header) + sizeof(key)) {
+      protocol_error(source, "STAGE_CTS with a key of the wrong size (staged instead)");
+    } else {
+      std::memcpy(&key, data.data() + sizeof(header), sizeof(key));
+      if (start_ipc_put(index, source, header.rreq, header.length, key)) return;
+    }
+  }
   if ((header.flags & kStageIpcRefused) != 0) {
     refuse_ipc(
         source, slot->gpu.key.kind,
@@ -488,6 +569,21 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
   }
 }
 
+void DevicePath::on_stage_written(int source, std::span<const std::byte> data) {
+  StageWrittenHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short STAGE_WRITTEN header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = engine_.requests().lookup(header.rreq, &index);
+  if (slot == nullptr) return;  // the receive already ended (its failure told the sender)
+  if (slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
+      slot->info.source != source || !slot->gpu.offered || slot->received != 0 ||
+      slot->transfer.device_ops != 0 || header.length != slot->expected) {
+    return protocol_error(source, "STAGE_WRITTEN for no receive that offered its buffer");
+  }
+  slot->received = slot->expected;
+  engine_.complete(index, truncation_status(source, slot->message_size, slot->size));
+}
+
 void DevicePath::fail_staged_receive(std::uint32_t index, Status status) {
   RequestSlot& slot = engine_.requests()[index];
   // The sender learns of it (FIN with a code) and stops: neither side waits for the other.
@@ -560,6 +656,15 @@ int DevicePath::poll() {
         engine_.cuda()->unpin(op.peer, op.device, op.key);
         engine_.rma().access_ended(op.peer);  // the owner may deregister now
         if (!slot.transfer.deferred) {
+          engine_.complete(op.request, Status::ok());
+          continue;
+        }
+        break;
+      case DeviceOp::kIpcPut:
+        engine_.cuda()->unpin(op.peer, op.device, op.key);
+        if (!slot.transfer.deferred) {
+          engine_.links().send_control(op.peer, kAmStageWritten,
+                                       as_bytes(StageWrittenHeader{op.wire, op.length}));
           engine_.complete(op.request, Status::ok());
           continue;
         }

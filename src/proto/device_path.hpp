@@ -8,8 +8,11 @@
 //      chunk k overlaps the copy into chunk k+1.
 // A receiver that cannot use the key says so in STAGE_CTS, so both sides stop trying IPC with
 // that peer. Host senders to device receivers take rung 2 as well (a CTS would bring fragments
-// the receiver could only copy synchronously); page-locked host memory is staged through its
-// process's GPU. Copies complete by polling, never by blocking.
+// the receiver could only copy synchronously), except that where CUDA IPC with the peer stands,
+// STAGE_CTS carries the receive buffer's key: a sender of page-locked host memory maps it and
+// writes the message by its own GPU's copy engine in one pass (host to peer device), then says
+// STAGE_WRITTEN; a pageable sender, or one that cannot map it, stages as before (page-locked
+// memory through its process's GPU). Copies complete by polling, never by blocking.
 #pragma once
 
 #include <cstddef>
@@ -48,9 +51,11 @@ class DevicePath {
   // A receive matched RTS_DEV (`key`: the sender's IPC key, if it sent one): IPC, else staged.
   void start_receive(std::uint32_t index, int source, Tag tag, std::size_t size, std::uint64_t sreq,
                      const cuda::IpcKey* key);
-  // Rung 2 for a matched receive (also a host sender's message into a device buffer).
+  // Rung 2 for a matched receive.
   void start_staged_receive(std::uint32_t index, int source, std::uint64_t sreq,
                             std::uint32_t flags);
+  // A host sender's message into a device buffer: rung 2, offering the buffer's IPC key.
+  void start_host_receive(std::uint32_t index, int source, std::uint64_t sreq);
   // An active message of the device path (true), or another's (false).
   bool on_am(std::uint8_t id, int source, std::span<const std::byte> data);
   // A send that ends before its staging does (its receiver failed): no more slots for it.
@@ -84,15 +89,21 @@ class DevicePath {
     std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
     std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
     std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
+    std::uint64_t writes = 0;  // page-locked sends written into the peer's device buffers
   };
   // Rung 1 of a receive from a device buffer: map the sender's buffer for GPU `copier` (the
   // receive buffer's, or the one page-locked host memory is staged through) and start the copies.
   Status start_ipc_get(std::uint32_t index, int source, std::uint64_t sreq, const cuda::IpcKey& key,
                        int copier);
+  // A page-locked send whose receiver offered its device buffer (`key`): map the buffer for the
+  // GPU the memory is staged through and write the message into it. False: stage it instead.
+  bool start_ipc_put(std::uint32_t index, int source, std::uint64_t rreq, std::size_t length,
+                     const cuda::IpcKey& key);
   void on_rts(int source, std::span<const std::byte> data);
   void on_stage_cts(int source, std::span<const std::byte> data);
   void on_stage_frag(int source, std::span<const std::byte> data);
   void on_stage_ack(int source, std::span<const std::byte> data);
+  void on_stage_written(int source, std::span<const std::byte> data);
   // A staged receive that cannot go on: it fails, and so does the send (FIN with a code).
   void fail_staged_receive(std::uint32_t index, Status status);
   // Records that a way of mapping device memory failed with a peer, once, and logs it.

@@ -60,17 +60,18 @@ struct Link {
 };
 // A copy in flight on a CUDA stream, polled by progress.
 struct DeviceOp {
-  // kRmaCopy: a put or get on a peer's device region mapped here (guarded_access).
-  enum Kind : std::uint8_t { kIpcGet, kStageFill, kStageDrain, kRmaCopy } kind;
+  // kRmaCopy: a put or get on a peer's device region mapped here (guarded_access). kIpcPut: a
+  // send of page-locked host memory written into the receive buffer, mapped here.
+  enum Kind : std::uint8_t { kIpcGet, kStageFill, kStageDrain, kRmaCopy, kIpcPut } kind;
   cuda::Ticket ticket;
   std::uint32_t request;
   int peer;
-  std::uint64_t wire = 0;         // kIpcGet: the sender's request; kStageFill: the receiver's
-  std::uint64_t offset = 0;       // in the message
+  std::uint64_t wire = 0;    // kIpcGet: the sender's request; kStageFill, kIpcPut: the receiver's
+  std::uint64_t offset = 0;  // in the message
   std::uint64_t ring_offset = 0;  // staging: the slot
   std::uint64_t length = 0;
-  cuda::IpcKey key;  // kIpcGet, kRmaCopy: unpinned when done
-  int device = -1;   // kIpcGet, kRmaCopy: the GPU the mapping was made for
+  cuda::IpcKey key;  // kIpcGet, kRmaCopy, kIpcPut: unpinned when done
+  int device = -1;   // kIpcGet, kRmaCopy, kIpcPut: the GPU the mapping was made for
 };
 
 }  // namespace ferry::proto

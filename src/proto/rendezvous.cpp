@@ -116,7 +116,7 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
   }
   if ((slot.gpu.device >= 0 || test_host_staging_) && length > 0) {
     // A host sender, a device receiver: through the staging ring, copied in asynchronously.
-    return engine_.device().start_staged_receive(index, source, sreq, 0);
+    return engine_.device().start_host_receive(index, source, sreq);
   }
   if (remote == nullptr && length > 0 && length >= peer.get_from && (peer.zero_copy != nullptr) &&
       !peer.get_failed) {

@@ -49,8 +49,8 @@ struct RequestSlot {
     bool deferred = false;  // completion waits for those copies (then `status`)
   } transfer;
   // Device buffers and page-locked host memory (DevicePath, ChunkedPath): taken with the slot
-  // by RequestPool::allocate (device, pinned_device, staged), let go by free (host_copy, chunk,
-  // bounce); the rest is set before it is read.
+  // by RequestPool::allocate (device, pinned_device, staged, offered), let go by free (host_copy,
+  // chunk, bounce); the rest is set before it is read.
   struct Gpu {
     int device = -1;  // CUDA ordinal of the buffer; -1: host memory
     // Host memory page-locked by CUDA: the GPU whose copy engines move it to and from a staging
@@ -58,7 +58,10 @@ struct RequestSlot {
     int pinned_device = -1;
     std::size_t staged = 0;        // staged send: bytes put into the ring so far
     std::uint64_t stage_rreq = 0;  // staged send: the receiver's request
-    cuda::IpcKey key;              // device send: what the RTS carries
+    // Device send: what the RTS carries. Staged receive into device memory: what STAGE_CTS
+    // offers a page-locked sender to write into (`offered`).
+    cuda::IpcKey key;
+    bool offered = false;
     // With a peer that shares no memory with us (ofi): an eager message travels from this host
     // copy; larger ones in chunks (proto/chunked.cpp) through a pinned bounce.
     std::vector<std::byte> host_copy;
@@ -110,6 +113,7 @@ class RequestPool {
     slot.gpu.device = -1;
     slot.gpu.pinned_device = -1;
     slot.gpu.staged = 0;
+    slot.gpu.offered = false;
     slot.rma = {};
     return index;
   }

@@ -44,6 +44,8 @@ enum AmId : std::uint8_t {
   kAmRevoke = 24,  // RevokeHeader: a communicator was revoked (proto/revocations.hpp)
   kAmPeerDead =
       25,  // PeerDeadHeader: a rank of the sender's node exited (Engine::look_for_failures)
+  // Device buffers again (proto/device_path.hpp).
+  kAmStageWritten = 26,  // StageWrittenHeader: the sender wrote the message into the offered key
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -106,10 +108,13 @@ struct StageCtsHeader {
   std::uint64_t sreq;
   std::uint64_t rreq;
   std::uint64_t length;
-  std::uint32_t flags;  // kStageIpcRefused
+  std::uint32_t flags;  // kStageIpcRefused, kStageHasKey
   std::uint32_t reserved;
 };
 constexpr std::uint32_t kStageIpcRefused = 1;  // the receiver could not use the IPC key
+// A cuda::IpcKey of the receive buffer follows: a sender of page-locked host memory may write
+// the message into it by its own GPU and say so with STAGE_WRITTEN, instead of staging it.
+constexpr std::uint32_t kStageHasKey = 2;
 struct StageFragHeader {
   std::uint64_t rreq;
   std::uint64_t offset;       // in the message
@@ -118,6 +123,10 @@ struct StageFragHeader {
 };
 struct StageAckHeader {
   std::uint64_t ring_offset;
+};
+struct StageWrittenHeader {
+  std::uint64_t rreq;
+  std::uint64_t length;  // the STAGE_CTS's length: all of it was written
 };
 
 struct CancelHeader {

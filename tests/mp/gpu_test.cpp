@@ -671,6 +671,13 @@ TEST(Gpu, PeerPathIsReported) {
   } else {
     EXPECT_NE(path.find("device buffers: CUDA IPC"), std::string::npos) << path;
   }
+  // Rank 0's page-locked sends into rank 1's device buffers (PinnedHostMemoryToAndFromDevices...)
+  // were written by rank 0's GPU into the mapped receive buffers where IPC stands; staged else.
+  const bool ipc_stands = shm_used() && (ipc == nullptr || std::string(ipc) != "0") &&
+                          (fail == nullptr || std::string(fail) != "1");
+  const bool wrote =
+      path.find("page-locked host memory written into its device buffers") != std::string::npos;
+  EXPECT_EQ(wrote, ipc_stands && me() == 0) << path;
   // The tests before moved data through this rank's GPU. Its copies report completion by a
   // stream write to a host flag (one load to poll), where the driver takes one: every CUDA 12+
   // driver does; events (a driver call each) only where forced.

@@ -126,6 +126,13 @@ TEST(HostileInput, DeviceProtocolMessagesAreValidatedBeforeUse) {
   // Slots returned that were never lent.
   engine->on_am(proto::kAmStageAck, 0, message(proto::StageAckHeader{0}));
   engine->on_am(proto::kAmStageAck, 0, message(proto::StageAckHeader{~0ull}));
+  // "Written into your buffer" for a receive that offered none, for no receive, and short; a
+  // clear-to-send offering a key of the wrong size.
+  engine->on_am(proto::kAmStageWritten, 0, message(proto::StageWrittenHeader{posted_id, 64}));
+  engine->on_am(proto::kAmStageWritten, 0, message(proto::StageWrittenHeader{~0ull, 1}));
+  engine->on_am(proto::kAmStageWritten, 0, junk);
+  engine->on_am(proto::kAmStageCts, 0,
+                message(proto::StageCtsHeader{12345, 1, 10, proto::kStageHasKey, 0}, 7));
   for (std::byte b : buffer) ASSERT_EQ(b, std::byte{0}) << "a forged fragment was written";
   EXPECT_FALSE(posted.test());
 
