@@ -235,11 +235,11 @@ for step in $steps; do
       # 100 calls with LL lines up to each of GPU_RUN_LL (FERRY_STREAM_LL), then nccl-tests back
       # to back and from graphs, same sizes.
       nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
-      sizes=${GPU_RUN_SIZES:-8,4k,16k,32k,64k,128k}
+      sizes=${GPU_RUN_SIZES:-8,4k,16k,64k,128k,256k,1m}
       ngpu=$(nvidia-smi -L | wc -l)
       for round in $(seq 1 "${GPU_RUN_ROUNDS:-2}"); do
         echo "--- round $round"
-        for ll in ${GPU_RUN_LL:-16k 64k}; do
+        for ll in ${GPU_RUN_LL:-0 256k}; do
           for mode in "--stream" "--graph 100"; do
             echo "# FERRY_STREAM_LL=$ll $mode" | tee -a "$out/stream_ll_ferry.txt"
             FERRY_STREAM_LL=$ll "$bin/ferryrun" --timeout 120 -n "$ngpu" "$bin/ferry-perf" \
@@ -249,7 +249,7 @@ for step in $steps; do
         done
         if [ -x "$bin/all_reduce_perf" ]; then
           for graph in 0 100; do
-            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/all_reduce_perf" -b 8 -e 128K -f 2 \
+            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/all_reduce_perf" -b 8 -e 1M -f 2 \
               -g "$ngpu" -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
               | sed "s/^/all_reduce_perf -G $graph: /" | tee -a "$out/stream_ll_nccl.txt" \
               | grep -v "#"

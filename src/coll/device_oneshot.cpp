@@ -10,6 +10,9 @@
 
 namespace ferry::coll {
 
+// FERRY_STREAM_LL's largest value (util/config.hpp) is what the LL slots of an area hold.
+static_assert(cuda::Cuda::kLLMaxBytes == 262144);
+
 DeviceOneShot::DeviceOneShot(Group& group, const util::Config& config)
     : group_(group),
       on_stream_((group.id() & kKernelTwinBit) != 0),
@@ -18,7 +21,8 @@ DeviceOneShot::DeviceOneShot(Group& group, const util::Config& config)
       resident_us_(
           on_stream_ ? 0
                      : static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident))),
-      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {
+      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)),
+      ll_bytes_(on_stream_ ? config.get_size(util::Var::kStreamLl) : 0) {
   // Each member of a one-shot call pushes its data to the n - 1 others, so the size limit
   // shrinks with the members (and so does the exchange area: 2 * n slots of that size).
   const std::size_t peers = group.size() > 1 ? static_cast<std::size_t>(group.size()) - 1 : 1;
@@ -343,6 +347,7 @@ cuda::Cuda::OneShot DeviceOneShot::on_stream_call(void* out, const void* in, std
   call.areas = o.areas;
   call.words = o.words_device;
   call.counters = o.counters;
+  call.ll_bytes = ll_bytes_;
   const double timeout = group_.timeout();
   call.timeout_ns = timeout > 0 ? static_cast<std::uint64_t>(timeout * 1e9) : 0;
   return call;

@@ -113,6 +113,7 @@ class DeviceOneShot {
   std::size_t twoshot_from_;      // FERRY_COLL_DEVICE_TWOSHOT
   std::uint64_t resident_us_;     // FERRY_COLL_DEVICE_RESIDENT
   bool shared_gpu_;               // FERRY_COLL_DEVICE_SHARED_GPU
+  std::size_t ll_bytes_;          // FERRY_STREAM_LL (on stream only)
   std::unique_ptr<State> state_;  // set up by the first ready() on a device
 };
 

@@ -147,8 +147,9 @@ class Cuda {
            4 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;
   }
   // The exchange area of the on-stream kernel (ferry_allreduce_on_stream): the one-shot part, then
-  // 2 generations x `members` LL slots (kernels/on_stream.cuh) for calls of up to 16 KiB.
-  static constexpr std::size_t kLLSlotBytes = 2049 * 16;
+  // 2 generations x `members` LL slots (kernels/on_stream.cuh) for calls of up to kLLMaxBytes.
+  static constexpr std::size_t kLLMaxBytes = 32768 * 8;
+  static constexpr std::size_t kLLSlotBytes = (kLLMaxBytes / 8 + 1) * 16;
   static std::size_t on_stream_area_bytes(int members, std::size_t slot_bytes) {
     return oneshot_area_bytes(members, slot_bytes) +
            2 * static_cast<std::size_t>(members) * kLLSlotBytes;
@@ -193,6 +194,8 @@ class Cuda {
     // its peers (0: no limit).
     void* counters = nullptr;
     std::uint64_t timeout_ns = 0;
+    // allreduce_on_stream only: calls of up to this many bytes (at most kLLMaxBytes) by LL lines.
+    std::size_t ll_bytes = 0;
   };
   virtual Status allreduce_oneshot_async(int device, int lane, const OneShot& call,
                                          Ticket* ticket) = 0;

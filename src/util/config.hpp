@@ -200,6 +200,10 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "stream-ordered allreduces of device memory up to this size divided by (members - 1), where "  \
     "every member is on this node with a GPU of its own, run as one kernel on the application's "  \
     "stream, which a graph captures as it is (0: every stream call through ferry's thread)")       \
+  X(kStreamLl, "FERRY_STREAM_LL", kSize, "256k", 0, 262144, "",                                    \
+    "such kernels move calls of up to this many bytes as LL lines (8 bytes of data and the "       \
+    "call's number in one 16-byte store, no flag), larger ones by the one-shot blocks and flags "  \
+    "(must be the same on every member)")                                                          \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",              \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "     \
     "(FERRY_STORE set), else a single process")                                                    \
@@ -247,7 +251,8 @@ inline constexpr Var kJobWide[] = {
     Var::kCollChunk,          Var::kCollDeviceOneshotSlice,
     Var::kCollDeviceResident, Var::kCollDeviceSharedGpu,
     Var::kCollDeviceOneshot,  Var::kCollDeviceTwoshot,
-    Var::kStreamKernel,       Var::kOfiChunk,
+    Var::kStreamKernel,       Var::kStreamLl,
+    Var::kOfiChunk,
 };
 [[nodiscard]] bool job_wide(Var var) noexcept;
 

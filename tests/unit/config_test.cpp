@@ -60,6 +60,9 @@ TEST(Config, InvalidValuesNameTheVariableTheValueAndWhatIsAllowed) {
   EXPECT_NE(e.find("FERRY_RNDV_THRESHOLD"), std::string::npos) << e;
   e = error_of({{"FERRY_BOOTSTRAP_TIMEOUT", "-1"}});
   EXPECT_NE(e.find("FERRY_BOOTSTRAP_TIMEOUT"), std::string::npos) << e;
+  // The on-stream kernel's LL slots hold 256 KiB of a call (cuda::Cuda::kLLMaxBytes).
+  e = error_of({{"FERRY_STREAM_LL", "512k"}});
+  EXPECT_NE(e.find("[0, 262144]"), std::string::npos) << e;
   e = error_of({{"FERRY_NO_SUCH_THING", "1"}});
   EXPECT_NE(e.find("unknown configuration variable"), std::string::npos) << e;
 }

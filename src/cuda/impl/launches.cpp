@@ -229,10 +229,22 @@ Status Launches::allreduce_on_stream(void* stream, int ordinal, const Cuda::OneS
   OneShotArgs a(call);
   void* counters = call.counters;
   unsigned long long timeout_ns = call.timeout_ns;
-  void* params[] = {&a.out,  &a.in,         &a.count,       &a.type,  &a.op,     &a.members, &a.me,
-                    &a.ring, &a.slot_bytes, a.areas.data(), &a.words, &counters, &timeout_ns};
-  const CUresult result = d_->cuLaunchKernel(dev.on_stream, oneshot_blocks(call), 1, 1, 512, 1, 1,
-                                             0, static_cast<CUstream>(stream), params, nullptr);
+  unsigned long long ll_bytes = std::min(call.ll_bytes, Cuda::kLLMaxBytes);
+  // By LL, a thread per line: a thread's second line waits a whole round trip (its input read,
+  // the store to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us
+  // replayed from a graph with two lines a thread, 8 B in 4.5 with one).
+  const std::size_t data = call.count * size_of(call.type);
+  unsigned blocks = oneshot_blocks(call);
+  if (data <= ll_bytes) {
+    const std::size_t lines = (data + 7) / 8 + 1;
+    const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, Cuda::kOneShotBlocks);
+    blocks = static_cast<unsigned>(std::clamp<std::size_t>((lines + 511) / 512, 1, most));
+  }
+  void* params[] = {&a.out,     &a.in,     &a.count,    &a.type,       &a.op,
+                    &a.members, &a.me,     &a.ring,     &a.slot_bytes, a.areas.data(),
+                    &a.words,   &counters, &timeout_ns, &ll_bytes};
+  const CUresult result = d_->cuLaunchKernel(dev.on_stream, blocks, 1, 1, 512, 1, 1, 0,
+                                             static_cast<CUstream>(stream), params, nullptr);
   if (result != CUDA_SUCCESS) {
     return driver_error("cuLaunchKernel(ferry_allreduce_on_stream)", result);
   }

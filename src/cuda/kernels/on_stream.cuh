@@ -12,8 +12,8 @@
 // into every peer's slot; every thread then reads the lines it reduces from its own area.
 namespace {
 
-constexpr unsigned long long kLLSlotBytes = 2049 * 16;  // the signature, then 16 KiB of data
-constexpr unsigned long long kLLMaxBytes = 2048 * 8;
+constexpr unsigned long long kLLSlotBytes = 32769 * 16;  // the signature, then 256 KiB of data
+constexpr unsigned long long kLLMaxBytes = 32768 * 8;
 
 // Where the one-shot kernels' part of an area ends (Cuda::oneshot_area_bytes).
 __device__ __forceinline__ unsigned long long oneshot_area_end(int members,
@@ -189,8 +189,8 @@ __device__ void ll_allreduce(void* out, const void* in, unsigned long long count
 
 }  // namespace
 
-// The call enqueued on an application's stream (Cuda::allreduce_on_stream): LL up to
-// kLLMaxBytes, else the one-shot kernel's blocks and flags. The GPU keeps the call's number
+// The call enqueued on an application's stream (Cuda::allreduce_on_stream): LL up to `ll_bytes`
+// (FERRY_STREAM_LL, at most kLLMaxBytes), else the one-shot kernel's blocks and flags. The GPU keeps the call's number
 // (counters[0], raised by the launch's last block; counters[1] counts the blocks), so that every
 // replay of a graph that captured the launch is a call of its own, with no host in the loop. A
 // block that waits for its peers past `timeout_ns` (0: no limit) stops and sets words[2]; words[0],
@@ -199,12 +199,12 @@ extern "C" __global__ void __launch_bounds__(512)
     ferry_allreduce_on_stream(void* out, const void* in, unsigned long long count, int type, int op,
                               int members, int me, int ring, unsigned long long slot_bytes,
                               Areas areas, volatile unsigned* words, unsigned long long* counters,
-                              unsigned long long timeout_ns) {
+                              unsigned long long timeout_ns, unsigned long long ll_bytes) {
   __shared__ unsigned long long sequence;
   if (threadIdx.x == 0) sequence = *reinterpret_cast<volatile unsigned long long*>(counters) + 1;
   __syncthreads();
   const unsigned long long deadline = timeout_ns != 0 ? now_ns() + timeout_ns : 0;
-  if (count * type_size(type) <= kLLMaxBytes) {
+  if (count * type_size(type) <= ll_bytes && ll_bytes <= kLLMaxBytes) {
     ll_allreduce(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words,
                  deadline);
   } else {
