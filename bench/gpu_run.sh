@@ -73,6 +73,12 @@ for step in $steps; do
       FERRY_TEST_CUDA_IPC_FAIL=1 "${run[@]}" "$bin/ferry_gpu_tests" \
         --gtest_filter='Gpu.PinnedHost*' 2>&1 | tee "$out/gpu_pinned_put_refused.log" \
         | grep -E "^\[  |CUDA IPC with rank|Failure|error" | head -20
+      echo "exit ${PIPESTATUS[0]}"
+      # Staged page-locked memory with half of each slot copied by the CPU (the split's edges).
+      echo "--- gpu.pinned_cpu_part FERRY_CUDA_IPC=0 FERRY_CUDA_STAGE_CPU_PART=50"
+      FERRY_CUDA_IPC=0 FERRY_CUDA_STAGE_CPU_PART=50 "${run[@]}" "$bin/ferry_gpu_tests" \
+        --gtest_filter='Gpu.PinnedHost*' 2>&1 | tee "$out/gpu_pinned_cpu_part.log" \
+        | grep -E "^\[  |Failure|error" | head -20
       echo "exit ${PIPESTATUS[0]}" ;;
     coll)
       # Collectives on device buffers against host buffers: 2 ranks, 3 ranks (two share a GPU

@@ -32,6 +32,7 @@ DevicePath::DevicePath(Engine& engine, const util::Config& config,
       ipc_split_(config.get_size(util::Var::kCudaIpcSplit)),
       stage_chunk_(config.get_size(util::Var::kCudaStageChunk)),
       stage_slots_(static_cast<std::size_t>(config.get_int(util::Var::kCudaStageSlots))),
+      stage_cpu_part_(config.get_int(util::Var::kCudaStageCpuPart)),
       test_stage_open_fail_(config.get_bool(util::Var::kTestStageOpenFail)),
       mailbox_(std::move(mailbox)),
       mailbox_why_(std::move(mailbox_why)) {}
@@ -474,8 +475,8 @@ void DevicePath::pump_stage(int peer_rank) {
                            chunk,
                            {}};
                slot.gpu.pinned_device >= 0 &&
-               engine_.cuda()->copy_through_device_async(
-                   slot.gpu.pinned_device, target, slot.send_buffer + offset, chunk, &op.ticket)) {
+               copy_pinned(slot.gpu.pinned_device, target, slot.send_buffer + offset, chunk,
+                           &op.ticket)) {
       // Page-locked host memory: through this GPU at its copy engines' rate, not the CPU's.
       ++slot.transfer.device_ops;
       ops_.push_back(op);
@@ -493,6 +494,19 @@ void DevicePath::pump_stage(int peer_rank) {
       engine_.complete_when_idle(index, Status::ok());
     }
   }
+}
+
+Status DevicePath::copy_pinned(int device, std::byte* dst, const std::byte* src, std::size_t bytes,
+                               cuda::Ticket* ticket) {
+  // Whole pages to the CPU, and only of slots large enough for the GPU's part to take as long.
+  const std::size_t by_cpu =
+      bytes >= (std::size_t{1} << 20)
+          ? bytes / 100 * static_cast<std::size_t>(stage_cpu_part_) & ~std::size_t{4095}
+          : 0;
+  Status status =
+      engine_.cuda()->copy_through_device_async(device, dst, src, bytes - by_cpu, ticket);
+  if (status && by_cpu > 0) util::copy(dst + bytes - by_cpu, src + bytes - by_cpu, by_cpu);
+  return status;
 }
 
 void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
@@ -553,9 +567,8 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
     // Page-locked host memory: through this GPU (else, all bounces busy, by the CPU below).
     DeviceOp op{DeviceOp::kStageDrain, {}, index, source, 0, header.offset, header.ring_offset,
                 header.length,         {}};
-    if (engine_.cuda()->copy_through_device_async(slot->gpu.pinned_device,
-                                                  slot->recv_buffer + header.offset, from,
-                                                  header.length, &op.ticket)) {
+    if (copy_pinned(slot->gpu.pinned_device, slot->recv_buffer + header.offset, from, header.length,
+                    &op.ticket)) {
       ++slot->transfer.device_ops;
       ops_.push_back(op);
       return;

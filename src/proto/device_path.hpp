@@ -111,6 +111,12 @@ class DevicePath {
   // The descriptor that came with a cuMem key from `source` (closed, or invalid if none came).
   util::Fd take_descriptor(int source, std::uint64_t buffer_id);
   void pump_stage(int peer);
+  // A ring slot filled from, or emptied into, page-locked host memory: through `device` (host to
+  // device, then device to host, so both directions of its link at once, 49-50 GB/s each way on
+  // H100s and H200s where one way is 55), except FERRY_CUDA_STAGE_CPU_PART percent of it, which
+  // the CPU copies meanwhile. kWouldBlock where the GPU's bounces are all in use.
+  Status copy_pinned(int device, std::byte* dst, const std::byte* src, std::size_t bytes,
+                     cuda::Ticket* ticket);
 
   Engine& engine_;
   std::vector<PeerState> peers_;
@@ -118,6 +124,7 @@ class DevicePath {
   std::size_t ipc_split_;    // FERRY_CUDA_IPC_SPLIT
   std::size_t stage_chunk_;  // FERRY_CUDA_STAGE_CHUNK
   std::size_t stage_slots_;  // FERRY_CUDA_STAGE_SLOTS
+  int stage_cpu_part_;       // FERRY_CUDA_STAGE_CPU_PART
   bool test_stage_open_fail_;
   int next_lane_ = 0;  // copies rotate over the device's streams (and so its copy engines)
   // cuMem descriptors: our mailbox, and those received but not yet used, by (sender, memory

@@ -118,6 +118,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "bytes per slot of a host-staging ring (device data that cannot go by IPC)")                   \
   X(kCudaStageSlots, "FERRY_CUDA_STAGE_SLOTS", kInt, "4", 2, 64, "",                               \
     "slots per host-staging ring (one ring per sender and receiver, made on first use)")           \
+  X(kCudaStageCpuPart, "FERRY_CUDA_STAGE_CPU_PART", kInt, "12", 0, 50, "",                         \
+    "percent of each ring slot that the CPU copies to or from page-locked host memory while its "  \
+    "GPU copies the rest (through the GPU the data crosses its link both ways at once)")           \
   X(kTestHostStaging, "FERRY_TEST_HOST_STAGING", kBool, "0", 0, 0, "",                             \
     "test: host rendezvous messages also go through the staging ring of device buffers, so "       \
     "its protocol runs on machines without a GPU")                                                 \
