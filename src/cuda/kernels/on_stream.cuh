@@ -190,11 +190,11 @@ __device__ void ll_allreduce(void* out, const void* in, unsigned long long count
 }  // namespace
 
 // The call enqueued on an application's stream (Cuda::allreduce_on_stream): LL up to `ll_bytes`
-// (FERRY_STREAM_LL, at most kLLMaxBytes), else the one-shot kernel's blocks and flags. The GPU keeps the call's number
-// (counters[0], raised by the launch's last block; counters[1] counts the blocks), so that every
-// replay of a graph that captured the launch is a call of its own, with no host in the loop. A
-// block that waits for its peers past `timeout_ns` (0: no limit) stops and sets words[2]; words[0],
-// raised by the host, stops it as in the launched call.
+// (FERRY_STREAM_LL, at most kLLMaxBytes), else the one-shot kernel's blocks and flags. The GPU
+// keeps the call's number (counters[0], raised by the launch's last block; counters[1] counts the
+// blocks), so that every replay of a graph that captured the launch is a call of its own, with no
+// host in the loop. A block that waits for its peers past `timeout_ns` (0: no limit) stops and
+// sets words[2]; words[0], raised by the host, stops it as in the launched call.
 extern "C" __global__ void __launch_bounds__(512)
     ferry_allreduce_on_stream(void* out, const void* in, unsigned long long count, int type, int op,
                               int members, int me, int ring, unsigned long long slot_bytes,

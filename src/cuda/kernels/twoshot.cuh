@@ -34,7 +34,9 @@ __device__ void twoshot_reduce(void* out_buffer, const void* in_buffer, const un
                                     : E::template combine<kOp>(y, x);
   };
   std::size_t tail = first;
-  if (((reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(mine)) & 15) == 0) {
+  const std::uintptr_t addresses =
+      reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(mine);
+  if ((addresses & 15) == 0) {
     union Lanes {
       uint4 whole;
       T item[kVector];
@@ -325,7 +327,8 @@ extern "C" __global__ void __launch_bounds__(512)
     const int j = me + k < members ? me + k : me + k - members;
     const Share s = share(j);
     block_copy(areas.area[j] + at(me) + s.lo * size,
-               static_cast<const unsigned char*>(in) + (s.base + s.lo) * size, (s.hi - s.lo) * size);
+               static_cast<const unsigned char*>(in) + (s.base + s.lo) * size,
+               (s.hi - s.lo) * size);
   }
   __syncthreads();
   __shared__ int stop;
