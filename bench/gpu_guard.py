@@ -3,8 +3,9 @@
 
 Each figure is measured against its reference in the same run, round after round (interleaved):
 point-to-point by CUDA IPC and allreduce against NCCL, the host-staged path and page-locked host
-receives and sends by IPC and staged (FERRY_CUDA_IPC=0) against the copy engine's pinned rate, one-sided puts and gets on device memory against the copy
-engine's peer copy. The ratio of each round is taken, and the median over the rounds is
+receives and sends by IPC and staged (FERRY_CUDA_IPC=0) against the copy engine's pinned rate,
+one-sided puts and gets on device memory against the copy engine's peer copy, and stream
+allreduces replayed from graphs against NCCL's (where nccl-tests was packed). The ratio of each round is taken, and the median over the rounds is
 compared with the ratio PERFORMANCE records (RECORDED below): a figure more than TOLERANCE worse
 is printed BELOW and the guard exits 1.
 
