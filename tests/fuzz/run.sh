@@ -92,10 +92,30 @@ compile() {  # source -> prints its object
   echo "$obj"
 }
 
-echo "== building in $build"
+jobs=${FUZZ_JOBS:-$(nproc)}
+echo "== building in $build ($jobs at a time)"
 mkdir -p "$build/bin"
 for target in $targets; do
   [ -n "${needs[$target]+x}" ] || { echo "unknown target '$target' (known: $all_targets)"; exit 2; }
+done
+# Every source the targets need, once, $jobs compilers at a time; the loop below then finds each
+# object fresh and links.
+sources=$(for target in $targets; do echo "tests/fuzz/${target}_fuzz.cpp" ${needs[$target]}; done |
+  tr ' ' '\n' | grep . | sort -u)
+running=0
+for src in $sources; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || { echo "compiling failed" >&2; exit 1; }
+    running=$((running - 1))
+  fi
+  compile "$src" >/dev/null &
+  running=$((running + 1))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || { echo "compiling failed" >&2; exit 1; }
+  running=$((running - 1))
+done
+for target in $targets; do
   objs=()
   for src in "tests/fuzz/${target}_fuzz.cpp" ${needs[$target]}; do
     obj=$(compile "$src") || { echo "compiling $src failed" >&2; exit 1; }
@@ -111,19 +131,16 @@ for target in $targets; do
   fi
 done
 
-# ---- run ----
-echo "== running each target for $seconds s (nice 10); work files in $build/run"
+# ---- run ($jobs targets at a time; each prints its lines into its work folder) ----
+echo "== running each target for $seconds s (nice 10, $jobs at a time); work files in $build/run"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-failed=0
-clean=0 found=0
-for target in $targets; do
-  work=$build/run/$target
+run_target() {  # target -> $build/run/$target/{log,result}; the result's first word: ok or FINDING
+  local target=$1 work=$build/run/$1 rc=0 execs artifacts artifact
   rm -rf "$work"
   mkdir -p "$work/corpus" "$work/artifacts"
   # A copy: what the run adds to its corpus stays out of the committed one.
   cp -R "tests/fuzz/corpus/$target/." "$work/corpus/"
-  rc=0
   nice -n 10 "$build/bin/${target}_fuzz" -max_total_time="$seconds" -timeout=25 \
     -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/corpus" >"$work/log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -n1)
@@ -131,19 +148,41 @@ for target in $targets; do
   artifacts=$(find "$work/artifacts" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' \
     -o -name 'oom-*' \) | sort)
   if [ "$rc" -eq 0 ] && [ -z "$artifacts" ]; then
-    printf '%-13s %12s executions  no findings\n' "$target" "${execs:-?}"
-    clean=$((clean + 1))
-    continue
+    printf 'ok %-13s %12s executions  no findings\n' "$target" "${execs:-?}" >"$work/result"
+    return
   fi
-  failed=1
-  found=$((found + 1))
-  printf '%-13s %12s executions  FINDING (exit %d); log: %s\n' "$target" "${execs:-?}" "$rc" "$work/log"
-  grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error:|fuzz invariant failed|==[0-9]+== ERROR: libFuzzer)' \
-    "$work/log" | head -n 5 | sed 's/^/    /' || true
-  for artifact in $artifacts; do
-    echo "    reproducer: $artifact   (replay: $build/bin/${target}_fuzz $artifact)"
-  done
-  [ -n "$artifacts" ] || echo "    no reproducer written; see the log"
+  {
+    printf 'FINDING %-13s %12s executions  FINDING (exit %d); log: %s\n' "$target" "${execs:-?}" \
+      "$rc" "$work/log"
+    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error:|fuzz invariant failed|==[0-9]+== ERROR: libFuzzer)' \
+      "$work/log" | head -n 5 | sed 's/^/    /' || true
+    for artifact in $artifacts; do
+      echo "    reproducer: $artifact   (replay: $build/bin/${target}_fuzz $artifact)"
+    done
+    [ -n "$artifacts" ] || echo "    no reproducer written; see the log"
+  } >"$work/result"
+}
+running=0
+for target in $targets; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_target "$target" &
+  running=$((running + 1))
+done
+wait
+failed=0 clean=0 found=0
+for target in $targets; do
+  result=$build/run/$target/result
+  if [ "$(cut -d' ' -f1 "$result" 2>/dev/null | head -n1)" = ok ]; then
+    cut -d' ' -f2- "$result"
+    clean=$((clean + 1))
+  else
+    [ -f "$result" ] && sed '1s/^FINDING //' "$result" || echo "$target: no result (see $build/run/$target/log)"
+    failed=1
+    found=$((found + 1))
+  fi
 done
 echo "fuzz: $clean passed, $found failed"
 exit "$failed"
