@@ -3,8 +3,8 @@
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
 # stream_ll pinned perf perf_staged compare coll_compare twoshot resident check sanitizer ofi
-# ofi_perf kill mesh_tests mesh_perf mesh_probe (every GPU of the machine; default: info tests
-# perf). guard measures every GPU figure docs/PERFORMANCE.md promises against its reference in the
+# ofi_perf kill campaign mesh_tests mesh_perf mesh_probe (every GPU of the machine; default: info
+# tests perf). guard measures every GPU figure docs/PERFORMANCE.md promises against its reference in the
 # same run and prints those below their recorded ratio (bench/gpu_guard.py): every change to GPU
 # code runs it. The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1
 # and its dependencies, with an env.sh that puts them on LD_LIBRARY_PATH) and source
@@ -16,7 +16,8 @@ if [ "${1:-}" = pack ]; then
   rm -rf "$here/.devbin" && mkdir -p "$here/.devbin/bin" "$here/.devbin/lib"
   cp "$build"/tools/ferryrun "$build"/tools/ferry-perf "$build"/tools/ferry-info \
      "$build"/tests/ferry_gpu_tests "$build"/tests/ferry_gpu_coll_tests \
-     "$build"/tests/ferry_gpu_stream_tests "$build"/tests/ferry_fault_test "$here/.devbin/bin/"
+     "$build"/tests/ferry_gpu_stream_tests "$build"/tests/ferry_fault_test \
+     "$build"/tests/ferry_campaign_test "$here/.devbin/bin/"
   # nccl-tests, where NCCL_TESTS names a folder it was built in (a fetched copy of
   # NVIDIA/nccl-tests: make -C src NCCL_HOME=$CUDA_HOME
   # NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90), with the CUDA runtime it links.
@@ -381,6 +382,15 @@ for step in $steps; do
           | tee -a "$out/gpu_kill.log" | grep -E "rank|FAIL|SKIP"
         echo "exit ${PIPESTATUS[0]}; /dev/shm: $(ls /dev/shm | grep -c '^ferry-') ferry files left"
       done ;;
+    campaign)
+      # The kill campaign (tests/scripts/campaign.sh) with device allreduces among its steps, a
+      # rank per GPU: GPU_RUN_KILLS jobs (default 40), one rank SIGKILLed in each.
+      gpus=$(nvidia-smi -L | wc -l)
+      CAMPAIGN_DEVICE=1 bash "$here/tests/scripts/campaign.sh" "$bin/ferryrun" \
+        "$bin/ferry_campaign_test" "${GPU_RUN_KILLS:-40}" "$gpus" one-node \
+        "$out/campaign_times.txt" > "$out/campaign.log" 2>&1
+      echo "exit $?"
+      grep -v "^ok " "$out/campaign.log" | tail -20 ;;
     coll_sanitizer)
       # memcheck, racecheck and synccheck over both ranks of the whole collective suite (the
       # reduction kernel, copies, the one-shot, two-shot and resident kernels).

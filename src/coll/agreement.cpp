@@ -102,8 +102,18 @@ class Waiter {
 
 Status Group::revoked_status(const std::string& what) const {
   const std::string* why = revocations_->why(base_id());
-  return Status(Code::kRevoked,
-                what + ": the communicator is " + (why != nullptr ? *why : std::string("revoked")));
+  std::string text =
+      what + ": the communicator is " + (why != nullptr ? *why : std::string("revoked"));
+  // A revocation usually follows a death, and the member that revoked is seldom the one that
+  // died: name the members this rank knows to have failed.
+  std::string failed;
+  for (int m = 0; m < size(); ++m) {
+    if (const std::string* failure = engine_->liveness().failure(member(m)); failure != nullptr) {
+      failed += (failed.empty() ? "" : "; ") + peer_label(m) + " failed: " + *failure;
+    }
+  }
+  if (!failed.empty()) text += " (" + failed + ")";
+  return Status(Code::kRevoked, text);
 }
 
 void Group::revoke() { revocations_->revoke(base_id(), engine_->rank()); }
