@@ -128,15 +128,19 @@ Status Launches::reduce(int ordinal, int lane_index, void* out, const void* a, c
 
 namespace {
 
-// A block per call.block_bytes, up to kOneShotBlocks: a small call is one block with one flag per
-// peer. Block b waits for block b of each peer, so every member computes the same grid.
-unsigned oneshot_blocks(const Cuda::OneShot& call) {
-  const std::size_t data = call.count * size_of(call.type);
+// A block per `per_block` of the call's `units` (0: as many as allowed), between 1 and the call's
+// limit (kOneShotBlocks at most). Block b waits for block b of each peer, so every member
+// computes the same grid.
+unsigned grid(const Cuda::OneShot& call, std::size_t units, std::size_t per_block) {
   const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, Cuda::kOneShotBlocks);
   return static_cast<unsigned>(
-      call.block_bytes == 0
-          ? most
-          : std::clamp<std::size_t>((data + call.block_bytes - 1) / call.block_bytes, 1, most));
+      per_block == 0 ? most
+                     : std::clamp<std::size_t>((units + per_block - 1) / per_block, 1, most));
+}
+
+// A block per call.block_bytes: a small call is one block with one flag per peer.
+unsigned oneshot_blocks(const Cuda::OneShot& call) {
+  return grid(call, call.count * size_of(call.type), call.block_bytes);
 }
 
 // A one-shot call's arguments as the kernels take them (cuLaunchKernel wants their addresses).
@@ -234,12 +238,8 @@ Status Launches::allreduce_on_stream(void* stream, int ordinal, const Cuda::OneS
   // the store to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us
   // replayed from a graph with two lines a thread, 8 B in 4.5 with one).
   const std::size_t data = call.count * size_of(call.type);
-  unsigned blocks = oneshot_blocks(call);
-  if (data <= ll_bytes) {
-    const std::size_t lines = (data + 7) / 8 + 1;
-    const std::size_t most = std::clamp<std::size_t>(call.max_blocks, 1, Cuda::kOneShotBlocks);
-    blocks = static_cast<unsigned>(std::clamp<std::size_t>((lines + 511) / 512, 1, most));
-  }
+  const unsigned blocks = data <= ll_bytes ? grid(call, (data + 7) / 8 + 1, 512)  // lines
+                                           : oneshot_blocks(call);
   void* params[] = {&a.out,     &a.in,     &a.count,    &a.type,       &a.op,
                     &a.members, &a.me,     &a.ring,     &a.slot_bytes, a.areas.data(),
                     &a.words,   &counters, &timeout_ns, &ll_bytes};
