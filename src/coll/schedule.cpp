@@ -92,7 +92,7 @@ bool Execution::gpu_idle() {
 }
 
 bool Execution::gpu_member_died(Status* failure) {
-  if ((++polls_ & 1023) != 0) return false;
+  if (!death_check_due()) return false;
   if (group_->revoked()) {
     *failure = group_->revoked_status(what());
     return true;
@@ -200,7 +200,7 @@ Execution::State Execution::poll(Status* failure) {
   if (!running) return State::kDone;
   // A member that died fails the collective everywhere, also on members that wait for a live
   // one (which gave up when it saw the death), so nobody waits forever.
-  if ((++polls_ & 1023) == 0) {
+  if (death_check_due()) {
     if (Status dead = member_death("", false); !dead.is_ok()) {
       *failure = std::move(dead);
       withdraw();
@@ -412,12 +412,12 @@ void Immediate::next_round() {
   if (!in_flight_.empty()) {
     proto::Engine* engine = group_->engine();
     int idle = 0;
-    for (std::uint32_t waits = 0;; ++waits) {
+    for (;;) {
       const State state = poll(&status_);
       if (state == State::kFailed) return;
       if (state == State::kDone) break;
       engine->waiting().step(&idle);
-      if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
+      if (timeout_ > 0 && util::Clock::now() >= deadline_) {
         const std::string missing = not_arrived();
         withdraw();
         // A failure held while deaths were looked for is the better answer than the timeout.
@@ -437,13 +437,18 @@ void Immediate::next_round() {
   reusable_->locals.clear();
   if (!gpu_idle()) {
     proto::Engine* engine = group_->engine();
+    struct Awaiting {  // no wait sleeps on the wake-ups meanwhile
+      explicit Awaiting(proto::Engine* e) : engine(e) { engine->awaiting_gpu(1); }
+      ~Awaiting() { engine->awaiting_gpu(-1); }
+      proto::Engine* engine;
+    } awaiting(engine);
     int idle = 0;
-    for (std::uint32_t waits = 0; !gpu_idle(); ++waits) {
+    while (!gpu_idle()) {
       if (gpu_member_died(&status_)) {
         stop_gpu();
         return;
       }
-      if (timeout_ > 0 && (waits & 255) == 255 && util::Clock::now() >= deadline_) {
+      if (timeout_ > 0 && util::Clock::now() >= deadline_) {
         stop_gpu();
         status_ = Status(Code::kTimeout, what() + ": not complete after FERRY_TIMEOUT (" +
                                              std::to_string(timeout_) + " s, in round " +

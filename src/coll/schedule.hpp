@@ -138,7 +138,15 @@ class Execution : public Plan {
   Tag tag_;
   std::size_t round_ = 0;
   std::vector<InFlight> in_flight_;
+  // Whether to look for dead members now: every 1024 polls, and at least every 10 ms (a poll
+  // may sleep 32 ms under FERRY_WAIT_MODE=block: by polls alone a death took 33 s to show).
+  bool death_check_due() {
+    if ((++polls_ & 1023) != 0 && Clock::now() < next_death_check_) return false;
+    next_death_check_ = Clock::now() + std::chrono::milliseconds(10);
+    return true;
+  }
   std::uint32_t polls_ = 0;
+  Clock::time_point next_death_check_{};
   static constexpr int kLane = 0;  // the CUDA module's stream for a device's collective work
   cuda::Ticket gpu_work_;          // the last reduction or copy queued on the GPU
   bool gpu_busy_ = false;

@@ -180,7 +180,7 @@ void Engine::finalize() {
 // Sleeping is for waits that only a message can end: not while device copies, queued sends
 // (the receiver frees room without ringing) or collectives with GPU work are in flight.
 bool Engine::only_a_message_can_end_a_wait() const {
-  return !device_->busy() && !links_.queued() && !direct_ends_.suspects() &&
+  return !device_->busy() && !links_.queued() && !direct_ends_.suspects() && gpu_waits_ == 0 &&
          (!cuda_ || operations_.empty());
 }
 

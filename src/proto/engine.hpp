@@ -96,6 +96,10 @@ class Engine final : public transport::AmHandler {
   // wake-ups: no device copies, queued sends (the receiver frees room without ringing), direct
   // transfers under suspicion or collectives with GPU work in flight.
   [[nodiscard]] bool only_a_message_can_end_a_wait() const;
+  // A blocking collective waits for its own GPU work (Immediate): for as long as it does, no
+  // wait sleeps on the wake-ups (the kernel's end rings none; FERRY_WAIT_MODE=block slept 32 ms
+  // a poll).
+  void awaiting_gpu(int delta) { gpu_waits_ += delta; }
 
   // One-sided communication (proto/rma/; the rules are ferry::MemoryRegion's).
   [[nodiscard]] rma::OneSided& rma() { return *rma_; }
@@ -177,6 +181,7 @@ class Engine final : public transport::AmHandler {
   DirectEnds direct_ends_{*this};
   RequestPool requests_;
   std::unique_ptr<Messages> messages_;  // after requests_: its requests go with the pool
+  int gpu_waits_ = 0;                   // awaiting_gpu
   Operations operations_{*this};      // after requests_: they (and the requests they hold) go first
   int progress_all();                 // progress() past its idle poll
   util::CrashPoints crashes_;         // FERRY_TEST_CRASH_AT, FERRY_TEST_CRASH_RANK

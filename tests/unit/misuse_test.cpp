@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
@@ -107,6 +108,30 @@ TEST(Misuse, WaitForTakesAnyLengthOfTime) {
   EXPECT_EQ(r.wait_for(std::nan("")).code(), Code::kInvalidArgument);
   EXPECT_EQ(r.wait_for(-1).code(), Code::kTimeout) << "a negative limit is a test";
   EXPECT_TRUE(r.cancel());
+}
+
+TEST(Misuse, ShortLimitsEndOnTimeInEveryWaitMode) {
+  // wait_for and FERRY_TIMEOUT read the clock at every step: under FERRY_WAIT_MODE=block a step
+  // may sleep 32 ms, and reading it every 256th step ended wait_for(0.01) after 8 s.
+  for (const char* mode : {"spin", "adaptive", "block"}) {
+    Context c = Context::init({{{"FERRY_WAIT_MODE", mode}, {"FERRY_TIMEOUT", "0.02"}}});
+    int in = 0;
+    Request r = c.irecv(&in, sizeof(in), 0, 42);
+    double longest = 0;
+    for (int i = 0; i < 20; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_EQ(r.wait_for(0.01).code(), Code::kTimeout) << mode;
+      longest = std::max(
+          longest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    EXPECT_LT(longest, 0.5) << mode << ": wait_for(0.01) took " << longest << " s";
+    EXPECT_TRUE(r.cancel());
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(c.probe(0, 43).source, -1) << mode << ": nothing matched within FERRY_TIMEOUT";
+    const double probed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(probed, 0.5) << mode << ": probe under FERRY_TIMEOUT=0.02 took " << probed << " s";
+  }
 }
 
 TEST(Misuse, WaitAnyHonoursTheTimeout) {
