@@ -9,10 +9,14 @@
 # them, shm inside each; skipped with exit 77 where namespaces cannot be made).
 #   campaign.sh FERRYRUN WORKER KILLS [RANKS] [one-node|two-nodes] [RESULTS_FILE]
 # Prints a line per kill and, at the end, the kill-to-error times (ms, from just before the
-# SIGKILL to each survivor's first error) per variant: median, 99th percentile, max. RESULTS_FILE
-# gets one line per survivor: variant, kill number, milliseconds.
+# SIGKILL to each survivor's first error) per variant: median, 99th percentile, max. A kill whose
+# slowest survivor took more than CAMPAIGN_BOUND_MS (default 2000) fails as slow. RESULTS_FILE
+# gets one line per survivor: variant, kill number, milliseconds; the whole output of each failed
+# kill goes beside it (kill-N.txt). A failed kill prints its replay: CAMPAIGN_REPLAY="SEED VICTIM
+# DELAY_MS [VAR=VALUE]" runs every kill with those.
 set -u
 ferryrun=$1 worker=$2 kills=$3 ranks=${4:-8} layout=${5:-one-node} results=${6:-}
+bound_ms=${CAMPAIGN_BOUND_MS:-2000}
 id=$$
 ns_a=ferry-ca-$id ns_b=ferry-cb-$id if_a=fca$id if_b=fcb$id
 work=$(mktemp -d)
@@ -51,10 +55,13 @@ for kill_number in $(seq 1 "$kills"); do
   victim=$((RANDOM % ranks))
   delay_ms=$((20 + RANDOM % 800))
   variant=${variants[$((RANDOM % ${#variants[@]}))]}
-  out=$work/out
   # shellcheck disable=SC2086
-  env $variant CAMPAIGN_SEED=$seed timeout 60 "$ferryrun" --keep-going -n "$ranks" \
-    "${wrapper[@]}" "$worker" > "$out" 2>&1 &
+  [ -z "${CAMPAIGN_REPLAY:-}" ] || read -r seed victim delay_ms variant <<<"$CAMPAIGN_REPLAY"
+  out=$work/out
+  # ferryrun's own limit first: it prints where each rank waits before it ends the job.
+  # shellcheck disable=SC2086
+  env $variant CAMPAIGN_SEED=$seed timeout 60 "$ferryrun" --timeout 50 --keep-going \
+    -n "$ranks" "${wrapper[@]}" "$worker" > "$out" 2>&1 &
   job=$!
   # Every rank has started its traffic (or the job ended early).
   for _ in $(seq 1 3000); do
@@ -74,8 +81,13 @@ for kill_number in $(seq 1 "$kills"); do
   fi
   wait "$job"
   rc=$?
-  [ "$rc" -ne 124 ] || why+="HANG: the job did not end within 60 s; "
-  [ "$rc" -eq 137 ] || [ "$rc" -eq 124 ] || why+="ferryrun exited $rc, not 137; "
+  if grep -q "^ferryrun: job timed out" "$out"; then
+    why+="HANG: the job did not end within 50 s; "
+  elif [ "$rc" -eq 124 ]; then
+    why+="HANG: ferryrun did not end within 60 s; "
+  elif [ "$rc" -ne 137 ]; then
+    why+="ferryrun exited $rc, not 137; "
+  fi
   survivors=$(grep -c "survived: failed \[$victim\] " "$out")
   [ "$survivors" -eq $((ranks - 1)) ] || why+="$survivors of $((ranks - 1)) survivors agreed on rank $victim alone; "
   grep -q "WRONG" "$out" && why+="a wrong result; "
@@ -85,6 +97,10 @@ for kill_number in $(seq 1 "$kills"); do
   if [ "$kill_ns" -gt 0 ]; then
     times=$(grep -o "survived: .* at [0-9]* ns" "$out" | awk -v k="$kill_ns" '{printf "%.1f\n", ($(NF-1) - k) / 1e6}' | sort -n)
     for t in $times; do echo "${variant:-default} $kill_number $t" >> "$work/times"; done
+    slowest=$(echo "$times" | tail -1)
+    if [ -n "$slowest" ] && awk -v t="$slowest" -v b="$bound_ms" 'BEGIN { exit !(t > b) }'; then
+      why+="slow: a survivor's error came $slowest ms after the kill (bound $bound_ms ms); "
+    fi
   fi
   label="kill $kill_number: rank $victim of $ranks after ${delay_ms} ms (${variant:-default}, seed $seed)"
   if [ -z "$why" ]; then
@@ -93,7 +109,9 @@ for kill_number in $(seq 1 "$kills"); do
   else
     failed=$((failed + 1))
     echo "FAIL $label: $why"
+    echo "     replay: CAMPAIGN_REPLAY=\"$seed $victim $delay_ms $variant\""
     grep -v " ready$" "$out" | tail -12
+    [ -z "$results" ] || cp "$out" "$(dirname "$results")/kill-$kill_number.txt"
   fi
 done
 
