@@ -355,7 +355,8 @@ class Context {
   // Event-driven waiting from the application's own poll/epoll loop: arm(), and if it returns
   // true, sleep until event_fd() is readable (a peer on this node sent here) or a timeout of your
   // choosing, then progress(). arm() returns false when there is work already: progress() instead
-  // of sleeping. Messages from other nodes (ofi) do not ring event_fd(): keep a timeout. -1 when
+  // of sleeping. Messages from other nodes (ofi) and a peer's death do not ring event_fd(): keep
+  // a timeout (arm() looks for dead peers, so a death shows within one of them). -1 when
   // there is no such descriptor. Not meant for use beside FERRY_PROGRESS_THREAD, whose polls
   // would end the arming. Blocking calls wait as FERRY_WAIT_MODE says (spin, block, adaptive).
   [[nodiscard]] int event_fd() const;

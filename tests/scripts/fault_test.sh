@@ -105,6 +105,8 @@ expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
   FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw
 expect "a receive from a rank no transport reaches fails at once" 0 2 "unreachable, 0 failures" \
   FERRY_TRANSPORTS=self -- -n 2 "$program" unreachable
+expect "a rank that waits in its own poll loop sees a death within a second" 137 1 \
+  "polled receive failed .* 0 failures" -- --keep-going -n 2 "$program" polled-death
 expect "a receive from any source fails once every other rank has died" 137 1 \
   "any source without the others .* 0 failures" -- --keep-going -n 3 "$program" any-source
 if [ "$with_ofi" = ofi ]; then
