@@ -151,6 +151,13 @@ struct Worker {
                               ctx.isend(out.data(), bytes, next, step)};
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!(both[0].test() && both[1].test())) {
+      // One half failed (its peer died): the other may wait on a live rank for ever.
+      for (int i = 0; i < 2; ++i) {
+        if (both[i].test() && !both[i].status().is_ok()) {
+          both[1 - i].cancel();
+          return both[i].status();
+        }
+      }
       if (std::chrono::steady_clock::now() > give_up) {
         return Status(Code::kTimeout, "a ring step did not end in 20 s");
       }
