@@ -99,6 +99,13 @@ check "timeout: exit 124" "rc=$RC" test "$RC" -eq 124
 check "timeout: message" "stderr" err_has "ferryrun: job timed out after 1 s"
 check "timeout: fast" "took ${MS} ms" test "$MS" -lt 4000
 
+# A rank killed first under --keep-going: the others go on, and the limit still ends them.
+run -n 2 --keep-going --timeout 1 sh -c '[ "$FERRY_RANK" = 1 ] && kill -9 $$; sleep 20'
+check "timeout after a death under --keep-going: exit 124" "rc=$RC" test "$RC" -eq 124
+check "timeout after a death under --keep-going: message" "stderr" \
+  err_has "ferryrun: job timed out after 1 s"
+check "timeout after a death under --keep-going: fast" "took ${MS} ms" test "$MS" -lt 4000
+
 run -n 1 --timeout=5 true
 check "timeout not reached: exit 0" "rc=$RC" test "$RC" -eq 0
 

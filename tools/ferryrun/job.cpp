@@ -530,11 +530,13 @@ void Job::on_abort(int rank, int pid, int code, const std::string& reason) {
 }
 
 void Job::on_timeout() {
-  if (fail(kExitTimeout)) {
-    std::fprintf(stderr, "ferryrun: job timed out after %s s\n", options_.timeout_text.c_str());
-    print_board("at the timeout", false);
-    terminate(SIGTERM);
-  }
+  // Whatever failed before (under --keep-going a death leaves the others running), the limit
+  // ends the job, with its own status: before, a death first made ferryrun ignore it.
+  if (terminating_) return;
+  failure_ = kExitTimeout;
+  std::fprintf(stderr, "ferryrun: job timed out after %s s\n", options_.timeout_text.c_str());
+  print_board("at the timeout", false);
+  terminate(SIGTERM);
 }
 
 void Job::print_board(const char* when, bool waiting_only) {
