@@ -141,8 +141,9 @@ class Execution : public Plan {
   // Whether to look for dead members now: every 1024 polls, and at least every 10 ms (a poll
   // may sleep 32 ms under FERRY_WAIT_MODE=block: by polls alone a death took 33 s to show).
   bool death_check_due() {
-    if ((++polls_ & 1023) != 0 && Clock::now() < next_death_check_) return false;
-    next_death_check_ = Clock::now() + std::chrono::milliseconds(10);
+    const Clock::time_point now = Clock::now();
+    if ((++polls_ & 1023) != 0 && now < next_death_check_) return false;
+    next_death_check_ = now + std::chrono::milliseconds(10);
     return true;
   }
   std::uint32_t polls_ = 0;
