@@ -138,6 +138,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test fault: opening the ofi transport fails at the named step (fi_fabric, fi_domain, "        \
     "fi_cq_open, fi_av_open, fi_endpoint, fi_ep_bind(cq), fi_ep_bind(av), fi_enable, fi_mr_reg "   \
     "(bounce buffers), fi_mr_bind, fi_mr_enable, fi_getname)")                                     \
+  X(kTestOfiDrop, "FERRY_TEST_OFI_DROP", kInt, "-1", -1, 1 << 30, "",                              \
+    "test fault: ofi never posts its message of this sequence number to each peer (as a provider " \
+    "that loses it while connecting); -1: none")                                                   \
   X(kTestOfiReadFail, "FERRY_TEST_OFI_READ_FAIL", kBool, "0", 0, 0, "",                            \
     "test fault: ofi's one-sided reads fail (with an error completion, never reaching the "        \
     "provider); the receiver must fall back to clear-to-send")                                     \

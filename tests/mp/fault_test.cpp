@@ -283,6 +283,48 @@ int main(int argc, char** argv) {
     std::printf("rank %d: staging refused, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 2 && std::string(argv[1]) == "lossy") {
+    // Ranks 0 and 1 ping-pong 300 messages (8 B, and every tenth 8 KiB, from a bounce buffer)
+    // over ofi while the transport drops one message to each peer (FERRY_TEST_OFI_DROP=N),
+    // as a provider that connects both ways at once loses one. `recover`: dropped while the
+    // sender still keeps copies (N small), every message arrives, in order. `fail`: dropped
+    // after the peer acknowledged the link, the loss fails the link on both sides, naming it.
+    const bool recover = std::string(argv[2]) == "recover";
+    ferry::Status status;
+    int rounds = 0;
+    if (ctx.rank() < 2) {
+      const int other = 1 - ctx.rank();
+      std::vector<unsigned char> out(8192), in(8192);
+      for (; rounds < 300; ++rounds) {
+        const std::size_t size = rounds % 10 == 9 ? out.size() : 8;
+        std::fill(out.begin(), out.end(), static_cast<unsigned char>(rounds));
+        status = ctx.rank() == 0 ? ctx.send(out.data(), size, other, rounds)
+                                 : ctx.recv(in.data(), size, other, rounds);
+        if (status.is_ok()) {
+          status = ctx.rank() == 0 ? ctx.recv(in.data(), size, other, rounds)
+                                   : ctx.send(in.data(), size, other, rounds);
+        }
+        if (!status.is_ok()) break;
+        expect(
+            std::all_of(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(size),
+                        [&](unsigned char c) { return c == static_cast<unsigned char>(rounds); }),
+            "every message arrives, in order, intact");
+      }
+      if (recover) {
+        expect(status.is_ok() && rounds == 300, "the lost message was sent again");
+      } else {
+        expect(status.code() == ferry::Code::kPeerFailed, "the loss fails the link");
+        expect(status.message().find("never arrived") != std::string::npos ||
+                   status.message().find("gave up on the link") != std::string::npos,
+               "and says that a message was lost");
+      }
+      if (!status.is_ok())
+        std::fprintf(stderr, "rank %d: %s\n", ctx.rank(), status.to_string().c_str());
+    }
+    std::printf("rank %d: lossy link, %d round trips, %d failures\n", ctx.rank(), rounds, failures);
+    std::fflush(stdout);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "withdraw") {
     // FERRY_TIMEOUT=0.5 FERRY_SHM_CMA_THRESHOLD=0 FERRY_TEST_GET_DELAY=1: rank 1 matches rank 0's
     // 4 MiB rendezvous at once but reads it (CMA) only after rank 0's send has timed out and its

@@ -15,7 +15,7 @@ std::vector<std::byte> message(const Wire& wire, std::size_t body) {
 }
 
 TEST(OfiWire, AWellFormedMessageParses) {
-  Wire in{3, 0, kWireMagic, 2, 10, 41};
+  Wire in{3, 0, kWireMagic, 2, 10, 41, 0, 0};
   Wire out{};
   ASSERT_TRUE(parse_message(message(in, 10), 4, 0, &out));
   EXPECT_EQ(out.id, 3);

@@ -17,7 +17,7 @@ inline constexpr std::size_t kBufferSize =
 inline constexpr std::uint32_t kReceives = 64;  // posted in advance
 inline constexpr std::uint32_t kSends = 64;     // bounce buffers for sends larger than inject
 inline constexpr int kSendsPerPeer = 16;  // in flight to one peer: a dead one cannot hold them all
-inline constexpr std::uint8_t kKeepaliveId = 0xff;  // handled here, never delivered
+inline constexpr std::uint8_t kKeepaliveId = kWireKeepaliveId;  // handled here, never delivered
 
 struct Op {
   fi_context2 context;  // first: providers that ask for FI_CONTEXT(2) use it

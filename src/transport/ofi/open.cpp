@@ -29,7 +29,8 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       directs_(*this, config),
       keepalive_s_(config.get_seconds(util::Var::kKeepalive)),
       silence_s_(config.get_seconds(util::Var::kKeepaliveTimeout)),
-      test_remote_(config.get_bool(util::Var::kTestOfiRemote)) {
+      test_remote_(config.get_bool(util::Var::kTestOfiRemote)),
+      test_drop_(config.get_int(util::Var::kTestOfiDrop)) {
   if (silence_s_ > 0 && (keepalive_s_ == 0 || silence_s_ < 2 * keepalive_s_)) {
     throw Error(Code::kInvalidArgument,
                 "FERRY_KEEPALIVE_TIMEOUT needs keepalives at least twice as often "

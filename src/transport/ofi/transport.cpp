@@ -180,7 +180,8 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
                                               " bytes exceeds the largest one, " +
                                               std::to_string(capabilities_.max_am));
   }
-  Wire wire{id, 0, kWireMagic, rank_, static_cast<std::uint32_t>(length), state.next_seq};
+  Wire wire{id, 0, kWireMagic, rank_, static_cast<std::uint32_t>(length), 0, 0, 0};
+  state.order.stamp(&wire);
   auto fill = [&](std::byte* out) {
     std::memcpy(out, &wire, sizeof wire);
     if (!header.empty()) std::memcpy(out + sizeof wire, header.data(), header.size());
@@ -188,25 +189,33 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
       std::memcpy(out + sizeof wire + header.size(), payload.data(), payload.size());
   };
   ssize_t ret;
-  if (state.outstanding >= kSendsPerPeer) return Status(Code::kWouldBlock);
+  if (state.outstanding >= kSendsPerPeer || !state.order.can_send()) {
+    return Status(Code::kWouldBlock);
+  }
+  std::byte* message = nullptr;
   if (total <= inject_size_ && !confirm) {
-    fill(inject_scratch_.data());
-    ret = fi_inject(ep_, inject_scratch_.data(), total, address);
+    message = inject_scratch_.data();
+    fill(message);
+    ret = test_drop_ == wire.seq ? 0 : fi_inject(ep_, message, total, address);
   } else {
     // No progress from here: a send may be made from inside a delivered message's handler.
     if (free_sends_.empty()) return Status(Code::kWouldBlock);
     const std::uint32_t index = free_sends_.back();
-    fill(buffer(index));
+    message = buffer(index);
+    fill(message);
     Op& op = ops_[index];
     op.send = true;
     op.drain = confirm;
-    op.seq = state.next_seq;
+    op.seq = wire.seq;
     op.peer = peer;
     op.buffer = index;
-    if (!confirm) {
-      ret = fi_send(ep_, buffer(index), total, desc_, address, &op.context);
+    if (test_drop_ == wire.seq && !confirm) {
+      ret = 0;  // FERRY_TEST_OFI_DROP: lost as a provider may lose it (no completion either)
+      message = nullptr;
+    } else if (!confirm) {
+      ret = fi_send(ep_, message, total, desc_, address, &op.context);
     } else {
-      iovec iov{buffer(index), total};
+      iovec iov{message, total};
       void* desc = desc_;
       fi_msg msg{};
       msg.msg_iov = &iov;
@@ -228,15 +237,17 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
       }
       if (!delivery_complete_) ret = fi_sendmsg(ep_, &msg, FI_COMPLETION);
     }
-    if (ret == 0) {
+    if (ret == 0 && message != nullptr) {
       free_sends_.pop_back();
       ++state.outstanding;
       if (confirm) state.drain_sent = true;
     }
+    if (message == nullptr) message = buffer(index);  // the dropped one is still kept
   }
   if (ret == 0) {
-    ++state.next_seq;
+    state.order.sent({message, total});
     state.refused_since = {};
+    state.refused_rounds = 0;
     return Status::ok();
   }
   if (ret == -FI_EAGAIN) {
@@ -253,6 +264,39 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
   return Status(Code::kPeerFailed, why);
 }
 
+ssize_t OfiTransport::post_copy(int peer, std::span<const std::byte> message) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (free_sends_.empty() || state.outstanding >= kSendsPerPeer) return -FI_EAGAIN;
+  const std::uint32_t index = free_sends_.back();
+  std::memcpy(buffer(index), message.data(), message.size());
+  Op& op = ops_[index];
+  op.send = true;
+  op.drain = false;
+  op.seq = 0;
+  op.peer = peer;
+  op.buffer = index;
+  const ssize_t ret =
+      fi_send(ep_, buffer(index), message.size(), desc_, state.address, &op.context);
+  if (ret == 0) {
+    free_sends_.pop_back();
+    ++state.outstanding;
+  }
+  return ret;
+}
+
+void OfiTransport::resend(int peer, std::uint32_t from) {
+  PeerState& state = peers_[static_cast<std::size_t>(peer)];
+  if (state.failed) return;
+  const auto copies = state.order.resend_from(from);
+  std::size_t posted = 0;
+  for (std::span<const std::byte> copy : copies) {
+    if (post_copy(peer, copy) != 0) break;  // the receiver asks again after an interval
+    ++posted;
+  }
+  FERRY_LOG(kInfo, "ofi: rank %d asked for our messages from %u again: %zu of %zu kept sent", peer,
+            from, posted, copies.size());
+}
+
 void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
   const std::byte* data = buffer(index);
   Wire wire{};
@@ -265,38 +309,84 @@ void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
   }
   PeerState& peer = peers_[static_cast<std::size_t>(wire.source)];
   if (peer.failed) return;
-  const auto ahead = static_cast<std::int32_t>(wire.seq - peer.expected_seq);
-  if (ahead < 0 || (ahead > 0 && peer.held.count(wire.seq) != 0)) {
-    if (malformed_++ == 0) {
-      FERRY_LOG(kWarn, "ofi: dropped a repeated message from rank %d (seq %u, expecting %u)",
-                wire.source, wire.seq, peer.expected_seq);
+  if ((wire.flags & kWireResend) != 0) {
+    if (wire.id == kWireResendId) resend(wire.source, wire.ack);
+    return;
+  }
+  if ((wire.flags & kWireBroken) != 0) {
+    if (wire.id == kWireBrokenId) {
+      peer_failed(wire.source, "rank " + std::to_string(wire.source) + " lost our message " +
+                                   std::to_string(wire.ack) +
+                                   " (the provider dropped it) and gave up on the link");
     }
     return;
   }
-  if (ahead > 0) {  // overtook an earlier one still completing: keep a copy, repost the buffer
-    FERRY_LOG(kDebug, "ofi: message %u from rank %d arrived before %u: held", wire.seq, wire.source,
-              peer.expected_seq);
-    peer.held.emplace(wire.seq, std::vector<std::byte>(data, data + length));
-    return;
+  switch (peer.order.arrive(wire, {data, length}, std::chrono::steady_clock::now())) {
+    case PeerOrder::Arrival::kDuplicate:
+      FERRY_LOG(kDebug, "ofi: message %u from rank %d arrived again: dropped", wire.seq,
+                wire.source);
+      return;
+    case PeerOrder::Arrival::kHeld:
+      // Overtook an earlier one still completing, or one the provider lost: kept, and the
+      // sender asked for its copies where it keeps them (order_work).
+      FERRY_LOG(kDebug, "ofi: message %u from rank %d arrived before %u: held", wire.seq,
+                wire.source, peer.order.expected());
+      order_work_ = true;
+      return;
+    case PeerOrder::Arrival::kNext:
+      break;
   }
   deliver(wire, data + sizeof wire);
   // Messages that had overtaken this one follow it now, in order.
-  for (auto it = peer.held.find(peer.expected_seq); it != peer.held.end() && !peer.failed;
-       it = peer.held.find(peer.expected_seq)) {
-    std::vector<std::byte> message = std::move(it->second);
-    peer.held.erase(it);
+  for (std::vector<std::byte> message = peer.order.take_ready(); !message.empty() && !peer.failed;
+       message = peer.order.take_ready()) {
     Wire held;
     std::memcpy(&held, message.data(), sizeof held);
     deliver(held, message.data() + sizeof held);
   }
+  if (peer.order.ack_due() || peer.order.held() != 0) order_work_ = true;
 }
 
 void OfiTransport::deliver(const Wire& wire, const std::byte* body) {
   PeerState& peer = peers_[static_cast<std::size_t>(wire.source)];
-  ++peer.expected_seq;
+  peer.order.delivered();
   peer.last_heard = std::chrono::steady_clock::now();
   if (wire.id == kKeepaliveId) return;
   handler_->on_am(wire.id, wire.source, {body, wire.length});
+}
+
+void OfiTransport::order_work() {
+  order_work_ = false;
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    PeerState& state = peers_[i];
+    if (state.failed || static_cast<int>(i) == rank_) continue;
+    PeerOrder& order = state.order;
+    if (order.ack_due()) {
+      // A keepalive carries the acknowledgement; refused now, it is tried at the next call.
+      if (send(static_cast<int>(i), state.address, kKeepaliveId, {}, {})) order.ack_sent();
+    }
+    if (order.lost()) {
+      // Told first (best effort), so that the peer does not wait for our answers either.
+      Wire broken{kWireBrokenId, kWireBroken, kWireMagic, rank_, 0, 0, order.expected(), 0};
+      (void)post_copy(static_cast<int>(i), std::as_bytes(std::span(&broken, 1)));
+      peer_failed(static_cast<int>(i),
+                  "ofi: message " + std::to_string(order.expected()) + " of rank " +
+                      std::to_string(i) + " never arrived while " + std::to_string(order.held()) +
+                      " later ones did (the provider lost it, and the sender no longer kept a "
+                      "copy)");
+      continue;
+    }
+    if (order.resend_due(now, std::chrono::milliseconds(20))) {
+      Wire request{kWireResendId, kWireResend, kWireMagic, rank_, 0, 0, order.expected(), 0};
+      (void)post_copy(static_cast<int>(i), std::as_bytes(std::span(&request, 1)));
+      FERRY_LOG(kInfo,
+                "ofi: message %u of rank %d is missing (%zu later ones arrived): asked "
+                "for it again",
+                order.expected(), static_cast<int>(i), order.held());
+    }
+    if (order.ack_due() || order.held() != 0) order_work_ = true;
+  }
 }
 
 void OfiTransport::peer_failed(int peer, const std::string& why) {
@@ -337,9 +427,11 @@ void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
   const auto refused_limit = std::chrono::duration<double>(2 * keepalive_s_);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     PeerState& state = peers_[i];
+    // Refusals count only while this process tries: three keepalive rounds refused in a row
+    // (one refusal followed by a long wait elsewhere is no evidence).
     if (keepalive_s_ > 0 && !state.failed &&
         state.refused_since != std::chrono::steady_clock::time_point{} &&
-        now - state.refused_since > refused_limit) {
+        now - state.refused_since > refused_limit && state.refused_rounds >= 3) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%.3g s", 2 * keepalive_s_);
       peer_failed(static_cast<int>(i),
@@ -366,10 +458,14 @@ void OfiTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
 
 void OfiTransport::keepalive() {
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    const PeerState& state = peers_[i];
+    PeerState& state = peers_[i];
     if (!state.connected || state.failed || static_cast<int>(i) == rank_) continue;
     // Lost to back-pressure is fine: the next interval tries again.
     Status status = send(static_cast<int>(i), state.address, kKeepaliveId, {}, {});
+    if (status.code() == Code::kWouldBlock &&
+        state.refused_since != std::chrono::steady_clock::time_point{}) {
+      ++state.refused_rounds;
+    }
     FERRY_LOG(kDebug, "ofi: keepalive to rank %zu: %s", i, status.to_string().c_str());
   }
 }
@@ -381,8 +477,8 @@ bool OfiTransport::delivered() {
     if (static_cast<int>(i) == rank_ || !state.connected || state.failed) continue;
     // A bounce-buffer send above the provider's eager size may complete after later ones (it
     // waits for the peer to fetch it): it is delivered at its own completion.
-    if (state.confirmed == state.next_seq && state.outstanding == 0) continue;
-    if (!state.drain_sent && state.confirmed != state.next_seq) {
+    if (state.confirmed == state.order.next_seq() && state.outstanding == 0) continue;
+    if (!state.drain_sent && state.confirmed != state.order.next_seq()) {
       // Refused for now (back-pressure) or failed (the peer with it): the next call sees which.
       (void)send(static_cast<int>(i), state.address, kKeepaliveId, {}, {}, true);
     }
@@ -440,6 +536,7 @@ int OfiTransport::progress() {
     }
   }
   retry_deferred();
+  if (order_work_) order_work();
   int delivered = 0;
   for (;;) {
     fi_cq_msg_entry entries[16];

@@ -1,7 +1,9 @@
 // The libfabric transport: one reliable-datagram endpoint (FI_EP_RDM) per process, found with
 // fi_getinfo among the providers FERRY_OFI_PROVIDER allows. Active messages travel as FI_MSG
 // sends from registered bounce buffers (fi_inject for what fits the provider's inject size) into
-// receives posted in advance; every message carries a small header naming its source rank. Peers
+// receives posted in advance; every message carries a small header naming its source rank, its
+// place in the stream and an acknowledgement, so that messages are delivered in order and one
+// the provider loses while it connects is sent again (order.hpp). Peers
 // are addresses in an address vector (fi_getname published through the bootstrap). A send that
 // completes in error marks its peer failed, and a keepalive (FERRY_KEEPALIVE) sent to every peer
 // finds dead ones that nothing else is sent to. No zero-copy get: rendezvous data is
@@ -28,6 +30,7 @@
 #include "mem/registration_cache.hpp"
 #include "transport/ofi/directs.hpp"
 #include "transport/ofi/handles.hpp"
+#include "transport/ofi/order.hpp"
 #include "transport/ofi/wire.hpp"
 #include "transport/transport.hpp"
 #include "util/fd.hpp"
@@ -112,12 +115,11 @@ class OfiTransport final : public Transport {
     bool failed = false;
     bool reported = false;
     std::string why;
-    std::uint32_t next_seq = 0;                            // of our next message to it
-    std::uint32_t expected_seq = 0;                        // of its next message to us
-    std::map<std::uint32_t, std::vector<std::byte>> held;  // arrived ahead of expected_seq
+    PeerOrder order;  // sequence numbers both ways, held and kept messages
     std::chrono::steady_clock::time_point last_heard{};
     std::chrono::steady_clock::time_point refused_since{};  // sends answered -FI_EAGAIN since
-    int outstanding = 0;                                    // sends awaiting completion
+    int refused_rounds = 0;  // keepalive rounds refused in a row (a peer that makes no progress)
+    int outstanding = 0;     // sends awaiting completion
     std::uint32_t confirmed = 0;  // our messages before this seq are delivered (delivered())
     bool drain_sent = false;      // a keepalive asking for delivery is in flight
     int pid = 0;                  // on this node: its process, watched by pidfd
@@ -134,6 +136,13 @@ class OfiTransport final : public Transport {
   // Records the failure (reported by check_peers); never calls back into the engine.
   void peer_failed(int peer, const std::string& why);
   void keepalive();
+  // What PeerOrder asks for: acknowledgements owed, kept messages asked for again, a gap that is
+  // a loss (the peer fails); only while some peer has one (order_work_).
+  void order_work();
+  // The kept messages from `from` on, again (each as it was first sent: same seq).
+  void resend(int peer, std::uint32_t from);
+  // Posts a whole message (header included) from a bounce buffer, outside the stream's count.
+  ssize_t post_copy(int peer, std::span<const std::byte> message);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
   [[nodiscard]] std::string error_text(int code) const;
 
@@ -180,6 +189,8 @@ class OfiTransport final : public Transport {
   std::array<char, 64> node_{};
   std::chrono::steady_clock::time_point next_keepalive_{};
   std::uint32_t polls_ = 0;
+  bool order_work_ = false;        // a peer owes an acknowledgement or has a gap (order_work)
+  std::int64_t test_drop_ = -1;    // FERRY_TEST_OFI_DROP: the message of this seq is never posted
   bool delivery_complete_ = true;  // until the provider refuses FI_DELIVERY_COMPLETE on a send
 };
 

@@ -11,19 +11,31 @@
 
 namespace ferry::transport::ofi {
 
-// Before every active message: who sent it, how long it is and its place in the sender's stream
-// to us. Providers keep matching order (FI_ORDER_SAS) but not completion order: under tcp;ofi_rxm
-// a large message that goes by the provider's own rendezvous completes after smaller ones sent
-// behind it, so the receiver restores order by `seq`.
+// Before every active message: who sent it, how long it is, its place in the sender's stream
+// to us, and the sender's acknowledgement of our stream to it. Providers keep matching order
+// (FI_ORDER_SAS) but neither completion order nor, while they connect, every message (order.hpp).
 struct Wire {
   std::uint8_t id;
-  std::uint8_t reserved;
+  std::uint8_t flags;  // kWire* below
   std::uint16_t magic;
   std::int32_t source;
   std::uint32_t length;  // of what follows (the engine's header and payload)
   std::uint32_t seq;
+  std::uint32_t ack;  // the next seq the sender expects from the receiver
+  std::uint32_t reserved;
 };
-static_assert(sizeof(Wire) == 16);
+static_assert(sizeof(Wire) == 24);
+// The sender keeps a copy of this message (and of every earlier one not yet acknowledged).
+constexpr std::uint8_t kWireKeeping = 1;
+// Not part of the stream (its seq means nothing): a request to send the kept messages from
+// `ack` on again.
+constexpr std::uint8_t kWireResend = 2;
+// Not part of the stream: the sender gave up on the link (it lost one of our messages), so this
+// rank fails it too rather than wait for answers that will not come.
+constexpr std::uint8_t kWireBroken = 4;
+constexpr std::uint8_t kWireKeepaliveId = 0xff;  // in the stream, never delivered to the engine
+constexpr std::uint8_t kWireResendId = 0xfe;     // with kWireResend
+constexpr std::uint8_t kWireBrokenId = 0xfd;     // with kWireBroken
 constexpr std::uint16_t kWireMagic = 0xfe71;
 
 // The header of a received message of `size` bytes, if it is well formed for a job of `ranks`
