@@ -141,6 +141,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kTestOfiDrop, "FERRY_TEST_OFI_DROP", kInt, "-1", -1, 1 << 30, "",                              \
     "test fault: ofi never posts its message of this sequence number to each peer (as a provider " \
     "that loses it while connecting); -1: none")                                                   \
+  X(kTestOfiDropCopies, "FERRY_TEST_OFI_DROP_COPIES", kBool, "0", 0, 0, "",                        \
+    "test fault: the copies of FERRY_TEST_OFI_DROP's message, sent again, are lost too")           \
   X(kTestOfiReadFail, "FERRY_TEST_OFI_READ_FAIL", kBool, "0", 0, 0, "",                            \
     "test fault: ofi's one-sided reads fail (with an error completion, never reaching the "        \
     "provider); the receiver must fall back to clear-to-send")                                     \

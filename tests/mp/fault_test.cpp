@@ -286,9 +286,9 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "lossy") {
     // Ranks 0 and 1 ping-pong 300 messages (8 B, and every tenth 8 KiB, from a bounce buffer)
     // over ofi while the transport drops one message to each peer (FERRY_TEST_OFI_DROP=N),
-    // as a provider that connects both ways at once loses one. `recover`: dropped while the
-    // sender still keeps copies (N small), every message arrives, in order. `fail`: dropped
-    // after the peer acknowledged the link, the loss fails the link on both sides, naming it.
+    // as a provider loses one when a connection goes. `recover`: the copy sent again fills the
+    // gap, every message arrives, in order. `fail` (FERRY_TEST_OFI_DROP_COPIES=1, the copies are
+    // lost too): the loss fails the link on both sides, naming it.
     const bool recover = std::string(argv[2]) == "recover";
     ferry::Status status;
     int rounds = 0;

@@ -1,6 +1,6 @@
 // One peer's message order over ofi (src/transport/ofi/order.hpp): held messages released in
-// order, copies kept until the first acknowledgement and sent again on request, and a gap the
-// sender cannot fill taken for a loss once its keepalives arrive behind it.
+// order, copies kept until acknowledged and sent again on request, and a gap they do not fill
+// taken for a loss once the sender's keepalives arrive behind it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -55,37 +55,57 @@ TEST(OfiOrder, MessagesThatOvertakeAreHeldAndReleasedInOrder) {
   EXPECT_EQ(b.arrive(header(m1), m1, Clock::now()), PeerOrder::Arrival::kDuplicate);
 }
 
-TEST(OfiOrder, CopiesAreKeptUntilTheFirstAcknowledgementThenNoMore) {
+TEST(OfiOrder, CopiesAreKeptUntilAcknowledged) {
   PeerOrder a, b;
   auto m0 = send(a), m1 = send(a);
-  EXPECT_TRUE(a.keeping());
   EXPECT_EQ(a.kept(), 2u);
-  EXPECT_TRUE(header(m0).flags & kWireKeeping);
+  EXPECT_TRUE(header(m0).flags & kWireAckMe) << "asked for until the link carried a message";
   arrive(b, m0);
-  EXPECT_TRUE(b.ack_due()) << "a keeping sender is acknowledged at once";
+  EXPECT_TRUE(b.ack_due());
   b.ack_sent();
-  // b's next message carries ack 1: a drops its copy of message 0, keeps 1, stops keeping.
+  // b's next message carries ack 1: a drops its copy of message 0 and keeps 1.
   arrive(a, send(b));
-  EXPECT_FALSE(a.keeping());
+  EXPECT_TRUE(a.acknowledged());
   EXPECT_EQ(a.kept(), 1u);
   auto m2 = send(a);
-  EXPECT_FALSE(header(m2).flags & kWireKeeping);
-  EXPECT_EQ(a.kept(), 1u) << "nothing is kept once the link carried a message";
+  EXPECT_FALSE(header(m2).flags & kWireAckMe) << "then only from a quarter of the limit";
+  EXPECT_EQ(a.kept(), 2u);
   arrive(b, m1);
+  arrive(b, m2);
   arrive(a, send(b));
   EXPECT_EQ(a.kept(), 0u);
+}
+
+TEST(OfiOrder, AnAcknowledgementIsAskedForBeforeTheLimitStopsTheSender) {
+  PeerOrder a, b;
+  arrive(b, send(a));
+  arrive(a, send(b));
+  ASSERT_EQ(a.kept(), 0u);
+  std::size_t asked_at = 0;
+  for (std::size_t i = 1; i <= PeerOrder::kKeepLimit; ++i) {
+    ASSERT_TRUE(a.can_send(sizeof(Wire)));
+    if ((header(send(a)).flags & kWireAckMe) != 0 && asked_at == 0) asked_at = i;
+  }
+  EXPECT_EQ(asked_at, PeerOrder::kKeepLimit / 4) << "by the message that makes a quarter";
+  EXPECT_FALSE(a.can_send(sizeof(Wire))) << "at the limit it waits";
+  EXPECT_FALSE(PeerOrder().can_send(PeerOrder::kKeepBytes + 1)) << "a byte limit too";
 }
 
 TEST(OfiOrder, AMessageLostWhileKeptIsAskedForAndSentAgain) {
   PeerOrder a, b;
   send(a);  // message 0: lost
   auto m1 = send(a), m2 = send(a);
-  const auto now = Clock::now();
   EXPECT_TRUE(arrive(b, m1).empty());
-  EXPECT_TRUE(b.resend_due(now, std::chrono::milliseconds(20))) << "a new gap is asked at once";
-  EXPECT_FALSE(b.resend_due(now, std::chrono::milliseconds(20))) << "then once an interval";
-  auto copies = a.resend_from(b.expected());
-  ASSERT_EQ(copies.size(), 3u) << "every kept message from the gap on";
+  const auto now = Clock::now();  // the gap opened just before
+  EXPECT_FALSE(b.resend_due(now)) << "a gap is not asked at once (it may be an overtaking)";
+  EXPECT_TRUE(b.resend_due(now + PeerOrder::kAskAfter)) << "but once it is kAskAfter old";
+  // (not asked again within kAskEvery; then again)
+  EXPECT_FALSE(b.resend_due(now + PeerOrder::kAskAfter + std::chrono::milliseconds(1)))
+      << "then once every kAskEvery";
+  EXPECT_TRUE(b.resend_due(now + PeerOrder::kAskAfter + PeerOrder::kAskEvery));
+  ASSERT_EQ(b.first_held(), 1u);
+  auto copies = a.resend(b.expected(), b.first_held());
+  ASSERT_EQ(copies.size(), 1u) << "the messages of the gap, not those held";
   std::vector<std::byte> again(copies[0].begin(), copies[0].end());
   EXPECT_EQ(header(again).seq, 0u);
   EXPECT_EQ(arrive(b, again), (std::vector<std::uint32_t>{0, 1}));
@@ -93,14 +113,14 @@ TEST(OfiOrder, AMessageLostWhileKeptIsAskedForAndSentAgain) {
   EXPECT_FALSE(b.lost());
 }
 
-TEST(OfiOrder, AGapTheSenderCannotFillIsALossOnceItsKeepalivesPass) {
+TEST(OfiOrder, AGapCopiesDoNotFillIsALossOnceTheSendersKeepalivesPass) {
   PeerOrder a, b;
   arrive(b, send(a));
-  arrive(a, send(b));  // acknowledged: a keeps nothing from here
-  ASSERT_FALSE(a.keeping());
-  send(a);  // lost
+  arrive(a, send(b));
+  send(a);  // lost, and so are the copies sent again
   EXPECT_TRUE(arrive(b, send(a)).empty());
-  EXPECT_FALSE(b.resend_due(Clock::now(), {})) << "a sender that keeps nothing is not asked";
+  for (int i = 0; i < 10; ++i) arrive(b, send(a, kWireAckId));
+  EXPECT_FALSE(b.lost()) << "acknowledgements are no sign of time passing";
   for (int i = 0; i < PeerOrder::kLostAfterKeepalives; ++i) {
     EXPECT_FALSE(b.lost());
     arrive(b, send(a, kWireKeepaliveId));
@@ -115,14 +135,8 @@ TEST(OfiOrder, AnAcknowledgementBeyondWhatWasSentIsIgnored) {
   std::vector<std::byte> bytes(sizeof forged);
   std::memcpy(bytes.data(), &forged, sizeof forged);
   (void)a.arrive(forged, bytes, Clock::now());
-  EXPECT_TRUE(a.keeping());
+  EXPECT_FALSE(a.acknowledged());
   EXPECT_EQ(a.kept(), 1u);
-}
-
-TEST(OfiOrder, ASenderKeepingItsLimitWaitsForAnAcknowledgement) {
-  PeerOrder a;
-  for (std::size_t i = 0; i < PeerOrder::kKeepLimit; ++i) send(a);
-  EXPECT_FALSE(a.can_send());
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ OfiTransport::OfiTransport(const util::Config& config, int rank, int size, AmHan
       keepalive_s_(config.get_seconds(util::Var::kKeepalive)),
       silence_s_(config.get_seconds(util::Var::kKeepaliveTimeout)),
       test_remote_(config.get_bool(util::Var::kTestOfiRemote)),
-      test_drop_(config.get_int(util::Var::kTestOfiDrop)) {
+      test_drop_(config.get_int(util::Var::kTestOfiDrop)),
+      test_drop_copies_(config.get_bool(util::Var::kTestOfiDropCopies)) {
   if (silence_s_ > 0 && (keepalive_s_ == 0 || silence_s_ < 2 * keepalive_s_)) {
     throw Error(Code::kInvalidArgument,
                 "FERRY_KEEPALIVE_TIMEOUT needs keepalives at least twice as often "

@@ -7,19 +7,24 @@ namespace ferry::transport::ofi {
 void PeerOrder::stamp(Wire* wire) const {
   wire->seq = next_seq_;
   wire->ack = expected_;
-  if (keeping()) wire->flags |= kWireKeeping;
+  if (!acknowledged_ || kept_.size() + 1 >= kKeepLimit / 4 || kept_bytes_ >= kKeepBytes / 4) {
+    wire->flags |= kWireAckMe;
+  }
 }
 
 void PeerOrder::sent(std::span<const std::byte> message) {
-  if (keeping())
-    kept_.emplace_back(next_seq_, std::vector<std::byte>(message.begin(), message.end()));
+  kept_.emplace_back(next_seq_, std::vector<std::byte>(message.begin(), message.end()));
+  kept_bytes_ += message.size();
   ++next_seq_;
 }
 
-std::vector<std::span<const std::byte>> PeerOrder::resend_from(std::uint32_t from) const {
+std::vector<std::span<const std::byte>> PeerOrder::resend(std::uint32_t from,
+                                                          std::uint32_t until) const {
   std::vector<std::span<const std::byte>> out;
   for (const auto& [seq, bytes] : kept_) {
-    if (static_cast<std::int32_t>(seq - from) >= 0) out.emplace_back(bytes);
+    if (static_cast<std::int32_t>(seq - from) >= 0 && static_cast<std::int32_t>(until - seq) > 0) {
+      out.emplace_back(bytes);
+    }
   }
   return out;
 }
@@ -28,9 +33,10 @@ void PeerOrder::take_ack(std::uint32_t ack) {
   // Acknowledgements only grow; one beyond what was sent is a peer's error, taken as nothing.
   if (static_cast<std::int32_t>(next_seq_ - ack) < 0) return;
   while (!kept_.empty() && static_cast<std::int32_t>(ack - kept_.front().first) > 0) {
+    kept_bytes_ -= kept_.front().second.size();
     kept_.pop_front();
   }
-  if (ack != 0) acknowledged_ = true;  // the connection carried a message: it is the kept one
+  if (ack != 0) acknowledged_ = true;
 }
 
 PeerOrder::Arrival PeerOrder::arrive(const Wire& wire, std::span<const std::byte> message,
@@ -39,15 +45,17 @@ PeerOrder::Arrival PeerOrder::arrive(const Wire& wire, std::span<const std::byte
   const auto ahead = static_cast<std::int32_t>(wire.seq - expected_);
   if (ahead < 0) return Arrival::kDuplicate;
   if (ahead == 0) {
-    // Acknowledged at once only when it is news (the expected one), or two keeping ranks with a
+    // Acknowledged at once only when it is news (the expected one), or two ranks asking with a
     // gap would trade keepalives for ever.
-    if ((wire.flags & kWireKeeping) != 0) ack_due_ = true;
+    if ((wire.flags & kWireAckMe) != 0) ack_due_ = true;
     return Arrival::kNext;
   }
   if (held_.count(wire.seq) != 0) return Arrival::kDuplicate;
-  if (held_.empty()) last_request_ = now - std::chrono::hours(1);  // a new gap: ask at once
+  if (held_.empty()) {
+    gap_since_ = now;
+    last_request_ = {};
+  }
   held_.emplace(wire.seq, std::vector<std::byte>(message.begin(), message.end()));
-  if ((wire.flags & kWireKeeping) != 0) sender_keeps_ = true;
   if (wire.id == kWireKeepaliveId) ++keepalives_behind_;
   return Arrival::kHeld;
 }
@@ -60,16 +68,15 @@ std::vector<std::byte> PeerOrder::take_ready() {
   Wire wire{};
   std::memcpy(&wire, message.data(), sizeof wire);
   if (wire.id == kWireKeepaliveId) --keepalives_behind_;
-  if ((wire.flags & kWireKeeping) != 0) ack_due_ = true;
-  if (held_.empty()) {
-    sender_keeps_ = false;
-    keepalives_behind_ = 0;
-  }
+  if ((wire.flags & kWireAckMe) != 0) ack_due_ = true;
+  if (held_.empty()) keepalives_behind_ = 0;
   return message;
 }
 
-bool PeerOrder::resend_due(Clock::time_point now, Clock::duration interval) {
-  if (held_.empty() || !sender_keeps_ || now - last_request_ < interval) return false;
+bool PeerOrder::resend_due(Clock::time_point now) {
+  if (held_.empty() || now - gap_since_ < kAskAfter || now - last_request_ < kAskEvery) {
+    return false;
+  }
   last_request_ = now;
   return true;
 }

@@ -3,15 +3,15 @@
 //  - completion order: under tcp;ofi_rxm a message larger than the provider's eager size goes by
 //    its own rendezvous and completes after smaller ones sent behind it, so the receiver holds
 //    what arrives ahead of `expected` and releases it in order;
-//  - delivery while the provider connects: when two ranks send to each other first at the same
-//    time, rxm (libfabric 1.17) makes two connections, keeps one, and a message already sent on
-//    the other is lost although its send completed (ofiwg/libfabric#7396). So a sender keeps a
-//    copy of what it sends until the peer acknowledges one of its messages (every message
-//    carries the sender's `ack`: the next sequence number it expects from the receiver), and a
-//    receiver that sees a gap while the sender still keeps copies asks for them again.
-// A gap that is not filled while the sender goes on sending (its keepalives arrive behind it) is
-// a message the provider lost after the connection was up: the peer is failed, saying so, rather
-// than waited for forever.
+//  - delivery when a connection goes: rxm (libfabric 1.17) loses a message whose send completed
+//    when two ranks connect to each other at once and one of the two connections is dropped
+//    (ofiwg/libfabric#7396), and the tcp provider drops a connection, with what was in flight on
+//    it, when a read names a key that was just closed (a withdrawn rendezvous). So a sender keeps
+//    a copy of every message until the peer acknowledges it (every message carries `ack`: the
+//    next sequence number its sender expects from the receiver), and a receiver that sees a gap
+//    asks for the copies again.
+// A gap that copies sent again do not fill while the sender goes on (its keepalives arrive behind
+// it) fails the peer, saying so, rather than waiting for ever.
 #pragma once
 
 #include <chrono>
@@ -29,26 +29,34 @@ namespace ferry::transport::ofi {
 class PeerOrder {
  public:
   using Clock = std::chrono::steady_clock;
-  // Copies kept while the peer has acknowledged nothing; a sender at the limit waits (the
-  // receiver acknowledges a keeping sender at once, see ack_due).
+  // Copies kept, at most; a sender at either limit waits for an acknowledgement, which it asks
+  // for (kWireAckMe) from a quarter of either on, and before the peer acknowledged anything.
   static constexpr std::size_t kKeepLimit = 64;
-  // Keepalives of the peer that arrived behind a gap: it is sending, so the gap is a loss.
+  static constexpr std::size_t kKeepBytes = 1 << 20;
+  // Keepalives of the peer (its periodic ones, not acknowledgements) that arrived behind a gap:
+  // it is sending, so the gap is a loss.
   static constexpr int kLostAfterKeepalives = 3;
+  // A gap is asked to be filled once it is this old (a message the provider's rendezvous carries
+  // is overtaken for a few milliseconds), and again at most this often.
+  static constexpr Clock::duration kAskAfter = std::chrono::milliseconds(50);
+  static constexpr Clock::duration kAskEvery = std::chrono::milliseconds(200);
 
   // Sender side.
   [[nodiscard]] std::uint32_t next_seq() const { return next_seq_; }
   // The header's sequence number, acknowledgement and flags for the next message.
   void stamp(Wire* wire) const;
-  // Whether a message may be sent now (false: keeping kKeepLimit copies, wait for an ack).
-  [[nodiscard]] bool can_send() const { return !keeping() || kept_.size() < kKeepLimit; }
-  // The message (header included) went to the provider as next_seq(): counted, and kept while
-  // the peer has acknowledged nothing.
+  // Whether a message of `bytes` may be sent now (false: wait for an acknowledgement).
+  [[nodiscard]] bool can_send(std::size_t bytes) const {
+    return kept_.size() < kKeepLimit && kept_bytes_ + bytes <= kKeepBytes;
+  }
+  // The message (header included) went to the provider as next_seq(): counted and kept.
   void sent(std::span<const std::byte> message);
-  // Whether copies are kept (nothing acknowledged yet).
-  [[nodiscard]] bool keeping() const { return !acknowledged_; }
-  // Copies of the kept messages from `from` on, in order, for a receiver that asked again.
-  [[nodiscard]] std::vector<std::span<const std::byte>> resend_from(std::uint32_t from) const;
+  // Copies of the kept messages from `from` up to (not including) `until`, in order, for a
+  // receiver that asked again: what it misses before the first message it holds.
+  [[nodiscard]] std::vector<std::span<const std::byte>> resend(std::uint32_t from,
+                                                               std::uint32_t until) const;
   [[nodiscard]] std::size_t kept() const { return kept_.size(); }
+  [[nodiscard]] bool acknowledged() const { return acknowledged_; }
 
   // Receiver side. What an arriving message is, in order of the stream:
   enum class Arrival {
@@ -64,14 +72,18 @@ class PeerOrder {
   void delivered() { ++expected_; }
   [[nodiscard]] std::uint32_t expected() const { return expected_; }
   [[nodiscard]] std::size_t held() const { return held_.size(); }
-  // A keeping sender is owed an acknowledgement (a keepalive carries it); cleared by the caller.
+  // The first held message's seq (the end of the gap); expected() when none is held.
+  [[nodiscard]] std::uint32_t first_held() const {
+    return held_.empty() ? expected_ : held_.begin()->first;
+  }
+  // The sender asked for an acknowledgement (a keepalive carries it); cleared by the caller.
   [[nodiscard]] bool ack_due() const { return ack_due_; }
   void ack_sent() { ack_due_ = false; }
-  // Whether to ask the sender for its copies from expected() on now (a gap while it keeps them,
-  // asked at most every `interval`); the caller sends the request.
-  bool resend_due(Clock::time_point now, Clock::duration interval);
+  // Whether to ask the sender for its copies from expected() on now (kAskAfter, kAskEvery); the
+  // caller sends the request.
+  bool resend_due(Clock::time_point now);
   // Whether the gap is a loss: the sender went on (kLostAfterKeepalives of its keepalives
-  // arrived behind it) without filling it.
+  // arrived behind it) and its copies did not fill it.
   [[nodiscard]] bool lost() const {
     return !held_.empty() && keepalives_behind_ >= kLostAfterKeepalives;
   }
@@ -81,13 +93,14 @@ class PeerOrder {
   std::uint32_t next_seq_ = 0;
   bool acknowledged_ = false;
   std::deque<std::pair<std::uint32_t, std::vector<std::byte>>> kept_;
+  std::size_t kept_bytes_ = 0;
   void take_ack(std::uint32_t ack);
   // Receiver side.
   std::uint32_t expected_ = 0;
   std::map<std::uint32_t, std::vector<std::byte>> held_;
   bool ack_due_ = false;
-  bool sender_keeps_ = false;  // the newest held message says its sender keeps copies
   int keepalives_behind_ = 0;  // keepalives held behind the gap
+  Clock::time_point gap_since_{};
   Clock::time_point last_request_{};
 };
 

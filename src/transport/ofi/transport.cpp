@@ -189,7 +189,7 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
       std::memcpy(out + sizeof wire + header.size(), payload.data(), payload.size());
   };
   ssize_t ret;
-  if (state.outstanding >= kSendsPerPeer || !state.order.can_send()) {
+  if (state.outstanding >= kSendsPerPeer || !state.order.can_send(total)) {
     return Status(Code::kWouldBlock);
   }
   std::byte* message = nullptr;
@@ -284,17 +284,20 @@ ssize_t OfiTransport::post_copy(int peer, std::span<const std::byte> message) {
   return ret;
 }
 
-void OfiTransport::resend(int peer, std::uint32_t from) {
+void OfiTransport::resend(int peer, std::uint32_t from, std::uint32_t until) {
   PeerState& state = peers_[static_cast<std::size_t>(peer)];
   if (state.failed) return;
-  const auto copies = state.order.resend_from(from);
+  const auto copies = state.order.resend(from, until);
   std::size_t posted = 0;
   for (std::span<const std::byte> copy : copies) {
+    Wire wire{};
+    std::memcpy(&wire, copy.data(), sizeof wire);
+    if (test_drop_copies_ && test_drop_ == wire.seq) continue;
     if (post_copy(peer, copy) != 0) break;  // the receiver asks again after an interval
     ++posted;
   }
-  FERRY_LOG(kInfo, "ofi: rank %d asked for our messages from %u again: %zu of %zu kept sent", peer,
-            from, posted, copies.size());
+  FERRY_LOG(kInfo, "ofi: rank %d asked for our messages %u to %u again: %zu of %zu kept sent", peer,
+            from, until - 1, posted, copies.size());
 }
 
 void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
@@ -310,7 +313,7 @@ void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
   PeerState& peer = peers_[static_cast<std::size_t>(wire.source)];
   if (peer.failed) return;
   if ((wire.flags & kWireResend) != 0) {
-    if (wire.id == kWireResendId) resend(wire.source, wire.ack);
+    if (wire.id == kWireResendId) resend(wire.source, wire.ack, wire.until);
     return;
   }
   if ((wire.flags & kWireBroken) != 0) {
@@ -351,7 +354,7 @@ void OfiTransport::deliver(const Wire& wire, const std::byte* body) {
   PeerState& peer = peers_[static_cast<std::size_t>(wire.source)];
   peer.order.delivered();
   peer.last_heard = std::chrono::steady_clock::now();
-  if (wire.id == kKeepaliveId) return;
+  if (wire.id == kKeepaliveId || wire.id == kWireAckId) return;
   handler_->on_am(wire.id, wire.source, {body, wire.length});
 }
 
@@ -364,7 +367,7 @@ void OfiTransport::order_work() {
     PeerOrder& order = state.order;
     if (order.ack_due()) {
       // A keepalive carries the acknowledgement; refused now, it is tried at the next call.
-      if (send(static_cast<int>(i), state.address, kKeepaliveId, {}, {})) order.ack_sent();
+      if (send(static_cast<int>(i), state.address, kWireAckId, {}, {})) order.ack_sent();
     }
     if (order.lost()) {
       // Told first (best effort), so that the peer does not wait for our answers either.
@@ -373,12 +376,13 @@ void OfiTransport::order_work() {
       peer_failed(static_cast<int>(i),
                   "ofi: message " + std::to_string(order.expected()) + " of rank " +
                       std::to_string(i) + " never arrived while " + std::to_string(order.held()) +
-                      " later ones did (the provider lost it, and the sender no longer kept a "
-                      "copy)");
+                      " later ones did (the provider lost it, and copies sent again did not "
+                      "arrive either)");
       continue;
     }
-    if (order.resend_due(now, std::chrono::milliseconds(20))) {
-      Wire request{kWireResendId, kWireResend, kWireMagic, rank_, 0, 0, order.expected(), 0};
+    if (order.resend_due(now)) {
+      Wire request{kWireResendId,    kWireResend,       kWireMagic, rank_, 0, 0,
+                   order.expected(), order.first_held()};
       (void)post_copy(static_cast<int>(i), std::as_bytes(std::span(&request, 1)));
       FERRY_LOG(kInfo,
                 "ofi: message %u of rank %d is missing (%zu later ones arrived): asked "

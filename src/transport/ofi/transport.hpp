@@ -139,8 +139,8 @@ class OfiTransport final : public Transport {
   // What PeerOrder asks for: acknowledgements owed, kept messages asked for again, a gap that is
   // a loss (the peer fails); only while some peer has one (order_work_).
   void order_work();
-  // The kept messages from `from` on, again (each as it was first sent: same seq).
-  void resend(int peer, std::uint32_t from);
+  // The kept messages from `from` up to `until`, again (each as it was first sent: same seq).
+  void resend(int peer, std::uint32_t from, std::uint32_t until);
   // Posts a whole message (header included) from a bounce buffer, outside the stream's count.
   ssize_t post_copy(int peer, std::span<const std::byte> message);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
@@ -191,6 +191,7 @@ class OfiTransport final : public Transport {
   std::uint32_t polls_ = 0;
   bool order_work_ = false;        // a peer owes an acknowledgement or has a gap (order_work)
   std::int64_t test_drop_ = -1;    // FERRY_TEST_OFI_DROP: the message of this seq is never posted
+  bool test_drop_copies_ = false;  // FERRY_TEST_OFI_DROP_COPIES: nor its copies
   bool delivery_complete_ = true;  // until the provider refuses FI_DELIVERY_COMPLETE on a send
 };
 

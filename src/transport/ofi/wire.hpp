@@ -21,19 +21,20 @@ struct Wire {
   std::int32_t source;
   std::uint32_t length;  // of what follows (the engine's header and payload)
   std::uint32_t seq;
-  std::uint32_t ack;  // the next seq the sender expects from the receiver
-  std::uint32_t reserved;
+  std::uint32_t ack;    // the next seq the sender expects from the receiver
+  std::uint32_t until;  // kWireResend: the end of the gap (the first message it holds)
 };
 static_assert(sizeof(Wire) == 24);
-// The sender keeps a copy of this message (and of every earlier one not yet acknowledged).
-constexpr std::uint8_t kWireKeeping = 1;
+// The sender asks for an acknowledgement soon (it keeps copies of what is not acknowledged).
+constexpr std::uint8_t kWireAckMe = 1;
 // Not part of the stream (its seq means nothing): a request to send the kept messages from
-// `ack` on again.
+// `ack` up to `until` again.
 constexpr std::uint8_t kWireResend = 2;
 // Not part of the stream: the sender gave up on the link (it lost one of our messages), so this
 // rank fails it too rather than wait for answers that will not come.
 constexpr std::uint8_t kWireBroken = 4;
 constexpr std::uint8_t kWireKeepaliveId = 0xff;  // in the stream, never delivered to the engine
+constexpr std::uint8_t kWireAckId = 0xfc;        // the same, sent when an ack was asked for
 constexpr std::uint8_t kWireResendId = 0xfe;     // with kWireResend
 constexpr std::uint8_t kWireBrokenId = 0xfd;     // with kWireBroken
 constexpr std::uint16_t kWireMagic = 0xfe71;
