@@ -22,7 +22,7 @@ declare -A needs=(
   [shm_address]="src/transport/shm/address.cpp src/util/status.cpp"
   [config_value]="src/util/config.cpp src/util/status.cpp"
   [address_blob]="src/proto/address_blob.cpp src/util/status.cpp"
-  [ofi_wire]="src/transport/ofi/wire.cpp"
+  [ofi_wire]="src/transport/ofi/wire.cpp src/transport/ofi/order.cpp"
   [pmi_wire]="src/bootstrap/pmi.cpp src/util/config.cpp src/util/status.cpp src/util/log.cpp src/util/node.cpp"
   # The engine without the CUDA module (cuda/none.cpp) and the libfabric transport (the build
   # leaves FERRY_HAVE_OFI undefined): fuzzing needs neither a driver nor a NIC.

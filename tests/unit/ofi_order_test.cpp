@@ -128,6 +128,17 @@ TEST(OfiOrder, AGapCopiesDoNotFillIsALossOnceTheSendersKeepalivesPass) {
   EXPECT_TRUE(b.lost());
 }
 
+TEST(OfiOrder, AMessageFurtherAheadThanAnySenderRunsIsRefusedNotHeld) {
+  PeerOrder b;
+  Wire forged{1, 0, kWireMagic, 1, 0, 1u << 30, 0, 0};
+  std::vector<std::byte> bytes(sizeof forged);
+  std::memcpy(bytes.data(), &forged, sizeof forged);
+  EXPECT_EQ(b.arrive(forged, bytes, Clock::now()), PeerOrder::Arrival::kRefused);
+  EXPECT_EQ(b.held(), 0u) << "a peer cannot make this rank hold without bound";
+  forged.seq = PeerOrder::kKeepLimit;
+  EXPECT_EQ(b.arrive(forged, bytes, Clock::now()), PeerOrder::Arrival::kHeld);
+}
+
 TEST(OfiOrder, AnAcknowledgementBeyondWhatWasSentIsIgnored) {
   PeerOrder a;
   send(a);

@@ -7,13 +7,17 @@ namespace ferry::transport::ofi {
 void PeerOrder::stamp(Wire* wire) const {
   wire->seq = next_seq_;
   wire->ack = expected_;
-  if (!acknowledged_ || kept_.size() + 1 >= kKeepLimit / 4 || kept_bytes_ >= kKeepBytes / 4) {
+  if (!acknowledged_ || kept_count_ + 1 >= kKeepLimit / 4 || kept_bytes_ >= kKeepBytes / 4) {
     wire->flags |= kWireAckMe;
   }
 }
 
 void PeerOrder::sent(std::span<const std::byte> message) {
-  kept_.emplace_back(next_seq_, std::vector<std::byte>(message.begin(), message.end()));
+  // The caller asked can_send() first: a free slot.
+  Kept& slot = kept_[(kept_head_ + kept_count_) % kKeepLimit];
+  slot.seq = next_seq_;
+  slot.bytes.assign(message.begin(), message.end());
+  ++kept_count_;
   kept_bytes_ += message.size();
   ++next_seq_;
 }
@@ -21,9 +25,11 @@ void PeerOrder::sent(std::span<const std::byte> message) {
 std::vector<std::span<const std::byte>> PeerOrder::resend(std::uint32_t from,
                                                           std::uint32_t until) const {
   std::vector<std::span<const std::byte>> out;
-  for (const auto& [seq, bytes] : kept_) {
-    if (static_cast<std::int32_t>(seq - from) >= 0 && static_cast<std::int32_t>(until - seq) > 0) {
-      out.emplace_back(bytes);
+  for (std::size_t i = 0; i < kept_count_; ++i) {
+    const Kept& kept = kept_at(i);
+    if (static_cast<std::int32_t>(kept.seq - from) >= 0 &&
+        static_cast<std::int32_t>(until - kept.seq) > 0) {
+      out.emplace_back(kept.bytes);
     }
   }
   return out;
@@ -32,9 +38,12 @@ std::vector<std::span<const std::byte>> PeerOrder::resend(std::uint32_t from,
 void PeerOrder::take_ack(std::uint32_t ack) {
   // Acknowledgements only grow; one beyond what was sent is a peer's error, taken as nothing.
   if (static_cast<std::int32_t>(next_seq_ - ack) < 0) return;
-  while (!kept_.empty() && static_cast<std::int32_t>(ack - kept_.front().first) > 0) {
-    kept_bytes_ -= kept_.front().second.size();
-    kept_.pop_front();
+  while (kept_count_ > 0 && static_cast<std::int32_t>(ack - kept_[kept_head_].seq) > 0) {
+    Kept& oldest = kept_[kept_head_];
+    kept_bytes_ -= oldest.bytes.size();
+    if (oldest.bytes.capacity() > kSlotReuse) std::vector<std::byte>().swap(oldest.bytes);
+    kept_head_ = (kept_head_ + 1) % kKeepLimit;
+    --kept_count_;
   }
   if (ack != 0) acknowledged_ = true;
 }
@@ -50,6 +59,7 @@ PeerOrder::Arrival PeerOrder::arrive(const Wire& wire, std::span<const std::byte
     if ((wire.flags & kWireAckMe) != 0) ack_due_ = true;
     return Arrival::kNext;
   }
+  if (static_cast<std::size_t>(ahead) > kKeepLimit) return Arrival::kRefused;
   if (held_.count(wire.seq) != 0) return Arrival::kDuplicate;
   if (held_.empty()) {
     gap_since_ = now;

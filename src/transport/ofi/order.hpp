@@ -17,7 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <array>
 #include <map>
 #include <span>
 #include <vector>
@@ -47,7 +47,7 @@ class PeerOrder {
   void stamp(Wire* wire) const;
   // Whether a message of `bytes` may be sent now (false: wait for an acknowledgement).
   [[nodiscard]] bool can_send(std::size_t bytes) const {
-    return kept_.size() < kKeepLimit && kept_bytes_ + bytes <= kKeepBytes;
+    return kept_count_ < kKeepLimit && kept_bytes_ + bytes <= kKeepBytes;
   }
   // The message (header included) went to the provider as next_seq(): counted and kept.
   void sent(std::span<const std::byte> message);
@@ -55,7 +55,7 @@ class PeerOrder {
   // receiver that asked again: what it misses before the first message it holds.
   [[nodiscard]] std::vector<std::span<const std::byte>> resend(std::uint32_t from,
                                                                std::uint32_t until) const;
-  [[nodiscard]] std::size_t kept() const { return kept_.size(); }
+  [[nodiscard]] std::size_t kept() const { return kept_count_; }
   [[nodiscard]] bool acknowledged() const { return acknowledged_; }
 
   // Receiver side. What an arriving message is, in order of the stream:
@@ -63,6 +63,7 @@ class PeerOrder {
     kNext,       // the one expected: deliver it, then take_ready() what it released
     kHeld,       // ahead of a gap: kept until the gap fills
     kDuplicate,  // delivered or held already (a copy sent again): dropped
+    kRefused,    // further ahead than a sender may run unacknowledged (kKeepLimit): a forgery
   };
   // `wire` parsed from `message`; also takes its acknowledgement (sender side).
   Arrival arrive(const Wire& wire, std::span<const std::byte> message, Clock::time_point now);
@@ -92,8 +93,20 @@ class PeerOrder {
   // Sender side.
   std::uint32_t next_seq_ = 0;
   bool acknowledged_ = false;
-  std::deque<std::pair<std::uint32_t, std::vector<std::byte>>> kept_;
+  // A ring of kept_count_ copies from kept_head_, oldest first. Each slot's buffer is reused (no
+  // allocation per message), except that one above kSlotReuse is given back when released.
+  struct Kept {
+    std::uint32_t seq = 0;
+    std::vector<std::byte> bytes;
+  };
+  static constexpr std::size_t kSlotReuse = 16 * 1024;
+  std::array<Kept, kKeepLimit> kept_{};
+  std::size_t kept_head_ = 0;
+  std::size_t kept_count_ = 0;
   std::size_t kept_bytes_ = 0;
+  [[nodiscard]] const Kept& kept_at(std::size_t i) const {
+    return kept_[(kept_head_ + i) % kKeepLimit];
+  }
   void take_ack(std::uint32_t ack);
   // Receiver side.
   std::uint32_t expected_ = 0;

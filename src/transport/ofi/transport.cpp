@@ -329,6 +329,14 @@ void OfiTransport::handle_receive(std::uint32_t index, std::size_t length) {
       FERRY_LOG(kDebug, "ofi: message %u from rank %d arrived again: dropped", wire.seq,
                 wire.source);
       return;
+    case PeerOrder::Arrival::kRefused:
+      if (malformed_++ == 0) {
+        FERRY_LOG(kWarn,
+                  "ofi: dropped a message from rank %d numbered %u while expecting %u (no "
+                  "sender runs that far ahead)",
+                  wire.source, wire.seq, peer.order.expected());
+      }
+      return;
     case PeerOrder::Arrival::kHeld:
       // Overtook an earlier one still completing, or one the provider lost: kept, and the
       // sender asked for its copies where it keeps them (order_work).
