@@ -1,15 +1,25 @@
-# Writes OUTPUT, a C++ source defining `NAME` (the bytes of INPUT, 8-byte aligned) and `NAME_size`.
+# Writes OUTPUT, a C++ source whose assembler statement includes the bytes of INPUT (.incbin) as
+# the hidden symbol `NAME`, 16-byte aligned, followed by a zero byte and by `NAME_end`. It
+# compiles in milliseconds (a byte array of the 12 MB fatbin took a minute to write and another
+# to compile). The compiled object must be rebuilt when INPUT changes (OBJECT_DEPENDS); the file
+# itself names INPUT's size, so it changes too in most cases.
 # Run as: cmake -DINPUT=file -DOUTPUT=file.cpp -DNAME=symbol -P embed.cmake
-file(READ "${INPUT}" hex HEX)
-string(LENGTH "${hex}" digits)
-math(EXPR bytes "${digits} / 2")
-string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," body "${hex}")
-string(REGEX REPLACE "(0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,0x..,)"
-       "\\1\n" body "${body}")
-file(WRITE "${OUTPUT}"
-  "// Generated from ${INPUT} by cmake/embed.cmake; do not edit.\n"
-  "#include <cstddef>\n"
-  "extern const unsigned char ${NAME}[];\n"
-  "extern const std::size_t ${NAME}_size;\n"
-  "alignas(8) const unsigned char ${NAME}[] = {\n${body}0};\n"
-  "const std::size_t ${NAME}_size = ${bytes};\n")
+file(SIZE "${INPUT}" bytes)
+file(WRITE "${OUTPUT}.new"
+  "// Generated from ${INPUT} (${bytes} bytes) by cmake/embed.cmake; do not edit.\n"
+  "__asm__(\n"
+  "    \".pushsection .rodata\\n\"\n"
+  "    \".balign 16\\n\"\n"
+  "    \".globl ${NAME}\\n\"\n"
+  "    \".hidden ${NAME}\\n\"\n"
+  "    \".type ${NAME}, @object\\n\"\n"
+  "    \"${NAME}:\\n\"\n"
+  "    \".incbin \\\"${INPUT}\\\"\\n\"\n"
+  "    \".size ${NAME}, . - ${NAME}\\n\"\n"
+  "    \".globl ${NAME}_end\\n\"\n"
+  "    \".hidden ${NAME}_end\\n\"\n"
+  "    \"${NAME}_end:\\n\"\n"
+  "    \".byte 0\\n\"\n"
+  "    \".popsection\\n\");\n")
+file(COPY_FILE "${OUTPUT}.new" "${OUTPUT}" ONLY_IF_DIFFERENT)
+file(REMOVE "${OUTPUT}.new")
