@@ -14,10 +14,10 @@
 // it) fails the peer, saying so, rather than waiting for ever.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <array>
 #include <map>
 #include <span>
 #include <vector>
