@@ -5,7 +5,7 @@
 // receives waited for by the application's own poll() on event_fd(), and with CAMPAIGN_DEVICE=1
 // allreduces of device memory (a GPU per rank where there are enough). Every byte received is
 // checked. A survivor agrees with the others on who failed (Communicator::agree) and prints
-//   campaign: rank R pid P ready                          (before its first step)
+//   campaign: rank R pid P job J ready                    (before its first step; J: FERRY_JOB_ID)
 //   campaign: rank R survived: failed [2] step 41 allreduce at 1764...123 ns: <the error>
 // where the time is CLOCK_REALTIME of its first error, for the kill-to-error time. Exit status:
 // 0 survived, 2 a wrong byte, 3 an error that is not a peer's failure (or none within
@@ -354,7 +354,9 @@ int main() {
                 s.to_string().c_str());
     return 3;
   }
-  std::printf("campaign: rank %d pid %d ready\n", w.me, static_cast<int>(::getpid()));
+  const char* job = std::getenv("FERRY_JOB_ID");
+  std::printf("campaign: rank %d pid %d job %s ready\n", w.me, static_cast<int>(::getpid()),
+              job != nullptr && *job != '\0' ? job : "-");
   std::fflush(stdout);
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   Status error;

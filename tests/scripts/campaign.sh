@@ -25,8 +25,9 @@ cleanup() {
   if [ "$layout" = two-nodes ]; then ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; fi
 }
 trap cleanup EXIT
-leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
-before=$(leftovers)
+# What a job left in /dev/shm: only its own files (its ranks print the job's id), so that other
+# jobs running beside the campaign (ctest -j) are not taken for its leftovers.
+leftovers() { ls /dev/shm 2>/dev/null | grep "^ferry-$1-" | sort; }
 
 wrapper=()
 variants=("" "FERRY_SHM_CMA=0" "FERRY_SHM_CMA_THRESHOLD=0" "FERRY_WAIT_MODE=block")
@@ -92,7 +93,12 @@ for kill_number in $(seq 1 "$kills"); do
   [ "$survivors" -eq $((ranks - 1)) ] || why+="$survivors of $((ranks - 1)) survivors agreed on rank $victim alone; "
   grep -q "WRONG" "$out" && why+="a wrong result; "
   grep -q "UNEXPECTED\|DIFFER" "$out" && why+="an unexpected error; "
-  [ "$before" = "$(leftovers)" ] || why+="files left in /dev/shm: $(comm -13 <(echo "$before") <(leftovers) | tr '\n' ' '); "
+  job_id=$(grep -m1 "^campaign: rank .* job " "$out" | awk '{print $7}' | tr -c 'A-Za-z0-9\n' '_')
+  if [ -z "$job_id" ] || [ "$job_id" = - ]; then
+    why+="no rank named its job; "
+  elif [ -n "$(leftovers "$job_id")" ]; then
+    why+="files left in /dev/shm: $(leftovers "$job_id" | tr '\n' ' '); "
+  fi
   times=""
   if [ "$kill_ns" -gt 0 ]; then
     times=$(grep -o "survived: .* at [0-9]* ns" "$out" | awk -v k="$kill_ns" '{printf "%.1f\n", ($(NF-1) - k) / 1e6}' | sort -n)

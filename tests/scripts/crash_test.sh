@@ -5,7 +5,8 @@
 set -u
 ferryrun=$1 program=$2
 passed=0 failed=0
-leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
+# shellcheck source=shm_leftovers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/shm_leftovers.sh"
 check() {  # name ranks point victim [test-program arguments]
   local name=$1 n=$2 point=$3 victim=$4
   shift 4

@@ -8,7 +8,8 @@
 set -u
 ferryrun=$1 program=$2 with_ofi=${3:-}
 passed=0 failed=0
-leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
+# shellcheck source=shm_leftovers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/shm_leftovers.sh"
 # libfabric's shm provider leaves its region (/dev/shm/PID:N:N) behind when its process is
 # SIGKILLed, and a later process given the same pid cannot open an endpoint (fi_enable: EBUSY):
 # ferryrun removes those of the ranks it reaps. Prints the killed ranks' regions still there.

@@ -16,7 +16,8 @@ passed=0 failed=0 skipped=0
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && echo "$2" | tail -8 | sed 's/^/    /'; }
 skip() { skipped=$((skipped + 1)); echo "SKIP $1"; }
-leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
+# shellcheck source=shm_leftovers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/shm_leftovers.sh"
 before=$(leftovers)
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 # free_ports: a port P such that P and P+1 are free on 127.0.0.1, below the kernel's ephemeral

@@ -7,7 +7,8 @@
 set -u
 ferryrun=$1 program=$2 with_ofi=${3:-}
 passed=0 failed=0
-leftovers() { ls /dev/shm 2>/dev/null | grep '^ferry-' | sort; }
+# shellcheck source=shm_leftovers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/shm_leftovers.sh"
 before=$(leftovers)
 # `run WHAT RC SURVIVORS [VAR=VALUE...] -- PROGRAM-ARGS...`
 run() {
