@@ -209,9 +209,9 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
     op.seq = wire.seq;
     op.peer = peer;
     op.buffer = index;
-    if (test_drop_ == wire.seq && !confirm) {
+    const bool dropped = test_drop_ == wire.seq && !confirm;
+    if (dropped) {
       ret = 0;  // FERRY_TEST_OFI_DROP: lost as a provider may lose it (no completion either)
-      message = nullptr;
     } else if (!confirm) {
       ret = fi_send(ep_, message, total, desc_, address, &op.context);
     } else {
@@ -237,12 +237,11 @@ Status OfiTransport::send(int peer, fi_addr_t address, std::uint8_t id,
       }
       if (!delivery_complete_) ret = fi_sendmsg(ep_, &msg, FI_COMPLETION);
     }
-    if (ret == 0 && message != nullptr) {
+    if (ret == 0 && !dropped) {  // the dropped one is still kept, its buffer not taken
       free_sends_.pop_back();
       ++state.outstanding;
       if (confirm) state.drain_sent = true;
     }
-    if (message == nullptr) message = buffer(index);  // the dropped one is still kept
   }
   if (ret == 0) {
     state.order.sent({message, total});
@@ -282,6 +281,12 @@ ssize_t OfiTransport::post_copy(int peer, std::span<const std::byte> message) {
     ++state.outstanding;
   }
   return ret;
+}
+
+void OfiTransport::post_control(int peer, std::uint8_t id, std::uint8_t flag, std::uint32_t ack,
+                                std::uint32_t until) {
+  const Wire wire{id, flag, kWireMagic, rank_, 0, 0, ack, until};
+  (void)post_copy(peer, std::as_bytes(std::span(&wire, 1)));  // refused: asked again later
 }
 
 void OfiTransport::resend(int peer, std::uint32_t from, std::uint32_t until) {
@@ -379,8 +384,7 @@ void OfiTransport::order_work() {
     }
     if (order.lost()) {
       // Told first (best effort), so that the peer does not wait for our answers either.
-      Wire broken{kWireBrokenId, kWireBroken, kWireMagic, rank_, 0, 0, order.expected(), 0};
-      (void)post_copy(static_cast<int>(i), std::as_bytes(std::span(&broken, 1)));
+      post_control(static_cast<int>(i), kWireBrokenId, kWireBroken, order.expected(), 0);
       peer_failed(static_cast<int>(i),
                   "ofi: message " + std::to_string(order.expected()) + " of rank " +
                       std::to_string(i) + " never arrived while " + std::to_string(order.held()) +
@@ -389,9 +393,8 @@ void OfiTransport::order_work() {
       continue;
     }
     if (order.resend_due(now)) {
-      Wire request{kWireResendId,    kWireResend,       kWireMagic, rank_, 0, 0,
-                   order.expected(), order.first_held()};
-      (void)post_copy(static_cast<int>(i), std::as_bytes(std::span(&request, 1)));
+      post_control(static_cast<int>(i), kWireResendId, kWireResend, order.expected(),
+                   order.first_held());
       FERRY_LOG(kInfo,
                 "ofi: message %u of rank %d is missing (%zu later ones arrived): asked "
                 "for it again",

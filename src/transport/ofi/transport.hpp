@@ -141,6 +141,9 @@ class OfiTransport final : public Transport {
   void order_work();
   // The kept messages from `from` up to `until`, again (each as it was first sent: same seq).
   void resend(int peer, std::uint32_t from, std::uint32_t until);
+  // A header-only message outside the stream (kWireResend, kWireBroken), best effort.
+  void post_control(int peer, std::uint8_t id, std::uint8_t flag, std::uint32_t ack,
+                    std::uint32_t until);
   // Posts a whole message (header included) from a bounce buffer, outside the stream's count.
   ssize_t post_copy(int peer, std::span<const std::byte> message);
   [[nodiscard]] std::byte* buffer(std::uint32_t index) const;
