@@ -99,24 +99,24 @@ for step in $steps; do
         echo "exit ${PIPESTATUS[0]}"
       done ;;
     stream)
-      # Stream-ordered operations and graph replays (allreduces as kernels on the stream with
-      # IPC, then every call by ferry's thread, then staged), then the last rank killed while the
+      # Stream-ordered operations and graph replays (allreduces and send/recv as kernels on the
+      # stream with IPC, then every call by ferry's thread, then staged), then the last rank killed while the
       # others' streams or graph replays wait for it: they must be released with the error; then
       # an allreduce nobody else makes, released by FERRY_TIMEOUT.
       for mode in ipc proxy staged; do
         env=()
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
-        [ $mode = proxy ] && env=(FERRY_STREAM_KERNEL=0)
+        [ $mode = proxy ] && env=(FERRY_STREAM_KERNEL=0 FERRY_STREAM_P2P=0)
         echo "--- gpu.stream.$mode ${env[*]:-}"
         env "${env[@]}" "${run[@]}" "$bin/ferry_gpu_stream_tests" 2>&1 \
           | tee "$out/gpu_stream_$mode.log" | grep -E "^\[  |Failure|error|SKIP|Which is|Expected" \
           | awk 'NR <= 40'
         echo "exit ${PIPESTATUS[0]}"
       done
-      for mode in stream-death graph-death never-arrives; do
+      for mode in stream-death graph-death p2p-graph-death never-arrives p2p-never-arrives; do
         for kernel in 16m 0; do
-          echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel"
-          FERRY_STREAM_KERNEL=$kernel FERRY_TIMEOUT=$([ $mode = never-arrives ] && echo 1 || echo 0) \
+          echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/64k}"
+          FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/64k} FERRY_TIMEOUT=$([[ $mode = *never-arrives ]] && echo 1 || echo 0) \
             "$bin/ferryrun" --timeout 60 --keep-going -n 2 "$bin/ferry_gpu_stream_tests" $mode \
             2>&1 | tee "$out/gpu_$mode.$kernel.log" | grep -E "^rank|error|warn" | awk 'NR <= 20'
           echo "exit ${PIPESTATUS[0]}"

@@ -517,14 +517,15 @@ class Communicator {
   // the work enqueued after it waits for its result. A stream that captures a CUDA graph captures
   // it: every replay of the graph communicates again, with the same buffers, and no call into
   // ferry. The buffers are device or host memory. An allreduce among the GPUs of one node (up to
-  // FERRY_STREAM_KERNEL) is a kernel on the stream itself; every other call runs as the
-  // host-synchronous call would, by a thread of ferry's (which needs FERRY_THREADS=multi, the
-  // default). Every member enqueues the same stream calls of a communicator in the same order, on
-  // one stream (or on streams ordered among themselves); they never mix with its
-  // host-synchronous calls, which remain usable beside them. The first stream collective of a
-  // communicator (and its first allreduce that runs as a kernel) sets up its device path, a
-  // collective of the members made by the calling thread. A graph must not be replayed after
-  // its communicator is gone.
+  // FERRY_STREAM_KERNEL) is a kernel on the stream itself, and so are send and recv between GPUs
+  // of one node (a group's in one launch; messages past FERRY_STREAM_P2P move their data by
+  // ferry's thread behind it); every other call runs as the host-synchronous call would, by a
+  // thread of ferry's (which needs FERRY_THREADS=multi, the default). Every member enqueues the
+  // same stream calls of a communicator in the same order, on one stream (or on streams ordered
+  // among themselves); they never mix with its host-synchronous calls, which remain usable beside
+  // them. The first stream collective of a communicator (and its first allreduce that runs as a
+  // kernel) sets up its device path, a collective of the members made by the calling thread. A
+  // graph must not be replayed after its communicator is gone.
   //
   // The return value says whether the call was enqueued (arguments, the stream, and an earlier
   // failure: Context::async_error). A failure while it runs (a dead member, FERRY_TIMEOUT) does
@@ -548,7 +549,9 @@ class Communicator {
                  CudaStream stream);
   // Point-to-point between members, matched in order per pair (no tags), as ncclSend/ncclRecv:
   // a receive takes the next send of `peer` to this member on this communicator, whose size must
-  // be `bytes` or less. Pair a member's sends and receives in a group (Context::group_start).
+  // be `bytes` or less. Pair a member's sends and receives in a group (Context::group_start). The
+  // first stream send or receive between two members waits for the other's first one (it sets
+  // up their pair, as NCCL's first send/recv between two ranks connects them).
   Status send(const void* buffer, std::size_t bytes, int peer, CudaStream stream);
   Status recv(void* buffer, std::size_t bytes, int peer, CudaStream stream);
 

@@ -356,8 +356,8 @@ Status Communicator::alltoall(const void* send, void* recv, std::size_t count, D
 
 namespace {
 
-// A stream send or receive: a message of the twin's own tag (no collective's: their low 16 bits
-// are zero), matched in order per pair.
+// A stream send or receive: by kernels on the stream between GPUs of one node, else a message of
+// ferry's thread (coll/stream_p2p.hpp), matched in order per pair.
 Status enqueue_message(const std::shared_ptr<coll::Group>& group, bool sending, void* buffer,
                        std::size_t bytes, int peer, CudaStream stream) {
   const char* name = sending ? "send" : "recv";
@@ -371,21 +371,17 @@ Status enqueue_message(const std::shared_ptr<coll::Group>& group, bool sending, 
     return Status(Code::kInvalidArgument, std::string(name) + " on a stream: a null buffer with " +
                                               std::to_string(bytes) + " bytes");
   }
-  proto::Engine* engine = group->engine();
   Status revoked;
   const auto [twin, streams] = stream_parts(group, name, &revoked);
   if (!revoked.is_ok()) return revoked;
-  const int rank = twin->member(peer);
-  const Tag tag = coll::tag_of(twin->id(), 0) | 1;
+  coll::StreamP2p* p2p = nullptr;
+  {
+    auto entry = group->engine()->enter();
+    p2p = &twin->stream_p2p();
+  }
   std::string what = std::string(name) + (sending ? " to " : " from ") + group->peer_label(peer);
-  return streams->enqueue(
-      stream,
-      [engine, sending, buffer, bytes, rank, tag] {
-        auto inner = engine->enter();
-        return sending ? engine->messages().isend(buffer, bytes, rank, tag)
-                       : engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
-      },
-      what);
+  return streams->enqueue(stream, p2p, coll::StreamP2p::work(twin, sending, buffer, bytes, peer),
+                          what);
 }
 
 }  // namespace

@@ -49,6 +49,11 @@ Group::~Group() {
   revocations_->leave(id_);
 }
 
+StreamP2p& Group::stream_p2p() {
+  if (!p2p_) p2p_ = std::make_unique<StreamP2p>(*this, engine_->config());
+  return *p2p_;
+}
+
 std::string Group::call_label(std::uint32_t sequence) const {
   return "#" + std::to_string(sequence & 0xffffffu) + " on communicator " +
          std::to_string(base_id()) + ((id_ & kStreamTwinBit) != 0 ? " (stream-ordered)" : "");

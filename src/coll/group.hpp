@@ -16,6 +16,7 @@
 #include "coll/node_area.hpp"
 #include "coll/node_collectives.hpp"
 #include "coll/schedule.hpp"
+#include "coll/stream_p2p.hpp"
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/revocations.hpp"
@@ -165,6 +166,8 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // The one-shot device allreduce of this group (coll/device_oneshot.hpp).
   [[nodiscard]] DeviceOneShot& oneshot() { return *oneshot_; }
+  // A stream twin's sends and receives by kernels (coll/stream_p2p.hpp), made on first use.
+  StreamP2p& stream_p2p();
   ~Group();
 
   // The blocking form's shortcut, once the area is set up: runs the call through the area (and
@@ -264,6 +267,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::size_t chunk_;
   double timeout_;  // FERRY_TIMEOUT
   std::unique_ptr<DeviceOneShot> oneshot_;
+  std::unique_ptr<StreamP2p> p2p_;
   std::unique_ptr<NodeCollectives> nodes_;
   std::shared_ptr<Group> twin_;         // stream_twin(), made on first use
   std::shared_ptr<Group> kernel_twin_;  // kernel_twin(), made on first use

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,31 @@ class Cuda {
   // captures a graph captures it, and every replay is a call of its own. Nothing tells the host
   // when it ends: errors are in `words` (a stopped call's result is not valid).
   virtual Status allreduce_on_stream(void* stream, int device, const OneShot& call) = 0;
+  // Stream send and receive between two GPUs of one node (kernels/p2p.cuh, coll/stream_p2p.hpp):
+  // each member's inbox for a peer is kP2pSlots slot-free words (64 bits each, in the first 128
+  // bytes), then kP2pSlots LL slots of a message of up to kP2pInlineMax bytes each.
+  static constexpr int kP2pSlots = 4;
+  static constexpr std::size_t kP2pInlineMax = 65536;
+  static constexpr std::size_t kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
+  static constexpr std::size_t kP2pInboxBytes = 128 + kP2pSlots * kP2pSlotBytes;
+  static constexpr int kP2pMaxOps = 32;
+  struct P2pOp {
+    enum class Kind : std::uint8_t { kSendInline, kSendHeader, kReceive };
+    Kind kind = Kind::kSendInline;
+    void* slots = nullptr;    // send: the peer's ring for us (mapped); receive: ours
+    void* free = nullptr;     // send: our slot-free words; receive: the peer's (mapped)
+    void* counter = nullptr;  // ours (device memory, 64 bits): this direction's messages so far
+    void* buffer = nullptr;   // send: the data; receive: where it goes (device-reachable)
+    std::size_t bytes = 0;    // send: the size; receive: the most it takes
+    void* verdict = nullptr;  // receive with a hand-off after it: 3 host words the kernel sets
+    int index = 0;            // among the launch's ops of the same peer and direction
+    int total = 0;            // their number
+  };
+  // One launch of up to kP2pMaxOps ops on `stream` (of `device`'s context): every op runs at
+  // once. `words`: the communicator's stop words (as OneShot::words); `scratch`: 256 bytes of
+  // device memory, zeroed before the first launch.
+  virtual Status p2p_on_stream(void* stream, int device, std::span<const P2pOp> ops, void* words,
+                               std::uint64_t timeout_ns, void* scratch) = 0;
   // The resident one-shot kernel (kernels.cu, ferry_allreduce_resident): one block that stays on
   // the GPU between one communicator's calls of one block (data up to its block_bytes), so such a
   // call costs no launch. resident_open makes its mailbox and stream (nothing runs yet; `shape`

@@ -1,8 +1,8 @@
 // Device code of ferry's CUDA module: the element-wise reductions of the collectives on device
-// buffers, the copy kernel, the one-shot, two-shot and resident allreduce kernels, and the mesh
-// allgather and reduce-scatter (the parts in kernels/, one translation unit). nvcc compiles it
-// into a fatbin (sm_90 code and PTX) that libferry embeds and loads through the driver
-// (cuModuleLoadData), so the library needs no CUDA runtime.
+// buffers, the copy kernel, the one-shot, two-shot and resident allreduce kernels, the mesh
+// allgather and reduce-scatter, and stream send/receive (the parts in kernels/, one translation
+// unit). nvcc compiles it into a fatbin (sm_90 code and PTX) that libferry embeds and loads
+// through the driver (cuModuleLoadData), so the library needs no CUDA runtime.
 //
 // The arithmetic is the host kernels' (src/coll/reduce.cpp), element by element: integers wrap,
 // float min/max are IEEE 754-2019 minimum/maximum (-0 below +0, a NaN operand gives NaN), and
@@ -76,3 +76,5 @@ extern "C" __global__ void __launch_bounds__(512)
 #include "kernels/on_stream.cuh"
 // (the resident kernel)
 #include "kernels/resident.cuh"
+// (stream send and receive)
+#include "kernels/p2p.cuh"

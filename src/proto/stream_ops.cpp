@@ -76,6 +76,51 @@ Status StreamOps::enqueue(CudaStream stream, Start start, const std::string& wha
   return submit(stream, std::move(one));
 }
 
+Status StreamOps::enqueue(CudaStream stream, Fuser* fuser, std::shared_ptr<DeviceWork> work,
+                          const std::string& what) {
+  if (failed_.load(std::memory_order_acquire)) {
+    Status error = async_error();
+    return Status(error.code(),
+                  what + ": not enqueued, an earlier stream operation failed: " + error.message());
+  }
+  std::vector<Pending> one;
+  {
+    std::lock_guard lock(mutex_);
+    if (group_depth_ > 0) {
+      group_.push_back({stream, Start(), what, fuser, std::move(work)});
+      return Status::ok();
+    }
+  }
+  one.push_back({stream, Start(), what, fuser, std::move(work)});
+  return submit(stream, std::move(one));
+}
+
+Status StreamOps::fuse(CudaStream stream, std::vector<Pending>* work) {
+  std::vector<Fuser*> fusers;
+  for (const Pending& p : *work) {
+    if (p.fuser != nullptr && std::find(fusers.begin(), fusers.end(), p.fuser) == fusers.end()) {
+      fusers.push_back(p.fuser);
+    }
+  }
+  for (Fuser* fuser : fusers) {
+    std::vector<std::shared_ptr<DeviceWork>> mine;
+    for (const Pending& p : *work) {
+      if (p.fuser == fuser) mine.push_back(p.device);
+    }
+    std::vector<Start> thread;
+    if (Status s = fuser->enqueue(stream, mine, &thread); !s) return s;
+    std::size_t next = 0;
+    for (Pending& p : *work) {
+      if (p.fuser != fuser) continue;
+      p.start = std::move(thread[next++]);
+      p.fuser = nullptr;
+      p.device.reset();
+    }
+  }
+  std::erase_if(*work, [](const Pending& p) { return !p.start; });
+  return Status::ok();
+}
+
 void StreamOps::group_start() {
   std::lock_guard lock(mutex_);
   ++group_depth_;
@@ -182,6 +227,9 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
     return Status(Code::kUnsupported,
                   what + " on a CUDA stream: this process has no CUDA (ferry-info says why)");
   }
+  // Kernels first (a group's sends and receives between GPUs), then ferry's thread for the rest.
+  if (Status s = fuse(stream, &work); !s) return Status(s.code(), what + ": " + s.message());
+  if (work.empty()) return Status::ok();
   // ferry's own CUDA calls here (host memory for the words) are legal while this thread
   // captures.
   struct Relaxed {

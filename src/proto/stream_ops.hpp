@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +41,22 @@ class Engine;
 // Starts one operation on the engine (taking its lock itself) and returns its Request.
 using Start = std::function<Request()>;
 
+// A stream operation that may run as a kernel on the stream (coll/stream_p2p.hpp), made into one
+// when its group is enqueued, by its Fuser.
+class DeviceWork {
+ public:
+  virtual ~DeviceWork() = default;
+};
+class Fuser {
+ public:
+  virtual ~Fuser() = default;
+  // Enqueues on `stream` the kernels of `work` (this Fuser's operations of one group, in their
+  // order), with no lock held, and sets (*thread)[i] to what ferry's thread must still start for
+  // work[i] after them (empty: nothing).
+  virtual Status enqueue(CudaStream stream, std::span<const std::shared_ptr<DeviceWork>> work,
+                         std::vector<Start>* thread) = 0;
+};
+
 class StreamOps {
  public:
   explicit StreamOps(proto::Engine& engine);
@@ -52,6 +69,10 @@ class StreamOps {
   // stream operations cannot run here (no CUDA, FERRY_THREADS=single), the stream is not
   // usable, or an earlier stream operation failed (the asynchronous error).
   Status enqueue(CudaStream stream, Start start, const std::string& what);
+  // The same for an operation that `fuser` makes into kernels on the stream (and maybe a part
+  // for ferry's thread), together with the others of its group.
+  Status enqueue(CudaStream stream, Fuser* fuser, std::shared_ptr<DeviceWork> work,
+                 const std::string& what);
   // Operations enqueued between group_start and the matching group_end start together, after
   // the work before the group on its stream, so that a member's sends and receives to and from
   // each other cannot wait for one another. Groups nest; the outermost group_end enqueues. Every
@@ -83,11 +104,15 @@ class StreamOps {
     CudaStream stream;
     Start start;
     std::string what;
+    Fuser* fuser = nullptr;  // with `device`, instead of start
+    std::shared_ptr<DeviceWork> device;
   };
   // Takes a pair of words for `slot` (its index, value and words; *view is the GPUs' address of
   // them); a page of them is made on `device` where none is free.
   Status take_words(int device, Slot& slot, std::byte** view);
   Status submit(CudaStream stream, std::vector<Pending> work);
+  // Enqueues the Fusers' kernels of `work` and leaves in it what ferry's thread starts.
+  Status fuse(CudaStream stream, std::vector<Pending>* work);
   void fail(const Status& status);
   void loop();
   // Starts a slot's operations where its stream has reached them; true when it did.

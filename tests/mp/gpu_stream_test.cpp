@@ -3,10 +3,12 @@
 // stream, reads the result by work on the stream, and synchronizes only at the end: a result
 // that raced the work before or after it shows as a wrong value in the history the stream kept.
 // Graph cases capture the operation and replay the graph, each replay's input the last one's
-// output. `stream-death` and `graph-death` (runs of their own, --keep-going): the last rank dies
-// while the others' streams (or graph replays) wait for it, and they must be released with the
-// error in Context::async_error within seconds. `never-arrives` (FERRY_TIMEOUT set): rank 0's
-// allreduce has no partner, and its stream is released with kTimeout.
+// output. `stream-death`, `graph-death` and `p2p-graph-death` (runs of their own, --keep-going):
+// the last rank dies while the others' streams (or graph replays of an allreduce, or of a
+// send/recv group) wait for it, and they must be released with the
+// error in Context::async_error within seconds. `never-arrives` and `p2p-never-arrives`
+// (FERRY_TIMEOUT set): rank 0's allreduce (or receive) has no partner, and its stream is released
+// with kTimeout.
 // Without a GPU it exits 77 (CTest: skipped) and says why.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -246,6 +248,96 @@ TEST(Stream, GraphReplaysSendRecv) {
   }
 }
 
+// Send/recv between GPUs of one node go through a kernel on the stream (coll/stream_p2p.hpp):
+// messages from and into host memory (bounced through device or mapped host memory), a receive
+// larger than its message (bytes past the message untouched), messages past the inline limit
+// (their data by ferry's thread behind the kernel's header), empty ones, and more messages to
+// one member in a group than the kernel has slots for (the launch goes in waves), in order.
+TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  const int next = (world.rank() + 1) % n;
+  const int previous = (world.rank() + n - 1) % n;
+  enum Where { kDevice, kHost };
+  struct Case {
+    Where from;
+    Where into;
+    std::size_t bytes;
+    std::size_t capacity;
+  };
+  const Case cases[] = {{kHost, kDevice, 1000, 1000},       {kDevice, kHost, 1000, 1000},
+                        {kDevice, kDevice, 100, 256 << 10}, {kHost, kHost, 200 << 10, 200 << 10},
+                        {kDevice, kDevice, 0, 8},           {kDevice, kHost, 7, 300 << 10},
+                        {kDevice, kDevice, 65536, 65536},   {kDevice, kDevice, 65537, 65537}};
+  for (const Case& c : cases) {
+    Device device_send(std::max<std::size_t>(c.bytes, 1)), device_recv(c.capacity);
+    std::vector<std::uint8_t> host_send(std::max<std::size_t>(c.bytes, 1)), host_recv(c.capacity);
+    void* send = c.from == kDevice ? device_send.get() : host_send.data();
+    void* recv = c.into == kDevice ? device_recv.get() : host_recv.data();
+    for (int i = 0; i < 20; ++i) {
+      const std::uint8_t value = value_of(i, world.rank());
+      if (c.from == kDevice) {
+        check(g_cuda->cuMemsetD8Async(device_send.p, value, c.bytes, g_stream), "memset");
+      } else {
+        check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+        std::memset(host_send.data(), value, c.bytes);
+      }
+      if (c.into == kDevice) {
+        check(g_cuda->cuMemsetD8Async(device_recv.p, 0xee, c.capacity, g_stream), "memset");
+      } else {
+        std::memset(host_recv.data(), 0xee, c.capacity);
+      }
+      g_ctx->group_start();
+      ASSERT_TRUE(world.send(send, c.bytes, next, g_stream).is_ok());
+      ASSERT_TRUE(world.recv(recv, c.capacity, previous, g_stream).is_ok());
+      ASSERT_TRUE(g_ctx->group_end().is_ok());
+      check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+      ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+      std::vector<std::uint8_t> got(c.capacity);
+      if (c.into == kDevice) {
+        check(
+            g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), device_recv.p, c.capacity),
+            "read");
+      } else {
+        got = host_recv;
+      }
+      const std::uint8_t expected = value_of(i, previous);
+      std::size_t wrong = 0;
+      for (std::size_t k = 0; k < c.capacity; ++k) {
+        wrong += got[k] != (k < c.bytes ? expected : 0xee);
+      }
+      ASSERT_EQ(wrong, 0u) << c.bytes << " B into " << c.capacity << " B, from "
+                           << (c.from == kDevice ? "device" : "host") << " into "
+                           << (c.into == kDevice ? "device" : "host") << ", iteration " << i;
+    }
+  }
+  // Ten messages each way in one group, more than the kernel's slots: they arrive in order.
+  constexpr int kMessages = 10;
+  Device sends(kMessages * 8), recvs(kMessages * 8);
+  for (int i = 0; i < 50; ++i) {
+    for (int m = 0; m < kMessages; ++m) {
+      check(g_cuda->cuMemsetD8Async(sends.p + 8 * m, value_of(i + m, world.rank()), 8, g_stream),
+            "memset");
+    }
+    g_ctx->group_start();
+    for (int m = 0; m < kMessages; ++m) {
+      ASSERT_TRUE(
+          world.send(static_cast<std::uint8_t*>(sends.get()) + 8 * m, 8, next, g_stream).is_ok());
+      ASSERT_TRUE(world.recv(static_cast<std::uint8_t*>(recvs.get()) + 8 * m, 8, previous, g_stream)
+                      .is_ok());
+    }
+    ASSERT_TRUE(g_ctx->group_end().is_ok());
+    std::vector<std::uint8_t> got(kMessages * 8);
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), recvs.p, got.size()), "read");
+    for (int m = 0; m < kMessages; ++m) {
+      ASSERT_EQ(got[8 * m], value_of(i + m, previous)) << "message " << m << ", round " << i;
+      ASSERT_EQ(got[8 * m + 7], value_of(i + m, previous)) << "message " << m << ", round " << i;
+    }
+  }
+}
+
 // Host buffers, page-locked and not, where the allreduce runs as a kernel on the stream: they go
 // through device memory of the kernel's by copies on the stream, the results as exact.
 TEST(Stream, AllreduceOfHostBuffers) {
@@ -344,16 +436,27 @@ int stream_death(Context& ctx) {
 // A graph of one 8-byte allreduce replayed over and over while the last rank dies 300 ms in: the
 // survivors' replays must end (cuStreamSynchronize returns) with the failure in async_error,
 // where the allreduce waits for its peers inside a kernel of the graph.
-int graph_death(Context& ctx) {
+// `p2p`: the graph is a group of a send to the next member and a receive from the previous.
+int graph_death(Context& ctx, bool p2p) {
   Communicator world = ctx.world();
   const int victim = ctx.size() - 1;
-  Device buffer(8);
+  const int n = ctx.size();
+  Device buffer(8), other(8);
   check(g_cuda->cuMemsetD8(buffer.p, 1, 8), "memset");
   CUgraph graph = nullptr;
   CUgraphExec exec = nullptr;
   check(g_cuda->cuStreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "begin capture");
-  const Status captured =
-      world.allreduce(buffer.get(), buffer.get(), 1, DataType::kInt64, ReduceOp::kMax, g_stream);
+  Status captured;
+  if (p2p) {
+    ctx.group_start();
+    captured = world.send(buffer.get(), 8, (ctx.rank() + 1) % n, g_stream);
+    if (captured.is_ok()) captured = world.recv(other.get(), 8, (ctx.rank() + n - 1) % n, g_stream);
+    const Status ended = ctx.group_end();
+    if (captured.is_ok()) captured = ended;
+  } else {
+    captured =
+        world.allreduce(buffer.get(), buffer.get(), 1, DataType::kInt64, ReduceOp::kMax, g_stream);
+  }
   check(g_cuda->cuStreamEndCapture(g_stream, &graph), "end capture");
   check(g_cuda->cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
   using Clock = std::chrono::steady_clock;
@@ -370,10 +473,11 @@ int graph_death(Context& ctx) {
   const Status error = ctx.async_error();
   const double total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   std::printf(
-      "rank %d: graph replays of an allreduce without rank %d: captured %s, %ld replays; "
-      "stream %s; async_error %s; %.0f ms in all\n",
-      ctx.rank(), victim, captured.to_string().c_str(), replays,
-      synchronized == CUDA_SUCCESS ? "released" : "failed", error.to_string().c_str(), total_ms);
+      "rank %d: graph replays of %s without rank %d: captured %s, %ld replays; "
+      "stream %s; async_error %s; %.0f ms in all (the kill at 300)\n",
+      ctx.rank(), p2p ? "a send/recv group" : "an allreduce", victim, captured.to_string().c_str(),
+      replays, synchronized == CUDA_SUCCESS ? "released" : "failed", error.to_string().c_str(),
+      total_ms);
   g_cuda->cuGraphExecDestroy(exec);
   g_cuda->cuGraphDestroy(graph);
   const bool ok = captured.is_ok() && synchronized == CUDA_SUCCESS &&
@@ -384,12 +488,25 @@ int graph_death(Context& ctx) {
 // After one allreduce together, rank 0 enqueues one that no other rank makes (they wait, then
 // meet it in a barrier): with FERRY_TIMEOUT set (1 s), its stream must be released within about
 // that time, the error kTimeout.
-int never_arrives(Context& ctx) {
+// `p2p`: the same with a pair of send/recv groups first and then a receive from rank 1 that rank 1
+// never sends.
+int never_arrives(Context& ctx, bool p2p) {
   Communicator world = ctx.world();
-  Device buffer(64);
+  const int n = ctx.size();
+  Device buffer(64), other(64);
   check(g_cuda->cuMemsetD8(buffer.p, 1, 64), "memset");
-  Status enqueued =
-      world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64, ReduceOp::kSum, g_stream);
+  auto first = [&] {
+    if (!p2p) {
+      return world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64, ReduceOp::kSum,
+                             g_stream);
+    }
+    ctx.group_start();
+    Status s = world.send(buffer.get(), 8, (ctx.rank() + 1) % n, g_stream);
+    if (s.is_ok()) s = world.recv(other.get(), 8, (ctx.rank() + n - 1) % n, g_stream);
+    const Status ended = ctx.group_end();
+    return s.is_ok() ? ended : s;
+  };
+  Status enqueued = first();
   check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
   if (!enqueued.is_ok() || !ctx.async_error().is_ok()) {
     std::printf("rank %d: the first allreduce failed: %s / %s\n", ctx.rank(),
@@ -400,8 +517,9 @@ int never_arrives(Context& ctx) {
   const auto start = Clock::now();
   if (ctx.rank() != 0) ::usleep(800000);
   if (ctx.rank() == 0) {
-    enqueued = world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64, ReduceOp::kSum,
-                               g_stream);
+    enqueued = p2p ? world.recv(other.get(), 8, 1, g_stream)
+                   : world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64,
+                                     ReduceOp::kSum, g_stream);
     check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
     // The error comes from ferry's thread, within a millisecond or so of the kernel's stop.
     while (ctx.async_error().is_ok() && Clock::now() - start < std::chrono::seconds(30)) {
@@ -411,9 +529,10 @@ int never_arrives(Context& ctx) {
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   const Status error = ctx.async_error();
   std::printf(
-      "rank %d: an allreduce nobody else made: enqueued %s; stream released and async "
+      "rank %d: %s nobody else made: enqueued %s; stream released and async "
       "error %s after %.0f ms\n",
-      ctx.rank(), enqueued.to_string().c_str(), error.to_string().c_str(), ms);
+      ctx.rank(), p2p ? "a receive whose send" : "an allreduce", enqueued.to_string().c_str(),
+      error.to_string().c_str(), ms);
   const Status met = world.barrier();
   return met.is_ok() && (ctx.rank() != 0 || (enqueued.is_ok() && error.code() == Code::kTimeout))
              ? 0
@@ -446,9 +565,13 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "stream-death") {
       result = ferry::stream_death(ctx);
     } else if (argc > 1 && std::string(argv[1]) == "graph-death") {
-      result = ferry::graph_death(ctx);
+      result = ferry::graph_death(ctx, false);
+    } else if (argc > 1 && std::string(argv[1]) == "p2p-graph-death") {
+      result = ferry::graph_death(ctx, true);
     } else if (argc > 1 && std::string(argv[1]) == "never-arrives") {
-      result = ferry::never_arrives(ctx);
+      result = ferry::never_arrives(ctx, false);
+    } else if (argc > 1 && std::string(argv[1]) == "p2p-never-arrives") {
+      result = ferry::never_arrives(ctx, true);
     } else {
       result = RUN_ALL_TESTS();
     }

@@ -90,6 +90,10 @@ class CudaImpl final : public Cuda {
   Status allreduce_on_stream(void* stream, int ordinal, const OneShot& call) override {
     return launches_.allreduce_on_stream(stream, ordinal, call);
   }
+  Status p2p_on_stream(void* stream, int ordinal, std::span<const P2pOp> ops, void* words,
+                       std::uint64_t timeout_ns, void* scratch) override {
+    return launches_.p2p_on_stream(stream, ordinal, ops, words, timeout_ns, scratch);
+  }
   Status resident_open(int ordinal, const OneShot& shape, std::uint64_t idle_us, int* id) override {
     return residents_.open(ordinal, shape, idle_us, id);
   }

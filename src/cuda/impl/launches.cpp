@@ -1,6 +1,8 @@
 #include "cuda/impl/launches.hpp"
 
 #include <algorithm>
+#include <array>
+#include <span>
 
 #ifdef FERRY_HAVE_KERNELS
 // kernels.cu as a fatbin, embedded by the build (cmake/embed.cmake).
@@ -62,6 +64,11 @@ std::string Launches::missing(int ordinal) {
     if (d_->cuModuleGetFunction(&dev.on_stream, dev.module, "ferry_allreduce_on_stream") !=
         CUDA_SUCCESS) {
       dev.on_stream = nullptr;  // stream allreduces go through the proxy
+    }
+    if (d_->cuModuleGetFunction(&dev.p2p, dev.module, "ferry_p2p_on_stream") != CUDA_SUCCESS ||
+        d_->cuModuleGetFunction(&dev.p2p_2, dev.module, "ferry_p2p_on_stream_2") != CUDA_SUCCESS) {
+      dev.p2p = nullptr;  // stream sends and receives go through the proxy
+      dev.p2p_2 = nullptr;
     }
     d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                              dev.handle);
@@ -248,6 +255,65 @@ Status Launches::allreduce_on_stream(void* stream, int ordinal, const Cuda::OneS
   if (result != CUDA_SUCCESS) {
     return driver_error("cuLaunchKernel(ferry_allreduce_on_stream)", result);
   }
+  return Status::ok();
+}
+
+namespace {
+
+// kernels/p2p.cuh's P2pOp and P2pOps, field for field.
+struct P2pArgs {
+  void* slots;
+  void* free;
+  void* counter;
+  void* buffer;
+  unsigned long long bytes;
+  void* verdict;
+  void* done;
+  int kind;
+  int index;
+  int total;
+  int first_block;
+};
+static_assert(sizeof(P2pArgs) == 72);
+
+}  // namespace
+
+Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops,
+                               void* words, std::uint64_t timeout_ns, void* scratch) {
+  Device& dev = devices_.get(ordinal);
+  const std::string why = missing(ordinal);  // loads the module on first use
+  if (dev.p2p == nullptr) {
+    return Status(Code::kUnsupported, why.empty() ? "the module has no ferry_p2p_on_stream" : why);
+  }
+  if (ops.empty() || ops.size() > static_cast<std::size_t>(Cuda::kP2pMaxOps)) {
+    return Status(Code::kInvalidArgument,
+                  "a stream send/receive launch of " + std::to_string(ops.size()) + " ops");
+  }
+  // A thread per LL line (a thread's second line waits a round trip behind its first), at most
+  // 256 blocks in all, so that every op's blocks are on the GPU at once.
+  std::array<P2pArgs, Cuda::kP2pMaxOps> args{};
+  const std::size_t share = std::max<std::size_t>(1, 256 / ops.size());
+  int blocks = 0;
+  auto* done = static_cast<unsigned*>(scratch) + 1;  // [0] counts the launch's ended blocks
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Cuda::P2pOp& op = ops[i];
+    const bool carries = op.kind != Cuda::P2pOp::Kind::kSendHeader;
+    const std::size_t lines = (carries ? (std::min(op.bytes, Cuda::kP2pInlineMax) + 7) / 8 : 0) + 1;
+    args[i] = P2pArgs{op.slots, op.free,    op.counter, op.buffer,
+                      op.bytes, op.verdict, done + i,   static_cast<int>(op.kind),
+                      op.index, op.total,   blocks};
+    blocks += static_cast<int>(std::clamp<std::size_t>((lines + 511) / 512, 1, share));
+  }
+  ScopedContext scope(d_, dev.context);
+  int count = static_cast<int>(ops.size());
+  unsigned long long timeout = timeout_ns;
+  void* launches = scratch;
+  void* params[] = {args.data(), &count, &words, &timeout, &launches};
+  // Parameters are copied at every launch: up to two ops (a send and a receive) by the small form.
+  CUfunction function = ops.size() <= 2 ? dev.p2p_2 : dev.p2p;
+  const CUresult result = d_->cuLaunchKernel(function, static_cast<unsigned>(blocks), 1, 1, 512, 1,
+                                             1, 0, static_cast<CUstream>(stream), params, nullptr);
+  if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_p2p_on_stream)", result);
   return Status::ok();
 }
 

@@ -1,0 +1,445 @@
+// Stream send and receive as kernels on the application's stream (see stream_p2p.hpp).
+#include "coll/stream_p2p.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "coll/group.hpp"
+#include "proto/engine.hpp"
+#include "proto/messages.hpp"
+#include "util/log.hpp"
+
+namespace ferry::coll {
+namespace {
+
+using OpKind = cuda::Cuda::P2pOp::Kind;
+constexpr std::size_t kVerdictBytes = 16;
+
+struct Work final : proto::DeviceWork {
+  std::shared_ptr<Group> twin;  // keeps the StreamP2p alive
+  bool sending = false;
+  void* buffer = nullptr;
+  std::size_t bytes = 0;
+  int peer = 0;
+};
+
+// The stream p2p messages of ferry's thread: the twin's own tag (no collective's: their low 16
+// bits are zero); the set-up's messages another.
+Tag message_tag(const Group& twin) { return tag_of(twin.id(), 0) | 1; }
+Tag setup_tag(const Group& twin) { return tag_of(twin.id(), 0) | 2; }
+
+proto::Start by_thread(proto::Engine* engine, bool sending, void* buffer, std::size_t bytes,
+                       int rank, Tag tag) {
+  return [engine, sending, buffer, bytes, rank, tag] {
+    auto inner = engine->enter();
+    return sending ? engine->messages().isend(buffer, bytes, rank, tag)
+                   : engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
+  };
+}
+
+}  // namespace
+
+struct StreamP2p::Offer {
+  std::int64_t ok = 0;
+  std::int64_t inline_max = 0;
+  cuda::IpcKey key;
+};
+
+StreamP2p::StreamP2p(Group& twin, const util::Config& config)
+    : twin_(twin),
+      inline_max_(config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kStreamP2p)
+                                                       : 0) {}
+
+StreamP2p::~StreamP2p() {
+  // Only one with device state touches the engine here, and only while its Context lives (the
+  // engine's teardown released that state otherwise).
+  if ((device_ < 0 && pairs_.empty()) || twin_.detached()) return;
+  auto entry = twin_.engine()->enter();
+  twin_.engine()->cancel_teardown(this);
+  release_all();
+}
+
+std::shared_ptr<proto::DeviceWork> StreamP2p::work(std::shared_ptr<Group> twin, bool sending,
+                                                   void* buffer, std::size_t bytes, int peer) {
+  auto w = std::make_shared<Work>();
+  w->twin = std::move(twin);
+  w->sending = sending;
+  w->buffer = buffer;
+  w->bytes = bytes;
+  w->peer = peer;
+  return w;
+}
+
+Status StreamP2p::prepare_common(int device) {
+  if (device_ >= 0) {
+    if (watch_ < 0) return Status(Code::kUnsupported, "an earlier set-up failed");
+    return device_ == device
+               ? Status()
+               : Status(Code::kInvalidArgument,
+                        "this communicator's stream sends and receives run on cuda:" +
+                            std::to_string(device_) + ", not cuda:" + std::to_string(device));
+  }
+  cuda::Cuda* gpu = twin_.engine()->cuda();
+  void* host = nullptr;
+  Status s = gpu->map_host(device, 64, &host, &words_view_);
+  if (!s) return s;
+  words_ = static_cast<unsigned*>(host);
+  std::memset(words_, 0, 64);
+  device_ = device;
+  twin_.engine()->at_teardown(this, [this] { release_all(); });
+  if (s = gpu->allocate(device, 256, &scratch_); !s) {
+    scratch_ = nullptr;
+    return s;
+  }
+  if (s = gpu->zero(device, scratch_, 256); !s) return s;
+  watch_ = twin_.engine()->streams().watch([this] { return watch(); });
+  return Status();
+}
+
+bool StreamP2p::prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* why) {
+  proto::Engine* engine = twin_.engine();
+  cuda::Cuda* gpu = engine->cuda();
+  if (inline_max_ == 0) {
+    *why = "FERRY_STREAM_P2P=0 or FERRY_CUDA_IPC=0";
+    return false;
+  }
+  if (device < 0) {
+    *why = "the stream's GPU is not known";
+    return false;
+  }
+  if (std::string missing = gpu->kernels_missing(device); !missing.empty()) {
+    *why = missing;
+    return false;
+  }
+  pair.device = device;
+  Status s = gpu->allocate(device, cuda::Cuda::kP2pInboxBytes, &pair.inbox);
+  if (s) s = gpu->zero(device, pair.inbox, cuda::Cuda::kP2pInboxBytes);
+  if (s) s = gpu->allocate(device, 256, &pair.counters);
+  if (s) s = gpu->zero(device, pair.counters, 256);
+  if (s) {
+    s = gpu->allocate(device, cuda::Cuda::kP2pSlots * cuda::Cuda::kP2pInlineMax, &pair.bounce);
+  }
+  void* host = nullptr;
+  if (s) {
+    s = gpu->map_host(device, cuda::Cuda::kP2pSlots * (kVerdictBytes + cuda::Cuda::kP2pInlineMax),
+                      &host, &pair.host_view);
+  }
+  if (s) {
+    pair.host = static_cast<unsigned*>(host);
+    std::memset(pair.host, 0, cuda::Cuda::kP2pSlots * kVerdictBytes);
+    const mem::MemoryInfo info = gpu->classify(pair.inbox);
+    util::Fd none;
+    s = info.ipc == mem::IpcKind::kLegacy
+            ? gpu->export_ipc(pair.inbox, info, key, &none)
+            : Status(Code::kUnsupported, "its inbox has no CUDA IPC handle");
+  }
+  if (!s) *why = s.message();
+  return s.is_ok();
+}
+
+void StreamP2p::release(Pair& pair) {
+  cuda::Cuda* gpu = twin_.engine()->cuda();
+  if (pair.peer_inbox != nullptr) {
+    const auto it = std::find_if(pairs_.begin(), pairs_.end(),
+                                 [&](const auto& entry) { return &entry.second == &pair; });
+    if (it != pairs_.end()) gpu->unpin(twin_.member(it->first), pair.device, pair.peer_key);
+  }
+  pair.peer_inbox = nullptr;
+  for (void** p : {&pair.inbox, &pair.counters, &pair.bounce}) {
+    if (*p != nullptr) gpu->release(pair.device, *p);
+    *p = nullptr;
+  }
+  if (pair.host != nullptr) gpu->unmap_host(pair.device, pair.host);
+  pair.host = nullptr;
+  pair.kernel = false;
+}
+
+void StreamP2p::release_all() {
+  stop();
+  for (auto& [peer, pair] : pairs_) release(pair);
+  cuda::Cuda* gpu = twin_.engine()->cuda();
+  if (watch_ >= 0) twin_.engine()->streams().unwatch(watch_);
+  watch_ = -1;
+  if (scratch_ != nullptr) gpu->release(device_, scratch_);
+  scratch_ = nullptr;
+  // The stop words stay raised for kernels still on streams (a few bytes; they go with the
+  // process).
+}
+
+void StreamP2p::stop() {
+  if (words_ != nullptr) __atomic_store_n(&words_[0], 1u, __ATOMIC_RELEASE);
+}
+
+Status StreamP2p::connect(const std::vector<int>& peers, int device) {
+  proto::Engine* engine = twin_.engine();
+  const std::size_t n = peers.size();
+  std::vector<Offer> mine(n);
+  std::vector<Offer> theirs(n);
+  std::vector<std::string> why(n);
+  {
+    auto entry = engine->enter();
+    const std::vector<int> local = engine->job().local_ranks();
+    Status common = prepare_common(device);
+    for (std::size_t i = 0; i < n; ++i) {
+      Pair& pair = pairs_[peers[i]];
+      const bool here =
+          std::find(local.begin(), local.end(), twin_.member(peers[i])) != local.end();
+      if (!common) {
+        why[i] = common.message();
+      } else if (!here) {
+        why[i] = "not on this node";
+      } else if (peers[i] == twin_.rank()) {
+        why[i] = "itself";
+      } else if (prepare(pair, device, &mine[i].key, &why[i])) {
+        mine[i].ok = 1;
+        mine[i].inline_max = static_cast<std::int64_t>(inline_max_);
+      }
+    }
+  }
+  // Two rounds with every peer at once: the offers, then whether each side mapped the other's.
+  auto exchange = [&](auto* out, auto* in, std::size_t size) {
+    std::vector<Request> requests;
+    {
+      auto entry = engine->enter();
+      for (std::size_t i = 0; i < n; ++i) {
+        const int rank = twin_.member(peers[i]);
+        requests.push_back(engine->messages().isend(out + i, size, rank, setup_tag(twin_)));
+        requests.push_back(
+            engine->messages().irecv(in + i, size, rank, setup_tag(twin_), kFullMask));
+      }
+    }
+    return Request::wait_all(requests);
+  };
+  auto fail_all = [&](const Status& s) {
+    auto entry = engine->enter();
+    for (int peer : peers) {
+      release(pairs_[peer]);
+      pairs_.erase(peer);
+    }
+    return Status(s.code(), "setting up stream sends and receives with " +
+                                twin_.peer_label(peers.front()) + (n > 1 ? " and others" : "") +
+                                ": " + s.message());
+  };
+  if (Status s = exchange(mine.data(), theirs.data(), sizeof(Offer)); !s) return fail_all(s);
+  std::vector<std::int64_t> mapped(n, 0);
+  std::vector<std::int64_t> peer_mapped(n, 0);
+  {
+    auto entry = engine->enter();
+    for (std::size_t i = 0; i < n; ++i) {
+      Pair& pair = pairs_[peers[i]];
+      if (mine[i].ok == 0) continue;
+      if (theirs[i].ok == 0) {
+        why[i] = "the peer cannot (its log says why)";
+        continue;
+      }
+      Status s = engine->cuda()->import_ipc(twin_.member(peers[i]), theirs[i].key, device, nullptr,
+                                            &pair.peer_inbox);
+      if (!s) {
+        pair.peer_inbox = nullptr;
+        why[i] = "mapping its inbox: " + s.message();
+        continue;
+      }
+      pair.peer_key = theirs[i].key;
+      mapped[i] = 1;
+    }
+  }
+  if (Status s = exchange(mapped.data(), peer_mapped.data(), sizeof(std::int64_t)); !s) {
+    return fail_all(s);
+  }
+  auto entry = engine->enter();
+  for (std::size_t i = 0; i < n; ++i) {
+    Pair& pair = pairs_[peers[i]];
+    pair.decided = true;
+    pair.kernel = mapped[i] != 0 && peer_mapped[i] != 0;
+    if (pair.kernel) {
+      pair.inline_max =
+          static_cast<std::size_t>(std::min(mine[i].inline_max, theirs[i].inline_max));
+      FERRY_LOG(kInfo, "stream send/recv with %s: kernels on cuda:%d, inline up to %zu B",
+                twin_.peer_label(peers[i]).c_str(), device, pair.inline_max);
+      continue;
+    }
+    if (mapped[i] != 0) why[i] = "the peer could not map our inbox";
+    FERRY_LOG(kInfo, "stream send/recv with %s: by ferry's thread (%s)",
+              twin_.peer_label(peers[i]).c_str(), why[i].c_str());
+    release(pair);
+  }
+  return Status();
+}
+
+Status StreamP2p::enqueue(CudaStream stream,
+                          std::span<const std::shared_ptr<proto::DeviceWork>> work,
+                          std::vector<proto::Start>* thread) {
+  proto::Engine* engine = twin_.engine();
+  cuda::Cuda* gpu = engine->cuda();
+  // The set-up's CUDA calls are legal while this thread's stream captures a graph.
+  struct Relaxed {
+    explicit Relaxed(cuda::Cuda* gpu) : gpu(gpu), mode(gpu->relax_capture()) {}
+    ~Relaxed() { gpu->restore_capture(mode); }
+    cuda::Cuda* gpu;
+    int mode;
+  } relaxed(gpu);
+  cuda::Cuda::StreamInfo info;
+  if (Status s = gpu->stream_info(stream, &info); !s) return s;
+  std::vector<int> fresh;
+  {
+    auto entry = engine->enter();
+    for (const auto& item : work) {
+      const auto& w = static_cast<const Work&>(*item);
+      const auto it = pairs_.find(w.peer);
+      if ((it == pairs_.end() || !it->second.decided) &&
+          std::find(fresh.begin(), fresh.end(), w.peer) == fresh.end()) {
+        fresh.push_back(w.peer);
+      }
+    }
+  }
+  if (!fresh.empty()) {
+    if (Status s = connect(fresh, info.device); !s) return s;
+  }
+  thread->assign(work.size(), proto::Start());
+  // The kernels' ops in waves of at most kP2pSlots ops of one peer and direction (their bounces
+  // and verdicts) and kP2pMaxOps in all, each wave a launch; the copies of sends from memory the
+  // kernel cannot read go before their wave's launch.
+  struct Copy {
+    void* to;
+    const void* from;
+    std::size_t bytes;
+  };
+  std::vector<cuda::Cuda::P2pOp> wave;
+  std::vector<std::pair<int, bool>> wave_keys;  // (peer, sending) of each op
+  std::vector<Copy> copies;
+  std::uint64_t timeout_ns = 0;
+  if (twin_.timeout() > 0) timeout_ns = static_cast<std::uint64_t>(twin_.timeout() * 1e9);
+  auto flush = [&]() -> Status {
+    if (wave.empty()) return Status();
+    for (std::size_t i = 0; i < wave.size(); ++i) {
+      wave[i].total =
+          static_cast<int>(std::count(wave_keys.begin(), wave_keys.end(), wave_keys[i]));
+    }
+    for (const Copy& c : copies) {
+      if (Status s = gpu->copy_on_stream(stream, info.device, c.to, c.from, c.bytes); !s) return s;
+    }
+    Status s = gpu->p2p_on_stream(stream, info.device, wave, words_view_, timeout_ns, scratch_);
+    wave.clear();
+    wave_keys.clear();
+    copies.clear();
+    return s;
+  };
+  auto reachable = [&](const void* buffer) {
+    const mem::MemoryInfo memory = gpu->classify(buffer);
+    return memory.kind == mem::MemoryKind::kCudaManaged ||
+           (memory.kind == mem::MemoryKind::kCudaDevice && memory.device == info.device);
+  };
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    const auto& w = static_cast<const Work&>(*work[i]);
+    const int rank = twin_.member(w.peer);
+    Pair* pair = nullptr;
+    {
+      auto entry = engine->enter();
+      pair = &pairs_[w.peer];
+    }
+    if (!pair->kernel) {
+      (*thread)[i] = by_thread(engine, w.sending, w.buffer, w.bytes, rank, message_tag(twin_));
+      continue;
+    }
+    if (pair->device != info.device) {
+      return Status(Code::kInvalidArgument,
+                    "stream sends and receives with " + twin_.peer_label(w.peer) +
+                        " run on cuda:" + std::to_string(pair->device) +
+                        ", and this stream is of cuda:" + std::to_string(info.device));
+    }
+    const std::pair<int, bool> key(w.peer, w.sending);
+    int index = static_cast<int>(std::count(wave_keys.begin(), wave_keys.end(), key));
+    if (index == cuda::Cuda::kP2pSlots || wave.size() == cuda::Cuda::kP2pMaxOps) {
+      if (Status s = flush(); !s) return s;
+      index = 0;
+    }
+    const auto k = static_cast<std::size_t>(index);
+    cuda::Cuda::P2pOp op;
+    op.index = index;
+    op.bytes = w.bytes;
+    const bool direct = w.bytes == 0 || reachable(w.buffer);
+    auto* inbox = static_cast<std::byte*>(pair->inbox);
+    auto* peer_inbox = static_cast<std::byte*>(pair->peer_inbox);
+    auto* counters = static_cast<std::byte*>(pair->counters);
+    std::byte* host_bounce = reinterpret_cast<std::byte*>(pair->host) +
+                             cuda::Cuda::kP2pSlots * kVerdictBytes + k * cuda::Cuda::kP2pInlineMax;
+    if (w.sending) {
+      op.slots = peer_inbox + 128;
+      op.free = inbox;
+      op.counter = counters;
+      op.buffer = w.buffer;
+      if (w.bytes <= pair->inline_max) {
+        op.kind = OpKind::kSendInline;
+        if (!direct) {
+          op.buffer = static_cast<std::byte*>(pair->bounce) + k * cuda::Cuda::kP2pInlineMax;
+          copies.push_back({op.buffer, w.buffer, w.bytes});
+        }
+      } else {
+        op.kind = OpKind::kSendHeader;
+        (*thread)[i] = by_thread(engine, true, w.buffer, w.bytes, rank, message_tag(twin_));
+      }
+    } else {
+      op.kind = OpKind::kReceive;
+      op.slots = inbox + 128;
+      op.free = peer_inbox;
+      op.counter = counters + 8;
+      const std::size_t view_offset =
+          static_cast<std::size_t>(host_bounce - reinterpret_cast<std::byte*>(pair->host));
+      op.buffer = direct ? w.buffer : static_cast<std::byte*>(pair->host_view) + view_offset;
+      if (!direct || w.bytes > pair->inline_max) {
+        op.verdict = static_cast<std::byte*>(pair->host_view) + k * kVerdictBytes;
+        unsigned* verdict = pair->host + k * (kVerdictBytes / sizeof(unsigned));
+        (*thread)[i] = [engine, verdict, direct, host_bounce, buffer = w.buffer, bytes = w.bytes,
+                        rank, tag = message_tag(twin_)]() -> Request {
+          const unsigned mode = __atomic_load_n(&verdict[0], __ATOMIC_ACQUIRE);
+          const std::size_t size =
+              static_cast<std::size_t>(verdict[1]) | static_cast<std::size_t>(verdict[2]) << 32;
+          __atomic_store_n(&verdict[0], 0u, __ATOMIC_RELAXED);
+          auto inner = engine->enter();
+          if (mode == 2) return engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
+          // Inline (into a host buffer: from its bounce), or stopped (the watch reports why).
+          if (mode == 1 && !direct && size <= bytes) std::memcpy(buffer, host_bounce, size);
+          return engine->completed_request();
+        };
+      }
+    }
+    wave.push_back(op);
+    wave_keys.push_back(key);
+  }
+  return flush();
+}
+
+Status StreamP2p::watch() {
+  if (words_ == nullptr || reported_) return Status();
+  const std::string what =
+      "a stream send or receive on communicator " + std::to_string(twin_.base_id());
+  Status failure;
+  if (__atomic_load_n(&words_[1], __ATOMIC_ACQUIRE) != 0) {
+    failure = Status(Code::kInvalidArgument,
+                     what +
+                         ": a message was larger than its receive (do the members pass the "
+                         "same sizes, in the same order?)");
+  } else if (__atomic_load_n(&words_[2], __ATOMIC_ACQUIRE) != 0) {
+    failure = Status(Code::kTimeout, what + ": a member did not arrive within FERRY_TIMEOUT (" +
+                                         std::to_string(twin_.timeout()) + " s)");
+  } else if (twin_.revoked()) {
+    failure = twin_.revoked_status(what);
+  } else {
+    proto::Engine* engine = twin_.engine();
+    for (const auto& [peer, pair] : pairs_) {
+      if (!pair.kernel) continue;
+      if (const std::string* why = engine->liveness().failure(twin_.member(peer)); why != nullptr) {
+        failure =
+            Status(Code::kPeerFailed, what + ": " + twin_.peer_label(peer) + " failed: " + *why);
+        break;
+      }
+    }
+  }
+  if (failure.is_ok()) return failure;
+  stop();
+  reported_ = true;
+  return failure;
+}
+
+}  // namespace ferry::coll

@@ -1,0 +1,93 @@
+// Stream send and receive between the GPUs of one node as kernels on the application's stream
+// (kernels/p2p.cuh), so that a graph replays them with no host in the loop; one per
+// communicator's stream twin.
+//
+// A pair of members decides once, at the first stream send or receive between them (each side's,
+// in its group_end where it makes one), whether its messages go through kernels: both exchange
+// whether they can (the same node, kernels loaded, an inbox of device memory exported by CUDA
+// IPC), map each other's inbox, and tell each other whether that worked. The first stream send or
+// receive between two members therefore waits for the other's first one (as NCCL's first
+// send/recv between two ranks connects them); a group makes every pair it needs at once. A pair
+// that cannot keeps ferry's thread for good.
+//
+// On a kernel pair every message passes through the sender's kernel: up to the pair's inline
+// limit (FERRY_STREAM_P2P, the smaller of the two members') as LL lines into the receiver's
+// inbox, larger ones as a header, their data then by ferry's thread (one copy at the link's rate,
+// by the host path's CUDA IPC). A receive that can take any size, or whose buffer the kernel
+// cannot write (host memory), reads the header in a kernel and leaves ferry's thread a verdict:
+// the data came inline (copied into a host buffer from a bounce there), or comes by the thread.
+// A send from memory the kernel cannot read is copied into device memory on the stream first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda.hpp"
+#include "ferry/ferry.hpp"
+#include "proto/stream_ops.hpp"
+#include "util/config.hpp"
+
+namespace ferry::coll {
+
+class Group;
+
+class StreamP2p final : public proto::Fuser {
+ public:
+  StreamP2p(Group& twin, const util::Config& config);
+  ~StreamP2p() override;
+  StreamP2p(const StreamP2p&) = delete;
+  StreamP2p& operator=(const StreamP2p&) = delete;
+
+  // A stream send (or receive) of `bytes` at `buffer` to (from) member `peer`, for
+  // StreamOps::enqueue. `twin` keeps the group alive while the work waits.
+  static std::shared_ptr<proto::DeviceWork> work(std::shared_ptr<Group> twin, bool sending,
+                                                 void* buffer, std::size_t bytes, int peer);
+  Status enqueue(CudaStream stream, std::span<const std::shared_ptr<proto::DeviceWork>> work,
+                 std::vector<proto::Start>* thread) override;
+  // Asked by ferry's stream thread about every millisecond (engine lock held), as
+  // DeviceOneShot::watch: stops the kernels where a member failed or the communicator was revoked,
+  // and says why they are not valid (that, a size mismatch, a timeout), else ok.
+  Status watch();
+
+ private:
+  struct Pair {
+    bool decided = false;
+    bool kernel = false;  // through kernels (else ferry's thread, for good)
+    int device = -1;
+    std::size_t inline_max = 0;
+    void* inbox = nullptr;       // ours, device memory (cuda.hpp: kP2pInboxBytes)
+    void* peer_inbox = nullptr;  // the peer's, mapped here
+    cuda::IpcKey peer_key;       // to unpin
+    void* counters = nullptr;    // device: [0] sent, [1] received, 64 bits each
+    void* bounce = nullptr;      // device: kP2pSlots sends from memory the kernel cannot read
+    unsigned* host = nullptr;    // host: kP2pSlots verdicts of 16 bytes, then receive bounces
+    void* host_view = nullptr;
+  };
+  struct Offer;
+  // Makes the pairs with `peers` (members not decided yet) on `device`, all at once.
+  Status connect(const std::vector<int>& peers, int device);
+  // This side's part of a pair: its memory and key; false (with *why) where it cannot.
+  bool prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* why);
+  void release(Pair& pair);
+  // Common state on first use: stop words and scratch on `device`.
+  Status prepare_common(int device);
+  void release_all();
+  void stop();
+
+  Group& twin_;
+  std::size_t inline_max_;  // FERRY_STREAM_P2P (0 where CUDA IPC is off)
+  std::map<int, Pair> pairs_;
+  int device_ = -1;
+  unsigned* words_ = nullptr;  // host side of the stop words
+  void* words_view_ = nullptr;
+  void* scratch_ = nullptr;  // device: the launches' block counts
+  int watch_ = -1;
+  bool reported_ = false;
+};
+
+}  // namespace ferry::coll
