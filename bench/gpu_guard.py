@@ -5,9 +5,10 @@ Each figure is measured against its reference in the same run, round after round
 point-to-point by CUDA IPC and allreduce against NCCL, the host-staged path and page-locked host
 receives and sends by IPC and staged (FERRY_CUDA_IPC=0) against the copy engine's pinned rate,
 one-sided puts and gets on device memory against the copy engine's peer copy, and stream
-allreduces replayed from graphs against NCCL's (where nccl-tests was packed). The ratio of each round is taken, and the median over the rounds is
-compared with the ratio PERFORMANCE records (RECORDED below): a figure more than TOLERANCE worse
-is printed BELOW and the guard exits 1.
+allreduces and send/recv replayed from graphs against NCCL's (where nccl-tests was packed). The
+ratio of each round is taken, and the median over the rounds is compared with the ratio
+PERFORMANCE records (RECORDED below): a figure more than TOLERANCE worse is printed BELOW and the
+guard exits 1.
 
 Run on a machine of two GPUs, from binaries packed by `bench/gpu_run.sh pack` (in .devbin/bin):
     python3 bench/gpu_guard.py [--rounds N] [--out DIR]
@@ -39,9 +40,9 @@ RECORDED = [
     ("staged bandwidth 64 MiB / pinned copy", "higher", {"H100": 0.97, "H200": 0.97}),
     ("staged bandwidth 256 MiB / pinned copy", "higher", {"H100": 0.97, "H200": 0.97}),
     ("cuda:pinned by IPC 64 MiB / pinned copy", "higher", {"H100": 0.99, "H200": 1.00}),
-    ("pinned:cuda by IPC 64 MiB / pinned copy", "higher", {"H100": None, "H200": 1.00}),
-    ("pinned:cuda staged 64 MiB / pinned copy", "higher", {"H100": None, "H200": 0.95}),
-    ("cuda:pinned staged 64 MiB / pinned copy", "higher", {"H100": None, "H200": 0.93}),
+    ("pinned:cuda by IPC 64 MiB / pinned copy", "higher", {"H100": 0.93, "H200": 1.00}),
+    ("pinned:cuda staged 64 MiB / pinned copy", "higher", {"H100": 0.93, "H200": 0.95}),
+    ("cuda:pinned staged 64 MiB / pinned copy", "higher", {"H100": 0.90, "H200": 0.93}),
     ("allreduce 8 B / NCCL (each call waited for)", "lower", {"H100": 0.79, "H200": 0.51}),
     ("allreduce 8 MiB busbw / NCCL (each call waited for)", "higher", {"H100": 1.24, "H200": 1.08}),
     ("allreduce 512 MiB busbw / NCCL (each call waited for)", "higher",
@@ -50,9 +51,14 @@ RECORDED = [
     ("one-sided get 4 MiB / peer copy", "higher", {"H100": 0.63, "H200": 0.64}),
     # Stream-ordered, replayed from graphs of 100 calls, against nccl-tests' all_reduce_perf -G 100
     # (measured where it was packed).
-    ("stream allreduce 8 B from graphs / NCCL from graphs", "lower", {"H100": None, "H200": 0.76}),
+    ("stream allreduce 8 B from graphs / NCCL from graphs", "lower", {"H100": 0.80, "H200": 0.76}),
     ("stream allreduce 64 KiB from graphs / NCCL from graphs", "lower",
-     {"H100": None, "H200": 0.76}),
+     {"H100": 0.80, "H200": 0.76}),
+    # The same for send/recv (each rank to the next, from the previous, in a group) against
+    # nccl-tests' sendrecv_perf -G 100.
+    ("stream sendrecv 8 B from graphs / NCCL from graphs", "lower", {"H100": 0.74, "H200": 0.69}),
+    ("stream sendrecv 256 KiB from graphs / NCCL from graphs", "lower",
+     {"H100": 0.66, "H200": 0.66}),
 ]
 
 
@@ -132,12 +138,17 @@ def main():
         nccl_all = run(nccl_perf + ["--allreduce", "--sizes", "8,8m,512m"], env=nccl_env, out=log)
         rma = run(perf + ["put_bw", "get_bw", "-m", "cuda", "--sizes", "4m", "--window", "16"],
                   out=log)
-        graphs = nccl_graphs = None
+        graphs = nccl_graphs = p2p_graphs = nccl_p2p_graphs = None
         if os.path.exists(os.path.join(BIN, "all_reduce_perf")):
             graphs = run(perf + ["allreduce", "--graph", "100", "-m", "cuda", "--sizes", "8,64k"],
                          out=log)
             nccl_graphs = run([os.path.join(BIN, "all_reduce_perf"), "-b", "8", "-e", "64K", "-f",
                                "8192", "-g", "2", "-G", "100"], env=nccl_env, out=log)
+        if os.path.exists(os.path.join(BIN, "sendrecv_perf")):
+            p2p_graphs = run(perf + ["sendrecv", "--graph", "100", "-m", "cuda", "--sizes",
+                                     "8,256k"], out=log)
+            nccl_p2p_graphs = run([os.path.join(BIN, "sendrecv_perf"), "-b", "8", "-e", "256K",
+                                   "-f", "32768", "-g", "2", "-G", "100"], env=nccl_env, out=log)
         f_lat, f_bw = table(ipc, "latency"), table(ipc, "bandwidth")
         n_lat, n_bw = table(nccl_p2p, "latency"), table(nccl_p2p, "bandwidth")
         measured = {}
@@ -167,6 +178,11 @@ def main():
                 f_graph, n_graph = table(graphs, "allreduce"), nccl_tests_times(nccl_graphs)
                 for size, label in ((8, "8 B"), (64 * 1024, "64 KiB")):
                     measured["stream allreduce %s from graphs / NCCL from graphs" % label] = (
+                        f_graph[size][1] / n_graph[size])
+            if p2p_graphs is not None:
+                f_graph, n_graph = table(p2p_graphs, "sendrecv"), nccl_tests_times(nccl_p2p_graphs)
+                for size, label in ((8, "8 B"), (256 * 1024, "256 KiB")):
+                    measured["stream sendrecv %s from graphs / NCCL from graphs" % label] = (
                         f_graph[size][1] / n_graph[size])
         except (KeyError, TypeError, ZeroDivisionError, IndexError) as e:
             print("guard: a measurement is missing (%r); see %s" % (e, log))

@@ -100,11 +100,13 @@ for step in $steps; do
       done ;;
     stream)
       # Stream-ordered operations and graph replays (allreduces and send/recv as kernels on the
-      # stream with IPC, then every call by ferry's thread, then staged), then the last rank killed while the
+      # stream with IPC, the same with send/recv data past 4 KiB by ferry's thread, then every
+      # call by ferry's thread, then staged), then the last rank killed while the
       # others' streams or graph replays wait for it: they must be released with the error; then
       # an allreduce nobody else makes, released by FERRY_TIMEOUT.
-      for mode in ipc proxy staged; do
+      for mode in ipc p2p_4k proxy staged; do
         env=()
+        [ $mode = p2p_4k ] && env=(FERRY_STREAM_P2P=4k)
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
         [ $mode = proxy ] && env=(FERRY_STREAM_KERNEL=0 FERRY_STREAM_P2P=0)
         echo "--- gpu.stream.$mode ${env[*]:-}"
@@ -115,8 +117,8 @@ for step in $steps; do
       done
       for mode in stream-death graph-death p2p-graph-death never-arrives p2p-never-arrives; do
         for kernel in 16m 0; do
-          echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/64k}"
-          FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/64k} FERRY_TIMEOUT=$([[ $mode = *never-arrives ]] && echo 1 || echo 0) \
+          echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/256k}"
+          FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/256k} FERRY_TIMEOUT=$([[ $mode = *never-arrives ]] && echo 1 || echo 0) \
             "$bin/ferryrun" --timeout 60 --keep-going -n 2 "$bin/ferry_gpu_stream_tests" $mode \
             2>&1 | tee "$out/gpu_$mode.$kernel.log" | grep -E "^rank|error|warn" | awk 'NR <= 20'
           echo "exit ${PIPESTATUS[0]}"
@@ -403,8 +405,9 @@ for step in $steps; do
       done ;;
     stream_sanitizer)
       # memcheck, racecheck and synccheck over both ranks of the stream suite's graph replays,
-      # host buffers and mixed calls (the on-stream kernel, LL and one-shot; the proxy's paths).
-      filter=${GPU_RUN_STREAM_FILTER:-Stream.Graph*:Stream.AllreduceOfHostBuffers:Stream.MixesWithHostCalls}
+      # host buffers and mixed calls (the on-stream kernels: LL, one-shot, send/recv; the proxy's
+      # paths).
+      filter=${GPU_RUN_STREAM_FILTER:-Stream.Graph*:Stream.AllreduceOfHostBuffers:Stream.MixesWithHostCalls:Stream.SendRecvHost*}
       for tool in memcheck racecheck synccheck; do
         echo "--- $tool"
         compute-sanitizer --tool $tool --target-processes all --print-limit 20 \

@@ -209,7 +209,7 @@ class Cuda {
   // each member's inbox for a peer is kP2pSlots slot-free words (64 bits each, in the first 128
   // bytes), then kP2pSlots LL slots of a message of up to kP2pInlineMax bytes each.
   static constexpr int kP2pSlots = 4;
-  static constexpr std::size_t kP2pInlineMax = 65536;
+  static constexpr std::size_t kP2pInlineMax = 262144;
   static constexpr std::size_t kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
   static constexpr std::size_t kP2pInboxBytes = 128 + kP2pSlots * kP2pSlotBytes;
   static constexpr int kP2pMaxOps = 32;

@@ -268,7 +268,8 @@ TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
   const Case cases[] = {{kHost, kDevice, 1000, 1000},       {kDevice, kHost, 1000, 1000},
                         {kDevice, kDevice, 100, 256 << 10}, {kHost, kHost, 200 << 10, 200 << 10},
                         {kDevice, kDevice, 0, 8},           {kDevice, kHost, 7, 300 << 10},
-                        {kDevice, kDevice, 65536, 65536},   {kDevice, kDevice, 65537, 65537}};
+                        {kDevice, kDevice, 262144, 262144}, {kDevice, kDevice, 262145, 262145},
+                        {kHost, kDevice, 262145, 1 << 20}};
   for (const Case& c : cases) {
     Device device_send(std::max<std::size_t>(c.bytes, 1)), device_recv(c.capacity);
     std::vector<std::uint8_t> host_send(std::max<std::size_t>(c.bytes, 1)), host_recv(c.capacity);

@@ -17,7 +17,7 @@
 namespace {
 
 constexpr int kP2pSlots = 4;
-constexpr unsigned long long kP2pInlineMax = 65536;
+constexpr unsigned long long kP2pInlineMax = 262144;
 constexpr unsigned long long kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
 constexpr int kP2pMaxOps = 32;
 constexpr unsigned long long kP2pByThread = 1ull << 63;
