@@ -273,12 +273,7 @@ Status StreamP2p::enqueue(CudaStream stream,
   proto::Engine* engine = twin_.engine();
   cuda::Cuda* gpu = engine->cuda();
   // The set-up's CUDA calls are legal while this thread's stream captures a graph.
-  struct Relaxed {
-    explicit Relaxed(cuda::Cuda* gpu) : gpu(gpu), mode(gpu->relax_capture()) {}
-    ~Relaxed() { gpu->restore_capture(mode); }
-    cuda::Cuda* gpu;
-    int mode;
-  } relaxed(gpu);
+  cuda::RelaxedCapture relaxed(gpu);
   cuda::Cuda::StreamInfo info;
   if (Status s = gpu->stream_info(stream, &info); !s) return s;
   std::vector<int> fresh;

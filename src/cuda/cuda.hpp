@@ -297,4 +297,18 @@ class Cuda {
   [[nodiscard]] virtual std::size_t cached_mappings() const = 0;
 };
 
+// For its scope, lets the calling thread make any CUDA call while other threads (or its own
+// stream) capture graphs (Cuda::relax_capture), then restores its mode.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(Cuda* gpu) : gpu_(gpu), mode_(gpu->relax_capture()) {}
+  ~RelaxedCapture() { gpu_->restore_capture(mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  Cuda* gpu_;
+  int mode_;
+};
+
 }  // namespace ferry::cuda

@@ -59,39 +59,31 @@ std::uint32_t* StreamOps::word(std::uint32_t index) const {
 }
 
 Status StreamOps::enqueue(CudaStream stream, Start start, const std::string& what) {
-  if (failed_.load(std::memory_order_acquire)) {
-    Status error = async_error();
-    return Status(error.code(),
-                  what + ": not enqueued, an earlier stream operation failed: " + error.message());
-  }
-  std::vector<Pending> one;
-  {
-    std::lock_guard lock(mutex_);
-    if (group_depth_ > 0) {
-      group_.push_back({stream, std::move(start), what});
-      return Status::ok();
-    }
-  }
-  one.push_back({stream, std::move(start), what});
-  return submit(stream, std::move(one));
+  return enqueue_pending({stream, std::move(start), what});
 }
 
 Status StreamOps::enqueue(CudaStream stream, Fuser* fuser, std::shared_ptr<DeviceWork> work,
                           const std::string& what) {
+  return enqueue_pending({stream, Start(), what, fuser, std::move(work)});
+}
+
+Status StreamOps::enqueue_pending(Pending pending) {
   if (failed_.load(std::memory_order_acquire)) {
     Status error = async_error();
-    return Status(error.code(),
-                  what + ": not enqueued, an earlier stream operation failed: " + error.message());
+    return Status(
+        error.code(),
+        pending.what + ": not enqueued, an earlier stream operation failed: " + error.message());
   }
-  std::vector<Pending> one;
   {
     std::lock_guard lock(mutex_);
     if (group_depth_ > 0) {
-      group_.push_back({stream, Start(), what, fuser, std::move(work)});
+      group_.push_back(std::move(pending));
       return Status::ok();
     }
   }
-  one.push_back({stream, Start(), what, fuser, std::move(work)});
+  const CudaStream stream = pending.stream;
+  std::vector<Pending> one;
+  one.push_back(std::move(pending));
   return submit(stream, std::move(one));
 }
 
@@ -232,12 +224,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
   if (work.empty()) return Status::ok();
   // ferry's own CUDA calls here (host memory for the words) are legal while this thread
   // captures.
-  struct Relaxed {
-    explicit Relaxed(cuda::Cuda* gpu) : gpu(gpu), mode(gpu->relax_capture()) {}
-    ~Relaxed() { gpu->restore_capture(mode); }
-    cuda::Cuda* gpu;
-    int mode;
-  } relaxed(gpu);
+  cuda::RelaxedCapture relaxed(gpu);
   cuda::Cuda::StreamInfo info;
   if (Status s = gpu->stream_info(stream, &info); !s) {
     return Status(s.code(), what + " on a CUDA stream: " + s.message());

@@ -110,6 +110,8 @@ class StreamOps {
   // Takes a pair of words for `slot` (its index, value and words; *view is the GPUs' address of
   // them); a page of them is made on `device` where none is free.
   Status take_words(int device, Slot& slot, std::byte** view);
+  // enqueue's part: kept for the group, or submitted.
+  Status enqueue_pending(Pending pending);
   Status submit(CudaStream stream, std::vector<Pending> work);
   // Enqueues the Fusers' kernels of `work` and leaves in it what ferry's thread starts.
   Status fuse(CudaStream stream, std::vector<Pending>* work);
