@@ -212,7 +212,7 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "such kernels move calls of up to this many bytes as LL lines (8 bytes of data and the "       \
     "call's number in one 16-byte store, no flag), larger ones by the one-shot blocks and flags "  \
     "(must be the same on every member)")                                                          \
-  X(kStreamP2p, "FERRY_STREAM_P2P", kSize, "256k", 0, 262144, "",                                    \
+  X(kStreamP2p, "FERRY_STREAM_P2P", kSize, "256k", 0, 262144, "",                                  \
     "stream sends and receives between GPUs of one node go through a kernel on the stream: "       \
     "messages up to this size as LL lines, larger ones behind a header by ferry's thread (the "    \
     "smaller of two members' values; 0: every stream send and receive by ferry's thread)")         \
