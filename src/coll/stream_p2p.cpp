@@ -253,8 +253,9 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
     pair.decided = true;
     pair.kernel = mapped[i] != 0 && peer_mapped[i] != 0;
     if (pair.kernel) {
-      pair.inline_max =
-          static_cast<std::size_t>(std::min(mine[i].inline_max, theirs[i].inline_max));
+      // The peer's limit is its word: never above ours, which our inbox's slots hold.
+      pair.inline_max = static_cast<std::size_t>(
+          std::clamp<std::int64_t>(theirs[i].inline_max, 0, mine[i].inline_max));
       FERRY_LOG(kInfo, "stream send/recv with %s: kernels on cuda:%d, inline up to %zu B",
                 twin_.peer_label(peers[i]).c_str(), device, pair.inline_max);
       continue;

@@ -128,9 +128,11 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       if (!ll_load(slot, flag, words, deadline, &got)) {
         stopped = 1;
       } else if ((got & ~kP2pByThread) > op.bytes ||
+                 ((got & kP2pByThread) == 0 && got > kP2pInlineMax) ||
                  ((got & kP2pByThread) != 0 && op.verdict == nullptr)) {
-        // The send is larger than the receive (or comes by ferry's thread where this receive
-        // expected it inline: the members' limits differ): every member's stream calls stop.
+        // The send is larger than the receive, or inline past what a slot holds, or comes by
+        // ferry's thread where this receive expected it inline (the members' limits differ, or
+        // a peer's header lies): every member's stream calls stop.
         words[1] = 1;
         words[0] = 1;
         stopped = 1;
