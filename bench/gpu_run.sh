@@ -3,7 +3,8 @@
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
 # stream_ll pinned perf perf_staged compare coll_compare twoshot resident check sanitizer ofi
-# ofi_perf kill campaign mesh_tests mesh_perf mesh_probe (every GPU of the machine; default: info
+# ofi_perf kill campaign mesh_tests mesh_perf mesh_stream mesh_probe mesh_allreduce_probe (every
+# GPU of the machine; default: info
 # tests perf). guard measures every GPU figure docs/PERFORMANCE.md promises against its reference in the
 # same run and prints those below their recorded ratio (bench/gpu_guard.py): every change to GPU
 # code runs it. The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1
@@ -36,6 +37,9 @@ if [ "${1:-}" = pack ]; then
   nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
   [ -x "$nvcc" ] && "$nvcc" -O3 -std=c++20 -gencode arch=compute_90,code=sm_90 \
     "$here/bench/mesh_probe.cu" -o "$here/.devbin/bin/mesh_probe"
+  # The two-shot allreduce's ways of moving data (bench/mesh_allreduce_probe.cu, likewise).
+  [ -x "$nvcc" ] && "$nvcc" -O3 -std=c++20 -gencode arch=compute_90,code=sm_90 \
+    "$here/bench/mesh_allreduce_probe.cu" -o "$here/.devbin/bin/mesh_allreduce_probe"
   cp -P "$build"/libferry.so* "$here/.devbin/lib/"
   strip --strip-debug "$here"/.devbin/bin/* "$here"/.devbin/lib/libferry.so.*.* 2>/dev/null
   du -sh "$here/.devbin"
@@ -307,6 +311,9 @@ for step in $steps; do
       # What the links carry by copy engine and by SMs, to one peer and to all, all GPUs at once.
       nvidia-smi topo -m 2>&1 | head -12
       "$bin/mesh_probe" ${MESH_PROBE_SIZES:-2m 16m 128m} 2>&1 | tee "$out/mesh_probe.txt" ;;
+    mesh_allreduce_probe)
+      "$bin/mesh_allreduce_probe" ${MESH_PROBE_SIZES:-8m 16m 64m 256m} 2>&1 \
+        | tee "$out/mesh_allreduce_probe.txt" ;;
     mesh_perf)
       # Interleaved rounds on every GPU of the machine: ferry-perf's collectives of device
       # buffers, blocking and 20 in flight, the allreduce again with the two-shot kernel off and from GPU_RUN_TWOSHOT_FROM,
@@ -342,6 +349,30 @@ for step in $steps; do
             LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/${t}_perf" ${GPU_RUN_NCCL_RANGE:--b 8 -e 512M -f 8} \
               -g "$ngpu" -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
               | sed "s/^/$t -G $graph: /" | tee -a "$out/mesh_perf_nccl.txt" | grep -v "#"
+          done
+        done
+      done ;;
+    mesh_stream)
+      # Interleaved rounds on every GPU of the machine, every collective by its stream-ordered
+      # form (--stream: back to back on one stream; --graph 100: replayed from graphs of 100
+      # calls) and blocking, then nccl-tests (one process, a GPU per rank) back to back (-G 0) and
+      # from graphs (-G 100). Sizes: GPU_RUN_SIZES and GPU_RUN_NCCL_RANGE (nccl-tests' -b -e -f).
+      nccl_lib=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -1)
+      sizes=${GPU_RUN_SIZES:-8,64k,1m,8m,16m,64m}
+      ngpu=$(nvidia-smi -L | wc -l)
+      for round in $(seq 1 "${GPU_RUN_ROUNDS:-2}"); do
+        for mode in "--stream" "--graph 100" ""; do
+          echo "--- round $round ${mode:-blocking}" | tee -a "$out/mesh_stream_ferry.txt"
+          "$bin/ferryrun" --timeout 300 -n "$ngpu" "$bin/ferry-perf" allreduce broadcast allgather \
+            reduce_scatter reduce $mode -m cuda --check --sizes "$sizes" 2>&1 \
+            | tee -a "$out/mesh_stream_ferry.txt"
+        done
+        for t in all_reduce broadcast all_gather reduce_scatter reduce; do
+          [ -x "$bin/${t}_perf" ] || continue
+          for graph in 0 100; do
+            LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH "$bin/${t}_perf" ${GPU_RUN_NCCL_RANGE:--b 8 -e 64M -f 8} \
+              -g "$ngpu" -G "$graph" 2>&1 | grep -v "^#  Rank\|^# Using devices" \
+              | sed "s/^/$t -G $graph: /" | tee -a "$out/mesh_stream_nccl.txt" | grep -v "#"
           done
         done
       done ;;

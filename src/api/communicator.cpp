@@ -293,25 +293,55 @@ Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream 
     return enqueue_collective(group_, stream, #name,                                       \
                               [=](coll::Group& g, coll::Plan& p) { return g.name args; }); \
   }
+// The same, first trying one kernel on the stream itself (among one node's GPUs, with no host in
+// the loop): `kernel` is its coll::KernelCall, in parentheses.
+#define FERRY_STREAM_KERNEL_COLLECTIVE(name, params, checks, kernel, args)                 \
+  Status Communicator::name params {                                                       \
+    if (Status s = unusable(group_); !s) return s;                                         \
+    if (Status s = check_stream_call checks; !s) return s;                                 \
+    bool taken = false;                                                                    \
+    Status by_kernel = coll::collective_by_kernel(*group_, kernel, stream, &taken);        \
+    if (taken) return by_kernel;                                                           \
+    return enqueue_collective(group_, stream, #name,                                       \
+                              [=](coll::Group& g, coll::Plan& p) { return g.name args; }); \
+  }
+using Kind = cuda::Cuda::OneShot::Kind;
 
 FERRY_STREAM_COLLECTIVE(barrier, (CudaStream stream),
                         (*group_, "barrier", 0, DataType::kUint8, 0, {}), (p))
-FERRY_STREAM_COLLECTIVE(
-    broadcast, (void* buffer, std::size_t count, DataType type, int root, CudaStream stream),
-    (*group_, "broadcast", count, type, root, {buffer}), (p, buffer, count, type, root))
-FERRY_STREAM_COLLECTIVE(reduce,
-                        (const void* send, void* recv, std::size_t count, DataType type,
-                         ReduceOp op, int root, CudaStream stream),
-                        (*group_, "reduce", count, type, root, {send}, op),
-                        (p, send, recv, count, type, op, root))
-FERRY_STREAM_COLLECTIVE(
+FERRY_STREAM_KERNEL_COLLECTIVE(broadcast,
+                               (void* buffer, std::size_t count, DataType type, int root,
+                                CudaStream stream),
+                               (*group_, "broadcast", count, type, root, {buffer}),
+                               (coll::KernelCall{"broadcast", Kind::kBroadcast, buffer, buffer,
+                                                 count, type, ReduceOp::kSum, root}),
+                               (p, buffer, count, type, root))
+FERRY_STREAM_KERNEL_COLLECTIVE(reduce,
+                               (const void* send, void* recv, std::size_t count, DataType type,
+                                ReduceOp op, int root, CudaStream stream),
+                               (*group_, "reduce", count, type, root, {send}, op),
+                               (coll::KernelCall{"reduce", Kind::kReduce, send, recv, count, type,
+                                                 op, root}),
+                               (p, send, recv, count, type, op, root))
+FERRY_STREAM_KERNEL_COLLECTIVE(
     allgather, (const void* send, void* recv, std::size_t count, DataType type, CudaStream stream),
-    (*group_, "allgather", count, type, 0, {send, recv}), (p, send, recv, count, type))
-FERRY_STREAM_COLLECTIVE(reduce_scatter,
-                        (const void* send, void* recv, std::size_t count, DataType type,
-                         ReduceOp op, CudaStream stream),
-                        (*group_, "reduce_scatter", count, type, 0, {send, recv}, op),
-                        (p, send, recv, count, type, op))
+    (*group_, "allgather", count, type, 0, {send, recv}),
+    (coll::KernelCall{"allgather", Kind::kAllgather, send, recv, count, type, ReduceOp::kSum, 0}),
+    (p, send, recv, count, type))
+FERRY_STREAM_KERNEL_COLLECTIVE(reduce_scatter,
+                               (const void* send, void* recv, std::size_t count, DataType type,
+                                ReduceOp op, CudaStream stream),
+                               (*group_, "reduce_scatter", count, type, 0, {send, recv}, op),
+                               (coll::KernelCall{"reduce_scatter", Kind::kReduceScatter, send, recv,
+                                                 count, type, op, 0}),
+                               (p, send, recv, count, type, op))
+FERRY_STREAM_KERNEL_COLLECTIVE(allreduce,
+                               (const void* send, void* recv, std::size_t count, DataType type,
+                                ReduceOp op, CudaStream stream),
+                               (*group_, "allreduce", count, type, 0, {send, recv}, op),
+                               (coll::KernelCall{"allreduce", Kind::kAllreduce, send, recv, count,
+                                                 type, op, 0}),
+                               (p, send, recv, count, type, op))
 FERRY_STREAM_COLLECTIVE(gather,
                         (const void* send, void* recv, std::size_t count, DataType type, int root,
                          CudaStream stream),
@@ -323,22 +353,7 @@ FERRY_STREAM_COLLECTIVE(scatter,
                         (*group_, "scatter", count, type, root, {recv}),
                         (p, send, recv, count, type, root))
 #undef FERRY_STREAM_COLLECTIVE
-
-Status Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type,
-                               ReduceOp op, CudaStream stream) {
-  if (Status s = unusable(group_); !s) return s;
-  if (Status s = check_stream_call(*group_, "allreduce", count, type, 0, {send, recv}, op); !s) {
-    return s;
-  }
-  // Among one node's GPUs, one kernel on the stream itself, with no host in the loop.
-  bool taken = false;
-  Status by_kernel =
-      coll::allreduce_by_kernel(*group_, send, recv, count, type, op, stream, &taken);
-  if (taken) return by_kernel;
-  return enqueue_collective(group_, stream, "allreduce", [=](coll::Group& g, coll::Plan& p) {
-    return g.allreduce(p, send, recv, count, type, op);
-  });
-}
+#undef FERRY_STREAM_KERNEL_COLLECTIVE
 
 Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type,
                               CudaStream stream) {

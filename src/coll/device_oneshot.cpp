@@ -82,9 +82,11 @@ bool DeviceOneShot::mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::
                                                                               : 0;
   const bool fits = block > 0 ? (block + 255) / 256 * 256 <= bytes_ : bytes <= n * bytes_;
   // A broadcast's kernel waits twice for every member: below 2 MiB the host path was faster (four
-  // H100s: 8 B 22.6 against 41 us, 1 MiB 39.8 against 56.6; 8 MiB 153 against 83).
-  const bool worth = kind != cuda::Cuda::OneShot::Kind::kBroadcast || bytes >= (2u << 20);
-  return n >= 3 && !on_stream_ && bytes > 0 && fits && worth && ready(device, 1, DataType::kUint8);
+  // H100s: 8 B 22.6 against 41 us, 1 MiB 39.8 against 56.6; 8 MiB 153 against 83). On a stream
+  // the other way is ferry's thread, slower at every size.
+  const bool worth =
+      on_stream_ || kind != cuda::Cuda::OneShot::Kind::kBroadcast || bytes >= (2u << 20);
+  return n >= 3 && bytes > 0 && fits && worth && ready(device, 1, DataType::kUint8);
 }
 
 // Each member makes its exchange area, they swap IPC keys and map each other's, then agree that
@@ -232,8 +234,8 @@ void DeviceOneShot::release() {
   o.watch = -1;
   if (o.counters != nullptr) gpu->release(o.device, o.counters);
   o.counters = nullptr;
-  if (o.staging != nullptr) gpu->release(o.device, o.staging);
-  o.staging = nullptr;
+  for (const auto& [memory, size] : o.staging) gpu->release(o.device, memory);
+  o.staging.clear();
   if (o.resident >= 0) gpu->resident_close(o.resident);
   o.resident = -1;
   for (const auto& [rank, key] : o.mapped) gpu->unpin(rank, o.device, key);
@@ -323,16 +325,22 @@ Status DeviceOneShot::outcome() {
 // (21 MiB for four members), past which the ring is faster (kernels/twoshot.cuh).
 bool DeviceOneShot::by_twoshot(std::size_t bytes) const {
   const auto n = static_cast<std::size_t>(group_.size());
+  // On a stream, among three or more members, where the one-shot kernel's limit stops, up to a
+  // part per slot (the host path's choice with the default FERRY_COLL_DEVICE_TWOSHOT).
+  if (on_stream_) return n >= 3 && bytes > bytes_ && bytes <= n * bytes_;
   if (n < 2 || twoshot_from_ == 0 || bytes < std::max<std::size_t>(twoshot_from_ / (n - 1), 1)) {
     return false;
   }
   return n == 2 || bytes <= n * bytes_;
 }
 
-cuda::Cuda::OneShot DeviceOneShot::on_stream_call(void* out, const void* in, std::size_t count,
-                                                  DataType type, ReduceOp op, bool ring) const {
+cuda::Cuda::OneShot DeviceOneShot::on_stream_call(cuda::Cuda::OneShot::Kind kind, void* out,
+                                                  const void* in, std::size_t count, DataType type,
+                                                  ReduceOp op, int root, bool ring) const {
   const State& o = *state_;
   cuda::Cuda::OneShot call;
+  call.kind = kind;
+  call.root = root;
   call.out = out;
   call.in = in;
   call.count = count;
@@ -341,6 +349,8 @@ cuda::Cuda::OneShot DeviceOneShot::on_stream_call(void* out, const void* in, std
   call.members = group_.size();
   call.me = group_.rank();
   call.ring = ring;
+  call.two_shot =
+      kind == cuda::Cuda::OneShot::Kind::kAllreduce && by_twoshot(count * size_of(type));
   call.slot_bytes = bytes_;
   call.block_bytes = slice_;
   call.max_blocks = o.max_blocks;
@@ -353,15 +363,16 @@ cuda::Cuda::OneShot DeviceOneShot::on_stream_call(void* out, const void* in, std
   return call;
 }
 
-Status DeviceOneShot::staging(void** pointer) {
+Status DeviceOneShot::staging(std::size_t bytes, void** pointer) {
   State& o = *state_;
-  if (o.staging == nullptr) {
-    if (Status s = group_.engine()->cuda()->allocate(o.device, bytes_, &o.staging); !s) {
-      o.staging = nullptr;
-      return s;
-    }
+  if (o.staging.empty() || o.staging.back().second < bytes) {
+    // A larger one beside the others: calls enqueued before may still use those.
+    const std::size_t size = std::max(bytes, bytes_);
+    void* memory = nullptr;
+    if (Status s = group_.engine()->cuda()->allocate(o.device, size, &memory); !s) return s;
+    o.staging.emplace_back(memory, size);
   }
-  *pointer = o.staging;
+  *pointer = o.staging.back().first;
   return Status();
 }
 
@@ -375,7 +386,7 @@ Status DeviceOneShot::watch() {
 // What watch() reports (stopping the calls for good), or ok.
 Status DeviceOneShot::watched_failure() {
   const unsigned* words = state_->words;
-  const std::string what = "an allreduce run as a kernel on a stream, on communicator " +
+  const std::string what = "a collective run as a kernel on a stream, on communicator " +
                            std::to_string(group_.base_id());
   if (__atomic_load_n(&words[1], __ATOMIC_ACQUIRE) != 0) {
     stop();
@@ -409,19 +420,27 @@ void DeviceOneShot::stop() {
   state_->usable = false;
 }
 
-Status allreduce_by_kernel(Group& group, const void* send, void* recv, std::size_t count,
-                           DataType type, ReduceOp op, void* stream, bool* taken) {
+Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, bool* taken) {
+  using Kind = cuda::Cuda::OneShot::Kind;
   *taken = false;
   proto::Engine* engine = group.engine();
   cuda::Cuda* gpu = engine->cuda();
-  if (gpu == nullptr || !engine->waiting().threaded() || count == 0 || group.size() < 2 ||
-      group.allreduce_forced()) {
+  const std::size_t bytes = c.count * size_of(c.type);
+  if (gpu == nullptr || !engine->waiting().threaded() || bytes == 0 || group.size() < 2 ||
+      !group.by_device_kernel(c.kind, bytes, c.count)) {
     return Status();
   }
+  const auto n = static_cast<std::size_t>(group.size());
+  // The bytes of the input and of the output (a broadcast's one buffer is both).
+  const std::size_t in_bytes = c.kind == Kind::kReduceScatter ? n * bytes : bytes;
+  const std::size_t out_bytes = c.kind == Kind::kAllgather ? n * bytes : bytes;
+  const bool one_buffer = c.kind == Kind::kBroadcast || c.kind == Kind::kAllreduce;
+  // A reduce's output is the root's alone.
+  const bool has_out = c.kind != Kind::kReduce || group.rank() == c.root;
   cuda::Cuda::OneShot call;
   int device = -1;
-  void* staged = nullptr;  // where the kernel works, where not in the buffers
-  std::size_t bytes = 0;
+  void* staged_in = nullptr;  // where the kernel works, where not in the buffers
+  void* staged_out = nullptr;
   {
     auto entry = engine->enter();
     // What the thread's path reports at once.
@@ -432,7 +451,9 @@ Status allreduce_by_kernel(Group& group, const void* send, void* recv, std::size
     const int mode = gpu->relax_capture();
     cuda::Cuda::StreamInfo info;
     const bool known = gpu->stream_info(stream, &info).is_ok();
-    const bool ready = kernels.ready(known ? info.device : -1, count, type);
+    const int on = known ? info.device : -1;
+    const bool ready = c.kind == Kind::kAllreduce ? kernels.ready(on, c.count, c.type)
+                                                  : kernels.mesh_ready(on, c.kind, bytes);
     gpu->restore_capture(mode);
     if (!ready || !known) return Status();
     *taken = true;
@@ -443,30 +464,37 @@ Status allreduce_by_kernel(Group& group, const void* send, void* recv, std::size
       return memory.kind == mem::MemoryKind::kCudaManaged ||
              (memory.kind == mem::MemoryKind::kCudaDevice && memory.device == info.device);
     };
-    if (!reachable(send) || !reachable(recv)) {
-      if (Status s = kernels.staging(&staged); !s) {
-        return Status(s.code(),
-                      "allreduce on a stream: device memory to stage host buffers through: " +
-                          s.message() + " (the other members wait for this call)");
+    if (!reachable(c.send) || (has_out && !reachable(c.recv))) {
+      const std::size_t in_place = (in_bytes + 255) / 256 * 256;
+      void* staging = nullptr;
+      if (Status s = kernels.staging(one_buffer ? in_bytes : in_place + out_bytes, &staging); !s) {
+        return Status(s.code(), std::string(c.name) +
+                                    " on a stream: device memory to stage host buffers through: " +
+                                    s.message() + " (the other members wait for this call)");
       }
+      staged_in = staging;
+      staged_out = one_buffer ? staging : static_cast<std::byte*>(staging) + in_place;
     }
-    bytes = count * size_of(type);
-    call =
-        kernels.on_stream_call(staged != nullptr ? staged : recv, staged != nullptr ? staged : send,
-                               count, type, op, twin->allreduce_by_ring(bytes, count));
+    const bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count) : true;
+    call = kernels.on_stream_call(c.kind, staged_out != nullptr ? staged_out : c.recv,
+                                  staged_in != nullptr ? staged_in : c.send, c.count, c.type, c.op,
+                                  c.root, ring);
     device = info.device;
   }
   // Not under the engine's lock: a full stream blocks these calls until its work drains, which
   // may need ferry's stream thread. The kernel is enqueued even where the copy in failed, so that
   // the other members' calls end.
-  Status copied =
-      staged != nullptr ? gpu->copy_on_stream(stream, device, staged, send, bytes) : Status();
-  Status launched = gpu->allreduce_on_stream(stream, device, call);
-  if (launched.is_ok() && copied.is_ok() && staged != nullptr) {
-    copied = gpu->copy_on_stream(stream, device, recv, staged, bytes);
+  Status copied = staged_in != nullptr
+                      ? gpu->copy_on_stream(stream, device, staged_in, c.send, in_bytes)
+                      : Status();
+  Status launched = gpu->collective_on_stream(stream, device, call);
+  if (launched.is_ok() && copied.is_ok() && staged_out != nullptr && has_out) {
+    copied = gpu->copy_on_stream(stream, device, c.recv, staged_out, out_bytes);
   }
   if (!launched.is_ok()) copied = launched;
-  if (!copied.is_ok()) return Status(copied.code(), "allreduce on a stream: " + copied.message());
+  if (!copied.is_ok()) {
+    return Status(copied.code(), std::string(c.name) + " on a stream: " + copied.message());
+  }
   return Status();
 }
 

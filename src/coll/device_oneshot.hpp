@@ -6,8 +6,9 @@
 // goes (a Communicator may outlive its Context).
 //
 // On-stream mode (the DeviceOneShot of a kernel twin, Group::kernel_twin): the same area, set up
-// the same way, for stream allreduces enqueued as one kernel on the application's stream, whose
-// calls the GPU numbers itself; no resident or two-shot kernel. Nothing on the host sees such a
+// the same way, for stream collectives enqueued as one kernel on the application's stream, whose
+// calls the GPU numbers itself; no resident kernel, and the two-shot kernel among three or more
+// members only. Nothing on the host sees such a
 // call end, so ferry's stream thread watches for what must stop it (a dead member, a revoke) and
 // for what it reports (a mismatch, a timeout): watch() below.
 #pragma once
@@ -28,13 +29,27 @@ namespace ferry::coll {
 
 class Group;
 
-// A stream allreduce of `group` as one kernel on `stream` (the kernel twin's DeviceOneShot in
-// on-stream mode), where every member is on this node with a GPU of its own and the size fits
-// FERRY_STREAM_KERNEL: then *taken, and the status says whether it was enqueued. Else the call is
-// for ferry's stream thread. The first call that fits sets the area up: a collective of the
-// members, made here. Takes the engine's lock, but not across the launch.
-Status allreduce_by_kernel(Group& group, const void* send, void* recv, std::size_t count,
-                           DataType type, ReduceOp op, void* stream, bool* taken);
+// A stream collective that may run as one kernel on the application's stream: an allreduce, or
+// among three or more members an allgather, a reduce-scatter, a broadcast (send == recv, the
+// buffer) or a reduce (recv the root's). Counts as Communicator's stream forms take them.
+struct KernelCall {
+  const char* name;
+  cuda::Cuda::OneShot::Kind kind;
+  const void* send;
+  void* recv;
+  std::size_t count;
+  DataType type;
+  ReduceOp op;
+  int root;
+};
+
+// `call` of `group` as one kernel on `stream` (the kernel twin's DeviceOneShot in on-stream mode),
+// where every member is on this node with a GPU of its own, no algorithm is forced and the size
+// fits the area: then *taken, and the status says whether it was enqueued. Else the call is for
+// ferry's stream thread. Every member decides alike (the size, the kind, the set-up's agreement).
+// The first call that fits sets the area up: a collective of the members, made here. Takes the
+// engine's lock, but not across the launch.
+Status collective_by_kernel(Group& group, const KernelCall& call, void* stream, bool* taken);
 
 class DeviceOneShot {
  public:
@@ -57,13 +72,15 @@ class DeviceOneShot {
   std::uint64_t next() { return ++state_->sequence; }
   Status launch(const Execution::Action& action, DataType type, ReduceOp op, int lane,
                 bool blocking, cuda::Ticket* ticket);
-  // On-stream mode: the call for allreduce_on_stream of `count` elements of `type` (ready() said
-  // yes) from `in` to `out`, in the host algorithm's order (`ring`).
-  [[nodiscard]] cuda::Cuda::OneShot on_stream_call(void* out, const void* in, std::size_t count,
-                                                   DataType type, ReduceOp op, bool ring) const;
-  // On-stream mode: device memory of one call's size limit, for a member whose buffers the kernel
-  // cannot reach (host memory, another GPU's): made on first use, kept with the area.
-  Status staging(void** pointer);
+  // On-stream mode: the call for collective_on_stream (ready() or mesh_ready() said yes) from
+  // `in` to `out`, an allreduce in the host algorithm's order (`ring`).
+  [[nodiscard]] cuda::Cuda::OneShot on_stream_call(cuda::Cuda::OneShot::Kind kind, void* out,
+                                                   const void* in, std::size_t count, DataType type,
+                                                   ReduceOp op, int root, bool ring) const;
+  // On-stream mode: `bytes` of device memory for a member whose buffers the kernel cannot reach
+  // (host memory, another GPU's): made on first use and kept with the area; a larger call makes
+  // a larger one beside it (what is enqueued may still use the smaller).
+  Status staging(std::size_t bytes, void** pointer);
   // On-stream mode, asked by ferry's stream thread about every millisecond (engine lock held):
   // raises the stop word where a member has failed or the communicator is revoked, and returns
   // why the calls on the streams are not valid (that, a mismatch, or a timeout), else ok.
@@ -72,7 +89,8 @@ class DeviceOneShot {
   Status outcome();
   // Tells a one-shot kernel to stop waiting for its peers, and stops using the path.
   void stop();
-  // Whether a call of `bytes` takes the two-shot kernel (two members, FERRY_COLL_DEVICE_TWOSHOT).
+  // Whether a call of `bytes` takes the two-shot kernel (FERRY_COLL_DEVICE_TWOSHOT; on a stream,
+  // among three or more members past the one-shot kernel's limit).
   [[nodiscard]] bool by_twoshot(std::size_t bytes) const;
 
  private:
@@ -95,9 +113,9 @@ class DeviceOneShot {
     cuda::Ticket last_launch;  // of the last launched one-shot kernel, if `launched`
     bool launched = false;
     void* counters = nullptr;  // on-stream mode: the calls' numbers, kept by the GPU
-    void* staging = nullptr;   // on-stream mode: staging(), or null
-    int watch = -1;            // on-stream mode: the stream thread's watch of it
-    bool reported = false;     // watch() returned its failure
+    std::vector<std::pair<void*, std::size_t>> staging;  // on-stream mode: staging()
+    int watch = -1;         // on-stream mode: the stream thread's watch of it
+    bool reported = false;  // watch() returned its failure
   };
   // Each member makes its exchange area, they swap IPC keys and map each other's, then agree
   // that every member succeeded.

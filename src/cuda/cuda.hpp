@@ -140,14 +140,16 @@ class Cuda {
   // The one-shot allreduce among the GPUs of one node (kernels.cu, ferry_allreduce_oneshot):
   // each member's exchange area holds 2 generations x `members` slots of `slot_bytes`, then
   // 2 generations x `members` x kOneShotBlocks flags of 16 bytes, then as many again for the
-  // two-shot kernel's results (ferry_allreduce_twoshot), zeroed before first use.
+  // two-shot kernel's results (ferry_allreduce_twoshot), then among three or more members
+  // 2 generations x `members` slots more for the two-shot mesh kernel's results
+  // (ferry_allreduce_twoshot_mesh), zeroed before first use.
   static constexpr int kOneShotMembers = 8;
   static constexpr int kOneShotBlocks = 128;
   static std::size_t oneshot_area_bytes(int members, std::size_t slot_bytes) {
-    return 2 * static_cast<std::size_t>(members) * slot_bytes +
-           4 * static_cast<std::size_t>(members) * kOneShotBlocks * 16;
+    const auto n = static_cast<std::size_t>(members);
+    return 2 * n * slot_bytes + 4 * n * kOneShotBlocks * 16 + (n >= 3 ? 2 * n * slot_bytes : 0);
   }
-  // The exchange area of the on-stream kernel (ferry_allreduce_on_stream): the one-shot part, then
+  // The exchange area of the on-stream kernels (collective_on_stream): the one-shot part, then
   // 2 generations x `members` LL slots (kernels/on_stream.cuh) for calls of up to kLLMaxBytes.
   static constexpr std::size_t kLLMaxBytes = 32768 * 8;
   static constexpr std::size_t kLLSlotBytes = (kLLMaxBytes / 8 + 1) * 16;
@@ -190,21 +192,24 @@ class Cuda {
     // Device view of host words: [0] nonzero ends the waiting; the kernel sets [1] when a
     // member's call differs in count, type or op, and [2] when it waited past timeout_ns.
     void* words = nullptr;
-    // allreduce_on_stream only: 16 bytes of device memory, zeroed before the first call, where
+    // collective_on_stream only: 16 bytes of device memory, zeroed before the first call, where
     // the GPU keeps the calls' numbers (`sequence` is not used); how long a block may wait for
     // its peers (0: no limit).
     void* counters = nullptr;
     std::uint64_t timeout_ns = 0;
-    // allreduce_on_stream only: calls of up to this many bytes (at most kLLMaxBytes) by LL lines.
+    // collective_on_stream only: allreduces of up to this many bytes (at most kLLMaxBytes) by LL
+    // lines.
     std::size_t ll_bytes = 0;
   };
   virtual Status allreduce_oneshot_async(int device, int lane, const OneShot& call,
                                          Ticket* ticket) = 0;
   // The same call enqueued on an application's stream (a CUstream of `device`'s context, the
   // legacy or per-thread default stream included), after the work already there; a stream that
-  // captures a graph captures it, and every replay is a call of its own. Nothing tells the host
+  // captures a graph captures it, and every replay is a call of its own. An allreduce by the
+  // one-shot blocks or LL lines (ferry_allreduce_on_stream), or among three or more members the
+  // two-shot kernel (two_shot) and the other kinds (ferry_mesh_on_stream). Nothing tells the host
   // when it ends: errors are in `words` (a stopped call's result is not valid).
-  virtual Status allreduce_on_stream(void* stream, int device, const OneShot& call) = 0;
+  virtual Status collective_on_stream(void* stream, int device, const OneShot& call) = 0;
   // Stream send and receive between two GPUs of one node (kernels/p2p.cuh, coll/stream_p2p.hpp):
   // each member's inbox for a peer is kP2pSlots slot-free words (64 bits each, in the first 128
   // bytes), then kP2pSlots LL slots of a message of up to kP2pInlineMax bytes each.

@@ -375,6 +375,184 @@ TEST(Stream, AllreduceOfHostBuffers) {
   }
 }
 
+// Every collective on the stream gives the bits of its host-synchronous form on the same inputs
+// (float32 sums, whose bits follow the order of the operands): among three or more members on
+// one node the stream forms of allgather, reduce-scatter, broadcast and reduce and the large
+// allreduces are kernels on the stream (kernels/mesh.cuh, kernels/twoshot.cuh), and they keep the
+// host algorithm's order. Sizes on both sides of each kernel's limits (a 16-byte unit cut, past
+// the area: by ferry's thread), every root, and one pass from pageable host memory (staged
+// through device memory of the kernel's). Each stream call is followed at once by work on the
+// stream that reads its result.
+TEST(Stream, EveryCollectiveMatchesItsHostForm) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  const int me = world.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (std::size_t count : {std::size_t{3}, std::size_t{25000}, std::size_t{262147},
+                            std::size_t{1} << 20, std::size_t{1600003}, std::size_t{6} << 20}) {
+    const std::size_t bytes = count * sizeof(float);
+    std::vector<float> input(un * count);
+    for (std::size_t i = 0; i < input.size(); ++i) {
+      input[i] = 0.1f * static_cast<float>(me + 1) + 1e-3f * static_cast<float>(i % 977);
+    }
+    Device in(un * bytes), out(un * bytes), copy(un * bytes);
+    std::vector<float> by_stream(un * count), by_host(un * count);
+    // `call` on the stream into `out`, then its first `elements` copied to `copy` by the stream
+    // (work after it that reads the result); then the host form into `out` again.
+    const auto compare = [&](const char* what, std::size_t elements, auto&& stream_call,
+                             auto&& host_call, bool from_pageable = false) {
+      check(g_cuda->cuMemcpy(in.p, reinterpret_cast<CUdeviceptr>(input.data()), un * bytes),
+            "fill");
+      check(g_cuda->cuMemsetD8(out.p, 0, un * bytes), "clear");
+      // Both on the legacy stream, which the test's stream (non-blocking) does not wait for.
+      check(g_cuda->cuStreamSynchronize(nullptr), "fill and clear");
+      if (from_pageable) {
+        std::vector<float> host_out(un * count, 0.0f);
+        ASSERT_TRUE(
+            stream_call(static_cast<const void*>(input.data()), static_cast<void*>(host_out.data()))
+                .is_ok())
+            << what;
+        check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+        std::memcpy(by_stream.data(), host_out.data(), elements * sizeof(float));
+      } else {
+        ASSERT_TRUE(stream_call(static_cast<const void*>(in.get()), out.get()).is_ok()) << what;
+        check(g_cuda->cuMemcpyAsync(copy.p, out.p, elements * sizeof(float), g_stream), "copy");
+        check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+        check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_stream.data()), copy.p,
+                               elements * sizeof(float)),
+              "read");
+      }
+      ASSERT_TRUE(g_ctx->async_error().is_ok()) << what << ": " << g_ctx->async_error().to_string();
+      check(g_cuda->cuMemcpy(in.p, reinterpret_cast<CUdeviceptr>(input.data()), un * bytes),
+            "fill");
+      check(g_cuda->cuMemsetD8(out.p, 0, un * bytes), "clear");
+      // Both on the legacy stream, which the test's stream (non-blocking) does not wait for.
+      check(g_cuda->cuStreamSynchronize(nullptr), "fill and clear");
+      ASSERT_TRUE(host_call(static_cast<const void*>(in.get()), out.get()).is_ok()) << what;
+      check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_host.data()), out.p,
+                             elements * sizeof(float)),
+            "read");
+      std::size_t wrong = 0;
+      std::size_t first = elements;
+      for (std::size_t i = 0; i < elements; ++i) {
+        if (std::memcmp(&by_stream[i], &by_host[i], sizeof(float)) != 0) {
+          if (wrong++ == 0) first = i;
+        }
+      }
+      EXPECT_EQ(wrong, 0u) << what << ", " << count << " elements: first at " << first << ": "
+                           << (first < elements ? by_stream[first] : 0.0f) << " where "
+                           << (first < elements ? by_host[first] : 0.0f);
+    };
+    const auto sum = ReduceOp::kSum;
+    const auto f32 = DataType::kFloat32;
+    compare(
+        "allreduce", count,
+        [&](const void* s, void* r) { return world.allreduce(s, r, count, f32, sum, g_stream); },
+        [&](const void* s, void* r) { return world.allreduce(s, r, count, f32, sum); });
+    compare(
+        "allgather", un * count,
+        [&](const void* s, void* r) { return world.allgather(s, r, count, f32, g_stream); },
+        [&](const void* s, void* r) { return world.allgather(s, r, count, f32); });
+    compare(
+        "reduce_scatter", count,
+        [&](const void* s, void* r) {
+          return world.reduce_scatter(s, r, count, f32, sum, g_stream);
+        },
+        [&](const void* s, void* r) { return world.reduce_scatter(s, r, count, f32, sum); });
+    for (int root = 0; root < n; ++root) {
+      // In place: the buffer is `out`, filled from `in` first.
+      compare(
+          "broadcast", count,
+          [&](const void* s, void* r) {
+            check(g_cuda->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(r),
+                                        reinterpret_cast<CUdeviceptr>(s), bytes, g_stream),
+                  "copy in");
+            return world.broadcast(r, count, f32, root, g_stream);
+          },
+          [&](const void* s, void* r) {
+            check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(r),
+                                   reinterpret_cast<CUdeviceptr>(s), bytes),
+                  "copy in");
+            return world.broadcast(r, count, f32, root);
+          });
+      if (HasFailure()) return;
+    }
+    for (int root = 0; root < n; ++root) {
+      compare(
+          "reduce", me == root ? count : 0,
+          [&](const void* s, void* r) {
+            return world.reduce(s, r, count, f32, sum, root, g_stream);
+          },
+          [&](const void* s, void* r) { return world.reduce(s, r, count, f32, sum, root); });
+    }
+    if (count == (std::size_t{1} << 20)) {
+      compare(
+          "allgather from pageable host memory", un * count,
+          [&](const void* s, void* r) { return world.allgather(s, r, count, f32, g_stream); },
+          [&](const void* s, void* r) { return world.allgather(s, r, count, f32); }, true);
+    }
+    if (HasFailure()) return;
+  }
+}
+
+// A graph of an allgather, a reduce-scatter of its result, a broadcast and a reduce, replayed: on
+// the stream among three or more members these are kernels the GPU numbers itself (the small
+// reduce by ferry's thread), so each replay is a call of its own; checked against the arithmetic.
+TEST(Stream, GraphReplaysEveryCollective) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  const int me = world.rank();
+  const auto un = static_cast<std::size_t>(n);
+  // int32 per member: 4,000 B (by LL lines), 4 MiB (the mesh kernels).
+  for (const std::size_t count : {std::size_t{1000}, std::size_t{1} << 20}) {
+    const std::size_t bytes = count * sizeof(std::int32_t);
+    Device mine(bytes), all(un * bytes), reduced(bytes), rooted(bytes);
+    std::vector<std::int32_t> host(count);
+    for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<std::int32_t>(i % 1000) + me;
+    check(g_cuda->cuMemcpy(mine.p, reinterpret_cast<CUdeviceptr>(host.data()), bytes), "fill");
+    check(g_cuda->cuStreamSynchronize(nullptr), "fill");
+    const int replays = 20;
+    const int root = n - 1;
+    replay(replays, [&] {
+      const auto i32 = DataType::kInt32;
+      ASSERT_TRUE(world.allgather(mine.get(), all.get(), count, i32, g_stream).is_ok());
+      ASSERT_TRUE(
+          world.reduce_scatter(all.get(), reduced.get(), count, i32, ReduceOp::kSum, g_stream)
+              .is_ok());
+      ASSERT_TRUE(world.broadcast(reduced.get(), count, i32, root, g_stream).is_ok());
+      ASSERT_TRUE(world.reduce(reduced.get(), rooted.get(), count, i32, ReduceOp::kMax, 0, g_stream)
+                      .is_ok());
+      // The next replay's input: this one's broadcast result.
+      check(g_cuda->cuMemcpyAsync(mine.p, reduced.p, bytes, g_stream), "copy back");
+    });
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    // Each replay: the gathered buffer is the same on every member, block r member r's input, so
+    // the reduce-scatter leaves member r with n times its own input, and the broadcast leaves every
+    // member with n times the root's (int32 arithmetic wraps alike on both sides).
+    std::vector<std::int64_t> result(count);
+    for (std::size_t i = 0; i < count; ++i) result[i] = static_cast<std::int64_t>(i % 1000) + root;
+    for (int k = 0; k < replays; ++k) {
+      for (std::int64_t& x : result) {
+        x = static_cast<std::int32_t>(static_cast<std::int64_t>(un) * x);
+      }
+    }
+    std::vector<std::int32_t> got(count);
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), mine.p, bytes), "read");
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) wrong += got[i] != static_cast<std::int32_t>(result[i]);
+    EXPECT_EQ(wrong, 0u) << "after " << replays << " replays: " << got[0] << " where "
+                         << static_cast<std::int32_t>(result[0]);
+    if (me == 0) {
+      check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), rooted.p, bytes), "read");
+      wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        wrong += got[i] != static_cast<std::int32_t>(result[i]);
+      }
+      EXPECT_EQ(wrong, 0u) << "the reduce (max) to member 0 after " << replays << " replays";
+    }
+  }
+}
+
 // Arguments the stream forms refuse where the call is made.
 TEST(Stream, RefusesBadArgumentsAtTheCall) {
   Communicator world = g_ctx->world();

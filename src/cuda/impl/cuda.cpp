@@ -87,8 +87,8 @@ class CudaImpl final : public Cuda {
                                  Ticket* ticket) override {
     return launches_.allreduce_oneshot(ordinal, lane, call, ticket);
   }
-  Status allreduce_on_stream(void* stream, int ordinal, const OneShot& call) override {
-    return launches_.allreduce_on_stream(stream, ordinal, call);
+  Status collective_on_stream(void* stream, int ordinal, const OneShot& call) override {
+    return launches_.collective_on_stream(stream, ordinal, call);
   }
   Status p2p_on_stream(void* stream, int ordinal, std::span<const P2pOp> ops, void* words,
                        std::uint64_t timeout_ns, void* scratch) override {

@@ -95,10 +95,11 @@ struct Device {
   CUfunction broadcast_mesh = nullptr;
   CUfunction reduce_mesh = nullptr;
   CUfunction resident = nullptr;
-  CUfunction on_stream = nullptr;
-  CUfunction p2p = nullptr;    // ferry_p2p_on_stream
-  CUfunction p2p_2 = nullptr;  // the same for at most two ops
-  std::string kernels_error;   // why the module could not be loaded
+  CUfunction on_stream = nullptr;       // ferry_allreduce_on_stream
+  CUfunction mesh_on_stream = nullptr;  // ferry_mesh_on_stream
+  CUfunction p2p = nullptr;             // ferry_p2p_on_stream
+  CUfunction p2p_2 = nullptr;           // the same for at most two ops
+  std::string kernels_error;            // why the module could not be loaded
   int multiprocessors = 0;
   std::unordered_map<void*, std::size_t> sizes;  // allocate()'d, in use
   std::multimap<std::size_t, void*> spare;       // released, kept by size

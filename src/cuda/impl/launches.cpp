@@ -65,6 +65,10 @@ std::string Launches::missing(int ordinal) {
         CUDA_SUCCESS) {
       dev.on_stream = nullptr;  // stream allreduces go through the proxy
     }
+    if (d_->cuModuleGetFunction(&dev.mesh_on_stream, dev.module, "ferry_mesh_on_stream") !=
+        CUDA_SUCCESS) {
+      dev.mesh_on_stream = nullptr;  // so do the other stream collectives
+    }
     if (d_->cuModuleGetFunction(&dev.p2p, dev.module, "ferry_p2p_on_stream") != CUDA_SUCCESS ||
         d_->cuModuleGetFunction(&dev.p2p_2, dev.module, "ferry_p2p_on_stream_2") != CUDA_SUCCESS) {
       dev.p2p = nullptr;  // stream sends and receives go through the proxy
@@ -229,31 +233,43 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
   return Status::ok();
 }
 
-Status Launches::allreduce_on_stream(void* stream, int ordinal, const Cuda::OneShot& call) {
+Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::OneShot& call) {
   Device& dev = devices_.get(ordinal);
   const std::string why = missing(ordinal);  // loads the module on first use
-  if (dev.on_stream == nullptr) {
-    return Status(Code::kUnsupported,
-                  why.empty() ? "the module has no ferry_allreduce_on_stream" : why);
+  const bool mesh = call.kind != Cuda::OneShot::Kind::kAllreduce || call.two_shot;
+  const char* name = mesh ? "ferry_mesh_on_stream" : "ferry_allreduce_on_stream";
+  CUfunction kernel = mesh ? dev.mesh_on_stream : dev.on_stream;
+  if (kernel == nullptr) {
+    return Status(Code::kUnsupported, why.empty() ? std::string("the module has no ") + name : why);
   }
   ScopedContext scope(d_, dev.context);
   OneShotArgs a(call);
   void* counters = call.counters;
   unsigned long long timeout_ns = call.timeout_ns;
   unsigned long long ll_bytes = std::min(call.ll_bytes, Cuda::kLLMaxBytes);
-  // By LL, a thread per line: a thread's second line waits a whole round trip (its input read,
-  // the store to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us
-  // replayed from a graph with two lines a thread, 8 B in 4.5 with one).
+  int kind = static_cast<int>(call.kind);
+  // By LL lines (kernels/on_stream.cuh, mesh_by_ll): an allreduce, and an allgather, broadcast
+  // or reduce-scatter among three or more members, of at most ll_bytes of data (the part); a
+  // thread per line: a thread's second line waits a whole round trip (its input read, the store
+  // to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us replayed from a
+  // graph with two lines a thread, 8 B in 4.5 with one).
   const std::size_t data = call.count * size_of(call.type);
-  const unsigned blocks = data <= ll_bytes ? grid(call, (data + 7) / 8 + 1, 512)  // lines
-                                           : oneshot_blocks(call);
-  void* params[] = {&a.out,     &a.in,     &a.count,    &a.type,       &a.op,
-                    &a.members, &a.me,     &a.ring,     &a.slot_bytes, a.areas.data(),
-                    &a.words,   &counters, &timeout_ns, &ll_bytes};
-  const CUresult result = d_->cuLaunchKernel(dev.on_stream, blocks, 1, 1, 512, 1, 1, 0,
-                                             static_cast<CUstream>(stream), params, nullptr);
+  const bool by_lines =
+      data <= ll_bytes && (!mesh || call.kind == Cuda::OneShot::Kind::kAllgather ||
+                           call.kind == Cuda::OneShot::Kind::kBroadcast ||
+                           call.kind == Cuda::OneShot::Kind::kReduceScatter);
+  const unsigned blocks = by_lines ? grid(call, (data + 7) / 8 + 1, 512) : oneshot_blocks(call);
+  void* allreduce_params[] = {&a.out,     &a.in,     &a.count,    &a.type,       &a.op,
+                              &a.members, &a.me,     &a.ring,     &a.slot_bytes, a.areas.data(),
+                              &a.words,   &counters, &timeout_ns, &ll_bytes};
+  void* mesh_params[] = {&a.out,      &a.in,   &a.count,      &a.type,        &a.op,    &a.members,
+                         &a.me,       &a.ring, &a.slot_bytes, a.areas.data(), &a.words, &counters,
+                         &timeout_ns, &kind,   &a.root,       &ll_bytes};
+  const CUresult result =
+      d_->cuLaunchKernel(kernel, blocks, 1, 1, 512, 1, 1, 0, static_cast<CUstream>(stream),
+                         mesh ? mesh_params : allreduce_params, nullptr);
   if (result != CUDA_SUCCESS) {
-    return driver_error("cuLaunchKernel(ferry_allreduce_on_stream)", result);
+    return driver_error(std::string("cuLaunchKernel(") + name + ")", result);
   }
   return Status::ok();
 }

@@ -19,7 +19,7 @@ class Launches {
   Status reduce(int ordinal, int lane, void* out, const void* a, const void* b, std::size_t count,
                 DataType type, ReduceOp op, Ticket* ticket);
   Status allreduce_oneshot(int ordinal, int lane, const Cuda::OneShot& call, Ticket* ticket);
-  Status allreduce_on_stream(void* stream, int ordinal, const Cuda::OneShot& call);
+  Status collective_on_stream(void* stream, int ordinal, const Cuda::OneShot& call);
   Status p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops, void* words,
                        std::uint64_t timeout_ns, void* scratch);
 

@@ -63,14 +63,18 @@ __device__ void chain_reduce(const unsigned char* const (&sources)[kMaxMembers],
 
 }  // namespace
 
-// One allgather among 3 to kMaxMembers members (see above; the arguments are
-// ferry_allreduce_oneshot's, `count` elements per member, op and ring unused). The caller keeps
-// count * size within members * slot_bytes.
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_allgather_mesh(void* out, const void* in, unsigned long long count, int type, int op,
-                         int members, int me, int ring, unsigned long long sequence,
-                         unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
-                         unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+namespace {
+
+// The bodies of the kernels below, run by each block: launched (ferry_*_mesh, completion by
+// finish_call) or on an application's stream (ferry_mesh_on_stream, kernels/on_stream.cuh, which
+// passes the call's number the GPU keeps and a deadline by the GPU's clock; 0: none).
+
+// One allgather among 3 to kMaxMembers members (see above; `count` elements per member). The
+// caller keeps count * size within members * slot_bytes.
+__device__ void allgather_mesh(void* out, const void* in, unsigned long long count, int type,
+                               int members, int me, unsigned long long sequence,
+                               unsigned long long slot_bytes, const Areas& areas,
+                               volatile unsigned* words, unsigned long long deadline) {
   const auto n = static_cast<std::size_t>(members);
   const std::size_t data_offset = (sequence & 1) * n * slot_bytes;
   const std::size_t flags = 2 * n * slot_bytes + (sequence & 1) * n * kMaxBlocks * 16;
@@ -88,7 +92,8 @@ extern "C" __global__ void __launch_bounds__(512)
   block_copy(output + static_cast<std::size_t>(me) * bytes + first, input + first, last - first);
   __shared__ int stop;
   if (threadIdx.x == 0) {
-    stop = wait_flags<false>(areas, flags, members, me, blockIdx.x, sequence, signature, words);
+    stop = wait_flags<false>(areas, flags, members, me, blockIdx.x, sequence, signature, words,
+                             deadline);
   }
   __syncthreads();
   if (stop == 0) {
@@ -99,18 +104,14 @@ extern "C" __global__ void __launch_bounds__(512)
                  areas.area[j] + data_offset + first, last - first);
     }
   }
-  finish_call(blocks_done, lane_flag, done);
 }
 
-// One reduce-scatter among 3 to kMaxMembers members (see above; the arguments are
-// ferry_allreduce_oneshot's, `count` elements per member's block, the input members * count,
-// ring unused). The caller keeps count * size within slot_bytes.
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_reduce_scatter_mesh(void* out, const void* in, unsigned long long count, int type,
-                              int op, int members, int me, int ring, unsigned long long sequence,
-                              unsigned long long slot_bytes, Areas areas,
-                              volatile unsigned* words, unsigned* blocks_done,
-                              volatile unsigned* lane_flag, unsigned done) {
+// One reduce-scatter among 3 to kMaxMembers members (see above; `count` elements per member's
+// block, the input members * count). The caller keeps count * size within slot_bytes.
+__device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long long count, int type,
+                                    int op, int members, int me, unsigned long long sequence,
+                                    unsigned long long slot_bytes, const Areas& areas,
+                                    volatile unsigned* words, unsigned long long deadline) {
   const std::size_t size = type_size(type);
   const auto n = static_cast<std::size_t>(members);
   const std::size_t data_offset = (sequence & 1) * n * slot_bytes;
@@ -135,7 +136,8 @@ extern "C" __global__ void __launch_bounds__(512)
   __shared__ int stop;
   if (threadIdx.x == 0) {
     raise_flags(areas, flags, members, me, blockIdx.x, sequence, signature);
-    stop = wait_flags<false>(areas, flags, members, me, blockIdx.x, sequence, signature, words);
+    stop = wait_flags<false>(areas, flags, members, me, blockIdx.x, sequence, signature, words,
+                             deadline);
   }
   __syncthreads();
   if (stop == 0) {
@@ -157,18 +159,14 @@ extern "C" __global__ void __launch_bounds__(512)
       });
     });
   }
-  finish_call(blocks_done, lane_flag, done);
 }
 
-// One broadcast among 3 to kMaxMembers members from `root` (see above; the arguments are
-// ferry_allreduce_oneshot's and the root, `in` == `out` the buffer, op and ring unused). The caller
-// keeps count * size within members * slot_bytes.
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_broadcast_mesh(void* out, const void* in, unsigned long long count, int type, int op,
-                         int members, int me, int ring, unsigned long long sequence,
-                         unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
-                         unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done,
-                         int root) {
+// One broadcast among 3 to kMaxMembers members from `root` (see above; `out` the buffer). The
+// caller keeps count * size within members * slot_bytes.
+__device__ void broadcast_mesh(void* out, unsigned long long count, int type, int members, int me,
+                               unsigned long long sequence, unsigned long long slot_bytes,
+                               const Areas& areas, volatile unsigned* words,
+                               unsigned long long deadline, int root) {
   const auto n = static_cast<std::size_t>(members);
   const std::size_t data_offset = (sequence & 1) * n * slot_bytes;
   const std::size_t copied_flags = 2 * n * slot_bytes + (sequence & 1) * n * kMaxBlocks * 16;
@@ -200,13 +198,10 @@ extern "C" __global__ void __launch_bounds__(512)
   __shared__ int stop;
   if (threadIdx.x == 0) {
     stop = exchange_flags(areas, copied_flags, members, me, blockIdx.x, sequence, signature,
-                          words, 0);
+                          words, deadline);
   }
   __syncthreads();
-  if (stop != 0) {
-    finish_call(blocks_done, lane_flag, done);
-    return;
-  }
+  if (stop != 0) return;
   if (me != root) {
     const Share s = share(me);
     block_copy(areas.area[me] + data_offset + s.lo, areas.area[root] + data_offset + s.lo,
@@ -219,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(512)
   __syncthreads();
   if (threadIdx.x == 0) {
     stop = exchange_flags(areas, part_flags, members, me, blockIdx.x, sequence, signature, words,
-                          0);
+                          deadline);
   }
   __syncthreads();
   if (stop == 0 && me != root) {
@@ -229,18 +224,14 @@ extern "C" __global__ void __launch_bounds__(512)
       block_copy(buffer + s.lo, areas.area[j] + data_offset + s.lo, s.hi - s.lo);
     }
   }
-  finish_call(blocks_done, lane_flag, done);
 }
 
-// One reduce among 3 to kMaxMembers members to `root` (see above; the arguments are
-// ferry_allreduce_oneshot's and the root, ring unused; `out` the root's). The caller keeps a ring
-// block (count / members elements, rounded up) within slot_bytes.
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_reduce_mesh(void* out, const void* in, unsigned long long count, int type, int op,
-                      int members, int me, int ring, unsigned long long sequence,
-                      unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
-                      unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done,
-                      int root) {
+// One reduce among 3 to kMaxMembers members to `root` (see above; `out` the root's). The caller
+// keeps a ring block (count / members elements, rounded up) within slot_bytes.
+__device__ void reduce_mesh(void* out, const void* in, unsigned long long count, int type, int op,
+                            int members, int me, unsigned long long sequence,
+                            unsigned long long slot_bytes, const Areas& areas,
+                            volatile unsigned* words, unsigned long long deadline, int root) {
   const std::size_t size = type_size(type);
   const auto n = static_cast<std::size_t>(members);
   const std::size_t data_offset = (sequence & 1) * n * slot_bytes;
@@ -277,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(512)
   __shared__ int stop;
   if (threadIdx.x == 0) {
     stop = exchange_flags(areas, copied_flags, members, me, blockIdx.x, sequence, signature,
-                          words, 0);
+                          words, deadline);
   }
   __syncthreads();
   if (stop == 0) {
@@ -305,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(512)
       raise_flags(areas, result_flags, members, me, blockIdx.x, sequence, signature);
       if (me == root) {
         stop = wait_flags<false>(areas, result_flags, members, me, blockIdx.x, sequence,
-                                 signature, words);
+                                 signature, words, deadline);
       }
     }
     __syncthreads();
@@ -317,5 +308,48 @@ extern "C" __global__ void __launch_bounds__(512)
       }
     }
   }
+}
+
+}  // namespace
+
+// The launched calls (the arguments are ferry_allreduce_oneshot's, and the root for a broadcast
+// and a reduce; op and ring unused where the collective has none).
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allgather_mesh(void* out, const void* in, unsigned long long count, int type, int op,
+                         int members, int me, int ring, unsigned long long sequence,
+                         unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                         unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
+  allgather_mesh(out, in, count, type, members, me, sequence, slot_bytes, areas, words, 0);
+  finish_call(blocks_done, lane_flag, done);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_reduce_scatter_mesh(void* out, const void* in, unsigned long long count, int type,
+                              int op, int members, int me, int ring, unsigned long long sequence,
+                              unsigned long long slot_bytes, Areas areas,
+                              volatile unsigned* words, unsigned* blocks_done,
+                              volatile unsigned* lane_flag, unsigned done) {
+  reduce_scatter_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
+                      0);
+  finish_call(blocks_done, lane_flag, done);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_broadcast_mesh(void* out, const void* in, unsigned long long count, int type, int op,
+                         int members, int me, int ring, unsigned long long sequence,
+                         unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                         unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done,
+                         int root) {
+  broadcast_mesh(out, count, type, members, me, sequence, slot_bytes, areas, words, 0, root);
+  finish_call(blocks_done, lane_flag, done);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_reduce_mesh(void* out, const void* in, unsigned long long count, int type, int op,
+                      int members, int me, int ring, unsigned long long sequence,
+                      unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
+                      unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done,
+                      int root) {
+  reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words, 0, root);
   finish_call(blocks_done, lane_flag, done);
 }

@@ -18,8 +18,8 @@ constexpr unsigned long long kLLMaxBytes = 32768 * 8;
 // Where the one-shot kernels' part of an area ends (Cuda::oneshot_area_bytes).
 __device__ __forceinline__ unsigned long long oneshot_area_end(int members,
                                                                unsigned long long slot_bytes) {
-  return 2 * static_cast<unsigned long long>(members) * slot_bytes +
-         4 * static_cast<unsigned long long>(members) * kMaxBlocks * 16;
+  return mesh_results(members, slot_bytes) +
+         (members >= 3 ? 2 * static_cast<unsigned long long>(members) * slot_bytes : 0);
 }
 
 __device__ __forceinline__ void ll_store(unsigned char* line, unsigned long long data,
@@ -187,9 +187,163 @@ __device__ void ll_allreduce(void* out, const void* in, unsigned long long count
   }
 }
 
+// ---- LL forms of allgather, broadcast and reduce-scatter (three or more members) ----
+//
+// The same slots and lines as ll_allreduce: every member sends line 0 (its call's signature, with
+// the kind's bit of kernels/mesh.cuh) to every peer and waits for every peer's, so a member runs at
+// most one call ahead of another; the data lines go where the collective sends them (allgather: a
+// member's input to every peer; broadcast: the root's buffer to every peer; reduce-scatter: block
+// j of a member's input to member j), and each member reads what it needs from its own slots.
+// `count` is the elements of one member's part (the allgather's input, the buffer, a block).
+
+// Bytes [at, at + 8) of `out` (of `bytes`) from a line's data, where they fall inside.
+__device__ __forceinline__ void ll_output(unsigned char* out, unsigned long long bytes,
+                                          unsigned long long at, unsigned long long data) {
+  if (at + 8 <= bytes && (reinterpret_cast<std::uintptr_t>(out + at) & 7) == 0) {
+    *reinterpret_cast<unsigned long long*>(out + at) = data;
+    return;
+  }
+  for (unsigned k = 0; k < 8 && at + k < bytes; ++k) {
+    out[at + k] = static_cast<unsigned char>(data >> (8 * k));
+  }
+}
+
+// Line `line` (> 0) of a reduce-scatter's block: the members' values (words[m], member m's)
+// combined along the chain start, start + 1, ... (mod members), the ring's order
+// (ring_reduce_scatter, ferry_reduce_scatter_mesh), into out.
+template <class E, int kOp>
+__device__ __forceinline__ void ll_chain(void* out_buffer, unsigned long long count,
+                                         unsigned long long line,
+                                         const unsigned long long (&words)[kMaxMembers],
+                                         int members, int start) {
+  using T = typename E::Storage;
+  constexpr unsigned kPer = 8 / sizeof(T);
+  union Lanes {
+    unsigned long long whole;
+    T item[kPer];
+  };
+  Lanes lanes[kMaxMembers];
+#pragma unroll
+  for (int j = 0; j < kMaxMembers; ++j) lanes[j].whole = j < members ? words[j] : 0;
+  auto* out = static_cast<T*>(out_buffer);
+#pragma unroll
+  for (unsigned e = 0; e < kPer; ++e) {
+    const unsigned long long i = (line - 1) * kPer + e;
+    if (i >= count) break;
+    T acc = lanes[start].item[e];
+    for (int k = 1; k < members; ++k) {
+      const int m = start + k < members ? start + k : start + k - members;
+      acc = E::template combine<kOp>(acc, lanes[m].item[e]);
+    }
+    out[i] = acc;
+  }
+}
+
+__device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long count, int type,
+                        int op, int members, int me, int root, unsigned long long sequence,
+                        unsigned long long slot_bytes, const Areas& areas,
+                        volatile unsigned* words, unsigned long long deadline) {
+  const unsigned long long bytes = count * type_size(type);
+  const unsigned long long lines = (bytes + 7) / 8 + 1;
+  const unsigned flag = static_cast<unsigned>(sequence);
+  const unsigned long long ll_offset =
+      oneshot_area_end(members, slot_bytes) +
+      (sequence & 1) * static_cast<unsigned long long>(members) * kLLSlotBytes;
+  const unsigned long long bit = kind == 1   ? kAllgatherBit
+                                 : kind == 2 ? kReduceScatterBit
+                                             : kBroadcastBit;
+  const unsigned long long signature =
+      bit | count << 8 | static_cast<unsigned long long>(type) << 4 |
+      static_cast<unsigned>(kind == 3 ? root : kind == 2 ? op : 0);
+  const auto* input = static_cast<const unsigned char*>(kind == 3 ? out : in);
+  auto* output = static_cast<unsigned char*>(out);
+  const unsigned long long first = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  const auto slot_line = [&](int area, int slot, unsigned long long line) {
+    return areas.area[area] + ll_offset + static_cast<unsigned long long>(slot) * kLLSlotBytes +
+           line * 16;
+  };
+  for (unsigned long long line = first; line < lines; line += stride) {
+    const unsigned long long at = (line - 1) * 8;
+    for (int k = 1; k < members; ++k) {
+      const int j = me + k < members ? me + k : me + k - members;
+      unsigned long long data = signature;
+      if (line > 0) {
+        if (kind == 3 && me != root) break;
+        data = kind == 2 ? ll_input(input + static_cast<unsigned long long>(j) * bytes, bytes, at)
+                         : ll_input(input, bytes, at);
+      }
+      ll_store(slot_line(j, me, line), data, flag);
+    }
+  }
+  for (unsigned long long line = first; line < lines; line += stride) {
+    const unsigned long long at = (line - 1) * 8;
+    if (line == 0) {
+      for (int j = 0; j < members; ++j) {
+        unsigned long long theirs = 0;
+        if (j == me) continue;
+        if (!ll_load(slot_line(me, j, 0), flag, words, deadline, &theirs)) return;
+        if (theirs != signature) {
+          words[1] = 1;
+          words[0] = 1;
+          return;
+        }
+      }
+      continue;
+    }
+    if (kind == 1) {  // allgather: the own part, then each peer's
+      ll_output(output + static_cast<unsigned long long>(me) * bytes, bytes, at,
+                ll_input(input, bytes, at));
+      for (int j = 0; j < members; ++j) {
+        unsigned long long data = 0;
+        if (j == me) continue;
+        if (!ll_load(slot_line(me, j, line), flag, words, deadline, &data)) return;
+        ll_output(output + static_cast<unsigned long long>(j) * bytes, bytes, at, data);
+      }
+    } else if (kind == 3) {  // broadcast: the root's line
+      if (me == root) continue;
+      unsigned long long data = 0;
+      if (!ll_load(slot_line(me, root, line), flag, words, deadline, &data)) return;
+      ll_output(output, bytes, at, data);
+    } else {  // reduce-scatter: this member's block from every member, along the ring's chain
+      unsigned long long got[kMaxMembers];
+      for (int j = 0; j < members; ++j) {
+        got[j] = 0;
+        if (j == me) {
+          got[j] = ll_input(input + static_cast<unsigned long long>(me) * bytes, bytes, at);
+        } else if (!ll_load(slot_line(me, j, line), flag, words, deadline, &got[j])) {
+          return;
+        }
+      }
+      const int start = me + 1 < members ? me + 1 : 0;
+      with_element(type, [&](auto element, bool bitwise) {
+        with_op(op, bitwise, [&](auto kOp) {
+          ll_chain<decltype(element), kOp>(out, count, line, got, members, start);
+        });
+      });
+    }
+  }
+}
+
+// The end of a call on a stream: the launch's last block raises the call's number in counters[0]
+// (counters[1] counts the blocks that finished).
+__device__ __forceinline__ void count_call(unsigned long long* counters,
+                                           unsigned long long sequence) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    auto* blocks_done = reinterpret_cast<unsigned*>(counters + 1);
+    if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
+      *blocks_done = 0;
+      *reinterpret_cast<volatile unsigned long long*>(counters) = sequence;
+      __threadfence();
+    }
+  }
+}
+
 }  // namespace
 
-// The call enqueued on an application's stream (Cuda::allreduce_on_stream): LL up to `ll_bytes`
+// The call enqueued on an application's stream (Cuda::collective_on_stream): LL up to `ll_bytes`
 // (FERRY_STREAM_LL, at most kLLMaxBytes), else the one-shot kernel's blocks and flags. The GPU
 // keeps the call's number (counters[0], raised by the launch's last block; counters[1] counts the
 // blocks), so that every replay of a graph that captured the launch is a call of its own, with no
@@ -211,14 +365,60 @@ extern "C" __global__ void __launch_bounds__(512)
     oneshot_block<true>(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas,
                         words, blockIdx.x, gridDim.x, deadline);
   }
+  count_call(counters, sequence);
+}
+
+// Whether a call of `kind` whose part is `bytes` goes by LL lines (Cuda::collective_on_stream
+// computes the grid by the same rule): allgather, broadcast and reduce-scatter up to `ll_bytes`
+// (FERRY_STREAM_LL, at most kLLMaxBytes).
+__device__ __forceinline__ bool mesh_by_ll(int kind, unsigned long long bytes,
+                                           unsigned long long ll_bytes) {
+  return (kind == 1 || kind == 2 || kind == 3) && bytes <= ll_bytes && ll_bytes <= kLLMaxBytes;
+}
+
+// A collective among 3 to kMaxMembers members enqueued on an application's stream, on the same
+// area and counters as ferry_allreduce_on_stream (the calls of both kernels are numbered
+// together): `kind` is Cuda::OneShot::Kind's (0: an allreduce by the two-shot mesh kernel,
+// 1: allgather, 2: reduce-scatter, 3: broadcast from `root`, 4: reduce to `root`); small ones by
+// LL lines (ll_mesh), the others the launched kernel's blocks (kernels/twoshot.cuh,
+// kernels/mesh.cuh) with the number the GPU keeps.
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_mesh_on_stream(void* out, const void* in, unsigned long long count, int type, int op,
+                         int members, int me, int ring, unsigned long long slot_bytes, Areas areas,
+                         volatile unsigned* words, unsigned long long* counters,
+                         unsigned long long timeout_ns, int kind, int root,
+                         unsigned long long ll_bytes) {
+  __shared__ unsigned long long sequence;
+  if (threadIdx.x == 0) sequence = *reinterpret_cast<volatile unsigned long long*>(counters) + 1;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    auto* blocks_done = reinterpret_cast<unsigned*>(counters + 1);
-    if (atomicAdd(blocks_done, 1u) == gridDim.x - 1) {
-      *blocks_done = 0;
-      *reinterpret_cast<volatile unsigned long long*>(counters) = sequence;
-      __threadfence();
-    }
+  const unsigned long long deadline = timeout_ns != 0 ? now_ns() + timeout_ns : 0;
+  if (mesh_by_ll(kind, count * type_size(type), ll_bytes)) {
+    ll_mesh(kind, out, in, count, type, op, members, me, root, sequence, slot_bytes, areas, words,
+            deadline);
+    count_call(counters, sequence);
+    return;
   }
+  switch (kind) {
+    case 0:
+      twoshot_mesh(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words,
+                   deadline);
+      break;
+    case 1:
+      allgather_mesh(out, in, count, type, members, me, sequence, slot_bytes, areas, words,
+                     deadline);
+      break;
+    case 2:
+      reduce_scatter_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
+                          deadline);
+      break;
+    case 3:
+      broadcast_mesh(out, count, type, members, me, sequence, slot_bytes, areas, words, deadline,
+                     root);
+      break;
+    default:
+      reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
+                  deadline, root);
+      break;
+  }
+  count_call(counters, sequence);
 }

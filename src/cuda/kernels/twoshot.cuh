@@ -188,14 +188,17 @@ extern "C" __global__ void __maxnreg__(96)
 // speed): the call is cut into n parts of whole 16-byte units, part j being member j's. Each
 // member writes each other part of its input into its owner's area (at its own index) and raises
 // its flags; reduces its own part from its input and the copies in its area, in the host
-// algorithm's order, writing the result to its output and to its own place in its area; raises
-// its result flags; and reads the other parts' results from the peers' areas. Each member moves
-// 2 (n - 1) / n of the data over its links, as a ring does, in two steps instead of 2 (n - 1).
-// Writes for the parts and reads for the results: on four H100s at 16 MiB, 168-171 GB/s of bus
-// bandwidth against 159-162 reading the parts too, and 90 pushing the results into every peer's
-// area as well. A call takes at most the generation's n slots (a part per slot): larger ones take
-// the ring, which moves them faster than this kernel did in rounds (four H100s, 64 MiB: 148 GB/s
-// in rounds of half the slots; the ring 242 on four H200s).
+// algorithm's order, writing the result to its output and, in the same pass, into every other
+// member's area of results (at its own index); raises its result flags; and copies the other
+// parts' results out of its own area of results. Each member moves 2 (n - 1) / n of the data over
+// its links, as a ring does, in two steps instead of 2 (n - 1), all of it by writes: in
+// bench/mesh_allreduce_probe.cu (four H100s, 20 calls back to back, float sums), 16 MiB took
+// 106 us writing the results against 119-123 reading them from the owners' areas (NCCL 104),
+// 8 MiB 69-78 against 75-76, and writing them over the owner's copy of the input (once the other
+// member said it had reduced: a third set of flags) 124-125. A call takes at most the
+// generation's n slots (a part per slot): larger ones take the ring, which moves them faster
+// than this kernel did in rounds (four H100s, 64 MiB: 148 GB/s in rounds of half the slots; the
+// ring 242 on four H200s).
 namespace {
 
 // Unit v (16 bytes) of the buffers chain[0..members) reduced along the chain, the partial result
@@ -229,19 +232,19 @@ __device__ __forceinline__ uint4 chain_unit(const unsigned char* const (&chain)[
 
 // Elements [first, last) of a part (from element `base` of the call) reduced over every member's
 // value in the order's sequence: member m's value at sources[m][i - base]; the result stored at
-// out[i - base] and mine[i - base].
+// out[i - base] and at copies[k][i - base] for each k < members - 1 (the other members' areas).
 template <class E, int kOp>
 __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], unsigned char* out,
-                            unsigned char* mine, std::size_t base, std::size_t first,
-                            std::size_t last, const Order& order) {
+                            unsigned char* const (&copies)[kMaxMembers], std::size_t base,
+                            std::size_t first, std::size_t last, const Order& order) {
   using T = typename E::Storage;
   constexpr std::size_t kVector = 16 / sizeof(T);
   const int members = order.members;
-  std::uintptr_t alignment =
-      reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(mine);
+  std::uintptr_t alignment = reinterpret_cast<std::uintptr_t>(out);
 #pragma unroll
   for (int m = 0; m < kMaxMembers; ++m) {
     if (m < members) alignment |= reinterpret_cast<std::uintptr_t>(sources[m]);
+    if (m + 1 < members) alignment |= reinterpret_cast<std::uintptr_t>(copies[m]);
   }
   // Element by element: where the buffers are not 16-byte aligned, in recursive doubling's order
   // (small calls, by this kernel only where forced), and for the units a ring block's boundary
@@ -254,7 +257,10 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], 
     }
     const T z = combine_members<E, kOp>(item, order, base + i);
     reinterpret_cast<T*>(out)[i] = z;
-    reinterpret_cast<T*>(mine)[i] = z;
+#pragma unroll
+    for (int k = 0; k + 1 < kMaxMembers; ++k) {
+      if (k + 1 < members) reinterpret_cast<T*>(copies[k])[i] = z;
+    }
   };
   std::size_t tail = first;
   if ((alignment & 15) == 0 && order.ring) {
@@ -274,7 +280,10 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], 
       }
       const uint4 z = chain_unit<E, kOp>(chain, members, v);
       reinterpret_cast<uint4*>(out)[v] = z;
-      reinterpret_cast<uint4*>(mine)[v] = z;
+#pragma unroll
+      for (int k = 0; k + 1 < kMaxMembers; ++k) {
+        if (k + 1 < members) reinterpret_cast<uint4*>(copies[k])[v] = z;
+      }
     }
     tail = end * kVector > first ? end * kVector : first;
   }
@@ -283,15 +292,17 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], 
 
 }  // namespace
 
-// One launch of a two-shot call among 3 to kMaxMembers members (see above; the arguments are
-// ferry_allreduce_oneshot's). Block b handles sub-part b of every part and waits only for block b
-// of each peer. The caller keeps a part within a slot (count * size <= members * slot_bytes).
-extern "C" __global__ void __launch_bounds__(512)
-    ferry_allreduce_twoshot_mesh(void* out, const void* in, unsigned long long count, int type,
-                                 int op, int members, int me, int ring,
-                                 unsigned long long sequence, unsigned long long slot_bytes,
-                                 Areas areas, volatile unsigned* words, unsigned* blocks_done,
-                                 volatile unsigned* lane_flag, unsigned done) {
+namespace {
+
+// A two-shot call among 3 to kMaxMembers members (see above; the arguments are
+// ferry_allreduce_oneshot's, and a deadline by the GPU's clock, 0: none), run by each block:
+// launched (ferry_allreduce_twoshot_mesh) or on an application's stream (ferry_mesh_on_stream).
+// Block b handles sub-part b of every part and waits only for block b of each peer. The caller
+// keeps a part within a slot (count * size <= members * slot_bytes).
+__device__ void twoshot_mesh(void* out, const void* in, unsigned long long count, int type, int op,
+                             int members, int me, int ring, unsigned long long sequence,
+                             unsigned long long slot_bytes, const Areas& areas,
+                             volatile unsigned* words, unsigned long long deadline) {
   const std::size_t size = type_size(type);
   const std::size_t unit = 16 / size;
   const auto n = static_cast<std::size_t>(members);
@@ -299,6 +310,7 @@ extern "C" __global__ void __launch_bounds__(512)
   const std::size_t data_offset = generation * n * slot_bytes;
   const std::size_t copied_flags = 2 * n * slot_bytes + generation * n * kMaxBlocks * 16;
   const std::size_t result_flags = copied_flags + 2 * n * kMaxBlocks * 16;
+  const std::size_t results_offset = mesh_results(members, slot_bytes) + generation * n * slot_bytes;
   // Bit 3 marks a two-shot call, as in the two-member kernel.
   const unsigned long long signature =
       count << 8 | static_cast<unsigned long long>(type) << 4 | 8u | static_cast<unsigned>(op);
@@ -335,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(512)
   if (threadIdx.x == 0) {
     raise_flags(areas, copied_flags, members, me, blockIdx.x, sequence, signature);
     stop = wait_flags<false>(areas, copied_flags, members, me, blockIdx.x, sequence, signature,
-                             words);
+                             words, deadline);
   }
   __syncthreads();
   if (stop == 0) {
@@ -349,12 +361,19 @@ extern "C" __global__ void __launch_bounds__(512)
                              : areas.area[me] + at(m);
       }
     }
-    // The result to the output and over this member's own part in its area.
+    // The result to the output and into every other member's area of results, at this member's
+    // place (writes over NVLink, the next member first).
     unsigned char* const result = static_cast<unsigned char*>(out) + own.base * size;
-    unsigned char* const mine = areas.area[me] + at(me);
+    unsigned char* copies[kMaxMembers];
+#pragma unroll
+    for (int k = 0; k < kMaxMembers; ++k) {
+      const int j = me + 1 + k < members ? me + 1 + k : me + 1 + k - members;
+      copies[k] = k + 1 < members ? areas.area[j] + results_offset + (at(me) - data_offset)
+                                  : nullptr;
+    }
     with_element(type, [&](auto element, bool bitwise) {
       with_op(op, bitwise, [&](auto kOp) {
-        mesh_reduce<decltype(element), kOp>(sources, result, mine, own.base, own.lo, own.hi,
+        mesh_reduce<decltype(element), kOp>(sources, result, copies, own.base, own.lo, own.hi,
                                             order);
       });
     });
@@ -364,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(512)
     if (threadIdx.x == 0) {
       raise_flags(areas, result_flags, members, me, blockIdx.x, sequence, signature);
       results_stop = wait_flags<false>(areas, result_flags, members, me, blockIdx.x, sequence,
-                                       signature, words);
+                                       signature, words, deadline);
     }
     __syncthreads();
     if (results_stop == 0) {
@@ -372,9 +391,21 @@ extern "C" __global__ void __launch_bounds__(512)
         if (j == me) continue;
         const Share s = share(j);
         block_copy(static_cast<unsigned char*>(out) + (s.base + s.lo) * size,
-                   areas.area[j] + at(j) + s.lo * size, (s.hi - s.lo) * size);
+                   areas.area[me] + results_offset + (at(j) - data_offset) + s.lo * size,
+                   (s.hi - s.lo) * size);
       }
     }
   }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_allreduce_twoshot_mesh(void* out, const void* in, unsigned long long count, int type,
+                                 int op, int members, int me, int ring,
+                                 unsigned long long sequence, unsigned long long slot_bytes,
+                                 Areas areas, volatile unsigned* words, unsigned* blocks_done,
+                                 volatile unsigned* lane_flag, unsigned done) {
+  twoshot_mesh(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words, 0);
   finish_call(blocks_done, lane_flag, done);
 }
