@@ -119,7 +119,8 @@ for step in $steps; do
           | awk 'NR <= 40'
         echo "exit ${PIPESTATUS[0]}"
       done
-      for mode in stream-death graph-death p2p-graph-death never-arrives p2p-never-arrives; do
+      for mode in stream-death graph-death p2p-graph-death broadcast-graph-death never-arrives \
+          p2p-never-arrives; do
         for kernel in 16m 0; do
           echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/256k}"
           FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/256k} FERRY_TIMEOUT=$([[ $mode = *never-arrives ]] && echo 1 || echo 0) \
@@ -305,6 +306,15 @@ for step in $steps; do
         echo "--- coll_kill -n $ngpu ${size:+(${size} MiB)}"
         "$bin/ferryrun" --timeout 60 --keep-going -n "$ngpu" "$bin/ferry_fault_test" \
           coll-death-device $size 2>&1 | tee -a "$out/mesh_tests.log" | grep -E "rank|FAIL|SKIP"
+        echo "exit ${PIPESTATUS[0]}"
+      done
+      # The last rank killed while the others' streams or graph replays (an allreduce, a 4 MiB
+      # broadcast by the mesh kernel) wait for it; an allreduce nobody else makes (FERRY_TIMEOUT).
+      for mode in stream-death graph-death broadcast-graph-death never-arrives; do
+        echo "--- $mode -n $ngpu"
+        FERRY_TIMEOUT=$([ $mode = never-arrives ] && echo 1 || echo 0) "$bin/ferryrun" --timeout 60 \
+          --keep-going -n "$ngpu" "$bin/ferry_gpu_stream_tests" $mode 2>&1 \
+          | tee -a "$out/mesh_tests.log" | grep -E "^rank|error|warn" | awk 'NR <= 20'
         echo "exit ${PIPESTATUS[0]}"
       done ;;
     mesh_probe)

@@ -517,8 +517,10 @@ class Communicator {
   // the work enqueued after it waits for its result. A stream that captures a CUDA graph captures
   // it: every replay of the graph communicates again, with the same buffers, and no call into
   // ferry. The buffers are device or host memory. An allreduce among the GPUs of one node (up to
-  // FERRY_STREAM_KERNEL) is a kernel on the stream itself, and so are send and recv between GPUs
-  // of one node (a group's in one launch; messages past FERRY_STREAM_P2P move their data by
+  // FERRY_STREAM_KERNEL, and among three or more up to members times that / (members - 1)) is a
+  // kernel on the stream itself, and so are allgather, reduce_scatter, broadcast and reduce among
+  // three or more GPUs of one node (up to the same sizes), and send and recv between GPUs of one
+  // node (a group's in one launch; messages past FERRY_STREAM_P2P move their data by
   // ferry's thread behind it); every other call runs as the host-synchronous call would, by a
   // thread of ferry's (which needs FERRY_THREADS=multi, the default). Every member enqueues the
   // same stream calls of a communicator in the same order, on one stream (or on streams ordered

@@ -427,7 +427,7 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
   cuda::Cuda* gpu = engine->cuda();
   const std::size_t bytes = c.count * size_of(c.type);
   if (gpu == nullptr || !engine->waiting().threaded() || bytes == 0 || group.size() < 2 ||
-      !group.by_device_kernel(c.kind, bytes, c.count)) {
+      !group.by_device_kernel(c.kind, c.count)) {
     return Status();
   }
   const auto n = static_cast<std::size_t>(group.size());
@@ -456,6 +456,11 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
                                                   : kernels.mesh_ready(on, c.kind, bytes);
     gpu->restore_capture(mode);
     if (!ready || !known) return Status();
+    // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only.
+    const bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count)
+                      : c.kind == Kind::kReduce  ? twin->reduce_in_ring_order(bytes)
+                                                 : true;
+    if (c.kind == Kind::kReduce && !ring && bytes > kernels.ll_limit()) return Status();
     *taken = true;
     // Buffers the kernel cannot reach go through device memory of its own, by copies on the
     // stream: every member runs the kernel alike, whatever its buffers.
@@ -475,7 +480,6 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
       staged_in = staging;
       staged_out = one_buffer ? staging : static_cast<std::byte*>(staging) + in_place;
     }
-    const bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count) : true;
     call = kernels.on_stream_call(c.kind, staged_out != nullptr ? staged_out : c.recv,
                                   staged_in != nullptr ? staged_in : c.send, c.count, c.type, c.op,
                                   c.root, ring);

@@ -13,6 +13,7 @@
 // for what it reports (a mismatch, a timeout): watch() below.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -89,6 +90,10 @@ class DeviceOneShot {
   Status outcome();
   // Tells a one-shot kernel to stop waiting for its peers, and stops using the path.
   void stop();
+  // On-stream mode: the largest part of a call by LL lines (FERRY_STREAM_LL, at most kLLMaxBytes).
+  [[nodiscard]] std::size_t ll_limit() const {
+    return std::min(ll_bytes_, cuda::Cuda::kLLMaxBytes);
+  }
   // Whether a call of `bytes` takes the two-shot kernel (FERRY_COLL_DEVICE_TWOSHOT; on a stream,
   // among three or more members past the one-shot kernel's limit).
   [[nodiscard]] bool by_twoshot(std::size_t bytes) const;

@@ -194,11 +194,10 @@ class Group : public std::enable_shared_from_this<Group> {
   [[nodiscard]] bool allreduce_by_ring(std::size_t bytes, std::size_t count) const {
     return allreduce_ == 2 || (allreduce_ == 0 && bytes >= small_ && count >= members_.size());
   }
-  // Whether a device call of `kind` (`bytes`: Cuda::OneShot's count times the element size) may
-  // take the kernels of the one-shot area where they are set up: no algorithm is forced and the
-  // kernel stands in for the host algorithm of that size (a reduce: the ring's order).
-  [[nodiscard]] bool by_device_kernel(cuda::Cuda::OneShot::Kind kind, std::size_t bytes,
-                                      std::size_t count) const {
+  // Whether a device call of `kind` (Cuda::OneShot's count) may take the kernels of the one-shot
+  // area where they are set up: no algorithm is forced (a reduce's kernel also keeps the host
+  // algorithm's order, reduce_by_ring).
+  [[nodiscard]] bool by_device_kernel(cuda::Cuda::OneShot::Kind kind, std::size_t count) const {
     switch (kind) {
       case cuda::Cuda::OneShot::Kind::kAllreduce:
         return allreduce_ == 0 && count > 0;
@@ -207,12 +206,14 @@ class Group : public std::enable_shared_from_this<Group> {
       case cuda::Cuda::OneShot::Kind::kBroadcast:
         return broadcast_ == 0;
       case cuda::Cuda::OneShot::Kind::kReduce:
-        return reduce_ == 0 && reduce_by_ring(bytes);
+        return reduce_ == 0;
       case cuda::Cuda::OneShot::Kind::kReduceScatter:
         return true;
     }
     return false;
   }
+  // Whether a reduce takes the ring's order (else the binomial tree's).
+  [[nodiscard]] bool reduce_in_ring_order(std::size_t bytes) const { return reduce_by_ring(bytes); }
   // Its id without the twins' bits: a communicator and its twins are revoked together.
   [[nodiscard]] std::uint32_t base_id() const { return id_ & ~(kStreamTwinBit | kKernelTwinBit); }
 

@@ -578,11 +578,14 @@ TEST_F(GpuColl, MeshCollectivesMatchHost) {
                        : world_.reduce_scatter(send_.data(), recv_.data(), count,
                                                DataType::kFloat32, ReduceOp::kSum);
   EXPECT_TRUE(s.code() == Code::kInvalidArgument || s.code() == Code::kTimeout) << s.to_string();
-  // Broadcasts that name different roots.
-  const Status roots = world_.broadcast(recv_.data(), std::size_t{1} << 20, DataType::kFloat32,
-                                        world_.rank() == 1 ? 1 : 0);
-  EXPECT_TRUE(roots.code() == Code::kInvalidArgument || roots.code() == Code::kTimeout)
-      << roots.to_string();
+  // Broadcasts that name different roots, where the kernel takes 4 MiB (the default one-shot
+  // limit; with a smaller one the host path takes it, where such a mismatch is not seen).
+  if (std::getenv("FERRY_COLL_DEVICE_ONESHOT") == nullptr) {
+    const Status roots = world_.broadcast(recv_.data(), std::size_t{1} << 20, DataType::kFloat32,
+                                          world_.rank() == 1 ? 1 : 0);
+    EXPECT_TRUE(roots.code() == Code::kInvalidArgument || roots.code() == Code::kTimeout)
+        << roots.to_string();
+  }
   // The communicator still works.
   const std::vector<std::byte> in = input(DataType::kFloat32, count, world_.rank(), 8);
   std::vector<std::byte> all(count * 4 * un);

@@ -4,9 +4,9 @@
 // that raced the work before or after it shows as a wrong value in the history the stream kept.
 // Graph cases capture the operation and replay the graph, each replay's input the last one's
 // output. `stream-death`, `graph-death` and `p2p-graph-death` (runs of their own, --keep-going):
-// the last rank dies while the others' streams (or graph replays of an allreduce, or of a
-// send/recv group) wait for it, and they must be released with the
-// error in Context::async_error within seconds. `never-arrives` and `p2p-never-arrives`
+// the last rank dies while the others' streams (or graph replays of an allreduce, of a send/recv
+// group, or, `broadcast-graph-death`, of a 4 MiB broadcast) wait for it, and they must be released
+// with the error in Context::async_error within seconds. `never-arrives` and `p2p-never-arrives`
 // (FERRY_TIMEOUT set): rank 0's allreduce (or receive) has no partner, and its stream is released
 // with kTimeout.
 // Without a GPU it exits 77 (CTest: skipped) and says why.
@@ -616,11 +616,16 @@ int stream_death(Context& ctx) {
 // survivors' replays must end (cuStreamSynchronize returns) with the failure in async_error,
 // where the allreduce waits for its peers inside a kernel of the graph.
 // `p2p`: the graph is a group of a send to the next member and a receive from the previous.
-int graph_death(Context& ctx, bool p2p) {
+enum class Replayed { kAllreduce, kSendRecv, kBroadcast };
+
+int graph_death(Context& ctx, Replayed what) {
+  const bool p2p = what == Replayed::kSendRecv;
   Communicator world = ctx.world();
   const int victim = ctx.size() - 1;
   const int n = ctx.size();
-  Device buffer(8), other(8);
+  // A broadcast of 4 MiB: among three or more members the mesh kernel, whose blocks wait on flags.
+  const std::size_t broadcast_bytes = std::size_t{4} << 20;
+  Device buffer(what == Replayed::kBroadcast ? broadcast_bytes : 8), other(8);
   check(g_cuda->cuMemsetD8(buffer.p, 1, 8), "memset");
   CUgraph graph = nullptr;
   CUgraphExec exec = nullptr;
@@ -632,6 +637,8 @@ int graph_death(Context& ctx, bool p2p) {
     if (captured.is_ok()) captured = world.recv(other.get(), 8, (ctx.rank() + n - 1) % n, g_stream);
     const Status ended = ctx.group_end();
     if (captured.is_ok()) captured = ended;
+  } else if (what == Replayed::kBroadcast) {
+    captured = world.broadcast(buffer.get(), broadcast_bytes, DataType::kUint8, 0, g_stream);
   } else {
     captured =
         world.allreduce(buffer.get(), buffer.get(), 1, DataType::kInt64, ReduceOp::kMax, g_stream);
@@ -654,9 +661,12 @@ int graph_death(Context& ctx, bool p2p) {
   std::printf(
       "rank %d: graph replays of %s without rank %d: captured %s, %ld replays; "
       "stream %s; async_error %s; %.0f ms in all (the kill at 300)\n",
-      ctx.rank(), p2p ? "a send/recv group" : "an allreduce", victim, captured.to_string().c_str(),
-      replays, synchronized == CUDA_SUCCESS ? "released" : "failed", error.to_string().c_str(),
-      total_ms);
+      ctx.rank(),
+      p2p                            ? "a send/recv group"
+      : what == Replayed::kBroadcast ? "a 4 MiB broadcast"
+                                     : "an allreduce",
+      victim, captured.to_string().c_str(), replays,
+      synchronized == CUDA_SUCCESS ? "released" : "failed", error.to_string().c_str(), total_ms);
   g_cuda->cuGraphExecDestroy(exec);
   g_cuda->cuGraphDestroy(graph);
   const bool ok = captured.is_ok() && synchronized == CUDA_SUCCESS &&
@@ -744,9 +754,11 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "stream-death") {
       result = ferry::stream_death(ctx);
     } else if (argc > 1 && std::string(argv[1]) == "graph-death") {
-      result = ferry::graph_death(ctx, false);
+      result = ferry::graph_death(ctx, ferry::Replayed::kAllreduce);
     } else if (argc > 1 && std::string(argv[1]) == "p2p-graph-death") {
-      result = ferry::graph_death(ctx, true);
+      result = ferry::graph_death(ctx, ferry::Replayed::kSendRecv);
+    } else if (argc > 1 && std::string(argv[1]) == "broadcast-graph-death") {
+      result = ferry::graph_death(ctx, ferry::Replayed::kBroadcast);
     } else if (argc > 1 && std::string(argv[1]) == "never-arrives") {
       result = ferry::never_arrives(ctx, false);
     } else if (argc > 1 && std::string(argv[1]) == "p2p-never-arrives") {

@@ -248,16 +248,13 @@ Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::One
   unsigned long long timeout_ns = call.timeout_ns;
   unsigned long long ll_bytes = std::min(call.ll_bytes, Cuda::kLLMaxBytes);
   int kind = static_cast<int>(call.kind);
-  // By LL lines (kernels/on_stream.cuh, mesh_by_ll): an allreduce, and an allgather, broadcast
-  // or reduce-scatter among three or more members, of at most ll_bytes of data (the part); a
+  // By LL lines (kernels/on_stream.cuh, mesh_by_ll): an allreduce, and an allgather, broadcast,
+  // reduce-scatter or reduce among three or more members, of at most ll_bytes of data (the part); a
   // thread per line: a thread's second line waits a whole round trip (its input read, the store
   // to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us replayed from a
   // graph with two lines a thread, 8 B in 4.5 with one).
   const std::size_t data = call.count * size_of(call.type);
-  const bool by_lines =
-      data <= ll_bytes && (!mesh || call.kind == Cuda::OneShot::Kind::kAllgather ||
-                           call.kind == Cuda::OneShot::Kind::kBroadcast ||
-                           call.kind == Cuda::OneShot::Kind::kReduceScatter);
+  const bool by_lines = data <= ll_bytes && !(mesh && call.kind == Cuda::OneShot::Kind::kAllreduce);
   const unsigned blocks = by_lines ? grid(call, (data + 7) / 8 + 1, 512) : oneshot_blocks(call);
   void* allreduce_params[] = {&a.out,     &a.in,     &a.count,    &a.type,       &a.op,
                               &a.members, &a.me,     &a.ring,     &a.slot_bytes, a.areas.data(),

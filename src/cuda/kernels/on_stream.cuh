@@ -69,13 +69,13 @@ __device__ __forceinline__ unsigned long long ll_input(const unsigned char* in,
   return v;
 }
 
-// Line `line` (> 0) reduced: this member's input and every peer's line, element by element in the
-// order's sequence, into out.
-template <class E, int kOp>
-__device__ __forceinline__ void ll_combine(void* out_buffer, unsigned long long count,
-                                           const Order& order, unsigned long long line,
-                                           const unsigned long long (&words)[kMaxMembers],
-                                           int members) {
+// Line `line` (> 0) of `count` elements: for each element, the members' values (words[m],
+// member m's) combined by `combine(x, i)` (x[m] member m's value of element i), into out.
+template <class E, class Combine>
+__device__ __forceinline__ void ll_lanes(void* out_buffer, unsigned long long count,
+                                         unsigned long long line,
+                                         const unsigned long long (&words)[kMaxMembers],
+                                         int members, Combine&& combine) {
   using T = typename E::Storage;
   constexpr unsigned kPer = 8 / sizeof(T);
   union Lanes {
@@ -93,8 +93,22 @@ __device__ __forceinline__ void ll_combine(void* out_buffer, unsigned long long 
     T x[kMaxMembers];
 #pragma unroll
     for (int j = 0; j < kMaxMembers; ++j) x[j] = lanes[j].item[e];
-    out[i] = combine_members<E, kOp>(x, order, i);
+    out[i] = combine(x, i);
   }
+}
+
+// Line `line` (> 0) reduced: this member's input and every peer's line, element by element in the
+// order's sequence, into out.
+template <class E, int kOp>
+__device__ __forceinline__ void ll_combine(void* out_buffer, unsigned long long count,
+                                           const Order& order, unsigned long long line,
+                                           const unsigned long long (&words)[kMaxMembers],
+                                           int members) {
+  using T = typename E::Storage;
+  ll_lanes<E>(out_buffer, count, line, words, members,
+              [&](const T (&x)[kMaxMembers], unsigned long long i) {
+                return combine_members<E, kOp>(x, order, i);
+              });
 }
 
 template <class E>
@@ -187,14 +201,15 @@ __device__ void ll_allreduce(void* out, const void* in, unsigned long long count
   }
 }
 
-// ---- LL forms of allgather, broadcast and reduce-scatter (three or more members) ----
+// ---- LL forms of allgather, broadcast, reduce-scatter and reduce (three or more members) ----
 //
 // The same slots and lines as ll_allreduce: every member sends line 0 (its call's signature, with
 // the kind's bit of kernels/mesh.cuh) to every peer and waits for every peer's, so a member runs at
 // most one call ahead of another; the data lines go where the collective sends them (allgather: a
 // member's input to every peer; broadcast: the root's buffer to every peer; reduce-scatter: block
-// j of a member's input to member j), and each member reads what it needs from its own slots.
-// `count` is the elements of one member's part (the allgather's input, the buffer, a block).
+// j of a member's input to member j; reduce: every member's input to the root), and each member
+// reads what it needs from its own slots. `count` is the elements of one member's part (the
+// allgather's input, the buffer, a block, the reduce's input).
 
 // Bytes [at, at + 8) of `out` (of `bytes`) from a line's data, where they fall inside.
 __device__ __forceinline__ void ll_output(unsigned char* out, unsigned long long bytes,
@@ -217,32 +232,41 @@ __device__ __forceinline__ void ll_chain(void* out_buffer, unsigned long long co
                                          const unsigned long long (&words)[kMaxMembers],
                                          int members, int start) {
   using T = typename E::Storage;
-  constexpr unsigned kPer = 8 / sizeof(T);
-  union Lanes {
-    unsigned long long whole;
-    T item[kPer];
-  };
-  Lanes lanes[kMaxMembers];
-#pragma unroll
-  for (int j = 0; j < kMaxMembers; ++j) lanes[j].whole = j < members ? words[j] : 0;
-  auto* out = static_cast<T*>(out_buffer);
-#pragma unroll
-  for (unsigned e = 0; e < kPer; ++e) {
-    const unsigned long long i = (line - 1) * kPer + e;
-    if (i >= count) break;
-    T acc = lanes[start].item[e];
-    for (int k = 1; k < members; ++k) {
-      const int m = start + k < members ? start + k : start + k - members;
-      acc = E::template combine<kOp>(acc, lanes[m].item[e]);
+  ll_lanes<E>(out_buffer, count, line, words, members,
+              [&](const T (&x)[kMaxMembers], unsigned long long) {
+                T acc = x[start];
+                for (int k = 1; k < members; ++k) {
+                  acc = E::template combine<kOp>(acc, x[start + k < members ? start + k
+                                                                            : start + k - members]);
+                }
+                return acc;
+              });
+}
+
+// Element values x (member m's at x[m]) reduced in the binomial tree's order to `root`
+// (Group::reduce below FERRY_COLL_SMALL): with v a rank relative to the root, member v folds into
+// its own value the partial results of its children v + 1, v + 2, v + 4, ... (below v's lowest
+// set bit), nearest first, each the same of its subtree.
+template <class E, int kOp>
+__device__ __forceinline__ typename E::Storage tree_combine(
+    const typename E::Storage (&x)[kMaxMembers], int members, int root) {
+  typename E::Storage partial[kMaxMembers];
+  for (int v = members - 1; v >= 0; --v) {
+    const int real = v + root < members ? v + root : v + root - members;
+    typename E::Storage acc = x[real];
+    for (int mask = 1; mask < members && (v & mask) == 0; mask <<= 1) {
+      if (v + mask < members) acc = E::template combine<kOp>(acc, partial[v + mask]);
     }
-    out[i] = acc;
+    partial[v] = acc;
   }
+  return partial[0];
 }
 
 __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long count, int type,
-                        int op, int members, int me, int root, unsigned long long sequence,
-                        unsigned long long slot_bytes, const Areas& areas,
-                        volatile unsigned* words, unsigned long long deadline) {
+                        int op, int members, int me, int ring, int root,
+                        unsigned long long sequence, unsigned long long slot_bytes,
+                        const Areas& areas, volatile unsigned* words,
+                        unsigned long long deadline) {
   const unsigned long long bytes = count * type_size(type);
   const unsigned long long lines = (bytes + 7) / 8 + 1;
   const unsigned flag = static_cast<unsigned>(sequence);
@@ -251,10 +275,11 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
       (sequence & 1) * static_cast<unsigned long long>(members) * kLLSlotBytes;
   const unsigned long long bit = kind == 1   ? kAllgatherBit
                                  : kind == 2 ? kReduceScatterBit
-                                             : kBroadcastBit;
+                                 : kind == 3 ? kBroadcastBit
+                                             : kReduceBit | static_cast<unsigned long long>(root) << 53;
   const unsigned long long signature =
       bit | count << 8 | static_cast<unsigned long long>(type) << 4 |
-      static_cast<unsigned>(kind == 3 ? root : kind == 2 ? op : 0);
+      static_cast<unsigned>(kind == 3 ? root : kind == 1 ? 0 : op);
   const auto* input = static_cast<const unsigned char*>(kind == 3 ? out : in);
   auto* output = static_cast<unsigned char*>(out);
   const unsigned long long first = blockIdx.x * blockDim.x + threadIdx.x;
@@ -269,7 +294,7 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
       const int j = me + k < members ? me + k : me + k - members;
       unsigned long long data = signature;
       if (line > 0) {
-        if (kind == 3 && me != root) break;
+        if ((kind == 3 && me != root) || (kind == 4 && j != root)) continue;
         data = kind == 2 ? ll_input(input + static_cast<unsigned long long>(j) * bytes, bytes, at)
                          : ll_input(input, bytes, at);
       }
@@ -305,6 +330,38 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
       unsigned long long data = 0;
       if (!ll_load(slot_line(me, root, line), flag, words, deadline, &data)) return;
       ll_output(output, bytes, at, data);
+    } else if (kind == 4) {  // reduce: every member's line at the root, in the host's order
+      if (me != root) continue;
+      unsigned long long got[kMaxMembers];
+      for (int j = 0; j < members; ++j) {
+        got[j] = 0;
+        if (j == me) {
+          got[j] = ll_input(input, bytes, at);
+        } else if (!ll_load(slot_line(me, j, line), flag, words, deadline, &got[j])) {
+          return;
+        }
+      }
+      const Order order(count, members, true);
+      with_element(type, [&](auto element, bool bitwise) {
+        using E = decltype(element);
+        using T = typename E::Storage;
+        with_op(op, bitwise, [&](auto kOp) {
+          ll_lanes<E>(out, count, line, got, members,
+                      [&](const T (&x)[kMaxMembers], unsigned long long i) {
+                        if (ring == 0) return tree_combine<E, kOp>(x, members, root);
+                        // Ring block b is reduced at member b along b + 1, b + 2, ..., b
+                        // (Group::reduce's reduce-scatter, ferry_reduce_mesh).
+                        const int b = ring_block(order, i);
+                        const int start = b + 1 < members ? b + 1 : 0;
+                        T acc = x[start];
+                        for (int k = 1; k < members; ++k) {
+                          acc = E::template combine<kOp>(
+                              acc, x[start + k < members ? start + k : start + k - members]);
+                        }
+                        return acc;
+                      });
+        });
+      });
     } else {  // reduce-scatter: this member's block from every member, along the ring's chain
       unsigned long long got[kMaxMembers];
       for (int j = 0; j < members; ++j) {
@@ -370,10 +427,11 @@ extern "C" __global__ void __launch_bounds__(512)
 
 // Whether a call of `kind` whose part is `bytes` goes by LL lines (Cuda::collective_on_stream
 // computes the grid by the same rule): allgather, broadcast and reduce-scatter up to `ll_bytes`
-// (FERRY_STREAM_LL, at most kLLMaxBytes).
+// (FERRY_STREAM_LL, at most kLLMaxBytes), and reduce (in the ring's order or the binomial tree's,
+// as the host path at that size).
 __device__ __forceinline__ bool mesh_by_ll(int kind, unsigned long long bytes,
                                            unsigned long long ll_bytes) {
-  return (kind == 1 || kind == 2 || kind == 3) && bytes <= ll_bytes && ll_bytes <= kLLMaxBytes;
+  return kind != 0 && bytes <= ll_bytes && ll_bytes <= kLLMaxBytes;
 }
 
 // A collective among 3 to kMaxMembers members enqueued on an application's stream, on the same
@@ -393,8 +451,8 @@ extern "C" __global__ void __launch_bounds__(512)
   __syncthreads();
   const unsigned long long deadline = timeout_ns != 0 ? now_ns() + timeout_ns : 0;
   if (mesh_by_ll(kind, count * type_size(type), ll_bytes)) {
-    ll_mesh(kind, out, in, count, type, op, members, me, root, sequence, slot_bytes, areas, words,
-            deadline);
+    ll_mesh(kind, out, in, count, type, op, members, me, ring, root, sequence, slot_bytes, areas,
+            words, deadline);
     count_call(counters, sequence);
     return;
   }

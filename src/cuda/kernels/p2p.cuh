@@ -61,17 +61,6 @@ __device__ __forceinline__ bool p2p_wait_at_least(const unsigned long long* word
   }
 }
 
-// Bytes [at, at + 8) of a line's data into `out` (of `bytes`), whatever its alignment.
-__device__ __forceinline__ void p2p_output(unsigned char* out, unsigned long long bytes,
-                                           unsigned long long at, unsigned long long data) {
-  if (at + 8 <= bytes && (reinterpret_cast<std::uintptr_t>(out + at) & 7) == 0) {
-    *reinterpret_cast<unsigned long long*>(out + at) = data;
-    return;
-  }
-  for (unsigned k = 0; k < 8 && at + k < bytes; ++k) {
-    out[at + k] = static_cast<unsigned char>(data >> (8 * k));
-  }
-}
 
 }  // namespace
 
@@ -151,7 +140,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
           stopped = 1;
           break;
         }
-        p2p_output(out, size, (line - 1) * 8, data);
+        ll_output(out, size, (line - 1) * 8, data);
       }
     }
     __syncthreads();
