@@ -366,8 +366,10 @@ cuda::Cuda::OneShot DeviceOneShot::on_stream_call(cuda::Cuda::OneShot::Kind kind
 Status DeviceOneShot::staging(std::size_t bytes, void** pointer) {
   State& o = *state_;
   if (o.staging.empty() || o.staging.back().second < bytes) {
-    // A larger one beside the others: calls enqueued before may still use those.
-    const std::size_t size = std::max(bytes, bytes_);
+    // A larger one beside the others: calls enqueued before may still use those. At least twice
+    // the last, so that calls of growing sizes keep at most twice the largest, not one of each.
+    const std::size_t last = o.staging.empty() ? 0 : o.staging.back().second;
+    const std::size_t size = std::max({bytes, bytes_, 2 * last});
     void* memory = nullptr;
     if (Status s = group_.engine()->cuda()->allocate(o.device, size, &memory); !s) return s;
     o.staging.emplace_back(memory, size);

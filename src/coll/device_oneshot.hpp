@@ -80,7 +80,7 @@ class DeviceOneShot {
                                                    ReduceOp op, int root, bool ring) const;
   // On-stream mode: `bytes` of device memory for a member whose buffers the kernel cannot reach
   // (host memory, another GPU's): made on first use and kept with the area; a larger call makes
-  // a larger one beside it (what is enqueued may still use the smaller).
+  // one of at least twice the size beside it (what is enqueued may still use the smaller).
   Status staging(std::size_t bytes, void** pointer);
   // On-stream mode, asked by ferry's stream thread about every millisecond (engine lock held):
   // raises the stop word where a member has failed or the communicator is revoked, and returns
