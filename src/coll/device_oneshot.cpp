@@ -86,7 +86,10 @@ bool DeviceOneShot::mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::
   // the other way is ferry's thread, slower at every size.
   const bool worth =
       on_stream_ || kind != cuda::Cuda::OneShot::Kind::kBroadcast || bytes >= (2u << 20);
-  return n >= 3 && bytes > 0 && fits && worth && ready(device, 1, DataType::kUint8);
+  // Launched, two members keep their own algorithms (copy engines); on a stream the other way is
+  // ferry's thread, so two members take the kernels too.
+  return n >= (on_stream_ ? 2u : 3u) && bytes > 0 && fits && worth &&
+         ready(device, 1, DataType::kUint8);
 }
 
 // Each member makes its exchange area, they swap IPC keys and map each other's, then agree that
@@ -458,11 +461,16 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
                                                   : kernels.mesh_ready(on, c.kind, bytes);
     gpu->restore_capture(mode);
     if (!ready || !known) return Status();
-    // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only.
-    const bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count)
-                      : c.kind == Kind::kReduce  ? twin->reduce_in_ring_order(bytes)
-                                                 : true;
-    if (c.kind == Kind::kReduce && !ring && bytes > kernels.ll_limit()) return Status();
+    // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only,
+    // except between two members, where either order combines the same two operands (the ring's
+    // kernel swaps them in the root's block: the same bits, but for which NaN's payload wins).
+    bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count)
+                : c.kind == Kind::kReduce  ? twin->reduce_in_ring_order(bytes)
+                                           : true;
+    if (c.kind == Kind::kReduce && !ring && bytes > kernels.ll_limit()) {
+      if (n > 2) return Status();
+      ring = true;
+    }
     *taken = true;
     // Buffers the kernel cannot reach go through device memory of its own, by copies on the
     // stream: every member runs the kernel alike, whatever its buffers.

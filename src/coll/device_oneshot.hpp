@@ -7,8 +7,8 @@
 //
 // On-stream mode (the DeviceOneShot of a kernel twin, Group::kernel_twin): the same area, set up
 // the same way, for stream collectives enqueued as one kernel on the application's stream, whose
-// calls the GPU numbers itself; no resident kernel, and the two-shot kernel among three or more
-// members only. Nothing on the host sees such a
+// calls the GPU numbers itself; no resident kernel, the two-shot kernel among three or more
+// members only, and the other kinds among two too. Nothing on the host sees such a
 // call end, so ferry's stream thread watches for what must stop it (a dead member, a revoke) and
 // for what it reports (a mismatch, a timeout): watch() below.
 #pragma once
@@ -30,8 +30,8 @@ namespace ferry::coll {
 
 class Group;
 
-// A stream collective that may run as one kernel on the application's stream: an allreduce, or
-// among three or more members an allgather, a reduce-scatter, a broadcast (send == recv, the
+// A stream collective that may run as one kernel on the application's stream: an allreduce, an
+// allgather, a reduce-scatter, a broadcast (send == recv, the
 // buffer) or a reduce (recv the root's). Counts as Communicator's stream forms take them.
 struct KernelCall {
   const char* name;
@@ -64,10 +64,10 @@ class DeviceOneShot {
   // is the same everywhere).
   bool ready(int device, std::size_t count, DataType type);
   // Whether an allgather (`bytes` per member), a reduce-scatter (`bytes` per member's block), a
-  // broadcast or a reduce among three or more members runs as one kernel per GPU
-  // (kernels/mesh.cuh) on `device`: where it fits the area (a reduce-scatter's or a reduce's
-  // block a slot, else the generation's members x slot; a broadcast from 2 MiB), setting the
-  // path up on first use as ready() does.
+  // broadcast or a reduce among three or more members (on a stream, two or more) runs as one
+  // kernel per GPU (kernels/mesh.cuh) on `device`: where it fits the area (a reduce-scatter's or a
+  // reduce's block a slot, else the generation's members x slot; a broadcast from 2 MiB), setting
+  // the path up on first use as ready() does.
   bool mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::size_t bytes);
   // The next call's number (the same on every member).
   std::uint64_t next() { return ++state_->sequence; }

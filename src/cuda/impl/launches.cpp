@@ -249,7 +249,7 @@ Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::One
   unsigned long long ll_bytes = std::min(call.ll_bytes, Cuda::kLLMaxBytes);
   int kind = static_cast<int>(call.kind);
   // By LL lines (kernels/on_stream.cuh, mesh_by_ll): an allreduce, and an allgather, broadcast,
-  // reduce-scatter or reduce among three or more members, of at most ll_bytes of data (the part); a
+  // reduce-scatter or reduce among two or more members, of at most ll_bytes of data (the part); a
   // thread per line: a thread's second line waits a whole round trip (its input read, the store
   // to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us replayed from a
   // graph with two lines a thread, 8 B in 4.5 with one).

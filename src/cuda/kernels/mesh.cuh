@@ -1,4 +1,4 @@
-// ---- Allgather, reduce-scatter, broadcast and reduce among three or more GPUs ----
+// ---- Allgather, reduce-scatter, broadcast and reduce among the GPUs of one node ----
 //
 // The two halves of the two-shot mesh allreduce as collectives of their own, on the one-shot
 // exchange area and its flags, over NVLink. Allgather: each member copies its input into its own
@@ -69,7 +69,7 @@ namespace {
 // finish_call) or on an application's stream (ferry_mesh_on_stream, kernels/on_stream.cuh, which
 // passes the call's number the GPU keeps and a deadline by the GPU's clock; 0: none).
 
-// One allgather among 3 to kMaxMembers members (see above; `count` elements per member). The
+// One allgather among 2 to kMaxMembers members (see above; `count` elements per member). The
 // caller keeps count * size within members * slot_bytes.
 __device__ void allgather_mesh(void* out, const void* in, unsigned long long count, int type,
                                int members, int me, unsigned long long sequence,
@@ -106,7 +106,7 @@ __device__ void allgather_mesh(void* out, const void* in, unsigned long long cou
   }
 }
 
-// One reduce-scatter among 3 to kMaxMembers members (see above; `count` elements per member's
+// One reduce-scatter among 2 to kMaxMembers members (see above; `count` elements per member's
 // block, the input members * count). The caller keeps count * size within slot_bytes.
 __device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long long count, int type,
                                     int op, int members, int me, unsigned long long sequence,
@@ -161,7 +161,7 @@ __device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long lon
   }
 }
 
-// One broadcast among 3 to kMaxMembers members from `root` (see above; `out` the buffer). The
+// One broadcast among 2 to kMaxMembers members from `root` (see above; `out` the buffer). The
 // caller keeps count * size within members * slot_bytes.
 __device__ void broadcast_mesh(void* out, unsigned long long count, int type, int members, int me,
                                unsigned long long sequence, unsigned long long slot_bytes,
@@ -226,7 +226,7 @@ __device__ void broadcast_mesh(void* out, unsigned long long count, int type, in
   }
 }
 
-// One reduce among 3 to kMaxMembers members to `root` (see above; `out` the root's). The caller
+// One reduce among 2 to kMaxMembers members to `root` (see above; `out` the root's). The caller
 // keeps a ring block (count / members elements, rounded up) within slot_bytes.
 __device__ void reduce_mesh(void* out, const void* in, unsigned long long count, int type, int op,
                             int members, int me, unsigned long long sequence,

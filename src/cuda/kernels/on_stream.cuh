@@ -201,7 +201,7 @@ __device__ void ll_allreduce(void* out, const void* in, unsigned long long count
   }
 }
 
-// ---- LL forms of allgather, broadcast, reduce-scatter and reduce (three or more members) ----
+// ---- LL forms of allgather, broadcast, reduce-scatter and reduce (two or more members) ----
 //
 // The same slots and lines as ll_allreduce: every member sends line 0 (its call's signature, with
 // the kind's bit of kernels/mesh.cuh) to every peer and waits for every peer's, so a member runs at
@@ -434,7 +434,7 @@ __device__ __forceinline__ bool mesh_by_ll(int kind, unsigned long long bytes,
   return kind != 0 && bytes <= ll_bytes && ll_bytes <= kLLMaxBytes;
 }
 
-// A collective among 3 to kMaxMembers members enqueued on an application's stream, on the same
+// A collective among 2 to kMaxMembers members enqueued on an application's stream, on the same
 // area and counters as ferry_allreduce_on_stream (the calls of both kernels are numbered
 // together): `kind` is Cuda::OneShot::Kind's (0: an allreduce by the two-shot mesh kernel,
 // 1: allgather, 2: reduce-scatter, 3: broadcast from `root`, 4: reduce to `root`); small ones by
