@@ -80,7 +80,12 @@ bool DeviceOneShot::mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::
   const std::size_t block = kind == cuda::Cuda::OneShot::Kind::kReduceScatter ? bytes
                             : kind == cuda::Cuda::OneShot::Kind::kReduce      ? bytes / n + 16
                                                                               : 0;
-  const bool fits = block > 0 ? (block + 255) / 256 * 256 <= bytes_ : bytes <= n * bytes_;
+  // On a stream a reduce between two takes the generation's two slots (kernels/mesh.cuh,
+  // reduce_pair).
+  const bool pair = on_stream_ && n == 2 && kind == cuda::Cuda::OneShot::Kind::kReduce;
+  const bool fits = pair        ? bytes <= 2 * bytes_
+                    : block > 0 ? (block + 255) / 256 * 256 <= bytes_
+                                : bytes <= n * bytes_;
   // A broadcast's kernel waits twice for every member: below 2 MiB the host path was faster (four
   // H100s: 8 B 22.6 against 41 us, 1 MiB 39.8 against 56.6; 8 MiB 153 against 83). On a stream
   // the other way is ferry's thread, slower at every size.
@@ -462,8 +467,8 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
     gpu->restore_capture(mode);
     if (!ready || !known) return Status();
     // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only,
-    // except between two members, where either order combines the same two operands (the ring's
-    // kernel swaps them in the root's block: the same bits, but for which NaN's payload wins).
+    // except between two members, whose kernel past the LL lines (kernels/mesh.cuh, reduce_pair)
+    // keeps the tree's order at any size it takes.
     bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count)
                 : c.kind == Kind::kReduce  ? twin->reduce_in_ring_order(bytes)
                                            : true;

@@ -204,6 +204,9 @@ TEST(Stream, GraphReplaysAllreduce) {
     Device a(bytes), b(bytes);
     std::vector<double> host(c.count, world.rank() + 1.0);
     check(g_cuda->cuMemcpy(a.p, reinterpret_cast<CUdeviceptr>(host.data()), bytes), "fill");
+    // From pageable memory the copy may still run after cuMemcpy returns, on the legacy stream,
+    // which the test's stream (non-blocking) does not wait for.
+    check(g_cuda->cuStreamSynchronize(nullptr), "fill");
     replay(replays, [&] {
       ASSERT_TRUE(
           world.allreduce(a.get(), b.get(), c.count, DataType::kFloat64, ReduceOp::kSum, g_stream)
@@ -231,6 +234,7 @@ TEST(Stream, GraphReplaysSendRecv) {
     const int replays = 1001;
     Device a(bytes), b(bytes);
     check(g_cuda->cuMemsetD8(a.p, value_of(0, world.rank()), bytes), "fill");
+    check(g_cuda->cuStreamSynchronize(nullptr), "fill");  // the legacy stream's memset
     replay(replays, [&] {
       g_ctx->group_start();
       ASSERT_TRUE(world.send(a.get(), bytes, next, g_stream).is_ok());
@@ -376,11 +380,11 @@ TEST(Stream, AllreduceOfHostBuffers) {
 }
 
 // Every collective on the stream gives the bits of its host-synchronous form on the same inputs
-// (float32 sums, whose bits follow the order of the operands): among three or more members on
-// one node the stream forms of allgather, reduce-scatter, broadcast and reduce and the large
-// allreduces are kernels on the stream (kernels/mesh.cuh, kernels/twoshot.cuh), and they keep the
-// host algorithm's order. Sizes on both sides of each kernel's limits (a 16-byte unit cut, past
-// the area: by ferry's thread), every root, and one pass from pageable host memory (staged
+// (float32 sums, whose bits follow the order of the operands): among the members on one node
+// the stream forms of allgather, reduce-scatter, broadcast and reduce, and among three or more
+// the large allreduces, are kernels on the stream (kernels/mesh.cuh, kernels/twoshot.cuh), and they
+// keep the host algorithm's order. Sizes on both sides of each kernel's limits (a 16-byte unit cut,
+// past the area: by ferry's thread), every root, and one pass from pageable host memory (staged
 // through device memory of the kernel's). Each stream call is followed at once by work on the
 // stream that reads its result.
 TEST(Stream, EveryCollectiveMatchesItsHostForm) {
@@ -496,8 +500,8 @@ TEST(Stream, EveryCollectiveMatchesItsHostForm) {
 }
 
 // A graph of an allgather, a reduce-scatter of its result, a broadcast and a reduce, replayed: on
-// the stream among three or more members these are kernels the GPU numbers itself (the small
-// reduce by ferry's thread), so each replay is a call of its own; checked against the arithmetic.
+// the stream among the members of one node these are kernels the GPU numbers itself, so each
+// replay is a call of its own; checked against the arithmetic.
 TEST(Stream, GraphReplaysEveryCollective) {
   Communicator world = g_ctx->world();
   const int n = world.size();
@@ -623,7 +627,7 @@ int graph_death(Context& ctx, Replayed what) {
   Communicator world = ctx.world();
   const int victim = ctx.size() - 1;
   const int n = ctx.size();
-  // A broadcast of 4 MiB: among three or more members the mesh kernel, whose blocks wait on flags.
+  // A broadcast of 4 MiB: the mesh kernel, whose blocks wait on flags.
   const std::size_t broadcast_bytes = std::size_t{4} << 20;
   Device buffer(what == Replayed::kBroadcast ? broadcast_bytes : 8), other(8);
   check(g_cuda->cuMemsetD8(buffer.p, 1, 8), "memset");

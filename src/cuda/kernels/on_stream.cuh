@@ -437,7 +437,8 @@ __device__ __forceinline__ bool mesh_by_ll(int kind, unsigned long long bytes,
 // A collective among 2 to kMaxMembers members enqueued on an application's stream, on the same
 // area and counters as ferry_allreduce_on_stream (the calls of both kernels are numbered
 // together): `kind` is Cuda::OneShot::Kind's (0: an allreduce by the two-shot mesh kernel,
-// 1: allgather, 2: reduce-scatter, 3: broadcast from `root`, 4: reduce to `root`); small ones by
+// 1: allgather, 2: reduce-scatter, 3: broadcast from `root`, 4: reduce to `root`, between two
+// members by reduce_pair); small ones by
 // LL lines (ll_mesh), the others the launched kernel's blocks (kernels/twoshot.cuh,
 // kernels/mesh.cuh) with the number the GPU keeps.
 extern "C" __global__ void __launch_bounds__(512)
@@ -474,8 +475,13 @@ extern "C" __global__ void __launch_bounds__(512)
                      root);
       break;
     default:
-      reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
-                  deadline, root);
+      if (members == 2 && count * type_size(type) <= 2 * slot_bytes) {
+        reduce_pair(out, in, count, type, op, me, sequence, slot_bytes, areas, words, deadline,
+                    root);
+      } else {
+        reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
+                    deadline, root);
+      }
       break;
   }
   count_call(counters, sequence);
