@@ -207,8 +207,8 @@ class Cuda {
   // legacy or per-thread default stream included), after the work already there; a stream that
   // captures a graph captures it, and every replay is a call of its own. An allreduce by the
   // one-shot blocks or LL lines (ferry_allreduce_on_stream), or the other kinds among two or more
-  // members and among three or more the two-shot kernel (two_shot) (ferry_mesh_on_stream). Nothing tells the host
-  // when it ends: errors are in `words` (a stopped call's result is not valid).
+  // members and among three or more the two-shot kernel (two_shot) (ferry_mesh_on_stream). Nothing
+  // tells the host when it ends: errors are in `words` (a stopped call's result is not valid).
   virtual Status collective_on_stream(void* stream, int device, const OneShot& call) = 0;
   // Stream send and receive between two GPUs of one node (kernels/p2p.cuh, coll/stream_p2p.hpp):
   // each member's inbox for a peer is kP2pSlots slot-free words (64 bits each, in the first 128
