@@ -214,6 +214,15 @@ class NodeCollectives::Call {
     if ((polls_ & 7) != 0) return Status();  // the rest every 8 polls: the word is seen sooner
     if (g_.revoked()) return g_.revoked_status(what());
     if (area_.control(m).failed.load(std::memory_order_acquire) != 0) {
+      // A member that stopped because our calls differ posted its call first: say that, as it
+      // does, not that it stopped (a pair whose counts differ reports the mismatch on both).
+      const NodeArea::Generation& theirs = area_.generation(m, call_);
+      if (theirs.call.load(std::memory_order_acquire) == call_) {
+        if (Status s = check_signature(m, theirs.signature.load(std::memory_order_relaxed));
+            !s.is_ok()) {
+          return s;
+        }
+      }
       return Status(Code::kPeerFailed,
                     what() + ": " + g_.peer_label(m) +
                         " failed a collective of this communicator and stopped using the area");
