@@ -469,13 +469,10 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
     // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only,
     // except between two members, whose kernel past the LL lines (kernels/mesh.cuh, reduce_pair)
     // keeps the tree's order at any size it takes.
-    bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count)
-                : c.kind == Kind::kReduce  ? twin->reduce_in_ring_order(bytes)
-                                           : true;
-    if (c.kind == Kind::kReduce && !ring && bytes > kernels.ll_limit()) {
-      if (n > 2) return Status();
-      ring = true;
-    }
+    const bool ring = c.kind == Kind::kAllreduce ? twin->allreduce_by_ring(bytes, c.count)
+                      : c.kind == Kind::kReduce  ? twin->reduce_in_ring_order(bytes)
+                                                 : true;
+    if (c.kind == Kind::kReduce && !ring && n > 2 && bytes > kernels.ll_limit()) return Status();
     *taken = true;
     // Buffers the kernel cannot reach go through device memory of its own, by copies on the
     // stream: every member runs the kernel alike, whatever its buffers.
