@@ -261,6 +261,38 @@ int main(int argc, char** argv) {
     std::printf("rank %d: hole left by a dead producer, %d failures\n", ctx.rank(), failures);
     return failures == 0 ? 0 : 1;
   }
+  if (argc > 1 && std::string(argv[1]) == "bounce-to-dead") {
+    // Rank 0 sends FERRY_SHM_BOUNCE_COUNT messages too large for a FIFO element to rank 1, which
+    // never reads them and dies: each holds one of rank 0's bounce buffers. Once rank 1 is known
+    // dead they must be rank 0's again, or its next such message, to rank 2, waits for ever.
+    const char* count_text = std::getenv("FERRY_SHM_BOUNCE_COUNT");
+    const int count = count_text != nullptr ? std::atoi(count_text) : 64;
+    std::vector<char> out(1024, 'b'), in(1024, 0);
+    if (ctx.rank() == 1) {
+      ::usleep(300000);  // rank 0's messages are in our FIFO by now, unread
+      ::kill(::getpid(), SIGKILL);
+    }
+    if (ctx.rank() == 0) {
+      std::vector<ferry::Request> sends;
+      for (int i = 0; i < count; ++i) sends.push_back(ctx.isend(out.data(), out.size(), 1, 20));
+      ferry::Status gone = ctx.recv(in.data(), in.size(), 1, 21);
+      expect(gone.code() == ferry::Code::kPeerFailed, "rank 1's death is seen");
+      for (ferry::Request& r : sends) {
+        ferry::Status s = r.wait_for(5);
+        expect(s.is_ok() || s.code() == ferry::Code::kPeerFailed, "a send to rank 1 ends");
+      }
+      ferry::Status s = ctx.isend(out.data(), out.size(), 2, 22).wait_for(5);
+      expect(s.is_ok(), "a message to rank 2 goes after rank 1's death");
+      if (!s.is_ok()) std::fprintf(stderr, "send to rank 2: %s\n", s.to_string().c_str());
+    }
+    if (ctx.rank() == 2) {
+      ferry::Status s = ctx.irecv(in.data(), in.size(), 0, 22).wait_for(10);
+      expect(s.is_ok() && in == out, "rank 2 receives it");
+    }
+    std::printf("rank %d: bounce buffers back from a dead receiver, %d failures\n", ctx.rank(),
+                failures);
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && std::string(argv[1]) == "stagefail") {
     // FERRY_TEST_HOST_STAGING=1 FERRY_TEST_STAGE_OPEN_FAIL=1 FERRY_CUDA_STAGE_CHUNK=64k (more
     // chunks than slots, so the send waits on the receiver) FERRY_TIMEOUT=10: rank 1 cannot map

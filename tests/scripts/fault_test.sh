@@ -120,6 +120,9 @@ fi
 expect "a producer killed between claim and publish leaves no stuck FIFO" 137 2 \
   "dead producer, 0 failures" FERRY_TEST_CRASH_AT=mid-claim FERRY_TEST_CRASH_RANK=2 \
   -- --keep-going -n 3 "$program" hole
+expect "bounce buffers sent to a receiver that died are taken back" 137 2 \
+  "bounce buffers back from a dead receiver, 0 failures" FERRY_SHM_BOUNCE_COUNT=8 \
+  -- --keep-going -n 3 "$program" bounce-to-dead
 expect "a send withdrawn while its receiver reads it is not delivered" 0 3 \
   "withdrawn while read, 0 failures" FERRY_TIMEOUT=0.5 FERRY_SHM_CMA_THRESHOLD=0 \
   FERRY_TEST_GET_DELAY=1 -- -n 3 "$program" withdraw

@@ -22,6 +22,7 @@ ShmEndpoint::ShmEndpoint(ShmTransport* transport, const Segment* peer_segment, i
                 peer_segment->layout().fifo_size, &transport->own().header()->claim,
                 static_cast<std::uint32_t>(peer_local_index)),
       peer_rank_(peer_rank),
+      peer_local_index_(peer_local_index),
       peer_pid_(peer_pid),
       cma_ok_(cma_ok),
       cma_reason_(std::move(cma_reason)) {}
@@ -50,7 +51,7 @@ Status ShmEndpoint::am_send(std::uint8_t id, std::span<const std::byte> header,
                                               " bytes exceeds the bounce size " +
                                               std::to_string(own.layout().bounce_size));
   }
-  int slot = transport_->alloc_bounce();
+  int slot = transport_->alloc_bounce(peer_local_index_);
   if (slot < 0) return Status(Code::kWouldBlock);
   // Fill the buffer before claiming the element: a claimed element stalls the receiver until it
   // is published, so that window stays short.

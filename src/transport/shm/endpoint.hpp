@@ -32,6 +32,7 @@ class ShmEndpoint final : public Endpoint, public ZeroCopyGet {
   const Segment* peer_segment_;
   FifoProducer producer_;
   int peer_rank_;
+  int peer_local_index_;
   int peer_pid_;
   bool cma_ok_;
   std::string cma_reason_;

@@ -116,6 +116,7 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   consumer_ = FifoConsumer(&own_.header()->fifo, own_.fifo(), layout.fifo_size,
                            static_cast<std::uint32_t>(config.get_int(util::Var::kShmReleaseBatch)));
   peers_.resize(local_ranks_.size());
+  bounce_to_.assign(layout.bounce_count, -1);
   if (cma_enabled_) {
     // Under Yama ptrace_scope=1 only descendants may be read; let our peers read us. Without Yama
     // this fails harmlessly, and the probe at connect tells whether CMA really works.
@@ -202,15 +203,17 @@ std::unique_ptr<Endpoint> ShmTransport::connect(const PeerInfo& peer) {
 
 void ShmTransport::check_peers(std::vector<std::pair<int, std::string>>* failed) {
   std::vector<pollfd> fds;
-  std::vector<Peer*> watched;
-  for (auto& peer : peers_) {
-    if (!peer || peer->reported) continue;
+  std::vector<int> watched;  // local indexes
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    Peer* peer = peers_[i].get();
+    if (peer == nullptr || peer->reported) continue;
     if (peer->pidfd.valid()) {
       fds.push_back({peer->pidfd.get(), POLLIN, 0});
-      watched.push_back(peer.get());
+      watched.push_back(static_cast<int>(i));
     } else if (::kill(peer->pid, 0) != 0 && errno == ESRCH) {
       peer->reported = true;
       ++dead_producers_;
+      reclaim_bounce(static_cast<int>(i));
       failed->emplace_back(peer->rank, "rank " + std::to_string(peer->rank) + " (pid " +
                                            std::to_string(peer->pid) + ") is gone (kill(pid, 0))");
     }
@@ -218,15 +221,17 @@ void ShmTransport::check_peers(std::vector<std::pair<int, std::string>>* failed)
   if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
   for (std::size_t i = 0; i < fds.size(); ++i) {
     if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-    watched[i]->reported = true;
+    Peer& peer = *peers_[static_cast<std::size_t>(watched[i])];
+    peer.reported = true;
     ++dead_producers_;
-    failed->emplace_back(watched[i]->rank, "rank " + std::to_string(watched[i]->rank) + " (pid " +
-                                               std::to_string(watched[i]->pid) +
-                                               ") exited or was killed (seen by shm's pidfd)");
+    reclaim_bounce(watched[i]);
+    failed->emplace_back(peer.rank, "rank " + std::to_string(peer.rank) + " (pid " +
+                                        std::to_string(peer.pid) +
+                                        ") exited or was killed (seen by shm's pidfd)");
   }
 }
 
-int ShmTransport::alloc_bounce() {
+int ShmTransport::alloc_bounce(int receiver) {
   const std::uint32_t count = own_.layout().bounce_count;
   for (std::uint32_t i = 0; i < count; ++i) {
     std::uint32_t slot = bounce_cursor_;
@@ -235,10 +240,25 @@ int ShmTransport::alloc_bounce() {
     // acquire: the receiver's reads of the previous contents happen before we overwrite them.
     if (bounce->busy.load(std::memory_order_acquire) == 0) {
       bounce->busy.store(1, std::memory_order_relaxed);
+      bounce_to_[slot] = receiver;
       return static_cast<int>(slot);
     }
   }
   return -1;
+}
+
+void ShmTransport::reclaim_bounce(int local_index) {
+  std::uint32_t taken = 0;
+  for (std::uint32_t slot = 0; slot < bounce_to_.size(); ++slot) {
+    if (bounce_to_[slot] != local_index) continue;
+    bounce_to_[slot] = -1;
+    // The dead receiver cannot read it any more; one it had freed is free already.
+    if (own_.bounce(slot)->busy.exchange(0, std::memory_order_acq_rel) != 0) ++taken;
+  }
+  if (taken > 0) {
+    FERRY_LOG(kDebug, "shm: took back %u bounce buffers sent to local index %d, which died", taken,
+              local_index);
+  }
 }
 
 void ShmTransport::free_bounce(std::uint32_t slot) {

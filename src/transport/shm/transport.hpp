@@ -42,8 +42,8 @@ class ShmTransport final : public Transport {
   bool arm() override;
   void disarm() override;
 
-  // Used by endpoints.
-  int alloc_bounce();
+  // Used by endpoints. `receiver`: the local index whose FIFO will name the slot.
+  int alloc_bounce(int receiver);
   void free_bounce(std::uint32_t slot);
   [[nodiscard]] const Segment& own() const { return own_; }
   [[nodiscard]] int local_index() const { return local_index_; }
@@ -68,6 +68,8 @@ class ShmTransport final : public Transport {
     Segment segment;
   };
   void handle(const FifoElem& elem);
+  // `local_index` was found dead: its FIFO is read no more; frees the bounce slots it holds.
+  void reclaim_bounce(int local_index);
   // Steps over an element a dead producer claimed and never published; true when it did.
   bool skip_hole();
 
@@ -84,6 +86,10 @@ class ShmTransport final : public Transport {
   FifoConsumer consumer_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by local index; mapped segments
   std::uint32_t bounce_cursor_ = 0;
+  // Whose FIFO each busy bounce slot was sent into (local index): a receiver that dies never
+  // frees its slots, so they are taken back when it is found dead (else 64 messages to a dead
+  // peer leave none for the living: every larger message waits for ever).
+  std::vector<std::int32_t> bounce_to_;
   int dead_producers_ = 0;  // peers check_peers found dead
   bool crash_mid_claim_ = false;
 };
