@@ -1,0 +1,683 @@
+// NCCL's API on ferry: every function of nccl.h 2.28 (and the host calls of nccl_device.h that
+// PyTorch imports), as pnccl… with nccl… aliases, as NCCL exports them. See docs/design/nccl.md.
+#include <cuda.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/driver.hpp"
+#include "nccl/state.hpp"
+
+using ferry::Communicator;
+using ferry::Status;
+using ferry::nccl::fail;
+using ferry::nccl::process;
+
+namespace {
+
+constexpr unsigned kConfigMagic = 0xcafebeef;
+constexpr unsigned kSimInfoMagic = 0x74685283;
+
+std::string hex(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+// The CUDA device current in the calling thread (NCCL binds a communicator to it), 0 where no
+// context is current yet (cudaGetDevice's answer then), -1 without a driver.
+int current_device() {
+  const ferry::cuda::Driver* d = ferry::cuda::driver();
+  if (d == nullptr) return -1;
+  CUcontext context = nullptr;
+  CUdevice device = 0;
+  if (d->cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) return 0;
+  return d->cuCtxGetDevice(&device) == CUDA_SUCCESS ? static_cast<int>(device) : 0;
+}
+
+ncclResult_t check_config(const ncclConfig_t* config, const char* what, bool* blocking) {
+  if (config == nullptr) return ncclSuccess;
+  if (config->magic != kConfigMagic || config->size < offsetof(ncclConfig_t, cgaClusterSize)) {
+    return fail(ncclInvalidArgument,
+                std::string(what) + ": the config was not set up with NCCL_CONFIG_INITIALIZER");
+  }
+  if (config->blocking != NCCL_CONFIG_UNDEF_INT) *blocking = config->blocking != 0;
+  return ncclSuccess;
+}
+
+// A communicator of the process's Context; the caller holds the process lock.
+ncclComm_t adopt(Communicator comm, int device, bool blocking) {
+  auto* made = new ncclComm{std::move(comm), device, blocking, {}, {}};
+  ++process().comms;
+  return made;
+}
+
+// Lets a communicator go; the last one takes the Context with it (finalize: bounded waits for the
+// other ranks). The caller holds the process lock.
+void release(ncclComm_t comm) {
+  delete comm;
+  auto& p = process();
+  if (--p.comms == 0) {
+    ferry::nccl::info("last communicator gone: finalizing job %s", hex(p.job).c_str());
+    p.context.reset();
+    p.ferry_depth = 0;
+  }
+}
+
+ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& raw, int rank,
+                       const ncclConfig_t* config, const char* what) {
+  if (out == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
+  *out = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return fail(ncclInvalidArgument, std::string(what) + ": rank " + std::to_string(rank) + " of " +
+                                         std::to_string(nranks) + " ranks");
+  }
+  bool blocking = true;
+  if (ncclResult_t r = check_config(config, what, &blocking); r != ncclSuccess) return r;
+  ferry::nccl::UniqueId id;
+  if (!ferry::nccl::decode(raw, &id)) {
+    return fail(ncclInvalidArgument,
+                std::string(what) +
+                    ": the unique id is not one of ferry's NCCL (made by ncclGetUniqueId of this "
+                    "library, and passed to every rank unchanged?)");
+  }
+  auto& p = process();
+  std::lock_guard guard(p.lock);
+  if (p.context) {
+    return fail(ncclInvalidUsage,
+                std::string(what) + ": this process has a communicator from " +
+                    (p.job == id.nonce ? "this unique id already: several ranks in one process"
+                                       : "another unique id: several jobs in one process") +
+                    " are not built in ferry's NCCL yet (ncclCommSplit makes more communicators "
+                    "of the job)");
+  }
+  ferry::Options options;
+  options.config = {{"BOOTSTRAP", "store"},
+                    {"STORE", id.host + ":" + std::to_string(id.port)},
+                    {"RANK", std::to_string(rank)},
+                    {"SIZE", std::to_string(nranks)},
+                    {"LOCAL_RANK", "-1"},
+                    {"LOCAL_SIZE", "0"},
+                    {"JOB_ID", "nccl" + hex(id.nonce)}};
+  if (nranks == 1)
+    options.config = {
+        {"BOOTSTRAP", "single"}, {"SIZE", "1"}, {"RANK", "0"}, {"JOB_ID", "nccl" + hex(id.nonce)}};
+  const int device = current_device();
+  try {
+    p.context.emplace(ferry::Context::init(options));
+  } catch (const ferry::Error& e) {
+    return fail(ncclSystemError, std::string(what) + ": " + e.what());
+  }
+  p.job = id.nonce;
+  for (; p.ferry_depth < p.group_depth; ++p.ferry_depth) p.context->group_start();
+  *out = adopt(p.context->world(), device, blocking);
+  ferry::nccl::info("%s: rank %d of %d on CUDA device %d, job %s, store %s:%d", what, rank, nranks,
+                    device, hex(id.nonce).c_str(), id.host.c_str(), id.port);
+  if (nranks <= 16) {
+    for (int r = 0; r < nranks; ++r) {
+      if (r == rank) continue;
+      ferry::nccl::info("  to rank %d: %s", r, p.context->describe_peer(r).c_str());
+    }
+  }
+  return ncclSuccess;
+}
+
+// `what` failed on `comm`: NCCL's result, the message kept for ncclGetLastError.
+ncclResult_t failed(const char* what, const Status& status) {
+  return fail(Status(status.code(), std::string(what) + ": " + status.message()));
+}
+
+// The checks every operation shares; then `call` with ferry's type.
+template <typename Call>
+ncclResult_t operation(const char* what, ncclComm_t comm, ncclDataType_t type, Call&& call) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
+  ferry::DataType ferry_type{};
+  if (ncclResult_t r = ferry::nccl::to_ferry(type, &ferry_type); r != ncclSuccess) return r;
+  Status s = call(comm->comm, ferry_type);
+  return s.is_ok() ? ncclSuccess : failed(what, s);
+}
+
+template <typename Call>
+ncclResult_t reduction(const char* what, ncclComm_t comm, ncclDataType_t type, ncclRedOp_t op,
+                       Call&& call) {
+  ferry::ReduceOp ferry_op{};
+  if (comm != nullptr) {
+    if (ncclResult_t r = ferry::nccl::to_ferry(op, &ferry_op); r != ncclSuccess) return r;
+  }
+  return operation(what, comm, type,
+                   [&](Communicator& c, ferry::DataType t) { return call(c, t, ferry_op); });
+}
+
+ferry::CudaStream to_stream(cudaStream_t stream) {
+  return reinterpret_cast<ferry::CudaStream>(stream);
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t pncclGetVersion(int* version) {
+  if (version == nullptr) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+const char* pncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (ncclGetLastError says which call)";
+    case ncclSystemError:
+      return "unhandled system error (ncclGetLastError says which call)";
+    case ncclInternalError:
+      return "internal error - please report this issue to the ferry developers";
+    case ncclInvalidArgument:
+      return "invalid argument (ncclGetLastError says which)";
+    case ncclInvalidUsage:
+      return "invalid usage, or not built in ferry's NCCL (ncclGetLastError says which)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
+  }
+}
+
+const char* pncclGetLastError(ncclComm_t) { return ferry::nccl::last_error(); }
+
+ncclResult_t pncclGetUniqueId(ncclUniqueId* unique_id) {
+  if (unique_id == nullptr) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+  ferry::nccl::UniqueId id;
+  if (ncclResult_t r = ferry::nccl::make_unique_id(&id); r != ncclSuccess) return r;
+  ferry::nccl::encode(id, unique_id);
+  ferry::nccl::info("unique id: store at %s:%d, job %s", id.host.c_str(), id.port,
+                    hex(id.nonce).c_str());
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank,
+                                     ncclConfig_t* config) {
+  return init_rank(comm, nranks, comm_id, rank, config, "ncclCommInitRankConfig");
+}
+
+ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank) {
+  return init_rank(comm, nranks, comm_id, rank, nullptr, "ncclCommInitRank");
+}
+
+ncclResult_t pncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int id_count,
+                                       ncclUniqueId* ids, ncclConfig_t* config) {
+  if (id_count < 1 || ids == nullptr) {
+    return fail(ncclInvalidArgument, "ncclCommInitRankScalable: no unique id given");
+  }
+  // Every id names the same job's store when ncclGetUniqueId made them in one process; the first
+  // is enough for ferry's store, which serves any number of ranks.
+  return init_rank(comm, nranks, ids[0], rank, config, "ncclCommInitRankScalable");
+}
+
+ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  if (comms == nullptr || ndev < 1) {
+    return fail(ncclInvalidArgument, "ncclCommInitAll: no communicators asked for");
+  }
+  if (ndev > 1) {
+    return fail(ncclInvalidUsage,
+                "ncclCommInitAll: " + std::to_string(ndev) +
+                    " ranks in one process are not built in ferry's NCCL yet (one process per "
+                    "GPU: ncclCommInitRank)");
+  }
+  ncclUniqueId id;
+  if (ncclResult_t r = pncclGetUniqueId(&id); r != ncclSuccess) return r;
+  ncclResult_t r = init_rank(comms, 1, id, 0, nullptr, "ncclCommInitAll");
+  if (r == ncclSuccess && devlist != nullptr) comms[0]->device = devlist[0];
+  return r;
+}
+
+ncclResult_t pncclCommFinalize(ncclComm_t comm) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
+  // Stream operations complete on their streams by themselves (ferry's thread or kernels): there
+  // is nothing of the communicator's left to flush.
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommDestroy(ncclComm_t comm) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommDestroy: comm is NULL");
+  std::lock_guard guard(process().lock);
+  release(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommAbort(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;  // as NCCL: aborting nothing is no error
+  std::lock_guard guard(process().lock);
+  // Operations of the communicator that wait, here or on any member, fail at once (kRevoked).
+  static_cast<void>(comm->comm.revoke());
+  release(comm);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int flags) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommRevoke: comm is NULL");
+  if (flags != NCCL_REVOKE_DEFAULT) {
+    return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags must be NCCL_REVOKE_DEFAULT");
+  }
+  Status s = comm->comm.revoke();
+  return s.is_ok() ? ncclSuccess : failed("ncclCommRevoke", s);
+}
+
+ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                            ncclConfig_t* config) {
+  if (comm == nullptr || newcomm == nullptr) {
+    return fail(ncclInvalidArgument, "ncclCommSplit: comm or newcomm is NULL");
+  }
+  *newcomm = nullptr;
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+    return fail(ncclInvalidArgument, "ncclCommSplit: color " + std::to_string(color) +
+                                         " (a color is >= 0, or NCCL_SPLIT_NOCOLOR)");
+  }
+  bool blocking = comm->blocking;
+  if (ncclResult_t r = check_config(config, "ncclCommSplit", &blocking); r != ncclSuccess) return r;
+  Communicator part;
+  try {
+    part = comm->comm.split(color == NCCL_SPLIT_NOCOLOR ? Communicator::kUndefined : color, key);
+  } catch (const ferry::Error& e) {
+    return failed("ncclCommSplit", Status(e.code(), e.what()));
+  }
+  if (!part.valid()) return ncclSuccess;  // NCCL_SPLIT_NOCOLOR: no communicator
+  std::lock_guard guard(process().lock);
+  *newcomm = adopt(std::move(part), comm->device, blocking);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommShrink(ncclComm_t comm, int* exclude, int exclude_count, ncclComm_t* newcomm,
+                             ncclConfig_t* config, int flags) {
+  if (comm == nullptr || newcomm == nullptr || exclude_count < 0 ||
+      (exclude_count > 0 && exclude == nullptr)) {
+    return fail(ncclInvalidArgument,
+                "ncclCommShrink: comm or newcomm is NULL, or the exclude list is not");
+  }
+  *newcomm = nullptr;
+  if (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT) {
+    return fail(ncclInvalidArgument, "ncclCommShrink: shrinkFlags " + std::to_string(flags));
+  }
+  bool blocking = comm->blocking;
+  if (ncclResult_t r = check_config(config, "ncclCommShrink", &blocking); r != ncclSuccess) {
+    return r;
+  }
+  const int size = comm->comm.size();
+  std::vector<int> excluded(exclude, exclude + exclude_count);
+  for (int r : excluded) {
+    if (r < 0 || r >= size || r == comm->comm.rank()) {
+      return fail(ncclInvalidArgument,
+                  "ncclCommShrink: excluded rank " + std::to_string(r) +
+                      (r == comm->comm.rank() ? " is the caller" : " is out of range"));
+    }
+  }
+  if (flags == NCCL_SHRINK_ABORT) static_cast<void>(comm->comm.revoke());
+  // ferry's shrink keeps every member that is alive, agreed by them all: the excluded ranks must
+  // be dead (NCCL's case of ranks that failed). A death is seen within milliseconds on a node and
+  // within FERRY_KEEPALIVE across nodes: wait up to a second for those not yet seen.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  std::vector<int> alive;
+  for (;;) {
+    static_cast<void>(comm->comm.revoked());  // one progress: deaths are learned
+    const std::vector<int> failed_ranks = comm->comm.failed_ranks();
+    alive.clear();
+    for (int r : excluded) {
+      if (std::find(failed_ranks.begin(), failed_ranks.end(), r) == failed_ranks.end()) {
+        alive.push_back(r);
+      }
+    }
+    if (alive.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!alive.empty()) {
+    std::string names;
+    for (int r : alive) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    return fail(ncclInvalidUsage,
+                "ncclCommShrink: rank(s) " + names +
+                    " are excluded but alive; ferry's NCCL shrinks to the ranks that are alive, "
+                    "and leaving out live ones is not built yet (ncclCommSplit with "
+                    "NCCL_SPLIT_NOCOLOR on those does it)");
+  }
+  Communicator survivors;
+  try {
+    survivors = comm->comm.shrink();
+  } catch (const ferry::Error& e) {
+    return failed("ncclCommShrink", Status(e.code(), e.what()));
+  }
+  ferry::nccl::info("ncclCommShrink: %d of %d ranks go on", survivors.size(), size);
+  std::lock_guard guard(process().lock);
+  *newcomm = adopt(std::move(survivors), comm->device, blocking);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  if (comm == nullptr || async_error == nullptr) {
+    return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm or asyncError is NULL");
+  }
+  auto& p = process();
+  std::lock_guard guard(p.lock);
+  Status s = p.context ? p.context->async_error() : Status();
+  if (s.is_ok() && comm->comm.revoked()) {
+    s = Status(ferry::Code::kRevoked, "the communicator was revoked");
+  }
+  *async_error = s.is_ok() ? ncclSuccess : failed("a stream operation", s);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
+  if (comm == nullptr || count == nullptr) {
+    return fail(ncclInvalidArgument, "ncclCommCount: comm or count is NULL");
+  }
+  *count = comm->comm.size();
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
+  if (comm == nullptr || device == nullptr) {
+    return fail(ncclInvalidArgument, "ncclCommCuDevice: comm or device is NULL");
+  }
+  *device = comm->device;
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (comm == nullptr || rank == nullptr) {
+    return fail(ncclInvalidArgument, "ncclCommUserRank: comm or rank is NULL");
+  }
+  *rank = comm->comm.rank();
+  return ncclSuccess;
+}
+
+// Registration is a hint in NCCL; ferry maps a peer's buffers itself (and keeps them mapped for
+// graphs), so a handle only has to be told apart from others.
+ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buffer, size_t size, void** handle) {
+  if (comm == nullptr || handle == nullptr || (buffer == nullptr && size > 0)) {
+    return fail(ncclInvalidArgument, "ncclCommRegister: comm, buff or handle is NULL");
+  }
+  std::lock_guard guard(process().lock);
+  *handle = new char;
+  comm->registrations.insert(*handle);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommDeregister: comm is NULL");
+  std::lock_guard guard(process().lock);
+  if (comm->registrations.erase(handle) == 0) {
+    return fail(ncclInvalidArgument,
+                "ncclCommDeregister: the handle was not registered on this communicator");
+  }
+  delete static_cast<char*>(handle);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buffer, size_t size,
+                                     ncclWindow_t* window, int flags) {
+  if (comm == nullptr || window == nullptr || (buffer == nullptr && size > 0)) {
+    return fail(ncclInvalidArgument, "ncclCommWindowRegister: comm, buff or win is NULL");
+  }
+  if ((flags & ~NCCL_WIN_COLL_SYMMETRIC) != 0) {
+    return fail(ncclInvalidArgument, "ncclCommWindowRegister: winFlags " + std::to_string(flags));
+  }
+  std::lock_guard guard(process().lock);
+  void* token = new char;
+  comm->windows.insert(token);
+  *window = static_cast<ncclWindow_t>(token);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t window) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommWindowDeregister: comm is NULL");
+  std::lock_guard guard(process().lock);
+  if (comm->windows.erase(window) == 0) {
+    return fail(ncclInvalidArgument,
+                "ncclCommWindowDeregister: the window was not registered on this communicator");
+  }
+  delete reinterpret_cast<char*>(window);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclMemAlloc(void** pointer, size_t size) {
+  if (pointer == nullptr) return fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+  *pointer = nullptr;
+  if (size == 0) return ncclSuccess;
+  std::string why;
+  const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
+  if (d == nullptr) return fail(ncclUnhandledCudaError, "ncclMemAlloc: no CUDA driver: " + why);
+  CUcontext context = nullptr;
+  if (d->cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) {
+    return fail(ncclInvalidUsage, "ncclMemAlloc: no CUDA context is current (cudaSetDevice first)");
+  }
+  CUdeviceptr memory = 0;
+  if (CUresult r = d->cuMemAlloc(&memory, size); r != CUDA_SUCCESS) {
+    return fail(ncclUnhandledCudaError, "ncclMemAlloc: cuMemAlloc of " + std::to_string(size) +
+                                            " bytes: " + ferry::cuda::error_string(r));
+  }
+  *pointer = reinterpret_cast<void*>(memory);
+  return ncclSuccess;
+}
+
+ncclResult_t pncclMemFree(void* pointer) {
+  if (pointer == nullptr) return ncclSuccess;
+  const ferry::cuda::Driver* d = ferry::cuda::driver();
+  if (d == nullptr) return fail(ncclInvalidArgument, "ncclMemFree: no CUDA driver");
+  if (CUresult r = d->cuMemFree(reinterpret_cast<CUdeviceptr>(pointer)); r != CUDA_SUCCESS) {
+    return fail(ncclInvalidArgument, "ncclMemFree: " + ferry::cuda::error_string(r));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t,
+                                       ncclScalarResidence_t, ncclComm_t) {
+  if (op == nullptr) return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: op is NULL");
+  return fail(ncclInvalidUsage,
+              "ncclRedOpCreatePreMulSum: pre-multiplied sums are not built in ferry's NCCL yet");
+}
+
+ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclRedOpDestroy: comm is NULL");
+  return fail(ncclInvalidArgument,
+              "ncclRedOpDestroy: reduction " + std::to_string(static_cast<int>(op)) +
+                  (op < ncclNumOps ? " is built in" : " was not made by ncclRedOpCreatePreMulSum"));
+}
+
+ncclResult_t pncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return reduction("ncclReduce", comm, type, op,
+                   [&](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
+                     return c.reduce(send, recv, count, t, o, root, to_stream(stream));
+                   });
+}
+
+ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                            int root, ncclComm_t comm, cudaStream_t stream) {
+  return operation("ncclBroadcast", comm, type, [&](Communicator& c, ferry::DataType t) {
+    // ferry's broadcast is in place: the root's data goes into its receive buffer first, on the
+    // same stream, so the broadcast (enqueued after it, also in a group) sends it from there.
+    if (c.rank() == root && send != recv && count > 0) {
+      std::string why;
+      const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
+      if (d == nullptr) return Status(ferry::Code::kUnsupported, "no CUDA driver: " + why);
+      const CUresult r =
+          d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(recv), reinterpret_cast<CUdeviceptr>(send),
+                           count * ferry::size_of(t), stream);
+      if (r != CUDA_SUCCESS) {
+        return Status(ferry::Code::kIoError, "cuMemcpyAsync: " + ferry::cuda::error_string(r));
+      }
+    }
+    return c.broadcast(recv, count, t, root, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclBcast(void* buffer, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                        cudaStream_t stream) {
+  return operation("ncclBcast", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.broadcast(buffer, count, t, root, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return reduction("ncclAllReduce", comm, type, op,
+                   [&](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
+                     return c.allreduce(send, recv, count, t, o, to_stream(stream));
+                   });
+}
+
+ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t recv_count,
+                                ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                cudaStream_t stream) {
+  return reduction("ncclReduceScatter", comm, type, op,
+                   [&](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
+                     return c.reduce_scatter(send, recv, recv_count, t, o, to_stream(stream));
+                   });
+}
+
+ncclResult_t pncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
+                            ncclComm_t comm, cudaStream_t stream) {
+  return operation("ncclAllGather", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.allgather(send, recv, send_count, t, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return operation("ncclAlltoAll", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.alltoall(send, recv, count, t, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                         ncclComm_t comm, cudaStream_t stream) {
+  return operation("ncclGather", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.gather(send, recv, count, t, root, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                          ncclComm_t comm, cudaStream_t stream) {
+  return operation("ncclScatter", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.scatter(send, recv, count, t, root, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
+                       ncclComm_t comm, cudaStream_t stream) {
+  return operation("ncclSend", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.send(send, count * ferry::size_of(t), peer, to_stream(stream));
+  });
+}
+
+ncclResult_t pncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                       cudaStream_t stream) {
+  return operation("ncclRecv", comm, type, [&](Communicator& c, ferry::DataType t) {
+    return c.recv(recv, count * ferry::size_of(t), peer, to_stream(stream));
+  });
+}
+
+// Groups are the process's here (NCCL's are the calling thread's; one rank per process makes them
+// the same). A group started before the first communicator is passed to its Context when it is
+// made.
+ncclResult_t pncclGroupStart() {
+  auto& p = process();
+  std::lock_guard guard(p.lock);
+  ++p.group_depth;
+  if (p.context) {
+    p.context->group_start();
+    ++p.ferry_depth;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t pncclGroupEnd() {
+  auto& p = process();
+  std::lock_guard guard(p.lock);
+  if (p.group_depth == 0) {
+    return fail(ncclInvalidUsage, "ncclGroupEnd: no group was started (ncclGroupStart)");
+  }
+  --p.group_depth;
+  if (p.ferry_depth == 0 || !p.context) return ncclSuccess;
+  --p.ferry_depth;
+  Status s = p.context->group_end();
+  return s.is_ok() ? ncclSuccess : failed("ncclGroupEnd", s);
+}
+
+ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* info) {
+  if (info == nullptr || info->magic != kSimInfoMagic) {
+    return fail(ncclInvalidArgument,
+                "ncclGroupSimulateEnd: simInfo was not set up with NCCL_SIM_INFO_INITIALIZER");
+  }
+  return fail(ncclInvalidUsage,
+              "ncclGroupSimulateEnd: ferry's NCCL has no cost model to simulate a group with; "
+              "the group is still open");
+}
+
+// nccl_device.h's host calls (the device API: symmetric kernels written against NCCL's device
+// headers). Their types are pointers here: the ABI is the same.
+ncclResult_t pncclDevCommCreate(ncclComm_t, const void*, void*) {
+  return fail(ncclInvalidUsage,
+              "ncclDevCommCreate: NCCL's device API is not built in ferry's NCCL");
+}
+ncclResult_t pncclDevCommDestroy(ncclComm_t, const void*) {
+  return fail(ncclInvalidUsage,
+              "ncclDevCommDestroy: NCCL's device API is not built in ferry's NCCL");
+}
+
+void pncclResetDebugInit() { ferry::nccl::reread_debug(); }
+void ncclResetDebugInit() __attribute__((alias("pncclResetDebugInit")));
+
+// NCCL's names for the same functions (pnccl… stay for profilers that wrap them).
+#define FERRY_NCCL_ALIAS(name) decltype(p##name) name __attribute__((alias("p" #name)));
+FERRY_NCCL_ALIAS(ncclGetVersion)
+FERRY_NCCL_ALIAS(ncclGetErrorString)
+FERRY_NCCL_ALIAS(ncclGetLastError)
+FERRY_NCCL_ALIAS(ncclGetUniqueId)
+FERRY_NCCL_ALIAS(ncclCommInitRankConfig)
+FERRY_NCCL_ALIAS(ncclCommInitRank)
+FERRY_NCCL_ALIAS(ncclCommInitRankScalable)
+FERRY_NCCL_ALIAS(ncclCommInitAll)
+FERRY_NCCL_ALIAS(ncclCommFinalize)
+FERRY_NCCL_ALIAS(ncclCommDestroy)
+FERRY_NCCL_ALIAS(ncclCommAbort)
+FERRY_NCCL_ALIAS(ncclCommRevoke)
+FERRY_NCCL_ALIAS(ncclCommSplit)
+FERRY_NCCL_ALIAS(ncclCommShrink)
+FERRY_NCCL_ALIAS(ncclCommGetAsyncError)
+FERRY_NCCL_ALIAS(ncclCommCount)
+FERRY_NCCL_ALIAS(ncclCommCuDevice)
+FERRY_NCCL_ALIAS(ncclCommUserRank)
+FERRY_NCCL_ALIAS(ncclCommRegister)
+FERRY_NCCL_ALIAS(ncclCommDeregister)
+FERRY_NCCL_ALIAS(ncclCommWindowRegister)
+FERRY_NCCL_ALIAS(ncclCommWindowDeregister)
+FERRY_NCCL_ALIAS(ncclMemAlloc)
+FERRY_NCCL_ALIAS(ncclMemFree)
+FERRY_NCCL_ALIAS(ncclRedOpCreatePreMulSum)
+FERRY_NCCL_ALIAS(ncclRedOpDestroy)
+FERRY_NCCL_ALIAS(ncclReduce)
+FERRY_NCCL_ALIAS(ncclBcast)
+FERRY_NCCL_ALIAS(ncclBroadcast)
+FERRY_NCCL_ALIAS(ncclAllReduce)
+FERRY_NCCL_ALIAS(ncclReduceScatter)
+FERRY_NCCL_ALIAS(ncclAllGather)
+FERRY_NCCL_ALIAS(ncclAlltoAll)
+FERRY_NCCL_ALIAS(ncclGather)
+FERRY_NCCL_ALIAS(ncclScatter)
+FERRY_NCCL_ALIAS(ncclSend)
+FERRY_NCCL_ALIAS(ncclRecv)
+FERRY_NCCL_ALIAS(ncclGroupStart)
+FERRY_NCCL_ALIAS(ncclGroupEnd)
+FERRY_NCCL_ALIAS(ncclGroupSimulateEnd)
+FERRY_NCCL_ALIAS(ncclDevCommCreate)
+FERRY_NCCL_ALIAS(ncclDevCommDestroy)
+#undef FERRY_NCCL_ALIAS
+
+}  // extern "C"

@@ -1,0 +1,247 @@
+// NCCL's API on ferry: the unique id, errors and type conversions (see state.hpp).
+#include "nccl/state.hpp"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+namespace ferry::nccl {
+namespace {
+
+// The id's bytes: this magic, then "HOST:PORT", a NUL, then the nonce in hex and a NUL. Text, so
+// that a user who prints an id sees where its store is.
+constexpr char kMagic[] = "ferry-nccl-1 ";
+thread_local std::string t_last_error;
+
+bool parse_host_port(const std::string& text, std::string* host, int* port) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || value < 1 || value > 65535) return false;
+  *host = text.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  *port = static_cast<int>(value);
+  return true;
+}
+
+// This host's IPv4 address on `interface` (or on the first that is up and not loopback).
+std::string host_address(const char* interface) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "127.0.0.1";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_UP) == 0) continue;
+    if (interface != nullptr ? std::strncmp(a->ifa_name, interface, std::strlen(interface)) != 0
+                             : (a->ifa_flags & IFF_LOOPBACK) != 0) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) found = text;
+  }
+  ::freeifaddrs(list);
+  return found.empty() ? "127.0.0.1" : found;
+}
+
+}  // namespace
+
+void encode(const UniqueId& id, ncclUniqueId* out) {
+  std::memset(out->internal, 0, sizeof(out->internal));
+  std::snprintf(out->internal, sizeof(out->internal), "%s%s:%d%c%016llx", kMagic, id.host.c_str(),
+                id.port, '\0', static_cast<unsigned long long>(id.nonce));
+}
+
+bool decode(const ncclUniqueId& in, UniqueId* out) {
+  const char* bytes = in.internal;
+  const std::size_t magic = sizeof(kMagic) - 1;
+  if (std::memcmp(bytes, kMagic, magic) != 0) return false;
+  const std::size_t address_length = strnlen(bytes + magic, sizeof(in.internal) - magic);
+  const std::size_t nonce_at = magic + address_length + 1;
+  if (nonce_at + 17 > sizeof(in.internal) || bytes[nonce_at + 16] != '\0') return false;
+  if (!parse_host_port(std::string(bytes + magic, address_length), &out->host, &out->port)) {
+    return false;
+  }
+  char* end = nullptr;
+  out->nonce = std::strtoull(bytes + nonce_at, &end, 16);
+  return end == bytes + nonce_at + 16;
+}
+
+ncclResult_t make_unique_id(UniqueId* out) {
+  std::random_device random;
+  out->nonce = (std::uint64_t{random()} << 32) | random();
+  if (const char* given = std::getenv("NCCL_COMM_ID"); given != nullptr && *given != '\0') {
+    if (!parse_host_port(given, &out->host, &out->port)) {
+      return fail(ncclInvalidArgument, std::string("NCCL_COMM_ID='") + given +
+                                           "' is not HOST:PORT (the address rank 0 listens on)");
+    }
+    return ncclSuccess;
+  }
+  out->host = host_address(std::getenv("NCCL_SOCKET_IFNAME"));
+  // A port free now, on that address: rank 0's store binds it again (SO_REUSEADDR) at init.
+  const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  socklen_t length = sizeof(address);
+  const bool ok = probe >= 0 && ::inet_pton(AF_INET, out->host.c_str(), &address.sin_addr) == 1 &&
+                  ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int error = errno;
+  if (probe >= 0) ::close(probe);
+  if (!ok) {
+    return fail(ncclSystemError,
+                "ncclGetUniqueId: no free TCP port on " + out->host + ": " + std::strerror(error));
+  }
+  out->port = ntohs(address.sin_port);
+  return ncclSuccess;
+}
+
+Process& process() {
+  static Process* state = new Process;  // never destroyed: entry points may run at exit
+  return *state;
+}
+
+ncclResult_t fail(ncclResult_t result, const std::string& message) {
+  t_last_error = message;
+  info("%s: %s", ncclGetErrorString(result), message.c_str());
+  return result;
+}
+
+ncclResult_t fail(const Status& status) {
+  ncclResult_t result = ncclInternalError;
+  switch (status.code()) {
+    case Code::kOk:
+      return ncclSuccess;
+    case Code::kInvalidArgument:
+      result = ncclInvalidArgument;
+      break;
+    case Code::kUnsupported:
+      result = ncclInvalidUsage;
+      break;
+    case Code::kPeerFailed:
+    case Code::kRevoked:
+    case Code::kProtocolError:
+      result = ncclRemoteError;
+      break;
+    case Code::kInProgress:
+      result = ncclInProgress;
+      break;
+    case Code::kTimeout:
+    case Code::kNoResources:
+    case Code::kIoError:
+    case Code::kBootstrapError:
+      result = status.message().find("CUDA_ERROR") != std::string::npos ? ncclUnhandledCudaError
+                                                                        : ncclSystemError;
+      break;
+    default:
+      break;
+  }
+  return fail(result, status.to_string());
+}
+
+const char* last_error() { return t_last_error.c_str(); }
+
+namespace {
+std::atomic<int> g_debug{-1};  // whether NCCL_DEBUG asks for INFO lines; -1: not read yet
+}  // namespace
+
+void reread_debug() { g_debug.store(-1); }
+
+void info(const char* format, ...) {
+  int enabled = g_debug.load(std::memory_order_relaxed);
+  if (enabled < 0) {
+    const char* level = std::getenv("NCCL_DEBUG");
+    enabled =
+        level != nullptr && (std::strcmp(level, "INFO") == 0 || std::strcmp(level, "TRACE") == 0);
+    g_debug.store(enabled);
+  }
+  if (enabled == 0) return;
+  char line[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(line, sizeof(line), format, args);
+  va_end(args);
+  std::fprintf(stderr, "ferry-nccl INFO pid %d: %s\n", static_cast<int>(::getpid()), line);
+}
+
+ncclResult_t to_ferry(ncclDataType_t type, DataType* out) {
+  switch (type) {
+    case ncclInt8:
+      *out = DataType::kInt8;
+      return ncclSuccess;
+    case ncclUint8:
+      *out = DataType::kUint8;
+      return ncclSuccess;
+    case ncclInt32:
+      *out = DataType::kInt32;
+      return ncclSuccess;
+    case ncclUint32:
+      *out = DataType::kUint32;
+      return ncclSuccess;
+    case ncclInt64:
+      *out = DataType::kInt64;
+      return ncclSuccess;
+    case ncclUint64:
+      *out = DataType::kUint64;
+      return ncclSuccess;
+    case ncclFloat16:
+      *out = DataType::kFloat16;
+      return ncclSuccess;
+    case ncclFloat32:
+      *out = DataType::kFloat32;
+      return ncclSuccess;
+    case ncclFloat64:
+      *out = DataType::kFloat64;
+      return ncclSuccess;
+    case ncclBfloat16:
+      *out = DataType::kBfloat16;
+      return ncclSuccess;
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return fail(ncclInvalidUsage,
+                  std::string("the 8-bit float types (") +
+                      (type == ncclFloat8e4m3 ? "ncclFloat8e4m3" : "ncclFloat8e5m2") +
+                      ") are not built in ferry's NCCL yet");
+    default:
+      return fail(ncclInvalidArgument,
+                  "datatype " + std::to_string(static_cast<int>(type)) + " is no ncclDataType_t");
+  }
+}
+
+ncclResult_t to_ferry(ncclRedOp_t op, ReduceOp* out) {
+  switch (op) {
+    case ncclSum:
+      *out = ReduceOp::kSum;
+      return ncclSuccess;
+    case ncclProd:
+      *out = ReduceOp::kProd;
+      return ncclSuccess;
+    case ncclMax:
+      *out = ReduceOp::kMax;
+      return ncclSuccess;
+    case ncclMin:
+      *out = ReduceOp::kMin;
+      return ncclSuccess;
+    case ncclAvg:
+      return fail(ncclInvalidUsage,
+                  "ncclAvg is not built in ferry's NCCL yet (ncclSum, then divide by the count)");
+    default:
+      return fail(ncclInvalidArgument, "reduction " + std::to_string(static_cast<int>(op)) +
+                                           " is no ncclRedOp_t ferry's NCCL made");
+  }
+}
+
+}  // namespace ferry::nccl

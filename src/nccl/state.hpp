@@ -1,0 +1,70 @@
+// NCCL's API on ferry (libnccl.so.2): what the entry points share. One ferry Context per process,
+// made by the first ncclCommInitRank from a unique id (the TCP store that the id names) and let go
+// with the last communicator; each ncclComm is a ferry Communicator of it. See docs/design/nccl.md.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "ferry/ferry.hpp"
+
+// NCCL's handle: a communicator of the process's Context.
+struct ncclComm {
+  ferry::Communicator comm;
+  int device = -1;  // the CUDA device current at init (ncclCommCuDevice)
+  bool blocking = true;
+  std::set<void*> registrations;  // ncclCommRegister's handles
+  std::set<void*> windows;        // ncclCommWindowRegister's handles
+};
+
+namespace ferry::nccl {
+
+// What the first ncclGetUniqueId of a job chose: where rank 0 serves the job's store, and a
+// number that names the job (its shared-memory files) and tells ids apart.
+struct UniqueId {
+  std::string host;
+  int port = 0;
+  std::uint64_t nonce = 0;
+};
+// Packs into / reads NCCL's 128 opaque bytes; decode fails (false) on bytes that are not an id of
+// ferry's (another library's id, uninitialised memory).
+void encode(const UniqueId& id, ncclUniqueId* out);
+bool decode(const ncclUniqueId& in, UniqueId* out);
+// A new id: NCCL_COMM_ID (HOST:PORT) where set, as NCCL reads it; else this host's address on
+// NCCL_SOCKET_IFNAME (or its first interface that is up and not loopback, else 127.0.0.1) and a
+// port the kernel hands out now.
+ncclResult_t make_unique_id(UniqueId* out);
+
+// The process's state, behind one lock (the entry points take it; ferry's Context is
+// thread-safe by itself, the process's Context and group depth are not).
+struct Process {
+  std::mutex lock;
+  std::optional<Context> context;
+  std::uint64_t job = 0;  // the nonce of the id the Context was made from
+  int comms = 0;          // communicators alive on the Context
+  int group_depth = 0;    // ncclGroupStart calls not yet ended
+  int ferry_depth = 0;    // of those, the ones passed to the Context (made after a start)
+};
+Process& process();
+
+// The result of a ferry Status as NCCL names it, keeping its message for ncclGetLastError.
+ncclResult_t fail(const Status& status);
+ncclResult_t fail(ncclResult_t result, const std::string& message);
+const char* last_error();
+// NCCL_DEBUG=INFO (or TRACE): lines "ferry-nccl INFO ..." on stderr.
+void info(const char* format, ...) __attribute__((format(printf, 1, 2)));
+// ncclResetDebugInit: NCCL_DEBUG is read again at the next line.
+void reread_debug();
+
+// NCCL's element types and reductions in ferry's terms; false (and the error kept) for those
+// ferry has not (fp8, ncclAvg, PreMulSum) or that are no value of NCCL's.
+ncclResult_t to_ferry(ncclDataType_t type, DataType* out);
+ncclResult_t to_ferry(ncclRedOp_t op, ReduceOp* out);
+
+}  // namespace ferry::nccl
