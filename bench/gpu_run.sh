@@ -29,6 +29,22 @@ if [ "${1:-}" = pack ]; then
     cp -L "$(ldd "$NCCL_TESTS"/build/all_reduce_perf | awk '/libcudart/ {print $3}')" \
       "$here/.devbin/lib/"
   fi
+  # NCCL's API on ferry, and nccl-tests built with MPI=1 (one process per GPU) where
+  # NCCL_TESTS_MPI names their build folder (make -C src MPI=1 MPI_HOME=... BUILDDIR=...).
+  if [ -e "$build/lib/ferry-nccl/libnccl.so.2" ]; then
+    mkdir -p "$here/.devbin/lib/ferry-nccl"
+    cp -P "$build"/lib/ferry-nccl/libnccl.so* "$here/.devbin/lib/ferry-nccl/"
+  fi
+  if [ -n "${NCCL_TESTS_MPI:-}" ]; then
+    mkdir -p "$here/.devbin/bin/nccl-mpi"
+    for t in all_reduce all_gather broadcast reduce reduce_scatter alltoall sendrecv scatter \
+             gather hypercube; do
+      cp "$NCCL_TESTS_MPI/${t}_perf_mpi" "$here/.devbin/bin/nccl-mpi/${t}_perf" 2>/dev/null ||
+        cp "$NCCL_TESTS_MPI/${t}_perf" "$here/.devbin/bin/nccl-mpi/"
+    done
+    [ -e "$here/.devbin/lib/libcudart.so.13" ] || cp -L "$(ldd "$NCCL_TESTS_MPI"/all_reduce_perf* |
+      awk '/libcudart/ {print $3}' | head -1)" "$here/.devbin/lib/"
+  fi
   [ -x "$build/bench/nccl_perf" ] && cp "$build/bench/nccl_perf" "$here/.devbin/bin/"
   [ -x "$build/bench/cuda_probe" ] && cp "$build/bench/cuda_probe" "$here/.devbin/bin/"
   [ -x "$build/bench/pinned_rate" ] && cp "$build/bench/pinned_rate" "$here/.devbin/bin/"
@@ -497,6 +513,30 @@ for step in $steps; do
           --sizes 16,256,4k,1m,64m --iterations 20 2>&1 | tee -a "$out/perf_ofi$tail.txt" | cut -c1-90
       done
       unset FERRY_TRANSPORTS FERRY_OFI_PROVIDER ;;
+    nccl_api)
+      # nccl-tests (MPI=1, one process per GPU) on ferry's libnccl.so.2, each with its own check
+      # (-c 1); GPU_RUN_NCCL_API_REAL=1 runs the same on NCCL's (the torch venv's) after each.
+      # GPU_RUN_NCCL_API_TESTS, _ARGS (default -b 8 -e 32M -f 4) and _GRAPH (e.g. "-G 100").
+      mpirun=$(command -v mpirun || ls /usr/local/bin/mpirun /opt/*/bin/mpirun 2>/dev/null | head -1)
+      echo "mpirun: $mpirun"
+      real=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
+      ldd "$bin/nccl-mpi/all_reduce_perf" | grep -E "mpi|nccl|cudart"
+      libs="ferry"
+      [ "${GPU_RUN_NCCL_API_REAL:-0}" = 1 ] && libs="ferry nccl"
+      for t in ${GPU_RUN_NCCL_API_TESTS:-all_reduce all_gather broadcast reduce reduce_scatter alltoall sendrecv scatter gather hypercube}; do
+        for lib in $libs; do
+          dir=$here/.devbin/lib/ferry-nccl
+          [ "$lib" = nccl ] && dir=$real
+          file=$out/nccl_api_${lib}_${t}.txt
+          # shellcheck disable=SC2086
+          timeout 60 "$mpirun" --allow-run-as-root --oversubscribe -np 2 \
+            -x LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH" -x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG \
+            "$bin/nccl-mpi/${t}_perf" ${GPU_RUN_NCCL_API_ARGS:--b 8 -e 32M -f 4} -c 1 \
+            ${GPU_RUN_NCCL_API_GRAPH:-} > "$file" 2>&1
+          echo "$lib $t: rc=$? $(grep -E 'Out of bounds|Avg bus' "$file" | tr '\n' ' ')"
+        done
+      done
+      ;;
     *) echo "unknown step $step" ;;
   esac
 done
