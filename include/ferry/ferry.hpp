@@ -268,10 +268,11 @@ class RemoteKey {
 enum class AtomicOp : std::uint8_t { kAdd, kSwap, kCompareSwap, kAnd, kOr, kXor };
 const char* to_string(AtomicOp op) noexcept;
 
-// One per process. Safe to call from several threads at once (FERRY_THREADS=multi, the default:
-// one lock around each call, let go while a blocking call waits); FERRY_THREADS=single skips the
-// lock for applications that call from one thread at a time. Requests and Communicators follow
-// their Context's mode.
+// One per rank: usually one per process, but several ranks (of one job or of several) may live
+// side by side in one process, each a Context of its own. Safe to call from several threads at once
+// (FERRY_THREADS=multi, the default: one lock around each call, let go while a blocking call
+// waits); FERRY_THREADS=single skips the lock for applications that call from one thread at a time.
+// Requests and Communicators follow their Context's mode.
 class Context {
  public:
   // Joins the job described by the environment (ferryrun's variables), or a job of one process

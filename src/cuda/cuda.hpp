@@ -32,7 +32,7 @@ struct IpcKey {
   std::uint64_t buffer_id = 0;  // changes when the allocation is freed and replaced
   std::uint64_t offset = 0;     // of the message within the allocation
   mem::IpcKind kind = mem::IpcKind::kLegacy;
-  std::array<std::uint8_t, 7> reserved{};
+  std::array<std::uint8_t, 7> process{};  // the exporting process (ipc_cache.cpp: process_token)
 };
 static_assert(sizeof(IpcKey) == 120);
 

@@ -21,6 +21,8 @@ using ferry::nccl::process;
 
 namespace {
 
+using ferry::nccl::Rank;
+
 constexpr unsigned kConfigMagic = 0xcafebeef;
 constexpr unsigned kSimInfoMagic = 0x74685283;
 
@@ -51,27 +53,117 @@ ncclResult_t check_config(const ncclConfig_t* config, const char* what, bool* bl
   return ncclSuccess;
 }
 
-// A communicator of the process's Context; the caller holds the process lock.
-ncclComm_t adopt(Communicator comm, int device, bool blocking) {
-  auto* made = new ncclComm{std::move(comm), device, blocking, {}, {}};
-  ++process().comms;
-  return made;
+// The calling thread's group (NCCL's groups are per thread): how deep, the ranks whose Contexts
+// were told of it (by the first operation on them inside it), the inits it defers.
+struct ThreadGroup {
+  int depth = 0;
+  std::vector<Rank*> started;
+  std::vector<ncclComm_t> inits;
+};
+thread_local ThreadGroup t_group;
+
+// Runs `work(i)` for i < count, each in a thread of its own when there are several: ranks of one
+// job in this process wait for each other inside it (init, a group's first collective, finalize).
+template <typename Work>
+void side_by_side(std::size_t count, Work&& work) {
+  if (count == 1) {
+    work(std::size_t{0});
+    return;
+  }
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < count; ++i) threads.emplace_back([&work, i] { work(i); });
+  for (auto& t : threads) t.join();
 }
 
-// Lets a communicator go; the last one takes the Context with it (finalize: bounded waits for the
-// other ranks). The caller holds the process lock.
+// Lets a communicator go. Once no communicator of the job is left in this process, its ranks'
+// Contexts finalize, side by side (they wait for each other). Takes the process lock.
 void release(ncclComm_t comm) {
-  delete comm;
   auto& p = process();
-  if (--p.comms == 0) {
-    ferry::nccl::info("last communicator gone: finalizing job %s", hex(p.job).c_str());
-    p.context.reset();
-    p.ferry_depth = 0;
+  std::vector<Rank*> finished;
+  {
+    std::lock_guard guard(p.lock);
+    Rank* owner = comm->owner;
+    delete comm;
+    if (owner == nullptr) return;
+    --owner->comms;
+    for (const Rank& r : p.ranks) {
+      if (r.job == owner->job && r.comms > 0) return;
+    }
+    for (Rank& r : p.ranks) {
+      if (r.job == owner->job) finished.push_back(&r);
+    }
   }
+  ferry::nccl::info("last communicator of job %s here: finalizing %zu rank(s)",
+                    hex(finished.front()->job).c_str(), finished.size());
+  side_by_side(finished.size(), [&](std::size_t i) { finished[i]->context.reset(); });
+  std::lock_guard guard(p.lock);
+  p.ranks.remove_if([&](const Rank& r) {
+    return std::find(finished.begin(), finished.end(), &r) != finished.end();
+  });
+}
+
+// Makes the Context of `comm`'s pending init (without the process lock: the job's other ranks in
+// this process may be joining at the same time, in other threads).
+ncclResult_t make_rank(ncclComm_t comm, const char* what) {
+  const ncclComm::Pending pending = *comm->pending;
+  auto& p = process();
+  Rank* rank = nullptr;
+  {
+    std::lock_guard guard(p.lock);
+    for (const Rank& r : p.ranks) {
+      if (r.job == pending.job && r.rank == pending.rank) {
+        comm->pending.reset();
+        return fail(ncclInvalidUsage, std::string(what) + ": rank " + std::to_string(pending.rank) +
+                                          " of this unique id is in this process already");
+      }
+    }
+    rank = &p.ranks.emplace_back();
+    rank->job = pending.job;
+    rank->rank = pending.rank;
+    rank->comms = 1;  // this one, from the start: a release meanwhile must not take it
+  }
+  ferry::Options options;
+  const std::string job = "nccl" + hex(pending.job);
+  if (pending.nranks == 1) {
+    options.config = {{"BOOTSTRAP", "single"}, {"SIZE", "1"}, {"RANK", "0"}, {"JOB_ID", job}};
+  } else {
+    options.config = {{"BOOTSTRAP", "store"},
+                      {"STORE", pending.store},
+                      {"RANK", std::to_string(pending.rank)},
+                      {"SIZE", std::to_string(pending.nranks)},
+                      {"LOCAL_RANK", "-1"},
+                      {"LOCAL_SIZE", "0"},
+                      {"JOB_ID", job}};
+  }
+  std::optional<ferry::Context> context;
+  std::string error;
+  try {
+    context.emplace(ferry::Context::init(options));
+  } catch (const ferry::Error& e) {
+    error = e.what();
+  }
+  std::lock_guard guard(p.lock);
+  if (!context) {
+    p.ranks.remove_if([&](const Rank& r) { return &r == rank; });
+    comm->pending.reset();
+    return fail(ncclSystemError, std::string(what) + ": " + error);
+  }
+  rank->context = std::move(context);
+  comm->comm = rank->context->world();
+  comm->owner = rank;
+  comm->pending.reset();
+  ferry::nccl::info("%s: rank %d of %d on CUDA device %d, job %s, store %s", what, pending.rank,
+                    pending.nranks, comm->device, hex(pending.job).c_str(), pending.store.c_str());
+  for (int r = 0; r < pending.nranks && pending.nranks <= 16; ++r) {
+    if (r == pending.rank) continue;
+    ferry::nccl::info("  rank %d to rank %d: %s", pending.rank, r,
+                      rank->context->describe_peer(r).c_str());
+  }
+  return ncclSuccess;
 }
 
 ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& raw, int rank,
-                       const ncclConfig_t* config, const char* what) {
+                       const ncclConfig_t* config, const char* what, int device = -2) {
   if (out == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
   *out = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) {
@@ -87,50 +179,52 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& raw, int
                     ": the unique id is not one of ferry's NCCL (made by ncclGetUniqueId of this "
                     "library, and passed to every rank unchanged?)");
   }
-  auto& p = process();
-  std::lock_guard guard(p.lock);
-  if (p.context) {
-    return fail(ncclInvalidUsage,
-                std::string(what) + ": this process has a communicator from " +
-                    (p.job == id.nonce ? "this unique id already: several ranks in one process"
-                                       : "another unique id: several jobs in one process") +
-                    " are not built in ferry's NCCL yet (ncclCommSplit makes more communicators "
-                    "of the job)");
+  auto* comm = new ncclComm;
+  comm->device = device == -2 ? current_device() : device;
+  comm->blocking = blocking;
+  comm->pending =
+      ncclComm::Pending{nranks, rank, id.host + ":" + std::to_string(id.port), id.nonce};
+  if (t_group.depth > 0) {
+    // Inside a group (one thread making several ranks of a job): made at the group's end, side
+    // by side.
+    t_group.inits.push_back(comm);
+    *out = comm;
+    return ncclSuccess;
   }
-  ferry::Options options;
-  options.config = {{"BOOTSTRAP", "store"},
-                    {"STORE", id.host + ":" + std::to_string(id.port)},
-                    {"RANK", std::to_string(rank)},
-                    {"SIZE", std::to_string(nranks)},
-                    {"LOCAL_RANK", "-1"},
-                    {"LOCAL_SIZE", "0"},
-                    {"JOB_ID", "nccl" + hex(id.nonce)}};
-  if (nranks == 1)
-    options.config = {
-        {"BOOTSTRAP", "single"}, {"SIZE", "1"}, {"RANK", "0"}, {"JOB_ID", "nccl" + hex(id.nonce)}};
-  const int device = current_device();
-  try {
-    p.context.emplace(ferry::Context::init(options));
-  } catch (const ferry::Error& e) {
-    return fail(ncclSystemError, std::string(what) + ": " + e.what());
+  if (ncclResult_t r = make_rank(comm, what); r != ncclSuccess) {
+    delete comm;
+    return r;
   }
-  p.job = id.nonce;
-  for (; p.ferry_depth < p.group_depth; ++p.ferry_depth) p.context->group_start();
-  *out = adopt(p.context->world(), device, blocking);
-  ferry::nccl::info("%s: rank %d of %d on CUDA device %d, job %s, store %s:%d", what, rank, nranks,
-                    device, hex(id.nonce).c_str(), id.host.c_str(), id.port);
-  if (nranks <= 16) {
-    for (int r = 0; r < nranks; ++r) {
-      if (r == rank) continue;
-      ferry::nccl::info("  to rank %d: %s", r, p.context->describe_peer(r).c_str());
-    }
+  *out = comm;
+  return ncclSuccess;
+}
+
+// `what` failed: NCCL's result, the message kept for ncclGetLastError.
+ncclResult_t failed(const char* what, const Status& status) {
+  return fail(Status(status.code(), std::string(what) + ": " + status.message()));
+}
+
+// A communicator that was made (not one whose init waits for its group's end, or failed there).
+ncclResult_t made(const char* what, const ncclComm* comm) {
+  if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
+  if (comm->pending || comm->owner == nullptr) {
+    return fail(ncclInvalidUsage, std::string(what) +
+                                      ": the communicator is not made yet (its ncclCommInitRank "
+                                      "was in a group that has not ended) or its init failed");
   }
   return ncclSuccess;
 }
 
-// `what` failed on `comm`: NCCL's result, the message kept for ncclGetLastError.
-ncclResult_t failed(const char* what, const Status& status) {
-  return fail(Status(status.code(), std::string(what) + ": " + status.message()));
+// A communicator that can take operations; inside a group, its rank's Context is told of the
+// group before the first of them.
+ncclResult_t usable(const char* what, ncclComm_t comm) {
+  if (ncclResult_t r = made(what, comm); r != ncclSuccess) return r;
+  if (t_group.depth > 0 && std::find(t_group.started.begin(), t_group.started.end(), comm->owner) ==
+                               t_group.started.end()) {
+    comm->owner->context->group_start();
+    t_group.started.push_back(comm->owner);
+  }
+  return ncclSuccess;
 }
 
 // The checks every operation shares; then `call` with ferry's type.
@@ -139,6 +233,7 @@ ncclResult_t operation(const char* what, ncclComm_t comm, ncclDataType_t type, C
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
   ferry::DataType ferry_type{};
   if (ncclResult_t r = ferry::nccl::to_ferry(type, &ferry_type); r != ncclSuccess) return r;
+  if (ncclResult_t r = usable(what, comm); r != ncclSuccess) return r;
   Status s = call(comm->comm, ferry_type);
   return s.is_ok() ? ncclSuccess : failed(what, s);
 }
@@ -156,6 +251,18 @@ ncclResult_t reduction(const char* what, ncclComm_t comm, ncclDataType_t type, n
 
 ferry::CudaStream to_stream(cudaStream_t stream) {
   return reinterpret_cast<ferry::CudaStream>(stream);
+}
+
+// A new communicator of `parent`'s rank.
+ncclComm_t adopt(ncclComm_t parent, Communicator comm, bool blocking) {
+  std::lock_guard guard(process().lock);
+  auto* made = new ncclComm;
+  made->comm = std::move(comm);
+  made->owner = parent->owner;
+  made->device = parent->device;
+  made->blocking = blocking;
+  ++parent->owner->comms;
+  return made;
 }
 
 }  // namespace
@@ -226,17 +333,26 @@ ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   if (comms == nullptr || ndev < 1) {
     return fail(ncclInvalidArgument, "ncclCommInitAll: no communicators asked for");
   }
-  if (ndev > 1) {
-    return fail(ncclInvalidUsage,
-                "ncclCommInitAll: " + std::to_string(ndev) +
-                    " ranks in one process are not built in ferry's NCCL yet (one process per "
-                    "GPU: ncclCommInitRank)");
-  }
   ncclUniqueId id;
   if (ncclResult_t r = pncclGetUniqueId(&id); r != ncclSuccess) return r;
-  ncclResult_t r = init_rank(comms, 1, id, 0, nullptr, "ncclCommInitAll");
-  if (r == ncclSuccess && devlist != nullptr) comms[0]->device = devlist[0];
-  return r;
+  // ndev ranks of one job in this process, made side by side (each waits for the others).
+  std::vector<ncclResult_t> results(static_cast<std::size_t>(ndev), ncclSuccess);
+  std::vector<std::string> errors(static_cast<std::size_t>(ndev));
+  side_by_side(static_cast<std::size_t>(ndev), [&](std::size_t i) {
+    const int device = devlist != nullptr ? devlist[i] : static_cast<int>(i);
+    results[i] =
+        init_rank(&comms[i], ndev, id, static_cast<int>(i), nullptr, "ncclCommInitAll", device);
+    errors[i] = ferry::nccl::last_error();
+  });
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i] == ncclSuccess) continue;
+    for (std::size_t j = 0; j < results.size(); ++j) {
+      if (comms[j] != nullptr) release(comms[j]);
+      comms[j] = nullptr;
+    }
+    return fail(results[i], errors[i]);
+  }
+  return ncclSuccess;
 }
 
 ncclResult_t pncclCommFinalize(ncclComm_t comm) {
@@ -248,22 +364,20 @@ ncclResult_t pncclCommFinalize(ncclComm_t comm) {
 
 ncclResult_t pncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommDestroy: comm is NULL");
-  std::lock_guard guard(process().lock);
   release(comm);
   return ncclSuccess;
 }
 
 ncclResult_t pncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;  // as NCCL: aborting nothing is no error
-  std::lock_guard guard(process().lock);
   // Operations of the communicator that wait, here or on any member, fail at once (kRevoked).
-  static_cast<void>(comm->comm.revoke());
+  if (comm->owner != nullptr && !comm->pending) static_cast<void>(comm->comm.revoke());
   release(comm);
   return ncclSuccess;
 }
 
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int flags) {
-  if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommRevoke: comm is NULL");
+  if (ncclResult_t r = usable("ncclCommRevoke", comm); r != ncclSuccess) return r;
   if (flags != NCCL_REVOKE_DEFAULT) {
     return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags must be NCCL_REVOKE_DEFAULT");
   }
@@ -276,6 +390,7 @@ ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* new
   if (comm == nullptr || newcomm == nullptr) {
     return fail(ncclInvalidArgument, "ncclCommSplit: comm or newcomm is NULL");
   }
+  if (ncclResult_t r = usable("ncclCommSplit", comm); r != ncclSuccess) return r;
   *newcomm = nullptr;
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
     return fail(ncclInvalidArgument, "ncclCommSplit: color " + std::to_string(color) +
@@ -290,8 +405,7 @@ ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* new
     return failed("ncclCommSplit", Status(e.code(), e.what()));
   }
   if (!part.valid()) return ncclSuccess;  // NCCL_SPLIT_NOCOLOR: no communicator
-  std::lock_guard guard(process().lock);
-  *newcomm = adopt(std::move(part), comm->device, blocking);
+  *newcomm = adopt(comm, std::move(part), blocking);
   return ncclSuccess;
 }
 
@@ -303,6 +417,7 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int* exclude, int exclude_count, n
                 "ncclCommShrink: comm or newcomm is NULL, or the exclude list is not");
   }
   *newcomm = nullptr;
+  if (ncclResult_t r = usable("ncclCommShrink", comm); r != ncclSuccess) return r;
   if (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT) {
     return fail(ncclInvalidArgument, "ncclCommShrink: shrinkFlags " + std::to_string(flags));
   }
@@ -353,8 +468,7 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int* exclude, int exclude_count, n
     return failed("ncclCommShrink", Status(e.code(), e.what()));
   }
   ferry::nccl::info("ncclCommShrink: %d of %d ranks go on", survivors.size(), size);
-  std::lock_guard guard(process().lock);
-  *newcomm = adopt(std::move(survivors), comm->device, blocking);
+  *newcomm = adopt(comm, std::move(survivors), blocking);
   return ncclSuccess;
 }
 
@@ -362,9 +476,11 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
   if (comm == nullptr || async_error == nullptr) {
     return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm or asyncError is NULL");
   }
-  auto& p = process();
-  std::lock_guard guard(p.lock);
-  Status s = p.context ? p.context->async_error() : Status();
+  if (comm->pending || comm->owner == nullptr) {
+    *async_error = comm->pending ? ncclInProgress : comm->init_result;
+    return ncclSuccess;
+  }
+  Status s = comm->owner->context->async_error();
   if (s.is_ok() && comm->comm.revoked()) {
     s = Status(ferry::Code::kRevoked, "the communicator was revoked");
   }
@@ -373,9 +489,8 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
 }
 
 ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
-  if (comm == nullptr || count == nullptr) {
-    return fail(ncclInvalidArgument, "ncclCommCount: comm or count is NULL");
-  }
+  if (count == nullptr) return fail(ncclInvalidArgument, "ncclCommCount: count is NULL");
+  if (ncclResult_t r = made("ncclCommCount", comm); r != ncclSuccess) return r;
   *count = comm->comm.size();
   return ncclSuccess;
 }
@@ -389,9 +504,8 @@ ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
 }
 
 ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (comm == nullptr || rank == nullptr) {
-    return fail(ncclInvalidArgument, "ncclCommUserRank: comm or rank is NULL");
-  }
+  if (rank == nullptr) return fail(ncclInvalidArgument, "ncclCommUserRank: rank is NULL");
+  if (ncclResult_t r = made("ncclCommUserRank", comm); r != ncclSuccess) return r;
   *rank = comm->comm.rank();
   return ncclSuccess;
 }
@@ -583,31 +697,39 @@ ncclResult_t pncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, 
   });
 }
 
-// Groups are the process's here (NCCL's are the calling thread's; one rank per process makes them
-// the same). A group started before the first communicator is passed to its Context when it is
-// made.
+// Groups are the calling thread's, as NCCL's. The first operation on a rank inside a group tells
+// its Context (ferry's groups are the Context's); the outermost end makes the inits it deferred,
+// then ends the Contexts' groups, side by side where there are several (a thread driving several
+// ranks of a job: their first collectives wait for each other).
 ncclResult_t pncclGroupStart() {
-  auto& p = process();
-  std::lock_guard guard(p.lock);
-  ++p.group_depth;
-  if (p.context) {
-    p.context->group_start();
-    ++p.ferry_depth;
-  }
+  ++t_group.depth;
   return ncclSuccess;
 }
 
 ncclResult_t pncclGroupEnd() {
-  auto& p = process();
-  std::lock_guard guard(p.lock);
-  if (p.group_depth == 0) {
+  if (t_group.depth == 0) {
     return fail(ncclInvalidUsage, "ncclGroupEnd: no group was started (ncclGroupStart)");
   }
-  --p.group_depth;
-  if (p.ferry_depth == 0 || !p.context) return ncclSuccess;
-  --p.ferry_depth;
-  Status s = p.context->group_end();
-  return s.is_ok() ? ncclSuccess : failed("ncclGroupEnd", s);
+  if (--t_group.depth > 0) return ncclSuccess;
+  ThreadGroup group = std::move(t_group);
+  t_group = ThreadGroup{};
+  std::vector<ncclResult_t> results(group.inits.size() + group.started.size(), ncclSuccess);
+  std::vector<std::string> errors(results.size());
+  side_by_side(group.inits.size(), [&](std::size_t i) {
+    results[i] = make_rank(group.inits[i], "ncclCommInitRank");
+    group.inits[i]->init_result = results[i];
+    errors[i] = ferry::nccl::last_error();
+  });
+  const std::size_t first = group.inits.size();
+  side_by_side(group.started.size(), [&](std::size_t i) {
+    Status s = group.started[i]->context->group_end();
+    results[first + i] = s.is_ok() ? ncclSuccess : failed("ncclGroupEnd", s);
+    errors[first + i] = ferry::nccl::last_error();
+  });
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i] != ncclSuccess) return fail(results[i], errors[i]);
+  }
+  return ncclSuccess;
 }
 
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* info) {

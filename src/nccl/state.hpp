@@ -1,11 +1,13 @@
-// NCCL's API on ferry (libnccl.so.2): what the entry points share. One ferry Context per process,
-// made by the first ncclCommInitRank from a unique id (the TCP store that the id names) and let go
-// with the last communicator; each ncclComm is a ferry Communicator of it. See docs/design/nccl.md.
+// NCCL's API on ferry (libnccl.so.2): what the entry points share. Each rank of a job that lives
+// in this process is a ferry Context, made by ncclCommInitRank from a unique id (the TCP store the
+// id names) and let go with the job's last communicator here; each ncclComm is a ferry
+// Communicator of one of them. See docs/design/nccl.md.
 #pragma once
 
 #include <nccl.h>
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,13 +16,27 @@
 
 #include "ferry/ferry.hpp"
 
-// NCCL's handle: a communicator of the process's Context.
+namespace ferry::nccl {
+struct Rank;
+}
+
+// NCCL's handle: a communicator of one rank's Context. One made by ncclCommInitRank inside a group
+// is made at the group's end (`pending` until then).
 struct ncclComm {
   ferry::Communicator comm;
+  ferry::nccl::Rank* owner = nullptr;
   int device = -1;  // the CUDA device current at init (ncclCommCuDevice)
   bool blocking = true;
   std::set<void*> registrations;  // ncclCommRegister's handles
   std::set<void*> windows;        // ncclCommWindowRegister's handles
+  struct Pending {
+    int nranks;
+    int rank;
+    std::string store;
+    std::uint64_t job;
+  };
+  std::optional<Pending> pending;
+  ncclResult_t init_result = ncclSuccess;  // of a pending init, once the group ended
 };
 
 namespace ferry::nccl {
@@ -41,15 +57,21 @@ bool decode(const ncclUniqueId& in, UniqueId* out);
 // port the kernel hands out now.
 ncclResult_t make_unique_id(UniqueId* out);
 
-// The process's state, behind one lock (the entry points take it; ferry's Context is
-// thread-safe by itself, the process's Context and group depth are not).
+// A rank of a job in this process: its Context, and how many communicators use it. Its Context
+// goes once no communicator of any rank of its job in this process is left (the job's ranks here
+// finalize together: one thread that destroys its communicators one by one would otherwise wait
+// in the first rank's finalize for the next).
+struct Rank {
+  std::uint64_t job = 0;  // the nonce of the id the Context was made from
+  int rank = -1;
+  std::optional<Context> context;
+  int comms = 0;
+};
+
+// The process's ranks, behind one lock (ferry's Contexts are thread-safe by themselves).
 struct Process {
   std::mutex lock;
-  std::optional<Context> context;
-  std::uint64_t job = 0;  // the nonce of the id the Context was made from
-  int comms = 0;          // communicators alive on the Context
-  int group_depth = 0;    // ncclGroupStart calls not yet ended
-  int ferry_depth = 0;    // of those, the ones passed to the Context (made after a start)
+  std::list<Rank> ranks;
 };
 Process& process();
 

@@ -101,8 +101,7 @@ TEST(NcclApi, BadArgumentsAreRefusedSayingWhich) {
   ncclConfig_t config{};  // not NCCL_CONFIG_INITIALIZER
   EXPECT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclInvalidArgument);
   EXPECT_TRUE(last_error_says("NCCL_CONFIG_INITIALIZER")) << ncclGetLastError(nullptr);
-  EXPECT_EQ(ncclCommInitAll(&comm, 2, nullptr), ncclInvalidUsage);
-  EXPECT_TRUE(last_error_says("one process")) << ncclGetLastError(nullptr);
+  EXPECT_EQ(ncclCommInitAll(&comm, 0, nullptr), ncclInvalidArgument);
   EXPECT_EQ(ncclCommDestroy(nullptr), ncclInvalidArgument);
   EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
   int count = 0;
@@ -144,11 +143,16 @@ TEST(NcclApi, RanksJoinByUniqueIdAndSplit) {
     c.expect(ncclCommGetAsyncError(world, &async) == ncclSuccess && async == ncclSuccess,
              "no async error");
 
-    // A second job while this one lives: refused, saying so.
+    // A second job beside this one, and a rank of this job twice in one process: refused.
     ncclComm_t other = nullptr;
-    c.expect(ncclCommInitRank(&other, n, id[1], c.rank) == ncclInvalidUsage && other == nullptr,
-             "a second job in the process is refused");
-    c.expect(last_error_says("several jobs in one process"), "and says why");
+    c.expect(ncclCommInitRank(&other, n, id[1], c.rank) == ncclSuccess && other != nullptr,
+             "a second job in the process");
+    c.expect(ncclCommCount(other, &count) == ncclSuccess && count == n, "the second job's count");
+    ncclComm_t twice = nullptr;
+    c.expect(ncclCommInitRank(&twice, n, id[0], c.rank) == ncclInvalidUsage && twice == nullptr,
+             "a rank of a job twice in one process is refused");
+    c.expect(last_error_says("in this process already"), "and says why");
+    c.expect(ncclCommDestroy(other) == ncclSuccess, "destroy the second job");
 
     // What ferry has not: said, not wrong.
     float x = 1;
@@ -215,6 +219,46 @@ TEST(NcclApi, RanksJoinByUniqueIdAndSplit) {
       c.expect(ncclCommDestroy(world) == ncclSuccess, "destroy it");
     }
   }));
+}
+
+// Several ranks of a job in one process, as nccl-tests' -g runs them: ncclCommInitAll, and
+// ncclCommInitRank of each rank inside one group. One thread destroys them one after the other:
+// the job's ranks here finalize together, without waiting for each other's destroy.
+TEST(NcclApi, SeveralRanksInOneProcess) {
+  std::vector<ncclComm_t> comms(3, nullptr);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), 3, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < 3; ++r) {
+    int count = 0, rank = -1;
+    EXPECT_EQ(ncclCommCount(comms[r], &count), ncclSuccess);
+    EXPECT_EQ(count, 3);
+    EXPECT_EQ(ncclCommUserRank(comms[r], &rank), ncclSuccess);
+    EXPECT_EQ(rank, r);
+  }
+  auto start = Clock::now();
+  for (ncclComm_t comm : comms) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5)) << "destroys waited for each other";
+
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ncclCommInitRank(&comms[r], 2, id, r), ncclSuccess);
+    ncclResult_t state = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInProgress) << "made at the group's end";
+    int count = 0;
+    EXPECT_EQ(ncclCommCount(comms[r], &count), ncclInvalidUsage) << "not made yet";
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < 2; ++r) {
+    ncclResult_t state = ncclInternalError;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess);
+    int rank = -1;
+    EXPECT_EQ(ncclCommUserRank(comms[r], &rank), ncclSuccess);
+    EXPECT_EQ(rank, r);
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
 }
 
 TEST(NcclApi, ShrinkLeavesOutTheDeadAndAbortDoesNotWait) {

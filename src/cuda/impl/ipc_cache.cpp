@@ -1,8 +1,26 @@
 #include "cuda/impl/ipc_cache.hpp"
 
 #include <cstring>
+#include <random>
 
 namespace ferry::cuda {
+namespace {
+
+// Names this process in the keys it exports (IpcKey::process): a peer that is this process too
+// (several ranks in one process, as NCCL's API allows) uses the pointer itself, since the driver
+// opens no IPC handle in the process that made it.
+const std::array<std::uint8_t, 7>& process_token() {
+  static const std::array<std::uint8_t, 7> token = [] {
+    std::random_device random;
+    std::array<std::uint8_t, 7> t{};
+    for (auto& byte : t) byte = static_cast<std::uint8_t>(random());
+    t[0] |= 1;  // never all zero, which older keys carry
+    return t;
+  }();
+  return token;
+}
+
+}  // namespace
 
 IpcCache::IpcCache(Devices& devices, const util::Config& config)
     : devices_(devices),
@@ -60,6 +78,7 @@ Status IpcCache::export_ipc(const void* pointer, const mem::MemoryInfo& info, Ip
     std::memcpy(key->handle.data(), &it->second, sizeof(CUipcMemHandle));
   }
   key->kind = info.ipc;
+  key->process = process_token();
   key->uuid = devices_.uuid(info.device);
   key->base = info.base;
   key->extent = info.extent;
@@ -113,10 +132,12 @@ Status IpcCache::import(int peer, const IpcKey& key, int local, util::Fd* fd, vo
   }
   ScopedContext scope(d_, devices_.get(local).context);
   CUdeviceptr pointer = 0;
-  Status status = key.kind == mem::IpcKind::kPosixFd ? map_descriptor(key, local, fd, &pointer)
-                                                     : open_handle(peer, key, local, &pointer);
+  const bool own = key.process == process_token();
+  Status status = own                                  ? share_own(key, local, fd, &pointer)
+                  : key.kind == mem::IpcKind::kPosixFd ? map_descriptor(key, local, fd, &pointer)
+                                                       : open_handle(peer, key, local, &pointer);
   if (!status) return status;
-  mappings_.push_front(Mapping{k, pointer, key.extent, 1, key.kind});
+  mappings_.push_front(Mapping{k, pointer, key.extent, 1, key.kind, own});
   index_[k] = mappings_.begin();
   bytes_ += key.extent;
   evict();
@@ -156,6 +177,22 @@ Status IpcCache::open_handle(int peer, const IpcKey& key, int local, CUdeviceptr
                                             std::to_string(key.extent));
   }
   *mapped = pointer;
+  return Status::ok();
+}
+
+Status IpcCache::share_own(const IpcKey& key, int local, util::Fd* fd, CUdeviceptr* mapped) {
+  if (fd != nullptr) fd->reset();  // a cuMem allocation's descriptor: not needed here
+  const int source = devices_.ordinal(key.uuid);
+  if (source < 0) return Status(Code::kProtocolError, "IPC key of this process names no GPU of it");
+  if (source != local) {
+    // Kernels of `local`'s context reach the other GPU's memory once peer access is on (the
+    // current context is `local`'s: import's scope).
+    const CUresult result = d_->cuCtxEnablePeerAccess(devices_.get(source).context, 0);
+    if (result != CUDA_SUCCESS && result != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+      return driver_error("cuCtxEnablePeerAccess", result);
+    }
+  }
+  *mapped = static_cast<CUdeviceptr>(key.base);
   return Status::ok();
 }
 
@@ -225,6 +262,7 @@ void IpcCache::close_mapping(const Mapping& mapping) {
 }
 
 void IpcCache::close_now(const Mapping& mapping) {
+  if (mapping.own) return;
   ScopedContext scope(d_, devices_.made(mapping.key.device).context);
   if (mapping.kind == mem::IpcKind::kPosixFd) {
     d_->cuMemUnmap(mapping.mapped, mapping.extent);  // releases the imported allocation

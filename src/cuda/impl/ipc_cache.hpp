@@ -65,12 +65,15 @@ class IpcCache {
     std::uint64_t extent;
     int pins;
     mem::IpcKind kind;
+    bool own = false;  // the peer is this process: `mapped` is its own pointer, nothing to close
   };
   using Index = std::map<Key, std::list<Mapping>::iterator>;
 
   // Opens a legacy handle; closes the peer's unpinned mappings that share its memory and tries
   // again where the driver finds it mapped already.
   Status open_handle(int peer, const IpcKey& key, int local, CUdeviceptr* mapped);
+  // The peer is this process: the allocation's own address, with `local`'s peer access to it.
+  Status share_own(const IpcKey& key, int local, util::Fd* fd, CUdeviceptr* mapped);
   // Imports a peer's cuMem allocation from its descriptor and maps it for `local`.
   Status map_descriptor(const IpcKey& key, int local, util::Fd* fd, CUdeviceptr* mapped);
   // Closes an unpinned mapping and forgets it; returns the next index entry.
