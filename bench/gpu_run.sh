@@ -514,13 +514,24 @@ for step in $steps; do
       done
       unset FERRY_TRANSPORTS FERRY_OFI_PROVIDER ;;
     nccl_api)
-      # nccl-tests (MPI=1, one process per GPU) on ferry's libnccl.so.2, each with its own check
-      # (-c 1); GPU_RUN_NCCL_API_REAL=1 runs the same on NCCL's (the torch venv's) after each.
-      # GPU_RUN_NCCL_API_TESTS, _ARGS (default -b 8 -e 32M -f 4) and _GRAPH (e.g. "-G 100").
-      mpirun=$(command -v mpirun || ls /usr/local/bin/mpirun /opt/*/bin/mpirun 2>/dev/null | head -1)
-      echo "mpirun: $mpirun"
+      # nccl-tests on ferry's libnccl.so.2, each with its own check (-c 1): built with MPI=1 (one
+      # process per GPU, under mpirun -np GPU_RUN_NCCL_API_NP, default 2), or with
+      # GPU_RUN_NCCL_API_NP=0 the plain build, its ranks threads of one process
+      # (GPU_RUN_NCCL_API_ARGS names them: -g 2, or -t 2 -g 1). GPU_RUN_NCCL_API_REAL=1 runs the
+      # same on NCCL's (the torch venv's) after each. GPU_RUN_NCCL_API_TESTS, _ARGS (default
+      # -b 8 -e 32M -f 4) and _GRAPH (e.g. "-G 100").
+      np=${GPU_RUN_NCCL_API_NP:-2}
+      tests=$bin/nccl-mpi launch=()
+      if [ "$np" = 0 ]; then
+        tests=$bin
+      else
+        mpirun=$(command -v mpirun || ls /usr/local/bin/mpirun /opt/*/bin/mpirun 2>/dev/null | head -1)
+        echo "mpirun: $mpirun"
+        launch=("$mpirun" --allow-run-as-root --oversubscribe -np "$np" -x NCCL_NVLS_ENABLE=0
+                -x NCCL_DEBUG -x LD_LIBRARY_PATH)
+      fi
       real=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
-      ldd "$bin/nccl-mpi/all_reduce_perf" | grep -E "mpi|nccl|cudart"
+      ldd "$tests/all_reduce_perf" | grep -E "mpi|nccl|cudart"
       libs="ferry"
       [ "${GPU_RUN_NCCL_API_REAL:-0}" = 1 ] && libs="ferry nccl"
       for t in ${GPU_RUN_NCCL_API_TESTS:-all_reduce all_gather broadcast reduce reduce_scatter alltoall sendrecv scatter gather hypercube}; do
@@ -528,10 +539,10 @@ for step in $steps; do
           dir=$here/.devbin/lib/ferry-nccl
           [ "$lib" = nccl ] && dir=$real
           file=$out/nccl_api_${lib}_${t}.txt
+          [ -x "$tests/${t}_perf" ] || continue
           # shellcheck disable=SC2086
-          timeout 60 "$mpirun" --allow-run-as-root --oversubscribe -np 2 \
-            -x LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH" -x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG \
-            "$bin/nccl-mpi/${t}_perf" ${GPU_RUN_NCCL_API_ARGS:--b 8 -e 32M -f 4} -c 1 \
+          LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH" timeout 60 "${launch[@]}" \
+            "$tests/${t}_perf" ${GPU_RUN_NCCL_API_ARGS:--b 8 -e 32M -f 4} -c 1 \
             ${GPU_RUN_NCCL_API_GRAPH:-} > "$file" 2>&1
           echo "$lib $t: rc=$? $(grep -E 'Out of bounds|Avg bus' "$file" | tr '\n' ' ')"
         done

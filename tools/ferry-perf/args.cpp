@@ -17,12 +17,12 @@ namespace ferry::perf {
       "  other's last byte; get_lat a blocking get; the _bw tests a window then a flush;\n"
       "  atomic_add a window of 8-byte adds: latency_us is the time per add)\n"
       "       ferryrun -n N ferry-perf [allreduce|broadcast|allgather|reduce_scatter|reduce|\n"
-      "                                 barrier|sendrecv]...\n"
+      "                                 barrier|sendrecv|send]...\n"
       "  (collectives: SIZE is the bytes of the result; allreduce, reduce_scatter and reduce\n"
       "  add float32, broadcast comes from rank 0, reduce goes to it; -m cuda puts every rank's\n"
       "  buffers on its GPU; barrier ignores SIZE; sendrecv (with --stream): each rank sends to "
       "the next and receives\n"
-      "  from the previous)\n"
+      "  from the previous; send (with --stream): rank 0 sends to rank 1, one direction)\n"
       "  --sizes LIST       message sizes, e.g. 8,4k,4m (default: 1 B ... 64 MiB)\n"
       "  --iterations N     timed iterations per size (default: by size)\n"
       "  --warmup N         untimed iterations first (default: a tenth)\n"
@@ -82,7 +82,8 @@ bool is_one_sided(const std::string& test) {
 
 bool is_collective(const std::string& test) {
   return test == "allreduce" || test == "broadcast" || test == "allgather" ||
-         test == "reduce_scatter" || test == "reduce" || test == "sendrecv" || test == "barrier";
+         test == "reduce_scatter" || test == "reduce" || test == "sendrecv" || test == "send" ||
+         test == "barrier";
 }
 
 Args parse(int argc, char** argv) {
@@ -144,7 +145,7 @@ Args parse(int argc, char** argv) {
   if (args.tests.empty()) args.tests = {"latency", "bandwidth"};
   for (const std::string& t : args.tests) {
     if (args.stream && !is_collective(t)) usage(("--stream takes collectives, not " + t).c_str());
-    if (!args.stream && t == "sendrecv") usage("sendrecv needs --stream");
+    if (!args.stream && (t == "sendrecv" || t == "send")) usage((t + " needs --stream").c_str());
   }
   if (args.sizes.empty()) {
     for (std::size_t s = 1; s <= (64u << 20); s *= 2) args.sizes.push_back(s);

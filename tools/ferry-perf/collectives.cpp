@@ -21,7 +21,7 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
           pattern(i, world.rank(), 1);
     }
     out.push(0, size);
-  } else if (test == "sendrecv") {
+  } else if (test == "sendrecv" || test == "send") {
     fill(in.shadow(), size, world.rank());
   } else {
     std::fill_n(out.shadow(), size, std::byte{0});
@@ -44,6 +44,7 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
                    : test == "reduce"         ? 4
                    : test == "sendrecv"       ? 5
                    : test == "barrier"        ? 6
+                   : test == "send"           ? 7
                                               : 3;
   std::byte* my_block = out.data() + static_cast<std::size_t>(world.rank()) * (size / n);
   const int next = (world.rank() + 1) % world.size();
@@ -73,6 +74,15 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
         }
       case 6:
         return world.barrier(stream...);
+      case 7:
+        // One direction, rank 0 to rank 1 (the others idle): the stream path's bandwidth.
+        if constexpr (sizeof...(stream) == 1) {
+          if (world.rank() == 0) return world.send(in.data(), size, 1, stream...);
+          if (world.rank() == 1) return world.recv(out.data(), size, 0, stream...);
+          return ferry::Status();
+        } else {
+          return ferry::Status(ferry::Code::kUnsupported, "send needs --stream");
+        }
       default:
         return world.broadcast(out.data(), size, ferry::DataType::kUint8, 0, stream...);
     }
@@ -113,7 +123,9 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
   };
   double mine = 0;
   if (args.in_flight > 1 && !args.stream) {
-    if (kind == 5) require(ferry::Status(ferry::Code::kUnsupported, "sendrecv needs --stream"), "");
+    if (kind == 5 || kind == 7) {
+      require(ferry::Status(ferry::Code::kUnsupported, test + " needs --stream"), "");
+    }
     if (warmup > 0) in_batches(warmup);
     require(world.barrier(), "barrier");
     const Clock::time_point start = Clock::now();
@@ -161,6 +173,8 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
       }
     } else if (test == "sendrecv") {
       verify(got, size, previous, "sendrecv");
+    } else if (test == "send") {
+      if (world.rank() == 1) verify(got, size, 0, "send");
     } else {
       verify(got, size, 1, "broadcast");
     }
@@ -171,10 +185,11 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
     }
   }
   const double nd = static_cast<double>(n);
-  const double factor = test == "allreduce" ? 2 * (nd - 1) / nd
-                        : test == "broadcast" || test == "reduce" || test == "sendrecv"
-                            ? 1
-                            : (nd - 1) / nd;
+  const double factor =
+      test == "allreduce" ? 2 * (nd - 1) / nd
+      : test == "broadcast" || test == "reduce" || test == "sendrecv" || test == "send"
+          ? 1
+          : (nd - 1) / nd;
   return {test, size, iters, slowest * 1e6, static_cast<double>(size) / slowest / 1e9 * factor};
 }
 
