@@ -519,7 +519,7 @@ for step in $steps; do
       # GPU_RUN_NCCL_API_NP=0 the plain build, its ranks threads of one process
       # (GPU_RUN_NCCL_API_ARGS names them: -g 2, or -t 2 -g 1). GPU_RUN_NCCL_API_REAL=1 runs the
       # same on NCCL's (the torch venv's) after each. GPU_RUN_NCCL_API_TESTS, _ARGS (default
-      # -b 8 -e 32M -f 4) and _GRAPH (e.g. "-G 100").
+      # -b 8 -e 32M -f 4), _GRAPH (e.g. "-G 100") and _TIMEOUT (seconds a run, default 60).
       np=${GPU_RUN_NCCL_API_NP:-2}
       tests=$bin/nccl-mpi launch=()
       if [ "$np" = 0 ]; then
@@ -541,7 +541,7 @@ for step in $steps; do
           file=$out/nccl_api_${lib}_${t}.txt
           [ -x "$tests/${t}_perf" ] || continue
           # shellcheck disable=SC2086
-          LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH" timeout 60 "${launch[@]}" \
+          LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH" timeout "${GPU_RUN_NCCL_API_TIMEOUT:-60}" "${launch[@]}" \
             "$tests/${t}_perf" ${GPU_RUN_NCCL_API_ARGS:--b 8 -e 32M -f 4} -c 1 \
             ${GPU_RUN_NCCL_API_GRAPH:-} > "$file" 2>&1
           echo "$lib $t: rc=$? $(grep -E 'Out of bounds|Avg bus' "$file" | tr '\n' ' ')"

@@ -90,6 +90,10 @@ class Cuda {
   virtual Status import_ipc(int peer, const IpcKey& key, int device, util::Fd* fd,
                             void** mapped) = 0;
   virtual void unpin(int peer, int device, const IpcKey& key) = 0;
+  // This rank's number in the job: a key this process exported for another rank living in it
+  // maps to the allocation's own address; for this rank itself it stays refused, as the driver
+  // refuses it (a rank's transfers with itself take the paths they always took).
+  virtual void set_rank(int rank) = 0;
   // Whether import_ipc would find `key` in the cache (so a kPosixFd key needs no descriptor).
   [[nodiscard]] virtual bool ipc_cached(int peer, const IpcKey& key, int device) const = 0;
   // Drops every mapping of a peer (it died or finalized).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,11 +54,22 @@ ncclResult_t check_config(const ncclConfig_t* config, const char* what, bool* bl
   return ncclSuccess;
 }
 
-// The calling thread's group (NCCL's groups are per thread): how deep, the ranks whose Contexts
-// were told of it (by the first operation on them inside it), the inits it defers.
+// An operation made inside a group: run at the group's end, by a thread of its rank's.
+struct Deferred {
+  ncclComm_t comm;
+  const char* what;
+  std::function<Status(Communicator&)> call;
+  CUcontext context;  // current when it was made (the legacy stream is that context's)
+};
+
+// The calling thread's group (NCCL's groups are per thread): how deep, the operations and inits
+// it defers to its end. There each rank's operations go to its Context inside a group of the
+// Context's, all ranks side by side: a thread that drives several ranks of a job (nccl-tests -g)
+// would otherwise wait in one rank's first collective, which sets up the device path with the
+// others, for ranks it has not reached yet.
 struct ThreadGroup {
   int depth = 0;
-  std::vector<Rank*> started;
+  std::vector<Deferred> operations;
   std::vector<ncclComm_t> inits;
 };
 thread_local ThreadGroup t_group;
@@ -215,38 +227,43 @@ ncclResult_t made(const char* what, const ncclComm* comm) {
   return ncclSuccess;
 }
 
-// A communicator that can take operations; inside a group, its rank's Context is told of the
-// group before the first of them.
-ncclResult_t usable(const char* what, ncclComm_t comm) {
-  if (ncclResult_t r = made(what, comm); r != ncclSuccess) return r;
-  if (t_group.depth > 0 && std::find(t_group.started.begin(), t_group.started.end(), comm->owner) ==
-                               t_group.started.end()) {
-    comm->owner->context->group_start();
-    t_group.started.push_back(comm->owner);
-  }
-  return ncclSuccess;
+ncclResult_t usable(const char* what, ncclComm_t comm) { return made(what, comm); }
+
+CUcontext current_context() {
+  const ferry::cuda::Driver* d = ferry::cuda::driver();
+  CUcontext context = nullptr;
+  if (d != nullptr && d->cuCtxGetCurrent(&context) != CUDA_SUCCESS) context = nullptr;
+  return context;
 }
 
-// The checks every operation shares; then `call` with ferry's type.
+// The checks every operation shares; then `call` with ferry's type, now or (inside a group) at
+// the group's end. `call` keeps copies of what it needs.
 template <typename Call>
-ncclResult_t operation(const char* what, ncclComm_t comm, ncclDataType_t type, Call&& call) {
+ncclResult_t operation(const char* what, ncclComm_t comm, ncclDataType_t type, Call call) {
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
   ferry::DataType ferry_type{};
   if (ncclResult_t r = ferry::nccl::to_ferry(type, &ferry_type); r != ncclSuccess) return r;
   if (ncclResult_t r = usable(what, comm); r != ncclSuccess) return r;
+  if (t_group.depth > 0) {
+    t_group.operations.push_back(
+        {comm, what, [call, ferry_type](Communicator& c) { return call(c, ferry_type); },
+         current_context()});
+    return ncclSuccess;
+  }
   Status s = call(comm->comm, ferry_type);
   return s.is_ok() ? ncclSuccess : failed(what, s);
 }
 
 template <typename Call>
 ncclResult_t reduction(const char* what, ncclComm_t comm, ncclDataType_t type, ncclRedOp_t op,
-                       Call&& call) {
+                       Call call) {
   ferry::ReduceOp ferry_op{};
   if (comm != nullptr) {
     if (ncclResult_t r = ferry::nccl::to_ferry(op, &ferry_op); r != ncclSuccess) return r;
   }
-  return operation(what, comm, type,
-                   [&](Communicator& c, ferry::DataType t) { return call(c, t, ferry_op); });
+  return operation(what, comm, type, [call, ferry_op](Communicator& c, ferry::DataType t) {
+    return call(c, t, ferry_op);
+  });
 }
 
 ferry::CudaStream to_stream(cudaStream_t stream) {
@@ -606,14 +623,14 @@ ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 ncclResult_t pncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   return reduction("ncclReduce", comm, type, op,
-                   [&](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
+                   [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
                      return c.reduce(send, recv, count, t, o, root, to_stream(stream));
                    });
 }
 
 ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
                             int root, ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclBroadcast", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclBroadcast", comm, type, [=](Communicator& c, ferry::DataType t) {
     // ferry's broadcast is in place: the root's data goes into its receive buffer first, on the
     // same stream, so the broadcast (enqueued after it, also in a group) sends it from there.
     if (c.rank() == root && send != recv && count > 0) {
@@ -633,7 +650,7 @@ ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclData
 
 ncclResult_t pncclBcast(void* buffer, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                         cudaStream_t stream) {
-  return operation("ncclBcast", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclBcast", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.broadcast(buffer, count, t, root, to_stream(stream));
   });
 }
@@ -641,7 +658,7 @@ ncclResult_t pncclBcast(void* buffer, size_t count, ncclDataType_t type, int roo
 ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return reduction("ncclAllReduce", comm, type, op,
-                   [&](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
+                   [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
                      return c.allreduce(send, recv, count, t, o, to_stream(stream));
                    });
 }
@@ -650,49 +667,49 @@ ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t recv_count,
                                 ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream) {
   return reduction("ncclReduceScatter", comm, type, op,
-                   [&](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
+                   [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
                      return c.reduce_scatter(send, recv, recv_count, t, o, to_stream(stream));
                    });
 }
 
 ncclResult_t pncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
                             ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclAllGather", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclAllGather", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.allgather(send, recv, send_count, t, to_stream(stream));
   });
 }
 
 ncclResult_t pncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclAlltoAll", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclAlltoAll", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.alltoall(send, recv, count, t, to_stream(stream));
   });
 }
 
 ncclResult_t pncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                          ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclGather", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclGather", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.gather(send, recv, count, t, root, to_stream(stream));
   });
 }
 
 ncclResult_t pncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                           ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclScatter", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclScatter", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.scatter(send, recv, count, t, root, to_stream(stream));
   });
 }
 
 ncclResult_t pncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
                        ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclSend", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclSend", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.send(send, count * ferry::size_of(t), peer, to_stream(stream));
   });
 }
 
 ncclResult_t pncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                        cudaStream_t stream) {
-  return operation("ncclRecv", comm, type, [&](Communicator& c, ferry::DataType t) {
+  return operation("ncclRecv", comm, type, [=](Communicator& c, ferry::DataType t) {
     return c.recv(recv, count * ferry::size_of(t), peer, to_stream(stream));
   });
 }
@@ -713,18 +730,47 @@ ncclResult_t pncclGroupEnd() {
   if (--t_group.depth > 0) return ncclSuccess;
   ThreadGroup group = std::move(t_group);
   t_group = ThreadGroup{};
-  std::vector<ncclResult_t> results(group.inits.size() + group.started.size(), ncclSuccess);
-  std::vector<std::string> errors(results.size());
+  std::vector<ncclResult_t> results(group.inits.size(), ncclSuccess);
+  std::vector<std::string> errors(group.inits.size());
   side_by_side(group.inits.size(), [&](std::size_t i) {
     results[i] = make_rank(group.inits[i], "ncclCommInitRank");
     group.inits[i]->init_result = results[i];
     errors[i] = ferry::nccl::last_error();
   });
-  const std::size_t first = group.inits.size();
-  side_by_side(group.started.size(), [&](std::size_t i) {
-    Status s = group.started[i]->context->group_end();
-    results[first + i] = s.is_ok() ? ncclSuccess : failed("ncclGroupEnd", s);
-    errors[first + i] = ferry::nccl::last_error();
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i] != ncclSuccess) return fail(results[i], errors[i]);
+  }
+  // Each rank's operations, in the order they were made, inside a group of its Context.
+  std::vector<Rank*> ranks;
+  for (const Deferred& op : group.operations) {
+    if (std::find(ranks.begin(), ranks.end(), op.comm->owner) == ranks.end()) {
+      ranks.push_back(op.comm->owner);
+    }
+  }
+  results.assign(ranks.size(), ncclSuccess);
+  errors.assign(ranks.size(), std::string());
+  const bool threads = ranks.size() > 1;
+  side_by_side(ranks.size(), [&](std::size_t i) {
+    ferry::Context& context = *ranks[i]->context;
+    bool switched = false;
+    context.group_start();
+    for (Deferred& op : group.operations) {
+      if (op.comm->owner != ranks[i]) continue;
+      if (threads && !switched && op.context != nullptr) {
+        ferry::cuda::driver()->cuCtxSetCurrent(op.context);  // as the thread that made it
+        switched = true;
+      }
+      Status s = op.call(op.comm->comm);
+      if (!s.is_ok() && results[i] == ncclSuccess) {
+        results[i] = failed(op.what, s);
+        errors[i] = ferry::nccl::last_error();
+      }
+    }
+    Status s = context.group_end();
+    if (!s.is_ok() && results[i] == ncclSuccess) {
+      results[i] = failed("ncclGroupEnd", s);
+      errors[i] = ferry::nccl::last_error();
+    }
   });
   for (std::size_t i = 0; i < results.size(); ++i) {
     if (results[i] != ncclSuccess) return fail(results[i], errors[i]);

@@ -57,6 +57,7 @@ Engine::Engine(util::Config config, std::unique_ptr<bootstrap::Bootstrap> bootst
   }
   crashes_ = util::CrashPoints(config_, rank_);
   cuda_ = cuda::Cuda::create(config_, &cuda_why_);
+  if (cuda_) cuda_->set_rank(rank_);
   if (!cuda_ && config_.get_string(util::Var::kCuda) == "require") {
     throw Error(Code::kUnsupported, "FERRY_CUDA=require, but CUDA cannot be used: " + cuda_why_);
   }

@@ -174,6 +174,12 @@ TEST(NcclApi, RanksJoinByUniqueIdAndSplit) {
       float y = 0;
       const ncclResult_t r = ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, world, nullptr);
       c.expect(r != ncclSuccess && last_error_says("CUDA"), "no CUDA: the operation says so");
+      // Inside a group the operation is made at the group's end, which reports its failure.
+      c.expect(ncclGroupStart() == ncclSuccess, "group start");
+      c.expect(ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, world, nullptr) == ncclSuccess,
+               "an operation inside a group is taken");
+      c.expect(ncclGroupEnd() == ncclInvalidUsage && last_error_says("allreduce"),
+               "and its failure comes at the group's end, named");
     }
 
     // Registration handles.

@@ -44,6 +44,7 @@ class CudaImpl final : public Cuda {
     return ipc_.import(peer, key, local, fd, mapped);
   }
   void unpin(int peer, int local, const IpcKey& key) override { ipc_.unpin(peer, local, key); }
+  void set_rank(int rank) override { ipc_.set_rank(rank); }
   [[nodiscard]] bool ipc_cached(int peer, const IpcKey& key, int local) const override {
     return ipc_.cached(peer, key, local);
   }

@@ -132,7 +132,7 @@ Status IpcCache::import(int peer, const IpcKey& key, int local, util::Fd* fd, vo
   }
   ScopedContext scope(d_, devices_.get(local).context);
   CUdeviceptr pointer = 0;
-  const bool own = key.process == process_token();
+  const bool own = key.process == process_token() && peer != rank_;
   Status status = own                                  ? share_own(key, local, fd, &pointer)
                   : key.kind == mem::IpcKind::kPosixFd ? map_descriptor(key, local, fd, &pointer)
                                                        : open_handle(peer, key, local, &pointer);

@@ -35,6 +35,8 @@ class IpcCache {
   Status import(int peer, const IpcKey& key, int local, util::Fd* fd, void** mapped);
   void unpin(int peer, int local, const IpcKey& key);
   void forget_peer(int peer);
+  // See Cuda::set_rank.
+  void set_rank(int rank) { rank_ = rank; }
   [[nodiscard]] bool inject_failure() const { return inject_failure_; }
   [[nodiscard]] std::size_t size() const { return mappings_.size(); }
   [[nodiscard]] std::uint64_t bytes() const { return bytes_; }
@@ -88,6 +90,7 @@ class IpcCache {
   std::size_t entries_;                                         // FERRY_CUDA_IPC_CACHE_ENTRIES
   std::size_t limit_;                                           // FERRY_CUDA_IPC_CACHE_SIZE
   bool inject_failure_;                                         // FERRY_TEST_CUDA_IPC_FAIL
+  int rank_ = -1;                                               // this rank (set_rank)
   std::unordered_map<std::uint64_t, CUipcMemHandle> exported_;  // by buffer id
   std::list<Mapping> mappings_;                                 // most recently used first
   Index index_;
