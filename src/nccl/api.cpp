@@ -107,6 +107,7 @@ void release(ncclComm_t comm) {
   }
   ferry::nccl::info("last communicator of job %s here: finalizing %zu rank(s)",
                     hex(finished.front()->job).c_str(), finished.size());
+  for (Rank* r : finished) r->worker.reset();
   side_by_side(finished.size(), [&](std::size_t i) { finished[i]->context.reset(); });
   std::lock_guard guard(p.lock);
   p.ranks.remove_if([&](const Rank& r) {
@@ -750,15 +751,16 @@ ncclResult_t pncclGroupEnd() {
   results.assign(ranks.size(), ncclSuccess);
   errors.assign(ranks.size(), std::string());
   const bool threads = ranks.size() > 1;
-  side_by_side(ranks.size(), [&](std::size_t i) {
+  const CUcontext caller = threads ? current_context() : nullptr;
+  auto run = [&](std::size_t i) {
     ferry::Context& context = *ranks[i]->context;
-    bool switched = false;
+    CUcontext now = i == 0 ? caller : nullptr;
     context.group_start();
     for (Deferred& op : group.operations) {
       if (op.comm->owner != ranks[i]) continue;
-      if (threads && !switched && op.context != nullptr) {
+      if (threads && op.context != nullptr && op.context != now) {
         ferry::cuda::driver()->cuCtxSetCurrent(op.context);  // as the thread that made it
-        switched = true;
+        now = op.context;
       }
       Status s = op.call(op.comm->comm);
       if (!s.is_ok() && results[i] == ncclSuccess) {
@@ -771,7 +773,15 @@ ncclResult_t pncclGroupEnd() {
       results[i] = failed("ncclGroupEnd", s);
       errors[i] = ferry::nccl::last_error();
     }
-  });
+  };
+  // The first rank's part here, the others' on their workers, side by side.
+  for (std::size_t i = 1; i < ranks.size(); ++i) {
+    if (!ranks[i]->worker) ranks[i]->worker = std::make_unique<ferry::nccl::Worker>();
+    ranks[i]->worker->post([&run, i] { run(i); });
+  }
+  if (!ranks.empty()) run(0);
+  if (threads && caller != current_context()) ferry::cuda::driver()->cuCtxSetCurrent(caller);
+  for (std::size_t i = 1; i < ranks.size(); ++i) ranks[i]->worker->wait();
   for (std::size_t i = 0; i < results.size(); ++i) {
     if (results[i] != ncclSuccess) return fail(results[i], errors[i]);
   }

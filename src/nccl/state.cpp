@@ -109,6 +109,45 @@ ncclResult_t make_unique_id(UniqueId* out) {
   return ncclSuccess;
 }
 
+Worker::Worker() : thread_([this] { loop(); }) {}
+
+Worker::~Worker() {
+  {
+    std::lock_guard guard(lock_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void Worker::post(std::function<void()> task) {
+  {
+    std::lock_guard guard(lock_);
+    task_ = std::move(task);
+    busy_ = true;
+  }
+  changed_.notify_all();
+}
+
+void Worker::wait() {
+  std::unique_lock guard(lock_);
+  changed_.wait(guard, [this] { return !busy_; });
+}
+
+void Worker::loop() {
+  std::unique_lock guard(lock_);
+  for (;;) {
+    changed_.wait(guard, [this] { return busy_ || stop_; });
+    if (!busy_) return;  // stopped with nothing to do
+    std::function<void()> task = std::move(task_);
+    guard.unlock();
+    task();
+    guard.lock();
+    busy_ = false;
+    changed_.notify_all();
+  }
+}
+
 Process& process() {
   static Process* state = new Process;  // never destroyed: entry points may run at exit
   return *state;
