@@ -267,6 +267,16 @@ ncclResult_t reduction(const char* what, ncclComm_t comm, ncclDataType_t type, n
   });
 }
 
+// A registration or window handle goes (it was made by `new char`).
+ncclResult_t forget(std::set<void*>* handles, void* handle, const std::string& what) {
+  std::lock_guard guard(process().lock);
+  if (handles->erase(handle) == 0) {
+    return fail(ncclInvalidArgument, what + " was not registered on this communicator");
+  }
+  delete static_cast<char*>(handle);
+  return ncclSuccess;
+}
+
 ferry::CudaStream to_stream(cudaStream_t stream) {
   return reinterpret_cast<ferry::CudaStream>(stream);
 }
@@ -542,13 +552,7 @@ ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buffer, size_t size,
 
 ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
   if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommDeregister: comm is NULL");
-  std::lock_guard guard(process().lock);
-  if (comm->registrations.erase(handle) == 0) {
-    return fail(ncclInvalidArgument,
-                "ncclCommDeregister: the handle was not registered on this communicator");
-  }
-  delete static_cast<char*>(handle);
-  return ncclSuccess;
+  return forget(&comm->registrations, handle, "ncclCommDeregister: the handle");
 }
 
 ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buffer, size_t size,
@@ -568,13 +572,7 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buffer, size_t size,
 
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t window) {
   if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommWindowDeregister: comm is NULL");
-  std::lock_guard guard(process().lock);
-  if (comm->windows.erase(window) == 0) {
-    return fail(ncclInvalidArgument,
-                "ncclCommWindowDeregister: the window was not registered on this communicator");
-  }
-  delete reinterpret_cast<char*>(window);
-  return ncclSuccess;
+  return forget(&comm->windows, window, "ncclCommWindowDeregister: the window");
 }
 
 ncclResult_t pncclMemAlloc(void** pointer, size_t size) {

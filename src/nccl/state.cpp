@@ -217,47 +217,25 @@ void info(const char* format, ...) {
 }
 
 ncclResult_t to_ferry(ncclDataType_t type, DataType* out) {
-  switch (type) {
-    case ncclInt8:
-      *out = DataType::kInt8;
-      return ncclSuccess;
-    case ncclUint8:
-      *out = DataType::kUint8;
-      return ncclSuccess;
-    case ncclInt32:
-      *out = DataType::kInt32;
-      return ncclSuccess;
-    case ncclUint32:
-      *out = DataType::kUint32;
-      return ncclSuccess;
-    case ncclInt64:
-      *out = DataType::kInt64;
-      return ncclSuccess;
-    case ncclUint64:
-      *out = DataType::kUint64;
-      return ncclSuccess;
-    case ncclFloat16:
-      *out = DataType::kFloat16;
-      return ncclSuccess;
-    case ncclFloat32:
-      *out = DataType::kFloat32;
-      return ncclSuccess;
-    case ncclFloat64:
-      *out = DataType::kFloat64;
-      return ncclSuccess;
-    case ncclBfloat16:
-      *out = DataType::kBfloat16;
-      return ncclSuccess;
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return fail(ncclInvalidUsage,
-                  std::string("the 8-bit float types (") +
-                      (type == ncclFloat8e4m3 ? "ncclFloat8e4m3" : "ncclFloat8e5m2") +
-                      ") are not built in ferry's NCCL yet");
-    default:
-      return fail(ncclInvalidArgument,
-                  "datatype " + std::to_string(static_cast<int>(type)) + " is no ncclDataType_t");
+  // By NCCL's value: ncclInt8 … ncclBfloat16 are 0 … 9.
+  static constexpr DataType kTypes[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,
+                                        DataType::kUint32,  DataType::kInt64,   DataType::kUint64,
+                                        DataType::kFloat16, DataType::kFloat32, DataType::kFloat64,
+                                        DataType::kBfloat16};
+  static_assert(ncclBfloat16 == 9 && ncclFloat16 == 6 && ncclUint32 == 3);
+  const auto index = static_cast<std::size_t>(type);
+  if (type >= 0 && index < std::size(kTypes)) {
+    *out = kTypes[index];
+    return ncclSuccess;
   }
+  if (type == ncclFloat8e4m3 || type == ncclFloat8e5m2) {
+    return fail(ncclInvalidUsage,
+                std::string("the 8-bit float types (") +
+                    (type == ncclFloat8e4m3 ? "ncclFloat8e4m3" : "ncclFloat8e5m2") +
+                    ") are not built in ferry's NCCL yet");
+  }
+  return fail(ncclInvalidArgument,
+              "datatype " + std::to_string(static_cast<int>(type)) + " is no ncclDataType_t");
 }
 
 ncclResult_t to_ferry(ncclRedOp_t op, ReduceOp* out) {
