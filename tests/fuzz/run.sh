@@ -25,9 +25,10 @@ declare -A needs=(
   [ofi_wire]="src/transport/ofi/wire.cpp src/transport/ofi/order.cpp"
   [pmi_wire]="src/bootstrap/pmi.cpp src/util/config.cpp src/util/status.cpp src/util/log.cpp src/util/node.cpp"
   # The engine without the CUDA module (cuda/none.cpp) and the libfabric transport (the build
-  # leaves FERRY_HAVE_OFI undefined): fuzzing needs neither a driver nor a NIC.
+  # leaves FERRY_HAVE_OFI undefined): fuzzing needs neither a driver nor a NIC. NCCL's API
+  # (src/nccl) is a library of its own on top.
   [engine_am]="$(find src -name '*.cpp' ! -path 'src/cuda/impl/*' ! -path 'src/cuda/driver.cpp' \
-                 ! -path 'src/transport/ofi/*' | sort | tr '\n' ' ')"
+                 ! -path 'src/transport/ofi/*' ! -path 'src/nccl/*' | sort | tr '\n' ' ')"
 )
 all_targets="store_frames store_server shm_address config_value address_blob ofi_wire pmi_wire engine_am"
 targets=${FUZZ_TARGETS:-$all_targets}
