@@ -3,7 +3,7 @@
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
 # stream_ll pinned perf perf_staged compare coll_compare twoshot resident check sanitizer ofi
-# ofi_perf kill campaign mesh_tests mesh_perf mesh_stream mesh_probe mesh_allreduce_probe (every
+# ofi_perf kill campaign mesh_tests mesh_perf mesh_stream mesh_probe mesh_allreduce_probe nccl_api (every
 # GPU of the machine; default: info
 # tests perf). guard measures every GPU figure docs/PERFORMANCE.md promises against its reference in the
 # same run and prints those below their recorded ratio (bench/gpu_guard.py): every change to GPU
