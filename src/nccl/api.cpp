@@ -35,12 +35,19 @@ std::string hex(std::uint64_t value) {
 
 // The CUDA device current in the calling thread (NCCL binds a communicator to it), 0 where no
 // context is current yet (cudaGetDevice's answer then), -1 without a driver.
+// The CUDA context current in the calling thread, or null (none, or no driver).
+CUcontext current_context() {
+  const ferry::cuda::Driver* d = ferry::cuda::driver();
+  CUcontext context = nullptr;
+  if (d != nullptr && d->cuCtxGetCurrent(&context) != CUDA_SUCCESS) context = nullptr;
+  return context;
+}
+
 int current_device() {
   const ferry::cuda::Driver* d = ferry::cuda::driver();
   if (d == nullptr) return -1;
-  CUcontext context = nullptr;
   CUdevice device = 0;
-  if (d->cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) return 0;
+  if (current_context() == nullptr) return 0;
   return d->cuCtxGetDevice(&device) == CUDA_SUCCESS ? static_cast<int>(device) : 0;
 }
 
@@ -229,13 +236,6 @@ ncclResult_t made(const char* what, const ncclComm* comm) {
 }
 
 ncclResult_t usable(const char* what, ncclComm_t comm) { return made(what, comm); }
-
-CUcontext current_context() {
-  const ferry::cuda::Driver* d = ferry::cuda::driver();
-  CUcontext context = nullptr;
-  if (d != nullptr && d->cuCtxGetCurrent(&context) != CUDA_SUCCESS) context = nullptr;
-  return context;
-}
 
 // The checks every operation shares; then `call` with ferry's type, now or (inside a group) at
 // the group's end. `call` keeps copies of what it needs.
