@@ -239,12 +239,25 @@ ncclResult_t usable(const char* what, ncclComm_t comm) { return made(what, comm)
 
 // The checks every operation shares; then `call` with ferry's type, now or (inside a group) at
 // the group's end. `call` keeps copies of what it needs.
+// What NCCL_DEBUG_SUBSYS=COLL prints of a call besides its name.
+struct Traced {
+  std::size_t count;
+  cudaStream_t stream;
+};
+
 template <typename Call>
-ncclResult_t operation(const char* what, ncclComm_t comm, ncclDataType_t type, Call call) {
+ncclResult_t operation(const char* what, Traced traced, ncclComm_t comm, ncclDataType_t type,
+                       Call call) {
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
   ferry::DataType ferry_type{};
   if (ncclResult_t r = ferry::nccl::to_ferry(type, &ferry_type); r != ncclSuccess) return r;
   if (ncclResult_t r = usable(what, comm); r != ncclSuccess) return r;
+  if (ferry::nccl::tracing_calls()) {
+    ferry::nccl::info("%s: comm %p rank %d of %d, count %zu, type %d, stream %p%s", what,
+                      static_cast<void*>(comm), comm->comm.rank(), comm->comm.size(), traced.count,
+                      static_cast<int>(type), static_cast<void*>(traced.stream),
+                      t_group.depth > 0 ? ", in a group" : "");
+  }
   if (t_group.depth > 0) {
     t_group.operations.push_back(
         {comm, what, [call, ferry_type](Communicator& c) { return call(c, ferry_type); },
@@ -256,13 +269,13 @@ ncclResult_t operation(const char* what, ncclComm_t comm, ncclDataType_t type, C
 }
 
 template <typename Call>
-ncclResult_t reduction(const char* what, ncclComm_t comm, ncclDataType_t type, ncclRedOp_t op,
-                       Call call) {
+ncclResult_t reduction(const char* what, Traced traced, ncclComm_t comm, ncclDataType_t type,
+                       ncclRedOp_t op, Call call) {
   ferry::ReduceOp ferry_op{};
   if (comm != nullptr) {
     if (ncclResult_t r = ferry::nccl::to_ferry(op, &ferry_op); r != ncclSuccess) return r;
   }
-  return operation(what, comm, type, [call, ferry_op](Communicator& c, ferry::DataType t) {
+  return operation(what, traced, comm, type, [call, ferry_op](Communicator& c, ferry::DataType t) {
     return call(c, t, ferry_op);
   });
 }
@@ -410,6 +423,7 @@ ncclResult_t pncclCommRevoke(ncclComm_t comm, int flags) {
     return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags must be NCCL_REVOKE_DEFAULT");
   }
   Status s = comm->comm.revoke();
+  comm->revoked.store(true);
   return s.is_ok() ? ncclSuccess : failed("ncclCommRevoke", s);
 }
 
@@ -508,8 +522,10 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
     *async_error = comm->pending ? ncclInProgress : comm->init_result;
     return ncclSuccess;
   }
+  // Polled often (PyTorch's watchdog thread, every few milliseconds): it reads flags and never
+  // takes the engine's lock to drive it, which the threads that wait do.
   Status s = comm->owner->context->async_error();
-  if (s.is_ok() && comm->comm.revoked()) {
+  if (s.is_ok() && comm->revoked.load()) {
     s = Status(ferry::Code::kRevoked, "the communicator was revoked");
   }
   *async_error = s.is_ok() ? ncclSuccess : failed("a stream operation", s);
@@ -621,7 +637,7 @@ ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 
 ncclResult_t pncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return reduction("ncclReduce", comm, type, op,
+  return reduction("ncclReduce", {count, stream}, comm, type, op,
                    [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
                      return c.reduce(send, recv, count, t, o, root, to_stream(stream));
                    });
@@ -629,34 +645,36 @@ ncclResult_t pncclReduce(const void* send, void* recv, size_t count, ncclDataTyp
 
 ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
                             int root, ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclBroadcast", comm, type, [=](Communicator& c, ferry::DataType t) {
-    // ferry's broadcast is in place: the root's data goes into its receive buffer first, on the
-    // same stream, so the broadcast (enqueued after it, also in a group) sends it from there.
-    if (c.rank() == root && send != recv && count > 0) {
-      std::string why;
-      const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
-      if (d == nullptr) return Status(ferry::Code::kUnsupported, "no CUDA driver: " + why);
-      const CUresult r =
-          d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(recv), reinterpret_cast<CUdeviceptr>(send),
-                           count * ferry::size_of(t), stream);
-      if (r != CUDA_SUCCESS) {
-        return Status(ferry::Code::kIoError, "cuMemcpyAsync: " + ferry::cuda::error_string(r));
-      }
-    }
-    return c.broadcast(recv, count, t, root, to_stream(stream));
-  });
+  return operation(
+      "ncclBroadcast", {count, stream}, comm, type, [=](Communicator& c, ferry::DataType t) {
+        // ferry's broadcast is in place: the root's data goes into its receive buffer first, on the
+        // same stream, so the broadcast (enqueued after it, also in a group) sends it from there.
+        if (c.rank() == root && send != recv && count > 0) {
+          std::string why;
+          const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
+          if (d == nullptr) return Status(ferry::Code::kUnsupported, "no CUDA driver: " + why);
+          const CUresult r = d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(recv),
+                                              reinterpret_cast<CUdeviceptr>(send),
+                                              count * ferry::size_of(t), stream);
+          if (r != CUDA_SUCCESS) {
+            return Status(ferry::Code::kIoError, "cuMemcpyAsync: " + ferry::cuda::error_string(r));
+          }
+        }
+        return c.broadcast(recv, count, t, root, to_stream(stream));
+      });
 }
 
 ncclResult_t pncclBcast(void* buffer, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                         cudaStream_t stream) {
-  return operation("ncclBcast", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.broadcast(buffer, count, t, root, to_stream(stream));
-  });
+  return operation("ncclBcast", {count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.broadcast(buffer, count, t, root, to_stream(stream));
+                   });
 }
 
 ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return reduction("ncclAllReduce", comm, type, op,
+  return reduction("ncclAllReduce", {count, stream}, comm, type, op,
                    [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
                      return c.allreduce(send, recv, count, t, o, to_stream(stream));
                    });
@@ -665,7 +683,7 @@ ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count, ncclData
 ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t recv_count,
                                 ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream) {
-  return reduction("ncclReduceScatter", comm, type, op,
+  return reduction("ncclReduceScatter", {recv_count, stream}, comm, type, op,
                    [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
                      return c.reduce_scatter(send, recv, recv_count, t, o, to_stream(stream));
                    });
@@ -673,44 +691,50 @@ ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t recv_count,
 
 ncclResult_t pncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
                             ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclAllGather", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.allgather(send, recv, send_count, t, to_stream(stream));
-  });
+  return operation("ncclAllGather", {send_count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.allgather(send, recv, send_count, t, to_stream(stream));
+                   });
 }
 
 ncclResult_t pncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclAlltoAll", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.alltoall(send, recv, count, t, to_stream(stream));
-  });
+  return operation("ncclAlltoAll", {count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.alltoall(send, recv, count, t, to_stream(stream));
+                   });
 }
 
 ncclResult_t pncclGather(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                          ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclGather", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.gather(send, recv, count, t, root, to_stream(stream));
-  });
+  return operation("ncclGather", {count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.gather(send, recv, count, t, root, to_stream(stream));
+                   });
 }
 
 ncclResult_t pncclScatter(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                           ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclScatter", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.scatter(send, recv, count, t, root, to_stream(stream));
-  });
+  return operation("ncclScatter", {count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.scatter(send, recv, count, t, root, to_stream(stream));
+                   });
 }
 
 ncclResult_t pncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
                        ncclComm_t comm, cudaStream_t stream) {
-  return operation("ncclSend", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.send(send, count * ferry::size_of(t), peer, to_stream(stream));
-  });
+  return operation("ncclSend", {count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.send(send, count * ferry::size_of(t), peer, to_stream(stream));
+                   });
 }
 
 ncclResult_t pncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                        cudaStream_t stream) {
-  return operation("ncclRecv", comm, type, [=](Communicator& c, ferry::DataType t) {
-    return c.recv(recv, count * ferry::size_of(t), peer, to_stream(stream));
-  });
+  return operation("ncclRecv", {count, stream}, comm, type,
+                   [=](Communicator& c, ferry::DataType t) {
+                     return c.recv(recv, count * ferry::size_of(t), peer, to_stream(stream));
+                   });
 }
 
 // Groups are the calling thread's, as NCCL's. The first operation on a rank inside a group tells
@@ -729,6 +753,10 @@ ncclResult_t pncclGroupEnd() {
   if (--t_group.depth > 0) return ncclSuccess;
   ThreadGroup group = std::move(t_group);
   t_group = ThreadGroup{};
+  if (ferry::nccl::tracing_calls()) {
+    ferry::nccl::info("ncclGroupEnd: %zu operations, %zu inits", group.operations.size(),
+                      group.inits.size());
+  }
   std::vector<ncclResult_t> results(group.inits.size(), ncclSuccess);
   std::vector<std::string> errors(group.inits.size());
   side_by_side(group.inits.size(), [&](std::size_t i) {

@@ -124,26 +124,44 @@ void Worker::post(std::function<void()> task) {
   {
     std::lock_guard guard(lock_);
     task_ = std::move(task);
-    busy_ = true;
+    busy_.store(true, std::memory_order_release);
   }
   changed_.notify_all();
 }
 
+namespace {
+
+// Polls `done` for `spin` (yielding the core between looks); true where it came.
+template <typename Done>
+bool poll_for(std::chrono::microseconds spin, Done done) {
+  const auto until = std::chrono::steady_clock::now() + spin;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace
+
 void Worker::wait() {
+  if (poll_for(kSpin, [this] { return !busy_.load(std::memory_order_acquire); })) return;
   std::unique_lock guard(lock_);
-  changed_.wait(guard, [this] { return !busy_; });
+  changed_.wait(guard, [this] { return !busy_.load(std::memory_order_acquire); });
 }
 
 void Worker::loop() {
-  std::unique_lock guard(lock_);
   for (;;) {
-    changed_.wait(guard, [this] { return busy_ || stop_; });
-    if (!busy_) return;  // stopped with nothing to do
+    poll_for(kSpin, [this] { return busy_.load(std::memory_order_acquire); });
+    std::unique_lock guard(lock_);
+    changed_.wait(guard, [this] { return busy_.load(std::memory_order_acquire) || stop_; });
+    if (!busy_.load(std::memory_order_acquire)) return;  // stopped with nothing to do
     std::function<void()> task = std::move(task_);
     guard.unlock();
     task();
     guard.lock();
-    busy_ = false;
+    busy_.store(false, std::memory_order_release);
+    guard.unlock();
     changed_.notify_all();
   }
 }
@@ -194,20 +212,34 @@ ncclResult_t fail(const Status& status) {
 const char* last_error() { return t_last_error.c_str(); }
 
 namespace {
-std::atomic<int> g_debug{-1};  // whether NCCL_DEBUG asks for INFO lines; -1: not read yet
+// Bit 0: NCCL_DEBUG asks for INFO lines; bit 1: NCCL_DEBUG_SUBSYS names COLL (or ALL) too; -1: not
+// read yet.
+std::atomic<int> g_debug{-1};
+
+int debug() {
+  int enabled = g_debug.load(std::memory_order_relaxed);
+  if (enabled < 0) {
+    const char* level = std::getenv("NCCL_DEBUG");
+    const char* subsys = std::getenv("NCCL_DEBUG_SUBSYS");
+    enabled =
+        level != nullptr && (std::strcmp(level, "INFO") == 0 || std::strcmp(level, "TRACE") == 0);
+    if (enabled != 0 && subsys != nullptr &&
+        (std::strstr(subsys, "COLL") != nullptr || std::strstr(subsys, "ALL") != nullptr)) {
+      enabled |= 2;
+    }
+    g_debug.store(enabled);
+  }
+  return enabled;
+}
+
 }  // namespace
 
 void reread_debug() { g_debug.store(-1); }
 
+bool tracing_calls() { return (debug() & 2) != 0; }
+
 void info(const char* format, ...) {
-  int enabled = g_debug.load(std::memory_order_relaxed);
-  if (enabled < 0) {
-    const char* level = std::getenv("NCCL_DEBUG");
-    enabled =
-        level != nullptr && (std::strcmp(level, "INFO") == 0 || std::strcmp(level, "TRACE") == 0);
-    g_debug.store(enabled);
-  }
-  if (enabled == 0) return;
+  if (debug() == 0) return;
   char line[1024];
   va_list args;
   va_start(args, format);

@@ -6,6 +6,8 @@
 
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -30,6 +32,9 @@ struct ncclComm {
   ferry::nccl::Rank* owner = nullptr;
   int device = -1;  // the CUDA device current at init (ncclCommCuDevice)
   bool blocking = true;
+  // Revoked by ncclCommRevoke here (a member's revoke reaches the stream operations, whose
+  // failure is the async error).
+  std::atomic<bool> revoked{false};
   std::set<void*> registrations;  // ncclCommRegister's handles
   std::set<void*> windows;        // ncclCommWindowRegister's handles
   struct Pending {
@@ -66,7 +71,9 @@ ncclResult_t make_unique_id(UniqueId* out);
 // in the first rank's finalize for the next).
 // A thread that runs one task at a time for a rank: where one thread drives several ranks, each
 // rank's part of a group runs on its own, without a thread made per group (two H200s: 80-180 us
-// an 8-byte allreduce through nccl-tests -g 2 with a thread made per rank and call).
+// an 8-byte allreduce through nccl-tests -g 2 with a thread made per rank and call). Both sides
+// poll for kSpin before they sleep, so calls back to back hand over without a wake-up (one
+// costs several microseconds on a VM).
 class Worker {
  public:
   Worker();
@@ -77,11 +84,12 @@ class Worker {
   void wait();  // until the task posted last is done
 
  private:
+  static constexpr std::chrono::microseconds kSpin{50};
   void loop();
   std::mutex lock_;
   std::condition_variable changed_;
   std::function<void()> task_;
-  bool busy_ = false;
+  std::atomic<bool> busy_{false};  // a task posted and not done (set under lock_)
   bool stop_ = false;
   std::thread thread_;
 };
@@ -107,6 +115,8 @@ ncclResult_t fail(ncclResult_t result, const std::string& message);
 const char* last_error();
 // NCCL_DEBUG=INFO (or TRACE): lines "ferry-nccl INFO ..." on stderr.
 void info(const char* format, ...) __attribute__((format(printf, 1, 2)));
+// NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS naming COLL (or ALL): a line for every operation.
+bool tracing_calls();
 // ncclResetDebugInit: NCCL_DEBUG is read again at the next line.
 void reread_debug();
 
