@@ -15,6 +15,10 @@ namespace {
 
 using OpKind = cuda::Cuda::P2pOp::Kind;
 constexpr std::size_t kVerdictBytes = 16;
+// A group's receives from one peer that hand off to ferry's thread each keep a verdict until the
+// thread reads it, after the group's last launch: kP2pMaxOps of them (receives into host memory
+// of messages that may come inline also keep a host bounce: kP2pSlots of them).
+constexpr std::size_t kVerdictsBytes = cuda::Cuda::kP2pMaxOps * kVerdictBytes;
 
 struct Work final : proto::DeviceWork {
   std::shared_ptr<Group> twin;  // keeps the StreamP2p alive
@@ -122,12 +126,12 @@ bool StreamP2p::prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* 
   }
   void* host = nullptr;
   if (s) {
-    s = gpu->map_host(device, cuda::Cuda::kP2pSlots * (kVerdictBytes + cuda::Cuda::kP2pInlineMax),
+    s = gpu->map_host(device, kVerdictsBytes + cuda::Cuda::kP2pSlots * cuda::Cuda::kP2pInlineMax,
                       &host, &pair.host_view);
   }
   if (s) {
     pair.host = static_cast<unsigned*>(host);
-    std::memset(pair.host, 0, cuda::Cuda::kP2pSlots * kVerdictBytes);
+    std::memset(pair.host, 0, kVerdictsBytes);
     const mem::MemoryInfo info = gpu->classify(pair.inbox);
     util::Fd none;
     s = info.ipc == mem::IpcKind::kLegacy
@@ -304,6 +308,8 @@ Status StreamP2p::enqueue(CudaStream stream,
   std::vector<cuda::Cuda::P2pOp> wave;
   std::vector<std::pair<int, bool>> wave_keys;  // (peer, sending) of each op
   std::vector<Copy> copies;
+  std::map<int, int> verdicts;  // per peer, for the whole group: see kVerdictsBytes
+  std::map<int, int> bounces;
   std::uint64_t timeout_ns = 0;
   if (twin_.timeout() > 0) timeout_ns = static_cast<std::uint64_t>(twin_.timeout() * 1e9);
   auto flush = [&]() -> Status {
@@ -326,6 +332,33 @@ Status StreamP2p::enqueue(CudaStream stream,
     return memory.kind == mem::MemoryKind::kCudaManaged ||
            (memory.kind == mem::MemoryKind::kCudaDevice && memory.device == info.device);
   };
+  // Before anything is enqueued: the group's receives fit their verdicts and bounces.
+  for (const auto& item : work) {
+    const auto& w = static_cast<const Work&>(*item);
+    Pair* pair = nullptr;
+    {
+      auto entry = engine->enter();
+      pair = &pairs_[w.peer];
+    }
+    if (w.sending || !pair->kernel) continue;
+    const bool direct = w.bytes == 0 || reachable(w.buffer);
+    if (!direct && ++bounces[w.peer] > cuda::Cuda::kP2pSlots) {
+      return Status(Code::kUnsupported,
+                    "a group of stream calls with more than " +
+                        std::to_string(cuda::Cuda::kP2pSlots) + " receives from " +
+                        twin_.peer_label(w.peer) +
+                        " into memory its GPU cannot write (host memory): split the group");
+    }
+    if ((!direct || w.bytes > pair->inline_max) && ++verdicts[w.peer] > cuda::Cuda::kP2pMaxOps) {
+      return Status(Code::kUnsupported, "a group of stream calls with more than " +
+                                            std::to_string(cuda::Cuda::kP2pMaxOps) +
+                                            " receives from " + twin_.peer_label(w.peer) +
+                                            " larger than " + std::to_string(pair->inline_max) +
+                                            " B or into host memory: split the group");
+    }
+  }
+  verdicts.clear();
+  bounces.clear();
   for (std::size_t i = 0; i < work.size(); ++i) {
     const auto& w = static_cast<const Work&>(*work[i]);
     const int rank = twin_.member(w.peer);
@@ -358,8 +391,6 @@ Status StreamP2p::enqueue(CudaStream stream,
     auto* inbox = static_cast<std::byte*>(pair->inbox);
     auto* peer_inbox = static_cast<std::byte*>(pair->peer_inbox);
     auto* counters = static_cast<std::byte*>(pair->counters);
-    std::byte* host_bounce = reinterpret_cast<std::byte*>(pair->host) +
-                             cuda::Cuda::kP2pSlots * kVerdictBytes + k * cuda::Cuda::kP2pInlineMax;
     if (w.sending) {
       op.slots = peer_inbox + 128;
       op.free = inbox;
@@ -380,12 +411,20 @@ Status StreamP2p::enqueue(CudaStream stream,
       op.slots = inbox + 128;
       op.free = peer_inbox;
       op.counter = counters + 8;
-      const std::size_t view_offset =
-          static_cast<std::size_t>(host_bounce - reinterpret_cast<std::byte*>(pair->host));
-      op.buffer = direct ? w.buffer : static_cast<std::byte*>(pair->host_view) + view_offset;
+      op.buffer = w.buffer;
+      std::byte* host_bounce = nullptr;
+      if (!direct) {
+        const int b = bounces[w.peer]++;
+        const std::size_t offset =
+            kVerdictsBytes + static_cast<std::size_t>(b) * cuda::Cuda::kP2pInlineMax;
+        host_bounce = reinterpret_cast<std::byte*>(pair->host) + offset;
+        op.buffer = static_cast<std::byte*>(pair->host_view) + offset;
+      }
       if (!direct || w.bytes > pair->inline_max) {
-        op.verdict = static_cast<std::byte*>(pair->host_view) + k * kVerdictBytes;
-        unsigned* verdict = pair->host + k * (kVerdictBytes / sizeof(unsigned));
+        const int v = verdicts[w.peer]++;
+        const std::size_t offset = static_cast<std::size_t>(v) * kVerdictBytes;
+        op.verdict = static_cast<std::byte*>(pair->host_view) + offset;
+        unsigned* verdict = pair->host + offset / sizeof(unsigned);
         (*thread)[i] = [engine, verdict, direct, host_bounce, buffer = w.buffer, bytes = w.bytes,
                         rank, tag = message_tag(twin_)]() -> Request {
           const unsigned mode = __atomic_load_n(&verdict[0], __ATOMIC_ACQUIRE);

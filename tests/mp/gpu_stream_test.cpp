@@ -343,6 +343,51 @@ TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
   }
 }
 
+// One group of ten receives that may take more than the inline limit, so each hands off to
+// ferry's thread and keeps a verdict until the thread reads it, after the group's last launch:
+// the middle wave's messages come inline, the others by the thread. (Verdicts were once kept per
+// launch: the second launch overwrote the first's, whose receives then took "inline" for their
+// answer and ended without their data.)
+TEST(Stream, SendRecvGroupVerdictsOutliveTheirLaunch) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  const int next = (world.rank() + 1) % n;
+  const int previous = (world.rank() + n - 1) % n;
+  constexpr int kMessages = 10;
+  constexpr std::size_t kCapacity = 1 << 20;
+  auto size_of_message = [](int m) { return m >= 4 && m < 8 ? std::size_t{8} : kCapacity; };
+  Device sends(kMessages * kCapacity), recvs(kMessages * kCapacity);
+  for (int i = 0; i < 5; ++i) {
+    for (int m = 0; m < kMessages; ++m) {
+      check(g_cuda->cuMemsetD8Async(sends.p + m * kCapacity, value_of(i + m, world.rank()),
+                                    size_of_message(m), g_stream),
+            "memset");
+    }
+    check(g_cuda->cuMemsetD8Async(recvs.p, 0xee, kMessages * kCapacity, g_stream), "memset");
+    g_ctx->group_start();
+    for (int m = 0; m < kMessages; ++m) {
+      auto* out = static_cast<std::uint8_t*>(sends.get()) + m * kCapacity;
+      auto* in = static_cast<std::uint8_t*>(recvs.get()) + m * kCapacity;
+      ASSERT_TRUE(world.send(out, size_of_message(m), next, g_stream).is_ok());
+      ASSERT_TRUE(world.recv(in, kCapacity, previous, g_stream).is_ok());
+    }
+    ASSERT_TRUE(g_ctx->group_end().is_ok());
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    std::vector<std::uint8_t> got(kMessages * kCapacity);
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), recvs.p, got.size()), "read");
+    for (int m = 0; m < kMessages; ++m) {
+      const std::uint8_t* in = got.data() + m * kCapacity;
+      const std::size_t size = size_of_message(m);
+      std::size_t wrong = 0;
+      for (std::size_t k = 0; k < kCapacity; ++k) {
+        wrong += in[k] != (k < size ? value_of(i + m, previous) : 0xee);
+      }
+      ASSERT_EQ(wrong, 0u) << "message " << m << " (" << size << " B), round " << i;
+    }
+  }
+}
+
 // Host buffers, page-locked and not, where the allreduce runs as a kernel on the stream: they go
 // through device memory of the kernel's by copies on the stream, the results as exact.
 TEST(Stream, AllreduceOfHostBuffers) {
