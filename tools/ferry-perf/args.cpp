@@ -31,6 +31,8 @@ namespace ferry::perf {
       "  --stream           collectives by their stream-ordered forms on a CUDA stream, timed\n"
       "                     from the first enqueue until the stream is done\n"
       "  --graph N          as --stream, captured in CUDA graphs of N calls that are replayed\n"
+      "  --group G          send: G messages a call, the same bytes, in one group (a window\n"
+      "                     of sends as OSU's NCCL bandwidth test; default 1)\n"
       "  --in-flight K      collectives by their non-blocking forms, K posted before they are\n"
       "                     waited for (as nccl-tests times its iterations; default 1: blocking)\n"
       "  --register         one-sided on host memory: the exposed buffer is the program's own,\n"
@@ -110,6 +112,8 @@ Args parse(int argc, char** argv) {
       args.iterations = parse_count("--iterations", value(), 1);
     } else if (a == "--warmup") {
       args.warmup = parse_count("--warmup", value(), 0);
+    } else if (a == "--group") {
+      args.group = parse_count("--group", value(), 1);
     } else if (a == "--window") {
       args.window = static_cast<int>(parse_count("--window", value(), 1));
     } else if (a == "-m" || a == "--mem") {

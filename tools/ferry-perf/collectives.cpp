@@ -75,11 +75,21 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
       case 6:
         return world.barrier(stream...);
       case 7:
-        // One direction, rank 0 to rank 1 (the others idle): the stream path's bandwidth.
+        // One direction, rank 0 to rank 1 (the others idle): the stream path's bandwidth;
+        // --group messages of the same bytes in one group.
         if constexpr (sizeof...(stream) == 1) {
-          if (world.rank() == 0) return world.send(in.data(), size, 1, stream...);
-          if (world.rank() == 1) return world.recv(out.data(), size, 0, stream...);
-          return ferry::Status();
+          if (world.rank() > 1) return ferry::Status();
+          if (args.group == 1) {
+            return world.rank() == 0 ? world.send(in.data(), size, 1, stream...)
+                                     : world.recv(out.data(), size, 0, stream...);
+          }
+          ctx.group_start();
+          for (long k = 0; k < args.group; ++k) {
+            require(world.rank() == 0 ? world.send(in.data(), size, 1, stream...)
+                                      : world.recv(out.data(), size, 0, stream...),
+                    "send");
+          }
+          return ctx.group_end();
         } else {
           return ferry::Status(ferry::Code::kUnsupported, "send needs --stream");
         }
@@ -185,11 +195,11 @@ Record collective(ferry::Context& ctx, ferry::Communicator& world, const Args& a
     }
   }
   const double nd = static_cast<double>(n);
-  const double factor =
-      test == "allreduce" ? 2 * (nd - 1) / nd
-      : test == "broadcast" || test == "reduce" || test == "sendrecv" || test == "send"
-          ? 1
-          : (nd - 1) / nd;
+  const double factor = test == "allreduce" ? 2 * (nd - 1) / nd
+                        : test == "send"    ? static_cast<double>(args.group)
+                        : test == "broadcast" || test == "reduce" || test == "sendrecv"
+                            ? 1
+                            : (nd - 1) / nd;
   return {test, size, iters, slowest * 1e6, static_cast<double>(size) / slowest / 1e9 * factor};
 }
 

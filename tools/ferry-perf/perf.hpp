@@ -34,6 +34,7 @@ struct Args {
   bool stream = false;         // collectives by their stream-ordered forms, on one CUDA stream
   long in_flight = 1;          // collectives: non-blocking calls posted before waiting for them
   long graph = 0;              // > 0: captured in CUDA graphs of this many calls, replayed
+  long group = 1;              // send: messages of one call, in one group (a window)
   enum { kTable, kJson, kCsv } format = kTable;
   std::string mem[2] = {"host", "host"};  // where rank 0's and rank 1's buffers live
 };
