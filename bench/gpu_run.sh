@@ -3,13 +3,13 @@
 # `bench/gpu_run.sh pack BUILD_DIR` (into .devbin/), run `bench/gpu_run.sh run [STEP...]` there.
 # Steps: info probe guard tests coll coll_kill coll_sanitizer stream stream_sanitizer stream_perf
 # stream_ll pinned perf perf_staged compare coll_compare twoshot resident check sanitizer ofi
-# ofi_perf kill campaign mesh_tests mesh_perf mesh_stream mesh_probe mesh_allreduce_probe nccl_api (every
-# GPU of the machine; default: info
-# tests perf). guard measures every GPU figure docs/PERFORMANCE.md promises against its reference in the
-# same run and prints those below their recorded ratio (bench/gpu_guard.py): every change to GPU
-# code runs it. The ofi step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1
-# and its dependencies, with an env.sh that puts them on LD_LIBRARY_PATH) and source
-# .devlibs/env.sh first.
+# ofi_perf kill campaign mesh_tests mesh_perf mesh_stream mesh_probe mesh_allreduce_probe nccl_api
+# nccl_python (every GPU of the machine; default: info tests perf). guard measures every GPU
+# figure docs/PERFORMANCE.md promises against its reference in the same run and prints those
+# below their recorded ratio (bench/gpu_guard.py): every change to GPU code runs it. The ofi
+# step needs libfabric there: carry .devlibs (a copy of Debian's libfabric1 and its
+# dependencies, with an env.sh that puts them on LD_LIBRARY_PATH) and source .devlibs/env.sh
+# first.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = pack ]; then
@@ -23,8 +23,9 @@ if [ "${1:-}" = pack ]; then
   # NVIDIA/nccl-tests: make -C src NCCL_HOME=$CUDA_HOME
   # NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90), with the CUDA runtime it links.
   if [ -n "${NCCL_TESTS:-}" ]; then
-    for t in all_reduce sendrecv broadcast all_gather reduce_scatter reduce; do
-      cp "$NCCL_TESTS/build/${t}_perf" "$here/.devbin/bin/"
+    for t in all_reduce sendrecv broadcast all_gather reduce_scatter reduce alltoall scatter \
+             gather hypercube; do
+      cp "$NCCL_TESTS/build/${t}_perf" "$here/.devbin/bin/" 2>/dev/null
     done
     cp -L "$(ldd "$NCCL_TESTS"/build/all_reduce_perf | awk '/libcudart/ {print $3}')" \
       "$here/.devbin/lib/"
@@ -547,6 +548,22 @@ for step in $steps; do
           echo "$lib $t: rc=$? $(grep -E 'Out of bounds|Avg bus' "$file" | tr '\n' ' ')"
         done
       done
+      ;;
+    nccl_python)
+      # PyTorch's NCCL backend and CuPy's cupy.cuda.nccl on ferry's libnccl.so.2 (LD_PRELOAD; the
+      # torch venv's Python): tests/nccl/torch_check.py (GPU_RUN_TORCH_PARTS, default check ddp
+      # kill; ddp against torch's own NCCL, GPU_RUN_TORCH_ROUNDS rounds) and tests/nccl/cupy_check.py.
+      py=${GPU_RUN_PYTHON:-/opt/torch/.venv/bin/python}
+      lib=$here/.devbin/lib/ferry-nccl/libnccl.so.2
+      # shellcheck disable=SC2086
+      timeout 900 "$py" "$here/tests/nccl/torch_check.py" --ferry "$lib" \
+        --rounds "${GPU_RUN_TORCH_ROUNDS:-3}" ${GPU_RUN_TORCH_PARTS:-check ddp kill} 2>&1 |
+        tee "$out/torch_check.txt" | grep -E "^(check|ddp|kill|rank . (FAIL|libnccl|exc))" | head -60
+      echo "torch_check: rc=${PIPESTATUS[0]}"
+      if [ "${GPU_RUN_CUPY:-1}" = 1 ]; then
+        LD_PRELOAD=$lib timeout 400 "$py" "$here/tests/nccl/cupy_check.py" > "$out/cupy_check.txt" 2>&1
+        echo "cupy_check: rc=$? $(grep -E 'cupy|initAll|libnccl' "$out/cupy_check.txt" | tr '\n' ' ' | head -c 2000)"
+      fi
       ;;
     *) echo "unknown step $step" ;;
   esac
