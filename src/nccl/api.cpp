@@ -96,7 +96,13 @@ void side_by_side(std::size_t count, Work&& work) {
 
 // Lets a communicator go. Once no communicator of the job is left in this process, its ranks'
 // Contexts finalize, side by side (they wait for each other). Takes the process lock.
+// Waits for a non-blocking init that still runs.
+void settle(ncclComm_t comm) {
+  if (comm->init_thread.joinable()) comm->init_thread.join();
+}
+
 void release(ncclComm_t comm) {
+  settle(comm);
   auto& p = process();
   std::vector<Rank*> finished;
   {
@@ -211,6 +217,17 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& raw, int
     *out = comm;
     return ncclSuccess;
   }
+  if (!blocking) {
+    // Made on a thread of its own; ncclCommGetAsyncError says ncclInProgress until it is done.
+    comm->initializing.store(true);
+    comm->init_thread = std::thread([comm, what] {
+      comm->init_result = make_rank(comm, what);
+      if (comm->init_result != ncclSuccess) comm->init_error = ferry::nccl::last_error();
+      comm->initializing.store(false, std::memory_order_release);
+    });
+    *out = comm;
+    return ncclInProgress;
+  }
   if (ncclResult_t r = make_rank(comm, what); r != ncclSuccess) {
     delete comm;
     return r;
@@ -227,6 +244,11 @@ ncclResult_t failed(const char* what, const Status& status) {
 // A communicator that was made (not one whose init waits for its group's end, or failed there).
 ncclResult_t made(const char* what, const ncclComm* comm) {
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
+  if (comm->initializing.load(std::memory_order_acquire)) {
+    return fail(ncclInProgress, std::string(what) +
+                                    ": the communicator is still being made (a non-blocking "
+                                    "init: ncclCommGetAsyncError says when it is ready)");
+  }
   if (comm->pending || comm->owner == nullptr) {
     return fail(ncclInvalidUsage, std::string(what) +
                                       ": the communicator is not made yet (its ncclCommInitRank "
@@ -235,7 +257,11 @@ ncclResult_t made(const char* what, const ncclComm* comm) {
   return ncclSuccess;
 }
 
-ncclResult_t usable(const char* what, ncclComm_t comm) { return made(what, comm); }
+// An operation on a communicator whose non-blocking init still runs waits for it.
+ncclResult_t usable(const char* what, ncclComm_t comm) {
+  if (comm != nullptr) settle(comm);
+  return made(what, comm);
+}
 
 // The checks every operation shares; then `call` with ferry's type, now or (inside a group) at
 // the group's end. `call` keeps copies of what it needs.
@@ -411,6 +437,7 @@ ncclResult_t pncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t pncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;  // as NCCL: aborting nothing is no error
+  settle(comm);
   // Operations of the communicator that wait, here or on any member, fail at once (kRevoked).
   if (comm->owner != nullptr && !comm->pending) static_cast<void>(comm->comm.revoke());
   release(comm);
@@ -518,8 +545,17 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
   if (comm == nullptr || async_error == nullptr) {
     return fail(ncclInvalidArgument, "ncclCommGetAsyncError: comm or asyncError is NULL");
   }
+  if (comm->initializing.load(std::memory_order_acquire)) {
+    *async_error = ncclInProgress;
+    return ncclSuccess;
+  }
+  settle(comm);  // a non-blocking init that has ended
   if (comm->pending || comm->owner == nullptr) {
     *async_error = comm->pending ? ncclInProgress : comm->init_result;
+    // The init's error becomes this thread's last (it was the init thread's).
+    if (!comm->pending && comm->init_result != ncclSuccess && !comm->init_error.empty()) {
+      static_cast<void>(fail(comm->init_result, comm->init_error));
+    }
     return ncclSuccess;
   }
   // Polled often (PyTorch's watchdog thread, every few milliseconds): it reads flags and never

@@ -45,6 +45,12 @@ struct ncclComm {
   };
   std::optional<Pending> pending;
   ncclResult_t init_result = ncclSuccess;  // of a pending init, once the group ended
+  // A non-blocking init (config.blocking = 0) runs on a thread of its own: `initializing` until
+  // it is done, then init_result and init_error (ncclGetLastError's is the calling thread's) say
+  // how it went.
+  std::atomic<bool> initializing{false};
+  std::thread init_thread;
+  std::string init_error;
 };
 
 namespace ferry::nccl {

@@ -129,6 +129,42 @@ TEST(NcclApi, NcclCommIdIsReadAsNcclReadsIt) {
   ::unsetenv("NCCL_COMM_ID");
 }
 
+// config.blocking = 0: the init returns ncclInProgress at once, though the other rank comes
+// 300 ms later, and ncclCommGetAsyncError says ncclInProgress until the communicator is made;
+// calls on it meanwhile say ncclInProgress too.
+TEST(NcclApi, NonBlockingInitReturnsAtOnceAndIsPolled) {
+  const auto ids = make_ids(1);
+  ASSERT_TRUE(run_ranks(2, ids, [](Checks& c, int n, const std::vector<ncclUniqueId>& id) {
+    ncclComm_t comm = nullptr;
+    if (c.rank == 1) {
+      ::usleep(300 * 1000);
+      c.expect(ncclCommInitRank(&comm, n, id[0], c.rank) == ncclSuccess, "the blocking init");
+    } else {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const auto start = Clock::now();
+      const ncclResult_t r = ncclCommInitRankConfig(&comm, n, id[0], c.rank, &config);
+      c.expect(r == ncclInProgress && comm != nullptr, "the non-blocking init: ncclInProgress");
+      c.expect(Clock::now() - start < std::chrono::milliseconds(200), "returned at once");
+      int count = 0;
+      c.expect(ncclCommCount(comm, &count) == ncclInProgress, "a call meanwhile: ncclInProgress");
+      ncclResult_t state = ncclInProgress;
+      int polls = 0;
+      while (state == ncclInProgress && Clock::now() - start < std::chrono::seconds(20)) {
+        c.expect(ncclCommGetAsyncError(comm, &state) == ncclSuccess, "the poll");
+        ++polls;
+        ::usleep(1000);
+      }
+      c.expect(state == ncclSuccess, "made");
+      c.expect(polls > 100, "in progress while the other rank was away");
+    }
+    if (comm == nullptr) return;
+    int count = 0;
+    c.expect(ncclCommCount(comm, &count) == ncclSuccess && count == n, "count");
+    c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+  }));
+}
+
 TEST(NcclApi, RanksJoinByUniqueIdAndSplit) {
   const auto ids = make_ids(2);
   ASSERT_TRUE(run_ranks(3, ids, [](Checks& c, int n, const std::vector<ncclUniqueId>& id) {
