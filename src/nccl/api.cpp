@@ -564,7 +564,9 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
   if (s.is_ok() && comm->revoked.load()) {
     s = Status(ferry::Code::kRevoked, "the communicator was revoked");
   }
-  *async_error = s.is_ok() ? ncclSuccess : failed("a stream operation", s);
+  // Polled: the error is logged and made the last one once, not at every poll.
+  *async_error =
+      ferry::nccl::report(s.is_ok() ? s : Status(s.code(), "a stream operation: " + s.message()));
   return ncclSuccess;
 }
 

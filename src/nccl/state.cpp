@@ -178,6 +178,11 @@ ncclResult_t fail(ncclResult_t result, const std::string& message) {
 }
 
 ncclResult_t fail(const Status& status) {
+  const ncclResult_t result = result_of(status);
+  return result == ncclSuccess ? result : fail(result, status.to_string());
+}
+
+ncclResult_t result_of(const Status& status) {
   ncclResult_t result = ncclInternalError;
   switch (status.code()) {
     case Code::kOk:
@@ -206,7 +211,15 @@ ncclResult_t fail(const Status& status) {
     default:
       break;
   }
-  return fail(result, status.to_string());
+  return result;
+}
+
+ncclResult_t report(const Status& status) {
+  const ncclResult_t result = result_of(status);
+  if (result != ncclSuccess && t_last_error != status.to_string()) {
+    static_cast<void>(fail(result, status.to_string()));
+  }
+  return result;
 }
 
 const char* last_error() { return t_last_error.c_str(); }

@@ -117,6 +117,11 @@ Process& process();
 
 // The result of a ferry Status as NCCL names it, keeping its message for ncclGetLastError.
 ncclResult_t fail(const Status& status);
+// The result alone.
+ncclResult_t result_of(const Status& status);
+// The result, made the thread's last error (and logged) only where it is not that already: what
+// an error that is polled for reports (ncclCommGetAsyncError).
+ncclResult_t report(const Status& status);
 ncclResult_t fail(ncclResult_t result, const std::string& message);
 const char* last_error();
 // NCCL_DEBUG=INFO (or TRACE): lines "ferry-nccl INFO ..." on stderr.

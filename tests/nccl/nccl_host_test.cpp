@@ -68,6 +68,14 @@ std::vector<ncclUniqueId> make_ids(int count) {
   return ids;
 }
 
+// NCCL_DEBUG is read again at the next line (deprecated in NCCL's header, and still exported).
+void reread_nccl_debug() {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ncclResetDebugInit();
+#pragma GCC diagnostic pop
+}
+
 bool last_error_says(const char* words) {
   return std::strstr(ncclGetLastError(nullptr), words) != nullptr;
 }
@@ -161,6 +169,48 @@ TEST(NcclApi, NonBlockingInitReturnsAtOnceAndIsPolled) {
     if (comm == nullptr) return;
     int count = 0;
     c.expect(ncclCommCount(comm, &count) == ncclSuccess && count == n, "count");
+    c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+  }));
+}
+
+// A revoked communicator's ncclCommGetAsyncError: ncclRemoteError at every poll, and with
+// NCCL_DEBUG=INFO one line about it, not one per poll (PyTorch's watchdog polls every few ms).
+TEST(NcclApi, APolledAsyncErrorIsLoggedOnce) {
+  const auto ids = make_ids(1);
+  ASSERT_TRUE(run_ranks(2, ids, [](Checks& c, int n, const std::vector<ncclUniqueId>& id) {
+    ncclComm_t comm = nullptr;
+    c.expect(ncclCommInitRank(&comm, n, id[0], c.rank) == ncclSuccess, "init");
+    if (comm == nullptr) return;
+    if (c.rank == 0) {
+      char path[] = "/tmp/ferry-nccl-log-XXXXXX";
+      const int log = ::mkstemp(path);
+      const int saved = ::dup(2);
+      ::dup2(log, 2);
+      ::setenv("NCCL_DEBUG", "INFO", 1);
+      reread_nccl_debug();
+      c.expect(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT) == ncclSuccess, "revoke");
+      for (int i = 0; i < 50; ++i) {
+        ncclResult_t state = ncclSuccess;
+        c.expect(ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclRemoteError,
+                 "ncclRemoteError at poll " + std::to_string(i));
+      }
+      c.expect(last_error_says("revoked"), "the last error says why");
+      std::fflush(stderr);
+      ::dup2(saved, 2);
+      ::unsetenv("NCCL_DEBUG");
+      reread_nccl_debug();
+      std::FILE* f = std::fopen(path, "r");
+      int lines = 0;
+      char line[2048];
+      while (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
+        lines += std::strstr(line, "ferry-nccl INFO") != nullptr &&
+                 std::strstr(line, "stream operation") != nullptr;
+      }
+      if (f != nullptr) std::fclose(f);
+      ::unlink(path);
+      ::close(log);
+      c.expect(lines == 1, "one line about the error, got " + std::to_string(lines));
+    }
     c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
   }));
 }
