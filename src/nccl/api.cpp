@@ -94,13 +94,13 @@ void side_by_side(std::size_t count, Work&& work) {
   for (auto& t : threads) t.join();
 }
 
-// Lets a communicator go. Once no communicator of the job is left in this process, its ranks'
-// Contexts finalize, side by side (they wait for each other). Takes the process lock.
 // Waits for a non-blocking init that still runs.
 void settle(ncclComm_t comm) {
   if (comm->init_thread.joinable()) comm->init_thread.join();
 }
 
+// Lets a communicator go. Once no communicator of the job is left in this process, its ranks'
+// Contexts finalize, side by side (they wait for each other). Takes the process lock.
 void release(ncclComm_t comm) {
   settle(comm);
   auto& p = process();
@@ -263,14 +263,14 @@ ncclResult_t usable(const char* what, ncclComm_t comm) {
   return made(what, comm);
 }
 
-// The checks every operation shares; then `call` with ferry's type, now or (inside a group) at
-// the group's end. `call` keeps copies of what it needs.
 // What NCCL_DEBUG_SUBSYS=COLL prints of a call besides its name.
 struct Traced {
   std::size_t count;
   cudaStream_t stream;
 };
 
+// The checks every operation shares; then `call` with ferry's type, now or (inside a group) at
+// the group's end. `call` keeps copies of what it needs.
 template <typename Call>
 ncclResult_t operation(const char* what, Traced traced, ncclComm_t comm, ncclDataType_t type,
                        Call call) {
