@@ -558,7 +558,7 @@ for step in $steps; do
       # shellcheck disable=SC2086
       timeout 900 "$py" "$here/tests/nccl/torch_check.py" --ferry "$lib" \
         --rounds "${GPU_RUN_TORCH_ROUNDS:-3}" ${GPU_RUN_TORCH_PARTS:-check ddp kill} 2>&1 |
-        tee "$out/torch_check.txt" | grep -E "^(check|ddp|kill|rank . (FAIL|libnccl|exc))" | head -60
+        tee "$out/torch_check.txt" | grep -E "^(check|ddp|kill|rank . (FAIL|libnccl|exc))|HANG|warning: stream" | head -60
       echo "torch_check: rc=${PIPESTATUS[0]}"
       if [ "${GPU_RUN_CUPY:-1}" = 1 ]; then
         LD_PRELOAD=$lib timeout 400 "$py" "$here/tests/nccl/cupy_check.py" > "$out/cupy_check.txt" 2>&1
