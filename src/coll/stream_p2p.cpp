@@ -332,16 +332,24 @@ Status StreamP2p::enqueue(CudaStream stream,
     return memory.kind == mem::MemoryKind::kCudaManaged ||
            (memory.kind == mem::MemoryKind::kCudaDevice && memory.device == info.device);
   };
-  // Before anything is enqueued: the group's receives fit their verdicts and bounces.
-  for (const auto& item : work) {
-    const auto& w = static_cast<const Work&>(*item);
-    Pair* pair = nullptr;
-    {
-      auto entry = engine->enter();
-      pair = &pairs_[w.peer];
+  // Each op's pair (one lock for the group) and whether its kernel reaches its buffer (one look
+  // each); then, before anything is enqueued, whether the group's receives fit their verdicts
+  // and bounces.
+  std::vector<Pair*> pair_of(work.size());
+  {
+    auto entry = engine->enter();
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      pair_of[i] = &pairs_[static_cast<const Work&>(*work[i]).peer];
     }
-    if (w.sending || !pair->kernel) continue;
+  }
+  std::vector<bool> direct_of(work.size());
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    const auto& w = static_cast<const Work&>(*work[i]);
+    const Pair* pair = pair_of[i];
+    if (!pair->kernel) continue;
     const bool direct = w.bytes == 0 || reachable(w.buffer);
+    direct_of[i] = direct;
+    if (w.sending) continue;
     if (!direct && ++bounces[w.peer] > cuda::Cuda::kP2pSlots) {
       return Status(Code::kUnsupported,
                     "a group of stream calls with more than " +
@@ -357,16 +365,12 @@ Status StreamP2p::enqueue(CudaStream stream,
                                             " B or into host memory: split the group");
     }
   }
-  verdicts.clear();
+  verdicts.clear();  // from here, the next free one of each peer
   bounces.clear();
   for (std::size_t i = 0; i < work.size(); ++i) {
     const auto& w = static_cast<const Work&>(*work[i]);
     const int rank = twin_.member(w.peer);
-    Pair* pair = nullptr;
-    {
-      auto entry = engine->enter();
-      pair = &pairs_[w.peer];
-    }
+    Pair* pair = pair_of[i];
     if (!pair->kernel) {
       (*thread)[i] = by_thread(engine, w.sending, w.buffer, w.bytes, rank, message_tag(twin_));
       continue;
@@ -387,7 +391,7 @@ Status StreamP2p::enqueue(CudaStream stream,
     cuda::Cuda::P2pOp op;
     op.index = index;
     op.bytes = w.bytes;
-    const bool direct = w.bytes == 0 || reachable(w.buffer);
+    const bool direct = direct_of[i];
     auto* inbox = static_cast<std::byte*>(pair->inbox);
     auto* peer_inbox = static_cast<std::byte*>(pair->peer_inbox);
     auto* counters = static_cast<std::byte*>(pair->counters);
