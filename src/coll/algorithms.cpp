@@ -114,9 +114,17 @@ Status Group::broadcast(Plan& p, void* buffer, std::size_t count, DataType type,
   if (n == 1 || bytes == 0) {
     // nothing moves
   } else if (p.device() != Plan::kHost && broadcast_ == 0 &&
-             oneshot_->mesh_ready(p.device(), cuda::Cuda::OneShot::Kind::kBroadcast, bytes)) {
-    // Device buffers of three or more members on a node: one kernel per GPU (kernels/mesh.cuh).
-    p.oneshot(data, data, count, oneshot_->next(), Plan::OneShot::kBroadcast, root);
+             oneshot_->mesh_ready(
+                 p.device(), cuda::Cuda::OneShot::Kind::kBroadcast,
+                 std::min(bytes, oneshot_->round_bytes(cuda::Cuda::OneShot::Kind::kBroadcast)))) {
+    // Device buffers of three or more members on a node: one kernel per GPU (kernels/mesh.cuh),
+    // in rounds past what one takes.
+    const std::size_t round =
+        oneshot_->round_bytes(cuda::Cuda::OneShot::Kind::kBroadcast) / size_of(type);
+    for (std::size_t at = 0; at < count; at += round) {
+      p.oneshot(data + at * size_of(type), data + at * size_of(type), std::min(round, count - at),
+                oneshot_->next(), Plan::OneShot::kBroadcast, root);
+    }
   } else if (!chain && broadcast_ == 0 && nodes_->ready(p, bytes)) {
     return nodes_->broadcast(buffer, count, type, root);
   } else if (broadcast_by_stream(bytes) && nodes_->ready(p, 0)) {

@@ -97,6 +97,14 @@ bool DeviceOneShot::mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::
          ready(device, 1, DataType::kUint8);
 }
 
+std::size_t DeviceOneShot::round_bytes(cuda::Cuda::OneShot::Kind kind) const {
+  const auto n = static_cast<std::size_t>(group_.size());
+  if (kind == cuda::Cuda::OneShot::Kind::kBroadcast) return n * bytes_;  // mesh_ready's fit
+  // The one-shot kernel's limit: on a stream two members have no two-shot kernel (by_twoshot).
+  if (kind == cuda::Cuda::OneShot::Kind::kAllreduce && on_stream_ && n == 2) return bytes_;
+  return 0;
+}
+
 // Each member makes its exchange area, they swap IPC keys and map each other's, then agree that
 // every member succeeded (else nobody uses the path). Every step runs on every member, so their
 // collectives stay in step whatever fails.
@@ -447,7 +455,7 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
   const bool one_buffer = c.kind == Kind::kBroadcast || c.kind == Kind::kAllreduce;
   // A reduce's output is the root's alone.
   const bool has_out = c.kind != Kind::kReduce || group.rank() == c.root;
-  cuda::Cuda::OneShot call;
+  std::vector<cuda::Cuda::OneShot> calls;
   int device = -1;
   void* staged_in = nullptr;  // where the kernel works, where not in the buffers
   void* staged_out = nullptr;
@@ -462,8 +470,12 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
     cuda::Cuda::StreamInfo info;
     const bool known = gpu->stream_info(stream, &info).is_ok();
     const int on = known ? info.device : -1;
-    const bool ready = c.kind == Kind::kAllreduce ? kernels.ready(on, c.count, c.type)
-                                                  : kernels.mesh_ready(on, c.kind, bytes);
+    // A call larger than one kernel takes goes in rounds where the kind allows (round_bytes).
+    const std::size_t most = kernels.round_bytes(c.kind) / size_of(c.type);
+    const std::size_t per_call = most > 0 && c.count > most ? most : c.count;
+    const bool ready = c.kind == Kind::kAllreduce
+                           ? kernels.ready(on, per_call, c.type)
+                           : kernels.mesh_ready(on, c.kind, per_call * size_of(c.type));
     gpu->restore_capture(mode);
     if (!ready || !known) return Status();
     // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only,
@@ -492,9 +504,30 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
       staged_in = staging;
       staged_out = one_buffer ? staging : static_cast<std::byte*>(staging) + in_place;
     }
-    call = kernels.on_stream_call(c.kind, staged_out != nullptr ? staged_out : c.recv,
-                                  staged_in != nullptr ? staged_in : c.send, c.count, c.type, c.op,
-                                  c.root, ring);
+    auto* out = static_cast<std::byte*>(staged_out != nullptr ? staged_out : c.recv);
+    const auto* in = static_cast<const std::byte*>(staged_in != nullptr ? staged_in : c.send);
+    if (per_call == c.count) {
+      calls.push_back(kernels.on_stream_call(c.kind, out, in, c.count, c.type, c.op, c.root, ring));
+    } else {
+      // Rounds of per_call elements. An allreduce's (between two members) keep the order of
+      // operands of the whole call: in the ring's order member 0's value comes first in its first
+      // block, (count + 1) / 2 elements, and member 1's in the second, so each round lies in one of
+      // the two and takes recursive doubling's order (member 0's first everywhere), the members
+      // named the other way round in the second block.
+      const std::size_t split = c.kind == Kind::kAllreduce && ring ? (c.count + 1) / 2 : c.count;
+      for (std::size_t at = 0; at < c.count;) {
+        const std::size_t end = std::min(at + per_call, at < split ? split : c.count);
+        const std::size_t offset = at * size_of(c.type);
+        cuda::Cuda::OneShot round = kernels.on_stream_call(c.kind, out + offset, in + offset,
+                                                           end - at, c.type, c.op, c.root, false);
+        if (c.kind == Kind::kAllreduce && at >= split) {
+          round.me = 1 - round.me;
+          std::swap(round.areas[0], round.areas[1]);
+        }
+        calls.push_back(round);
+        at = end;
+      }
+    }
     device = info.device;
   }
   // Not under the engine's lock: a full stream blocks these calls until its work drains, which
@@ -503,7 +536,12 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
   Status copied = staged_in != nullptr
                       ? gpu->copy_on_stream(stream, device, staged_in, c.send, in_bytes)
                       : Status();
-  Status launched = gpu->collective_on_stream(stream, device, call);
+  // Every round is enqueued, so that the other members' rounds end whatever failed here.
+  Status launched;
+  for (const cuda::Cuda::OneShot& call : calls) {
+    Status s = gpu->collective_on_stream(stream, device, call);
+    if (launched.is_ok()) launched = s;
+  }
   if (launched.is_ok() && copied.is_ok() && staged_out != nullptr && has_out) {
     copied = gpu->copy_on_stream(stream, device, c.recv, staged_out, out_bytes);
   }

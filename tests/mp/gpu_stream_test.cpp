@@ -544,6 +544,67 @@ TEST(Stream, EveryCollectiveMatchesItsHostForm) {
   }
 }
 
+// Past what one kernel takes (between two members an allreduce past FERRY_STREAM_KERNEL, and a
+// broadcast past the members' slots, twice that) a stream call goes in rounds of kernels, not to
+// ferry's thread: the bits are still the host form's, the order of operands included (the minimum
+// of +0 and -0 is the second operand, so each element shows whose value came first).
+TEST(Stream, CallsInRoundsMatchTheirHostForm) {
+  Communicator world = g_ctx->world();
+  const int me = world.rank();
+  const std::size_t count = (std::size_t{12} << 20) + 3;  // 48 MiB of float32, an odd count
+  const std::size_t bytes = count * sizeof(float);
+  const auto input_of = [&](int rank) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      v[i] = i % 2 == 0 ? (rank % 2 == 0 ? 0.0f : -0.0f)
+                        : 1e-3f * static_cast<float>(i % 977) - 0.25f * static_cast<float>(rank);
+    }
+    return v;
+  };
+  const std::vector<float> input = input_of(me);
+  Device in(bytes), out(bytes);
+  std::vector<float> by_stream(count), by_host(count);
+  const auto fill = [&] {
+    check(g_cuda->cuMemcpy(in.p, reinterpret_cast<CUdeviceptr>(input.data()), bytes), "fill");
+    check(g_cuda->cuMemsetD8(out.p, 0, bytes), "clear");
+    check(g_cuda->cuStreamSynchronize(nullptr), "fill and clear");
+  };
+  const auto differ = [&] {
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      wrong += std::memcmp(&by_stream[i], &by_host[i], sizeof(float)) != 0;
+    }
+    return wrong;
+  };
+  for (const ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kSum}) {
+    fill();
+    ASSERT_TRUE(
+        world.allreduce(in.get(), out.get(), count, DataType::kFloat32, op, g_stream).is_ok());
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_stream.data()), out.p, bytes), "read");
+    fill();
+    ASSERT_TRUE(world.allreduce(in.get(), out.get(), count, DataType::kFloat32, op).is_ok());
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_host.data()), out.p, bytes), "read");
+    EXPECT_EQ(differ(), 0u) << "allreduce, op " << static_cast<int>(op);
+  }
+  for (int root = 0; root < world.size(); ++root) {
+    fill();
+    check(g_cuda->cuMemcpyAsync(out.p, in.p, bytes, g_stream), "copy in");
+    ASSERT_TRUE(world.broadcast(out.get(), count, DataType::kFloat32, root, g_stream).is_ok());
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_stream.data()), out.p, bytes), "read");
+    fill();
+    check(g_cuda->cuMemcpy(out.p, in.p, bytes), "copy in");
+    ASSERT_TRUE(world.broadcast(out.get(), count, DataType::kFloat32, root).is_ok());
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_host.data()), out.p, bytes), "read");
+    EXPECT_EQ(differ(), 0u) << "broadcast from " << root;
+    EXPECT_EQ(std::memcmp(by_host.data(), input_of(root).data(), bytes), 0)
+        << "broadcast from " << root << " by the host form";
+  }
+}
+
 // A graph of an allgather, a reduce-scatter of its result, a broadcast and a reduce, replayed: on
 // the stream among the members of one node these are kernels the GPU numbers itself, so each
 // replay is a call of its own; checked against the arithmetic.
