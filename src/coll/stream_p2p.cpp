@@ -367,8 +367,44 @@ Status StreamP2p::enqueue(CudaStream stream,
   }
   verdicts.clear();  // from here, the next free one of each peer
   bounces.clear();
+  // Sends to this member itself meet its receives from itself of the same group in order: each
+  // pair is one copy on the stream (NCCL's alltoall, gather and scatter make them), with no
+  // hand-off to ferry's thread. One without a partner in the group goes by the thread.
+  std::vector<bool> copied(work.size(), false);
+  {
+    std::vector<std::size_t> sends;
+    std::vector<std::size_t> receives;
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      const auto& w = static_cast<const Work&>(*work[i]);
+      if (w.peer == twin_.rank()) (w.sending ? sends : receives).push_back(i);
+    }
+    for (std::size_t k = 0; k < std::min(sends.size(), receives.size()); ++k) {
+      const auto& send = static_cast<const Work&>(*work[sends[k]]);
+      const auto& receive = static_cast<const Work&>(*work[receives[k]]);
+      if (send.bytes > receive.bytes) {
+        return Status(Code::kInvalidArgument,
+                      "a stream send of " + std::to_string(send.bytes) +
+                          " B to this member itself is larger than its receive (" +
+                          std::to_string(receive.bytes) + " B; nothing of the group was enqueued)");
+      }
+    }
+    for (std::size_t k = 0; k < std::min(sends.size(), receives.size()); ++k) {
+      const auto& send = static_cast<const Work&>(*work[sends[k]]);
+      const auto& receive = static_cast<const Work&>(*work[receives[k]]);
+      if (send.bytes > 0 && send.buffer != receive.buffer) {
+        if (Status s =
+                gpu->copy_on_stream(stream, info.device, receive.buffer, send.buffer, send.bytes);
+            !s) {
+          return s;
+        }
+      }
+      copied[sends[k]] = true;
+      copied[receives[k]] = true;
+    }
+  }
   for (std::size_t i = 0; i < work.size(); ++i) {
     const auto& w = static_cast<const Work&>(*work[i]);
+    if (copied[i]) continue;
     const int rank = twin_.member(w.peer);
     Pair* pair = pair_of[i];
     if (!pair->kernel) {

@@ -343,6 +343,63 @@ TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
   }
 }
 
+// A send to the member itself and its receive from itself in one group are a copy on the
+// stream (NCCL's alltoall, gather and scatter make them), beside messages with the others; a
+// send to itself with no receive in its group meets one in a later group, by ferry's thread.
+TEST(Stream, SendRecvToItself) {
+  Communicator world = g_ctx->world();
+  const int me = world.rank();
+  const int n = world.size();
+  const int next = (me + 1) % n;
+  const int previous = (me + n - 1) % n;
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
+    for (bool host_send : {false, true}) {
+      Device send(bytes), recv(bytes + 64), other_send(bytes), other_recv(bytes);
+      std::vector<std::uint8_t> host(bytes);
+      for (int i = 0; i < 10; ++i) {
+        const std::uint8_t value = value_of(i, me);
+        check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+        std::memset(host.data(), value, bytes);
+        check(g_cuda->cuMemsetD8Async(send.p, value, bytes, g_stream), "memset");
+        check(g_cuda->cuMemsetD8Async(other_send.p, value, bytes, g_stream), "memset");
+        check(g_cuda->cuMemsetD8Async(recv.p, 0xee, bytes + 64, g_stream), "memset");
+        g_ctx->group_start();
+        ASSERT_TRUE(
+            world
+                .send(host_send ? static_cast<void*>(host.data()) : send.get(), bytes, me, g_stream)
+                .is_ok());
+        ASSERT_TRUE(world.send(other_send.get(), bytes, next, g_stream).is_ok());
+        ASSERT_TRUE(world.recv(other_recv.get(), bytes, previous, g_stream).is_ok());
+        ASSERT_TRUE(world.recv(recv.get(), bytes + 64, me, g_stream).is_ok());
+        ASSERT_TRUE(g_ctx->group_end().is_ok());
+        check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+        ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+        std::vector<std::uint8_t> got(bytes + 64);
+        check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), recv.p, got.size()),
+              "read");
+        std::size_t wrong = 0;
+        for (std::size_t k = 0; k < got.size(); ++k) wrong += got[k] != (k < bytes ? value : 0xee);
+        ASSERT_EQ(wrong, 0u) << bytes << " B to itself, round " << i;
+        check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), other_recv.p, bytes),
+              "read");
+        ASSERT_EQ(got[0], value_of(i, previous));
+        ASSERT_EQ(got[bytes - 1], value_of(i, previous));
+      }
+    }
+  }
+  // Alone in its group, a small send to itself waits for the receive of a later group.
+  Device send(8), recv(8);
+  check(g_cuda->cuMemsetD8Async(send.p, 0x5a, 8, g_stream), "memset");
+  ASSERT_TRUE(world.send(send.get(), 8, me, g_stream).is_ok());
+  ASSERT_TRUE(world.recv(recv.get(), 8, me, g_stream).is_ok());
+  check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
+  std::uint8_t got[8] = {};
+  check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got), recv.p, 8), "read");
+  EXPECT_EQ(got[0], 0x5a);
+  EXPECT_EQ(got[7], 0x5a);
+}
+
 // One group of ten receives that may take more than the inline limit, so each hands off to
 // ferry's thread and keeps a verdict until the thread reads it, after the group's last launch:
 // the middle wave's messages come inline, the others by the thread. (Verdicts were once kept per
