@@ -381,37 +381,9 @@ FERRY_STREAM_KERNEL_COLLECTIVE(allreduce,
                                (coll::KernelCall{"allreduce", Kind::kAllreduce, send, recv, count,
                                                  type, op, 0}),
                                (p, send, recv, count, type, op))
-FERRY_STREAM_COLLECTIVE(gather,
-                        (const void* send, void* recv, std::size_t count, DataType type, int root,
-                         CudaStream stream),
-                        (*group_, "gather", count, type, root, {send}),
-                        (recv, send, count* size_of(type)), (p, send, recv, count, type, root))
-FERRY_STREAM_COLLECTIVE(scatter,
-                        (const void* send, void* recv, std::size_t count, DataType type, int root,
-                         CudaStream stream),
-                        (*group_, "scatter", count, type, root, {recv}),
-                        (recv, send, count* size_of(type)), (p, send, recv, count, type, root))
 #undef FERRY_STREAM_COLLECTIVE
 #undef FERRY_STREAM_KERNEL_COLLECTIVE
 #undef FERRY_UNPAREN
-
-Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type,
-                              CudaStream stream) {
-  if (Status s = unusable(group_); !s) return s;
-  if (Status s = check_stream_call(*group_, "alltoall", count, type, 0, {send, recv}); !s) {
-    return s;
-  }
-  bool taken = false;
-  Status by_copy =
-      alone_on_stream(group_, stream, recv, send, count * size_of(type), "alltoall", &taken);
-  if (taken) return by_copy;
-  return enqueue_collective(
-      group_, stream, "alltoall",
-      [=, b = EvenBlocks(group_->size(), count)](coll::Group& g, coll::Plan& p) {
-        return g.alltoallv(p, send, b.counts, b.displacements, recv, b.counts, b.displacements,
-                           type, "alltoall");
-      });
-}
 
 namespace {
 
@@ -460,7 +432,98 @@ proto::StreamOps& streams_of(proto::Engine* engine) {
   return engine->streams();
 }
 
+struct Message {
+  bool sending;
+  void* buffer;
+  std::size_t bytes;
+  int peer;
+};
+
+// A stream collective that is sends and receives only (alltoall, gather, scatter), made as NCCL
+// makes it: one group of them. Between GPUs of one node the small ones are kernels on the stream
+// and a block to the member itself a copy on it, none a hand-off to ferry's thread, whose CUDA
+// calls could wait for a lock of the driver's that an application thread holds while it waits
+// for the stream (PyTorch's all_to_all_single of one element, read back with .cpu(), hung so).
+Status by_messages(const std::shared_ptr<coll::Group>& group, CudaStream stream,
+                   const std::vector<Message>& messages) {
+  proto::StreamOps& streams = streams_of(group->engine());
+  streams.group_start();
+  Status first;
+  for (const Message& m : messages) {
+    Status s = enqueue_message(group, m.sending, m.buffer, m.bytes, m.peer, stream);
+    if (first.is_ok()) first = s;
+  }
+  Status ended = streams.group_end();
+  return first.is_ok() ? ended : first;
+}
+
 }  // namespace
+
+Status Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type,
+                              CudaStream stream) {
+  if (Status s = unusable(group_); !s) return s;
+  if (Status s = check_stream_call(*group_, "alltoall", count, type, 0, {send, recv}); !s) {
+    return s;
+  }
+  const std::size_t bytes = count * size_of(type);
+  bool taken = false;
+  Status by_copy = alone_on_stream(group_, stream, recv, send, bytes, "alltoall", &taken);
+  if (taken || bytes == 0) return by_copy;
+  const int n = group_->size();
+  const int me = group_->rank();
+  std::vector<Message> messages;
+  for (int k = 0; k < n; ++k) {
+    const int peer = (me + k) % n;
+    const std::size_t at = static_cast<std::size_t>(peer) * bytes;
+    messages.push_back(
+        {true, const_cast<std::byte*>(static_cast<const std::byte*>(send)) + at, bytes, peer});
+    messages.push_back({false, static_cast<std::byte*>(recv) + at, bytes, peer});
+  }
+  return by_messages(group_, stream, messages);
+}
+
+Status Communicator::gather(const void* send, void* recv, std::size_t count, DataType type,
+                            int root, CudaStream stream) {
+  if (Status s = unusable(group_); !s) return s;
+  if (Status s = check_stream_call(*group_, "gather", count, type, root, {send}); !s) return s;
+  const std::size_t bytes = count * size_of(type);
+  bool taken = false;
+  Status by_copy = alone_on_stream(group_, stream, recv, send, bytes, "gather", &taken);
+  if (taken || bytes == 0) return by_copy;
+  const int me = group_->rank();
+  if (me == root && recv == nullptr) {
+    return Status(Code::kInvalidArgument, "gather on a stream: a null buffer at the root");
+  }
+  std::vector<Message> messages{{true, const_cast<void*>(send), bytes, root}};
+  for (int m = 0; me == root && m < group_->size(); ++m) {
+    messages.push_back(
+        {false, static_cast<std::byte*>(recv) + static_cast<std::size_t>(m) * bytes, bytes, m});
+  }
+  return by_messages(group_, stream, messages);
+}
+
+Status Communicator::scatter(const void* send, void* recv, std::size_t count, DataType type,
+                             int root, CudaStream stream) {
+  if (Status s = unusable(group_); !s) return s;
+  if (Status s = check_stream_call(*group_, "scatter", count, type, root, {recv}); !s) return s;
+  const std::size_t bytes = count * size_of(type);
+  bool taken = false;
+  Status by_copy = alone_on_stream(group_, stream, recv, send, bytes, "scatter", &taken);
+  if (taken || bytes == 0) return by_copy;
+  const int me = group_->rank();
+  if (me == root && send == nullptr) {
+    return Status(Code::kInvalidArgument, "scatter on a stream: a null buffer at the root");
+  }
+  std::vector<Message> messages;
+  for (int m = 0; me == root && m < group_->size(); ++m) {
+    messages.push_back({true,
+                        const_cast<std::byte*>(static_cast<const std::byte*>(send)) +
+                            static_cast<std::size_t>(m) * bytes,
+                        bytes, m});
+  }
+  messages.push_back({false, recv, bytes, root});
+  return by_messages(group_, stream, messages);
+}
 
 void Context::group_start() { streams_of(engine_.get()).group_start(); }
 Status Context::group_end() { return streams_of(engine_.get()).group_end(); }
