@@ -482,47 +482,47 @@ Status Communicator::alltoall(const void* send, void* recv, std::size_t count, D
   return by_messages(group_, stream, messages);
 }
 
-Status Communicator::gather(const void* send, void* recv, std::size_t count, DataType type,
-                            int root, CudaStream stream) {
-  if (Status s = unusable(group_); !s) return s;
-  if (Status s = check_stream_call(*group_, "gather", count, type, root, {send}); !s) return s;
+namespace {
+
+// A stream gather (`gathering`: each member's block to the root, which takes them in member
+// order) or scatter (the root's block m to member m), as one group of messages.
+Status rooted_by_messages(const std::shared_ptr<coll::Group>& group, const char* name,
+                          bool gathering, const void* send, void* recv, std::size_t count,
+                          DataType type, int root, CudaStream stream) {
+  if (Status s = unusable(group); !s) return s;
+  if (Status s = check_stream_call(*group, name, count, type, root, {gathering ? send : recv});
+      !s) {
+    return s;
+  }
   const std::size_t bytes = count * size_of(type);
   bool taken = false;
-  Status by_copy = alone_on_stream(group_, stream, recv, send, bytes, "gather", &taken);
+  Status by_copy = alone_on_stream(group, stream, recv, send, bytes, name, &taken);
   if (taken || bytes == 0) return by_copy;
-  const int me = group_->rank();
-  if (me == root && recv == nullptr) {
-    return Status(Code::kInvalidArgument, "gather on a stream: a null buffer at the root");
+  const bool at_root = group->rank() == root;
+  auto* blocks = static_cast<std::byte*>(gathering ? recv : const_cast<void*>(send));
+  if (at_root && blocks == nullptr) {
+    return Status(Code::kInvalidArgument,
+                  std::string(name) + " on a stream: a null buffer at the root");
   }
-  std::vector<Message> messages{{true, const_cast<void*>(send), bytes, root}};
-  for (int m = 0; me == root && m < group_->size(); ++m) {
-    messages.push_back(
-        {false, static_cast<std::byte*>(recv) + static_cast<std::size_t>(m) * bytes, bytes, m});
+  std::vector<Message> messages;
+  if (gathering) messages.push_back({true, const_cast<void*>(send), bytes, root});
+  for (int m = 0; at_root && m < group->size(); ++m) {
+    messages.push_back({!gathering, blocks + static_cast<std::size_t>(m) * bytes, bytes, m});
   }
-  return by_messages(group_, stream, messages);
+  if (!gathering) messages.push_back({false, recv, bytes, root});
+  return by_messages(group, stream, messages);
+}
+
+}  // namespace
+
+Status Communicator::gather(const void* send, void* recv, std::size_t count, DataType type,
+                            int root, CudaStream stream) {
+  return rooted_by_messages(group_, "gather", true, send, recv, count, type, root, stream);
 }
 
 Status Communicator::scatter(const void* send, void* recv, std::size_t count, DataType type,
                              int root, CudaStream stream) {
-  if (Status s = unusable(group_); !s) return s;
-  if (Status s = check_stream_call(*group_, "scatter", count, type, root, {recv}); !s) return s;
-  const std::size_t bytes = count * size_of(type);
-  bool taken = false;
-  Status by_copy = alone_on_stream(group_, stream, recv, send, bytes, "scatter", &taken);
-  if (taken || bytes == 0) return by_copy;
-  const int me = group_->rank();
-  if (me == root && send == nullptr) {
-    return Status(Code::kInvalidArgument, "scatter on a stream: a null buffer at the root");
-  }
-  std::vector<Message> messages;
-  for (int m = 0; me == root && m < group_->size(); ++m) {
-    messages.push_back({true,
-                        const_cast<std::byte*>(static_cast<const std::byte*>(send)) +
-                            static_cast<std::size_t>(m) * bytes,
-                        bytes, m});
-  }
-  messages.push_back({false, recv, bytes, root});
-  return by_messages(group_, stream, messages);
+  return rooted_by_messages(group_, "scatter", false, send, recv, count, type, root, stream);
 }
 
 void Context::group_start() { streams_of(engine_.get()).group_start(); }
