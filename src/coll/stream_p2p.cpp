@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "coll/group.hpp"
@@ -15,9 +16,10 @@ namespace {
 
 using OpKind = cuda::Cuda::P2pOp::Kind;
 constexpr std::size_t kVerdictBytes = 16;
-// A group's receives from one peer that hand off to ferry's thread each keep a verdict until the
-// thread reads it, after the group's last launch: kP2pMaxOps of them (receives into host memory
-// of messages that may come inline also keep a host bounce: kP2pSlots of them).
+// A group's receives from one peer that may hand off to ferry's thread, and its sends to it
+// through the bulk ring, each keep a verdict until the thread reads it, after the group's last
+// launch: kP2pMaxOps of them (receives into host memory of messages that may come inline also
+// keep a host bounce: kP2pSlots of them).
 constexpr std::size_t kVerdictsBytes = cuda::Cuda::kP2pMaxOps * kVerdictBytes;
 
 struct Work final : proto::DeviceWork {
@@ -39,6 +41,27 @@ proto::Start by_thread(proto::Engine* engine, bool sending, void* buffer, std::s
     auto inner = engine->enter();
     return sending ? engine->messages().isend(buffer, bytes, rank, tag)
                    : engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
+  };
+}
+
+// What ferry's thread does after the group's launches for an op that left it a verdict: mode 2,
+// the data by the thread; 1, it came (inline into a host buffer: from its bounce, `host_bounce`);
+// 0, the op stopped (the watch reports why).
+proto::Start after_verdict(proto::Engine* engine, unsigned* verdict, bool sending, bool direct,
+                           const std::byte* host_bounce, void* buffer, std::size_t bytes, int rank,
+                           Tag tag) {
+  return [=]() -> Request {
+    const unsigned mode = __atomic_load_n(&verdict[0], __ATOMIC_ACQUIRE);
+    const std::size_t size =
+        static_cast<std::size_t>(verdict[1]) | static_cast<std::size_t>(verdict[2]) << 32;
+    __atomic_store_n(&verdict[0], 0u, __ATOMIC_RELAXED);
+    auto inner = engine->enter();
+    if (mode == 2) {
+      return sending ? engine->messages().isend(buffer, bytes, rank, tag)
+                     : engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
+    }
+    if (mode == 1 && !sending && !direct && size <= bytes) std::memcpy(buffer, host_bounce, size);
+    return engine->completed_request();
   };
 }
 
@@ -92,11 +115,11 @@ Status StreamP2p::prepare_common(int device) {
   std::memset(words_, 0, 64);
   device_ = device;
   twin_.engine()->at_teardown(this, [this] { release_all(); });
-  if (s = gpu->allocate(device, 256, &scratch_); !s) {
+  if (s = gpu->allocate(device, cuda::Cuda::kP2pScratchBytes, &scratch_); !s) {
     scratch_ = nullptr;
     return s;
   }
-  if (s = gpu->zero(device, scratch_, 256); !s) return s;
+  if (s = gpu->zero(device, scratch_, cuda::Cuda::kP2pScratchBytes); !s) return s;
   watch_ = twin_.engine()->streams().watch([this] { return watch(); });
   return Status();
 }
@@ -119,8 +142,8 @@ bool StreamP2p::prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* 
   pair.device = device;
   Status s = gpu->allocate(device, cuda::Cuda::kP2pInboxBytes, &pair.inbox);
   if (s) s = gpu->zero(device, pair.inbox, cuda::Cuda::kP2pInboxBytes);
-  if (s) s = gpu->allocate(device, 256, &pair.counters);
-  if (s) s = gpu->zero(device, pair.counters, 256);
+  if (s) s = gpu->allocate(device, cuda::Cuda::kP2pCounterBytes, &pair.counters);
+  if (s) s = gpu->zero(device, pair.counters, cuda::Cuda::kP2pCounterBytes);
   if (s) {
     s = gpu->allocate(device, cuda::Cuda::kP2pSlots * cuda::Cuda::kP2pInlineMax, &pair.bounce);
   }
@@ -297,16 +320,18 @@ Status StreamP2p::enqueue(CudaStream stream,
     if (Status s = connect(fresh, info.device); !s) return s;
   }
   thread->assign(work.size(), proto::Start());
-  // The kernels' ops in waves of at most kP2pSlots ops of one peer and direction (their bounces
-  // and verdicts) and kP2pMaxOps in all, each wave a launch; the copies of sends from memory the
-  // kernel cannot read go before their wave's launch.
+  // The kernels' ops in waves of at most kP2pMaxOps, each wave a launch, and at most kP2pSlots
+  // sends to one peer from memory the kernel cannot read (their device bounces), whose copies go
+  // before their wave's launch.
   struct Copy {
     void* to;
     const void* from;
     std::size_t bytes;
   };
   std::vector<cuda::Cuda::P2pOp> wave;
-  std::vector<std::pair<int, bool>> wave_keys;  // (peer, sending) of each op
+  std::vector<std::pair<int, bool>> wave_keys;    // (peer, sending) of each op
+  std::map<std::pair<int, bool>, int> wave_bulk;  // the last op of each that may take the ring
+  std::map<int, int> wave_bounces;                // per peer
   std::vector<Copy> copies;
   std::map<int, int> verdicts;  // per peer, for the whole group: see kVerdictsBytes
   std::map<int, int> bounces;
@@ -324,6 +349,8 @@ Status StreamP2p::enqueue(CudaStream stream,
     Status s = gpu->p2p_on_stream(stream, info.device, wave, words_view_, timeout_ns, scratch_);
     wave.clear();
     wave_keys.clear();
+    wave_bulk.clear();
+    wave_bounces.clear();
     copies.clear();
     return s;
   };
@@ -349,7 +376,17 @@ Status StreamP2p::enqueue(CudaStream stream,
     if (!pair->kernel) continue;
     const bool direct = w.bytes == 0 || reachable(w.buffer);
     direct_of[i] = direct;
-    if (w.sending) continue;
+    if (w.sending) {
+      // A send through the bulk ring learns from the receiver whether its data goes there.
+      if (direct && w.bytes > pair->inline_max && ++verdicts[w.peer] > cuda::Cuda::kP2pMaxOps) {
+        return Status(Code::kUnsupported, "a group of stream calls with more than " +
+                                              std::to_string(cuda::Cuda::kP2pMaxOps) +
+                                              " messages with " + twin_.peer_label(w.peer) +
+                                              " larger than " + std::to_string(pair->inline_max) +
+                                              " B or into host memory: split the group");
+      }
+      continue;
+    }
     if (!direct && ++bounces[w.peer] > cuda::Cuda::kP2pSlots) {
       return Status(Code::kUnsupported,
                     "a group of stream calls with more than " +
@@ -360,7 +397,7 @@ Status StreamP2p::enqueue(CudaStream stream,
     if ((!direct || w.bytes > pair->inline_max) && ++verdicts[w.peer] > cuda::Cuda::kP2pMaxOps) {
       return Status(Code::kUnsupported, "a group of stream calls with more than " +
                                             std::to_string(cuda::Cuda::kP2pMaxOps) +
-                                            " receives from " + twin_.peer_label(w.peer) +
+                                            " messages with " + twin_.peer_label(w.peer) +
                                             " larger than " + std::to_string(pair->inline_max) +
                                             " B or into host memory: split the group");
     }
@@ -402,7 +439,23 @@ Status StreamP2p::enqueue(CudaStream stream,
       copied[receives[k]] = true;
     }
   }
-  for (std::size_t i = 0; i < work.size(); ++i) {
+  // The ops in the order of their places among their peer's and direction's: each wave then takes
+  // the next ones of every peer and direction (matching keeps each one's order). In the group's
+  // own order, a wave could hold sends to a peer alone whose receives from it wait in a later
+  // wave, while the peer's waves do the same: both streams wait for ever.
+  std::vector<std::size_t> order(work.size());
+  {
+    std::map<std::pair<int, bool>, int> seen;
+    std::vector<int> place(work.size());
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      const auto& w = static_cast<const Work&>(*work[i]);
+      place[i] = seen[{w.peer, w.sending}]++;
+      order[i] = i;
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return place[a] < place[b]; });
+  }
+  for (const std::size_t i : order) {
     const auto& w = static_cast<const Work&>(*work[i]);
     if (copied[i]) continue;
     const int rank = twin_.member(w.peer);
@@ -417,17 +470,21 @@ Status StreamP2p::enqueue(CudaStream stream,
                         " run on cuda:" + std::to_string(pair->device) +
                         ", and this stream is of cuda:" + std::to_string(info.device));
     }
-    const std::pair<int, bool> key(w.peer, w.sending);
-    int index = static_cast<int>(std::count(wave_keys.begin(), wave_keys.end(), key));
-    if (index == cuda::Cuda::kP2pSlots || wave.size() == cuda::Cuda::kP2pMaxOps) {
-      if (Status s = flush(); !s) return s;
-      index = 0;
-    }
-    const auto k = static_cast<std::size_t>(index);
-    cuda::Cuda::P2pOp op;
-    op.index = index;
-    op.bytes = w.bytes;
     const bool direct = direct_of[i];
+    const bool bounced = w.sending && !direct && w.bytes <= pair->inline_max;
+    const std::pair<int, bool> key(w.peer, w.sending);
+    if (wave.size() == cuda::Cuda::kP2pMaxOps ||
+        (bounced && wave_bounces[w.peer] == cuda::Cuda::kP2pSlots)) {
+      if (Status s = flush(); !s) return s;
+    }
+    cuda::Cuda::P2pOp op;
+    op.index = static_cast<int>(std::count(wave_keys.begin(), wave_keys.end(), key));
+    op.bytes = w.bytes;
+    // Messages that may take the bulk ring take it in turn, in order.
+    if (direct && w.bytes > pair->inline_max) {
+      const auto [it, fresh] = wave_bulk.try_emplace(key, static_cast<int>(wave.size()));
+      if (!fresh) op.after = std::exchange(it->second, static_cast<int>(wave.size()));
+    }
     auto* inbox = static_cast<std::byte*>(pair->inbox);
     auto* peer_inbox = static_cast<std::byte*>(pair->peer_inbox);
     auto* counters = static_cast<std::byte*>(pair->counters);
@@ -439,9 +496,18 @@ Status StreamP2p::enqueue(CudaStream stream,
       if (w.bytes <= pair->inline_max) {
         op.kind = OpKind::kSendInline;
         if (!direct) {
+          const auto k = static_cast<std::size_t>(wave_bounces[w.peer]++);
           op.buffer = static_cast<std::byte*>(pair->bounce) + k * cuda::Cuda::kP2pInlineMax;
           copies.push_back({op.buffer, w.buffer, w.bytes});
         }
+      } else if (direct) {
+        op.kind = OpKind::kSendBulk;
+        op.chunks = counters + cuda::Cuda::kP2pFilledOffset;
+        const int v = verdicts[w.peer]++;
+        const std::size_t offset = static_cast<std::size_t>(v) * kVerdictBytes;
+        op.verdict = static_cast<std::byte*>(pair->host_view) + offset;
+        (*thread)[i] = after_verdict(engine, pair->host + offset / sizeof(unsigned), true, true,
+                                     nullptr, w.buffer, w.bytes, rank, message_tag(twin_));
       } else {
         op.kind = OpKind::kSendHeader;
         (*thread)[i] = by_thread(engine, true, w.buffer, w.bytes, rank, message_tag(twin_));
@@ -451,6 +517,8 @@ Status StreamP2p::enqueue(CudaStream stream,
       op.slots = inbox + 128;
       op.free = peer_inbox;
       op.counter = counters + 8;
+      op.chunks = counters + cuda::Cuda::kP2pEmptiedOffset;
+      op.direct = direct;
       op.buffer = w.buffer;
       std::byte* host_bounce = nullptr;
       if (!direct) {
@@ -465,18 +533,8 @@ Status StreamP2p::enqueue(CudaStream stream,
         const std::size_t offset = static_cast<std::size_t>(v) * kVerdictBytes;
         op.verdict = static_cast<std::byte*>(pair->host_view) + offset;
         unsigned* verdict = pair->host + offset / sizeof(unsigned);
-        (*thread)[i] = [engine, verdict, direct, host_bounce, buffer = w.buffer, bytes = w.bytes,
-                        rank, tag = message_tag(twin_)]() -> Request {
-          const unsigned mode = __atomic_load_n(&verdict[0], __ATOMIC_ACQUIRE);
-          const std::size_t size =
-              static_cast<std::size_t>(verdict[1]) | static_cast<std::size_t>(verdict[2]) << 32;
-          __atomic_store_n(&verdict[0], 0u, __ATOMIC_RELAXED);
-          auto inner = engine->enter();
-          if (mode == 2) return engine->messages().irecv(buffer, bytes, rank, tag, kFullMask);
-          // Inline (into a host buffer: from its bounce), or stopped (the watch reports why).
-          if (mode == 1 && !direct && size <= bytes) std::memcpy(buffer, host_bounce, size);
-          return engine->completed_request();
-        };
+        (*thread)[i] = after_verdict(engine, verdict, false, direct, host_bounce, w.buffer, w.bytes,
+                                     rank, message_tag(twin_));
       }
     }
     wave.push_back(op);

@@ -12,11 +12,16 @@
 //
 // On a kernel pair every message passes through the sender's kernel: up to the pair's inline
 // limit (FERRY_STREAM_P2P, the smaller of the two members') as LL lines into the receiver's
-// inbox, larger ones as a header, their data then by ferry's thread (one copy at the link's rate,
-// by the host path's CUDA IPC). A receive that can take any size, or whose buffer the kernel
-// cannot write (host memory), reads the header in a kernel and leaves ferry's thread a verdict:
-// the data came inline (copied into a host buffer from a bounce there), or comes by the thread.
-// A send from memory the kernel cannot read is copied into device memory on the stream first.
+// inbox; larger ones as a header, their data then through a ring in the receiver's inbox that
+// both kernels stream it through (kernels/p2p.cuh), so that ferry's thread never touches device
+// data: a CUDA call of that thread can wait for ever behind an application thread that holds the
+// driver's lock while it waits for its stream (design/streams.md). Where the receive's buffer is
+// host memory (the receiver answers the header), or the send's, the data goes by ferry's thread
+// (the host path). A receive that can take any size, or whose buffer the kernel cannot write,
+// reads the header in a kernel and leaves ferry's thread a verdict: the data came (inline into a
+// host buffer: copied from a bounce there), or comes by the thread; a send through the ring
+// likewise. A send from memory the kernel cannot read is copied into device memory on the stream
+// first where it fits inline.
 #pragma once
 
 #include <cstddef>
@@ -63,9 +68,9 @@ class StreamP2p final : public proto::Fuser {
     void* inbox = nullptr;       // ours, device memory (cuda.hpp: kP2pInboxBytes)
     void* peer_inbox = nullptr;  // the peer's, mapped here
     cuda::IpcKey peer_key;       // to unpin
-    void* counters = nullptr;    // device: [0] sent, [1] received, 64 bits each
+    void* counters = nullptr;    // device: [0] sent, [1] received, then the ring's counts
     void* bounce = nullptr;      // device: kP2pSlots sends from memory the kernel cannot read
-    unsigned* host = nullptr;    // host: kP2pSlots verdicts of 16 bytes, then receive bounces
+    unsigned* host = nullptr;    // host: kP2pMaxOps verdicts of 16 bytes, then receive bounces
     void* host_view = nullptr;
   };
   struct Offer;

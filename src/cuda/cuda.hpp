@@ -215,28 +215,45 @@ class Cuda {
   // tells the host when it ends: errors are in `words` (a stopped call's result is not valid).
   virtual Status collective_on_stream(void* stream, int device, const OneShot& call) = 0;
   // Stream send and receive between two GPUs of one node (kernels/p2p.cuh, coll/stream_p2p.hpp):
-  // each member's inbox for a peer is kP2pSlots slot-free words (64 bits each, in the first 128
-  // bytes), then kP2pSlots LL slots of a message of up to kP2pInlineMax bytes each.
+  // each member's inbox for a peer is kP2pSlots slot-free words and as many reply words (64 bits
+  // each, in the first 128 bytes), then kP2pSlots LL slots of a message of up to kP2pInlineMax
+  // bytes each, then (from kP2pBulkOffset) a page of ready and taken words and a ring of
+  // kP2pChunks chunks of kP2pChunkBytes for larger messages. Each member's counters for a peer
+  // (kP2pCounterBytes of device memory) are its message counts, then its counts of each ring
+  // place filled (from kP2pFilledOffset) and emptied (from kP2pEmptiedOffset).
   static constexpr int kP2pSlots = 4;
   static constexpr std::size_t kP2pInlineMax = 262144;
   static constexpr std::size_t kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
-  static constexpr std::size_t kP2pInboxBytes = 128 + kP2pSlots * kP2pSlotBytes;
+  static constexpr std::size_t kP2pBulkOffset =
+      (128 + kP2pSlots * kP2pSlotBytes + 4095) / 4096 * 4096;
+  static constexpr int kP2pChunks = 64;
+  static constexpr std::size_t kP2pChunkBytes = 65536;
+  static constexpr std::size_t kP2pInboxBytes = kP2pBulkOffset + 4096 + kP2pChunks * kP2pChunkBytes;
+  static constexpr std::size_t kP2pFilledOffset = 64;
+  static constexpr std::size_t kP2pEmptiedOffset = kP2pFilledOffset + 8 * kP2pChunks;
+  static constexpr std::size_t kP2pCounterBytes = kP2pEmptiedOffset + 8 * kP2pChunks;
   static constexpr int kP2pMaxOps = 32;
   struct P2pOp {
-    enum class Kind : std::uint8_t { kSendInline, kSendHeader, kReceive };
+    // A send of up to the inline limit; a header whose data goes by ferry's thread; a receive; a
+    // send through the bulk ring (or by ferry's thread, as the receiver answers: `verdict`).
+    enum class Kind : std::uint8_t { kSendInline, kSendHeader, kReceive, kSendBulk };
     Kind kind = Kind::kSendInline;
     void* slots = nullptr;    // send: the peer's ring for us (mapped); receive: ours
     void* free = nullptr;     // send: our slot-free words; receive: the peer's (mapped)
     void* counter = nullptr;  // ours (device memory, 64 bits): this direction's messages so far
     void* buffer = nullptr;   // send: the data; receive: where it goes (device-reachable)
     std::size_t bytes = 0;    // send: the size; receive: the most it takes
-    void* verdict = nullptr;  // receive with a hand-off after it: 3 host words the kernel sets
+    void* verdict = nullptr;  // receive with a hand-off after it, bulk send: 3 host words
+    void* chunks = nullptr;   // ours (device memory): the counts of each ring place
     int index = 0;            // among the launch's ops of the same peer and direction
     int total = 0;            // their number
+    bool direct = true;       // receive: `buffer` is the caller's, not a bounce
+    int after = -1;           // the launch's op that takes the bulk ring before this one
   };
   // One launch of up to kP2pMaxOps ops on `stream` (of `device`'s context): every op runs at
-  // once. `words`: the communicator's stop words (as OneShot::words); `scratch`: 256 bytes of
-  // device memory, zeroed before the first launch.
+  // once. `words`: the communicator's stop words (as OneShot::words); `scratch`:
+  // kP2pScratchBytes of device memory, zeroed before the first launch.
+  static constexpr std::size_t kP2pScratchBytes = 512;
   virtual Status p2p_on_stream(void* stream, int device, std::span<const P2pOp> ops, void* words,
                                std::uint64_t timeout_ns, void* scratch) = 0;
   // The resident one-shot kernel (kernels.cu, ferry_allreduce_resident): one block that stays on

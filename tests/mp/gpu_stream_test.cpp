@@ -255,8 +255,9 @@ TEST(Stream, GraphReplaysSendRecv) {
 // Send/recv between GPUs of one node go through a kernel on the stream (coll/stream_p2p.hpp):
 // messages from and into host memory (bounced through device or mapped host memory), a receive
 // larger than its message (bytes past the message untouched), messages past the inline limit
-// (their data by ferry's thread behind the kernel's header), empty ones, and more messages to
-// one member in a group than the kernel has slots for (the launch goes in waves), in order.
+// (through the bulk ring between device buffers, past the ring's size, at odd addresses; by
+// ferry's thread behind the kernel's header where either side is host memory), empty ones, and
+// more messages to one member in a group than the kernel has slots for, in order.
 TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
   Communicator world = g_ctx->world();
   const int n = world.size();
@@ -268,27 +269,44 @@ TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
     Where into;
     std::size_t bytes;
     std::size_t capacity;
+    std::size_t offset = 0;  // of both device buffers from their allocation
   };
-  const Case cases[] = {{kHost, kDevice, 1000, 1000},       {kDevice, kHost, 1000, 1000},
-                        {kDevice, kDevice, 100, 256 << 10}, {kHost, kHost, 200 << 10, 200 << 10},
-                        {kDevice, kDevice, 0, 8},           {kDevice, kHost, 7, 300 << 10},
-                        {kDevice, kDevice, 262144, 262144}, {kDevice, kDevice, 262145, 262145},
-                        {kHost, kDevice, 262145, 1 << 20}};
+  const Case cases[] = {{kHost, kDevice, 1000, 1000},
+                        {kDevice, kHost, 1000, 1000},
+                        {kDevice, kDevice, 100, 256 << 10},
+                        {kHost, kHost, 200 << 10, 200 << 10},
+                        {kDevice, kDevice, 0, 8},
+                        {kDevice, kHost, 7, 300 << 10},
+                        {kDevice, kDevice, 262144, 262144},
+                        {kDevice, kDevice, 262145, 262145},
+                        {kHost, kDevice, 262145, 1 << 20},
+                        {kDevice, kHost, (1 << 20) + 5, (1 << 20) + 5},
+                        {kDevice, kDevice, (9 << 20) + 3, (10 << 20) + 1, 1},
+                        {kDevice, kDevice, (3 << 20) + 8, 3 << 21, 8}};
   for (const Case& c : cases) {
-    Device device_send(std::max<std::size_t>(c.bytes, 1)), device_recv(c.capacity);
+    Device device_send(std::max<std::size_t>(c.bytes, 1) + c.offset),
+        device_recv(c.capacity + c.offset);
     std::vector<std::uint8_t> host_send(std::max<std::size_t>(c.bytes, 1)), host_recv(c.capacity);
-    void* send = c.from == kDevice ? device_send.get() : host_send.data();
-    void* recv = c.into == kDevice ? device_recv.get() : host_recv.data();
+    void* send = c.from == kDevice ? static_cast<std::uint8_t*>(device_send.get()) + c.offset
+                                   : host_send.data();
+    void* recv = c.into == kDevice ? static_cast<std::uint8_t*>(device_recv.get()) + c.offset
+                                   : host_recv.data();
+    // Every byte its own value, so that a piece out of place shows.
+    auto pattern = [](std::uint8_t value, std::size_t k) {
+      return static_cast<std::uint8_t>(value + ((k * 2654435761u) >> 11));
+    };
     for (int i = 0; i < 20; ++i) {
       const std::uint8_t value = value_of(i, world.rank());
-      if (c.from == kDevice) {
-        check(g_cuda->cuMemsetD8Async(device_send.p, value, c.bytes, g_stream), "memset");
-      } else {
-        check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
-        std::memset(host_send.data(), value, c.bytes);
+      check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+      for (std::size_t k = 0; k < c.bytes; ++k) host_send[k] = pattern(value, k);
+      if (c.from == kDevice && c.bytes > 0) {
+        check(g_cuda->cuMemcpy(device_send.p + c.offset,
+                               reinterpret_cast<CUdeviceptr>(host_send.data()), c.bytes),
+              "fill");
       }
       if (c.into == kDevice) {
-        check(g_cuda->cuMemsetD8Async(device_recv.p, 0xee, c.capacity, g_stream), "memset");
+        check(g_cuda->cuMemsetD8Async(device_recv.p + c.offset, 0xee, c.capacity, g_stream),
+              "memset");
       } else {
         std::memset(host_recv.data(), 0xee, c.capacity);
       }
@@ -300,16 +318,16 @@ TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
       ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
       std::vector<std::uint8_t> got(c.capacity);
       if (c.into == kDevice) {
-        check(
-            g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), device_recv.p, c.capacity),
-            "read");
+        check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(got.data()), device_recv.p + c.offset,
+                               c.capacity),
+              "read");
       } else {
         got = host_recv;
       }
       const std::uint8_t expected = value_of(i, previous);
       std::size_t wrong = 0;
       for (std::size_t k = 0; k < c.capacity; ++k) {
-        wrong += got[k] != (k < c.bytes ? expected : 0xee);
+        wrong += got[k] != (k < c.bytes ? pattern(expected, k) : 0xee);
       }
       ASSERT_EQ(wrong, 0u) << c.bytes << " B into " << c.capacity << " B, from "
                            << (c.from == kDevice ? "device" : "host") << " into "

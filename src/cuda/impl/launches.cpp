@@ -282,12 +282,15 @@ struct P2pArgs {
   unsigned long long bytes;
   void* verdict;
   void* done;
+  void* chunks;
   int kind;
   int index;
   int total;
   int first_block;
+  int direct;
+  int after;
 };
-static_assert(sizeof(P2pArgs) == 72);
+static_assert(sizeof(P2pArgs) == 88);
 
 }  // namespace
 
@@ -302,20 +305,29 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
     return Status(Code::kInvalidArgument,
                   "a stream send/receive launch of " + std::to_string(ops.size()) + " ops");
   }
-  // A thread per LL line (a thread's second line waits a round trip behind its first), at most
-  // 256 blocks in all, so that every op's blocks are on the GPU at once.
+  // A thread per LL line (a thread's second line waits a round trip behind its first), a block
+  // per place of the bulk ring a send fills, at most 256 blocks in all, so that every op's blocks
+  // are on the GPU at once.
   std::array<P2pArgs, Cuda::kP2pMaxOps> args{};
   const std::size_t share = std::max<std::size_t>(1, 256 / ops.size());
   int blocks = 0;
   auto* done = static_cast<unsigned*>(scratch) + 1;  // [0] counts the launch's ended blocks
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Cuda::P2pOp& op = ops[i];
-    const bool carries = op.kind != Cuda::P2pOp::Kind::kSendHeader;
-    const std::size_t lines = (carries ? (std::min(op.bytes, Cuda::kP2pInlineMax) + 7) / 8 : 0) + 1;
-    args[i] = P2pArgs{op.slots, op.free,    op.counter, op.buffer,
-                      op.bytes, op.verdict, done + i,   static_cast<int>(op.kind),
-                      op.index, op.total,   blocks};
-    blocks += static_cast<int>(std::clamp<std::size_t>((lines + 511) / 512, 1, share));
+    using Kind = Cuda::P2pOp::Kind;
+    std::size_t want = 1;
+    if (op.kind == Kind::kSendBulk) {
+      want = std::min<std::size_t>((op.bytes + Cuda::kP2pChunkBytes - 1) / Cuda::kP2pChunkBytes,
+                                   Cuda::kP2pChunks);
+    } else if (op.kind != Kind::kSendHeader) {
+      want = ((std::min(op.bytes, Cuda::kP2pInlineMax) + 7) / 8 + 1 + 511) / 512;
+    }
+    args[i] = P2pArgs{op.slots,          op.free,   op.counter,
+                      op.buffer,         op.bytes,  op.verdict,
+                      done + i,          op.chunks, static_cast<int>(op.kind),
+                      op.index,          op.total,  blocks,
+                      op.direct ? 1 : 0, op.after};
+    blocks += static_cast<int>(std::clamp<std::size_t>(want, 1, share));
   }
   ScopedContext scope(d_, dev.context);
   int count = static_cast<int>(ops.size());

@@ -6,14 +6,27 @@
 // ---- One launch: every send and receive of a stream group ----
 //
 // Each member keeps, for each peer it set a pair up with, an inbox in its own device memory
-// (mapped by that peer): kP2pSlots slot-free words, then a ring of kP2pSlots LL slots. Message s
-// (1, 2, ... per direction, numbered by the GPU) goes in slot s % kP2pSlots: line 0 its header
-// (its size, and whether its data follows inline or comes by ferry's thread), lines 1.. its bytes
-// when inline; every line carries s as its flag, so a reader knows a line of this message from a
-// stale one. The sender waits until slot-free word s % kP2pSlots of its own inbox says message
-// s - kP2pSlots was taken (the receiver writes it there when its blocks have read the slot).
-// Every op of a launch runs at once (blocks of different ops never wait for each other to
-// start), so a group's sends and receives between two members cannot wait for one another.
+// (mapped by that peer): kP2pSlots slot-free words and kP2pSlots reply words, then a ring of
+// kP2pSlots LL slots, then a bulk ring of kP2pChunks chunks of kP2pChunkBytes with a ready word
+// each (and the taken words of the chunks this member sends the peer). Message s (1, 2, ... per
+// direction, numbered by the GPU) goes in slot s % kP2pSlots: line 0 its header (its size, and
+// whether its data follows inline, comes through the bulk ring, or by ferry's thread), lines 1..
+// its bytes when inline; every line carries s as its flag, so a reader knows a line of this
+// message from a stale one. The sender waits until slot-free word s % kP2pSlots of its own inbox
+// says message s - kP2pSlots was taken (the receiver writes it there when its blocks have read
+// the slot). Every op of a launch runs at once (blocks of different ops never wait for each
+// other to start), so a group's sends and receives between two members cannot wait for one
+// another.
+//
+// A message past the inline limit from memory the sender's GPU reads goes through the bulk ring:
+// its header says so, and the receiver answers in reply word s % kP2pSlots whether it takes the
+// data there (its buffer is memory its GPU writes) or by ferry's thread (host memory). Through
+// the ring, chunk j of the message (kP2pChunkBytes each) goes in ring place j % kP2pChunks: one
+// block of each side handles a place, in order, and each side counts, in its own device memory,
+// the times it filled (emptied) each place, so a place is written once its last chunk was taken
+// and read once its next one is ready, whatever the sizes before. Ops of one launch that may
+// take the ring between the same two members in the same direction take it in turn: each waits
+// until the one before (`after`) ended, as the last of its blocks tells.
 namespace {
 
 constexpr int kP2pSlots = 4;
@@ -21,6 +34,14 @@ constexpr unsigned long long kP2pInlineMax = 262144;
 constexpr unsigned long long kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
 constexpr int kP2pMaxOps = 32;
 constexpr unsigned long long kP2pByThread = 1ull << 63;
+constexpr unsigned long long kP2pBulk = 1ull << 62;
+constexpr unsigned long long kP2pFlags = kP2pByThread | kP2pBulk;
+constexpr unsigned long long kP2pReplyOffset = 64;
+constexpr unsigned long long kP2pBulkOffset =
+    (128 + kP2pSlots * kP2pSlotBytes + 4095) / 4096 * 4096;  // ready words, taken words (+512)
+constexpr unsigned long long kP2pRingOffset = kP2pBulkOffset + 4096;
+constexpr int kP2pChunks = 64;
+constexpr unsigned long long kP2pChunkBytes = 65536;
 
 struct P2pOp {
   unsigned char* slots;         // send: the peer's ring for us (mapped); receive: ours for the peer
@@ -30,10 +51,13 @@ struct P2pOp {
   unsigned long long bytes;     // send: the size; receive: the most it takes
   unsigned* verdict;            // receive with a hand-off after it: {mode, size low, size high}
   unsigned* done;               // device memory: this op's blocks that ended (reset by the last)
-  int kind;                     // 0 send inline, 1 send the header only, 2 receive
+  unsigned long long* chunks;   // ours: the times we filled (send) or emptied each ring place
+  int kind;                     // 0 send inline, 1 send the header only, 2 receive, 3 send bulk
   int index;                    // among the launch's ops of the same peer and direction
   int total;                    // their number (on the op of index 0: it raises the counter)
   int first_block;              // this op's blocks: [first_block, next op's first_block)
+  int direct;                   // receive: `buffer` is the caller's (not a bounce)
+  int after;                    // the launch's op that takes the ring before this one, or -1
 };
 
 // A launch's ops (kernel parameters are copied at every launch: a group of two, the common case,
@@ -62,13 +86,77 @@ __device__ __forceinline__ bool p2p_wait_at_least(const unsigned long long* word
 }
 
 
+// Run by thread 0: waits until the launch's op `after` (-1: none) ended; false where the call
+// must stop.
+__device__ __forceinline__ bool p2p_wait_turn(const unsigned* ended, int after,
+                                              volatile unsigned* words,
+                                              unsigned long long deadline) {
+  if (after < 0) return true;
+  for (unsigned spins = 1; reinterpret_cast<const volatile unsigned*>(ended)[after] == 0; ++spins) {
+    if ((spins & 4095) == 0) {
+      if (words[0] != 0) return false;
+      if (deadline != 0 && now_ns() > deadline) {
+        words[2] = 1;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// One side of a message through the bulk ring, by block `block` of `blocks`: the sender copies
+// `bytes` from `data` into the peer's ring, the receiver from its ring into `data`. `ring` and
+// `ready` are in the receiver's inbox, `taken` in the sender's; `counts` the side's own counts of
+// each place. Block b takes places b, b + blocks, ..., each place's chunks in order. False where
+// the call must stop.
+__device__ bool p2p_bulk(bool sending, unsigned char* data, unsigned long long bytes,
+                         unsigned char* ring, unsigned long long* ready, unsigned long long* taken,
+                         unsigned long long* counts, int block, int blocks, volatile unsigned* words,
+                         unsigned long long deadline) {
+  __shared__ int stop;
+  const unsigned long long chunks = (bytes + kP2pChunkBytes - 1) / kP2pChunkBytes;
+  for (unsigned long long place = block; place < kP2pChunks && place < chunks; place += blocks) {
+    auto* count = reinterpret_cast<volatile unsigned long long*>(counts + place);
+    unsigned char* at = ring + place * kP2pChunkBytes;
+    unsigned long long round = threadIdx.x == 0 ? *count : 0;  // thread 0's alone
+    for (unsigned long long j = place; j < chunks; j += kP2pChunks, ++round) {
+      if (threadIdx.x == 0) {
+        // The sender writes a place once its last chunk was taken; the receiver reads it once
+        // the next is ready. The fence makes the peer's side visible (its data, or that it read
+        // the place out).
+        stop = !(sending ? p2p_wait_at_least(taken + place, round, words, deadline)
+                         : p2p_wait_at_least(ready + place, round + 1, words, deadline));
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+      }
+      __syncthreads();
+      if (stop != 0) return false;
+      const unsigned long long size = min(kP2pChunkBytes, bytes - j * kP2pChunkBytes);
+      if (sending) {
+        strided_copy(at, data + j * kP2pChunkBytes, size, threadIdx.x, blockDim.x);
+      } else {
+        strided_copy(data + j * kP2pChunkBytes, at, size, threadIdx.x, blockDim.x);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        // The block's copies (its barrier makes the fence cumulative over them), then the word.
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        store_relaxed(sending ? ready + place : taken + place, round + 1);
+        *count = round + 1;
+      }
+    }
+  }
+  return true;
+}
+
+
 }  // namespace
 
 // Block b runs op o where op[o].first_block <= b < op[o + 1].first_block (the last op's to the
 // grid's end). words: the communicator's stop words (host memory; [0] raised by the host stops
 // every wait, [1] set here where a message is larger than its receive, [2] where a wait passed
 // timeout_ns). launches: device memory, [0] counts the blocks that ended (the last one raises the
-// ops' counters and clears it).
+// ops' counters and clears it), [1 + o] op o's blocks that ended, [64 + o] whether op o ended (for
+// the op after it on the ring; cleared by the launch's last block).
 template <int kCapacity>
 __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int count,
                                            volatile unsigned* words, unsigned long long timeout_ns,
@@ -79,6 +167,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
   const int blocks = (o + 1 < count ? ops.op[o + 1].first_block : static_cast<int>(gridDim.x)) -
                      op.first_block;
   const int block = static_cast<int>(blockIdx.x) - op.first_block;
+  unsigned* ended = launches + 64;
   __shared__ unsigned long long sequence;
   __shared__ unsigned long long header;
   __shared__ int stopped;
@@ -106,9 +195,50 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       const auto* input = static_cast<const unsigned char*>(op.buffer);
       for (unsigned long long line = first; line < lines; line += stride) {
         const unsigned long long data =
-            line == 0 ? (op.bytes | (inline_data ? 0 : kP2pByThread))
+            line == 0 ? (op.bytes | (inline_data ? 0 : op.kind == 3 ? kP2pBulk : kP2pByThread))
                       : ll_input(input, op.bytes, (line - 1) * 8);
         ll_store(slot + line * 16, data, flag);
+      }
+    }
+    if (op.kind == 3 && stopped == 0) {
+      // The receiver's answer: through the ring (1) or by ferry's thread (2), for ferry's thread
+      // in the verdict (read after the launch).
+      __shared__ unsigned long long answer;
+      if (threadIdx.x == 0) {
+        auto* reply = reinterpret_cast<unsigned long long*>(
+                          reinterpret_cast<unsigned char*>(op.free) + kP2pReplyOffset) +
+                      sequence % kP2pSlots;
+        answer = p2p_wait_at_least(reply, sequence << 2, words, deadline) ? load_relaxed(reply) & 3
+                                                                          : 0;
+        if (answer == 0) stopped = 1;
+        if (block == 0 && answer != 0) {
+          reinterpret_cast<volatile unsigned*>(op.verdict)[0] = static_cast<unsigned>(answer);
+        }
+      }
+      __syncthreads();
+      if (answer == 1 && threadIdx.x == 0 && !p2p_wait_turn(ended, op.after, words, deadline)) {
+        stopped = 1;
+      }
+      __syncthreads();
+      unsigned char* peer_inbox = op.slots - 128;
+      if (answer == 1 && stopped == 0 &&
+          !p2p_bulk(true, static_cast<unsigned char*>(op.buffer), op.bytes,
+                    peer_inbox + kP2pRingOffset,
+                    reinterpret_cast<unsigned long long*>(peer_inbox + kP2pBulkOffset),
+                    reinterpret_cast<unsigned long long*>(
+                        reinterpret_cast<unsigned char*>(op.free) + kP2pBulkOffset + 512),
+                    op.chunks, block, blocks, words, deadline) &&
+          threadIdx.x == 0) {
+        stopped = 1;
+      }
+      // The op's last block to end lets the op after it on the ring go.
+      __syncthreads();
+      if (threadIdx.x == 0 && stopped == 0) {
+        __threadfence();
+        if (blocks == 1 || atomicAdd(op.done, 1u) == static_cast<unsigned>(blocks) - 1) {
+          if (blocks > 1) *op.done = 0;
+          reinterpret_cast<volatile unsigned*>(ended)[o] = 1;
+        }
       }
     }
   } else {
@@ -116,12 +246,12 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       unsigned long long got = 0;
       if (!ll_load(slot, flag, words, deadline, &got)) {
         stopped = 1;
-      } else if ((got & ~kP2pByThread) > op.bytes ||
-                 ((got & kP2pByThread) == 0 && got > kP2pInlineMax) ||
-                 ((got & kP2pByThread) != 0 && op.verdict == nullptr)) {
-        // The send is larger than the receive, or inline past what a slot holds, or comes by
-        // ferry's thread where this receive expected it inline (the members' limits differ, or
-        // a peer's header lies): every member's stream calls stop.
+      } else if ((got & kP2pFlags) == kP2pFlags || (got & ~kP2pFlags) > op.bytes ||
+                 ((got & kP2pFlags) == 0 && got > kP2pInlineMax) ||
+                 ((got & kP2pFlags) != 0 && op.verdict == nullptr)) {
+        // The send is larger than the receive, or inline past what a slot holds, or not inline
+        // where this receive expected it inline (the members' limits differ, or a peer's header
+        // lies): every member's stream calls stop.
         words[1] = 1;
         words[0] = 1;
         stopped = 1;
@@ -129,8 +259,33 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       header = got;
     }
     __syncthreads();
-    const unsigned long long size = header & ~kP2pByThread;
-    const bool inline_data = (header & kP2pByThread) == 0;
+    const unsigned long long size = header & ~kP2pFlags;
+    const bool inline_data = (header & kP2pFlags) == 0;
+    // Through the bulk ring where this receive's buffer is the caller's (device memory), else
+    // by ferry's thread: the sender waits for the answer.
+    const unsigned bulk = (header & kP2pBulk) == 0 ? 0u : op.direct != 0 ? 1u : 2u;
+    if (stopped == 0 && bulk != 0) {
+      if (block == 0 && threadIdx.x == 0) {
+        store_relaxed(reinterpret_cast<unsigned long long*>(
+                          reinterpret_cast<unsigned char*>(op.free) + kP2pReplyOffset) +
+                          sequence % kP2pSlots,
+                      sequence << 2 | bulk);
+      }
+      if (bulk == 1) {
+        if (threadIdx.x == 0 && !p2p_wait_turn(ended, op.after, words, deadline)) stopped = 1;
+        __syncthreads();
+        unsigned char* inbox = op.slots - 128;
+        if (stopped == 0 &&
+            !p2p_bulk(false, static_cast<unsigned char*>(op.buffer), size, inbox + kP2pRingOffset,
+                      reinterpret_cast<unsigned long long*>(inbox + kP2pBulkOffset),
+                      reinterpret_cast<unsigned long long*>(
+                          reinterpret_cast<unsigned char*>(op.free) + kP2pBulkOffset + 512),
+                      op.chunks, block, blocks, words, deadline) &&
+            threadIdx.x == 0) {
+          stopped = 1;
+        }
+      }
+    }
     if (stopped == 0 && inline_data) {
       const unsigned long long lines = (size + 7) / 8 + 1;
       auto* out = static_cast<unsigned char*>(op.buffer);
@@ -156,9 +311,10 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
           verdict[1] = static_cast<unsigned>(size);
           verdict[2] = static_cast<unsigned>(size >> 32);
           __threadfence_system();
-          verdict[0] = inline_data ? 1u : 2u;
+          verdict[0] = inline_data ? 1u : bulk != 0 ? bulk : 2u;
         }
         *reinterpret_cast<volatile unsigned long long*>(op.free + sequence % kP2pSlots) = sequence;
+        reinterpret_cast<volatile unsigned*>(ended)[o] = 1;
       }
     }
   }
@@ -169,6 +325,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
     if (atomicAdd(launches, 1u) == gridDim.x - 1) {
       *launches = 0;
       for (int k = 0; k < count; ++k) {
+        ended[k] = 0;
         if (ops.op[k].index == 0) {
           auto* counter = reinterpret_cast<volatile unsigned long long*>(ops.op[k].counter);
           *counter = *counter + ops.op[k].total;
