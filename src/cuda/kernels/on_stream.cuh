@@ -30,6 +30,19 @@ __device__ __forceinline__ void ll_store(unsigned char* line, unsigned long long
                : "memory");
 }
 
+// Run every spin of a wait for a peer: every 4,096 spins, whether the call must stop (the host
+// raised words[0], or the GPU's clock passed `deadline`, 0: none; then words[2] is set).
+__device__ __forceinline__ bool spin_must_stop(unsigned spins, volatile unsigned* words,
+                                               unsigned long long deadline) {
+  if ((spins & 4095) != 0) return false;
+  if (words[0] != 0) return true;
+  if (deadline != 0 && now_ns() > deadline) {
+    words[2] = 1;
+    return true;
+  }
+  return false;
+}
+
 // Waits until `line` shows `flag` and gives its data; false where the call must stop: the host
 // raised words[0] (a member died, the communicator was revoked, or a member saw a mismatch) or the
 // GPU's clock passed `deadline` (then words[2] is set).
@@ -43,13 +56,7 @@ __device__ __forceinline__ bool ll_load(const unsigned char* line, unsigned flag
                  : "l"(line)
                  : "memory");
     if (b == flag && d == flag) break;
-    if ((spins & 4095) == 0) {
-      if (words[0] != 0) return false;
-      if (deadline != 0 && now_ns() > deadline) {
-        words[2] = 1;
-        return false;
-      }
-    }
+    if (spin_must_stop(spins, words, deadline)) return false;
   }
   *data = static_cast<unsigned long long>(c) << 32 | a;
   return true;

@@ -75,13 +75,7 @@ __device__ __forceinline__ bool p2p_wait_at_least(const unsigned long long* word
                                                   unsigned long long deadline) {
   for (unsigned spins = 1;; ++spins) {
     if (*reinterpret_cast<const volatile unsigned long long*>(word) >= want) return true;
-    if ((spins & 4095) == 0) {
-      if (words[0] != 0) return false;
-      if (deadline != 0 && now_ns() > deadline) {
-        words[2] = 1;
-        return false;
-      }
-    }
+    if (spin_must_stop(spins, words, deadline)) return false;
   }
 }
 
@@ -93,26 +87,26 @@ __device__ __forceinline__ bool p2p_wait_turn(const unsigned* ended, int after,
                                               unsigned long long deadline) {
   if (after < 0) return true;
   for (unsigned spins = 1; reinterpret_cast<const volatile unsigned*>(ended)[after] == 0; ++spins) {
-    if ((spins & 4095) == 0) {
-      if (words[0] != 0) return false;
-      if (deadline != 0 && now_ns() > deadline) {
-        words[2] = 1;
-        return false;
-      }
-    }
+    if (spin_must_stop(spins, words, deadline)) return false;
   }
   return true;
 }
 
-// One side of a message through the bulk ring, by block `block` of `blocks`: the sender copies
-// `bytes` from `data` into the peer's ring, the receiver from its ring into `data`. `ring` and
-// `ready` are in the receiver's inbox, `taken` in the sender's; `counts` the side's own counts of
-// each place. Block b takes places b, b + blocks, ..., each place's chunks in order. False where
-// the call must stop.
-__device__ bool p2p_bulk(bool sending, unsigned char* data, unsigned long long bytes,
-                         unsigned char* ring, unsigned long long* ready, unsigned long long* taken,
-                         unsigned long long* counts, int block, int blocks, volatile unsigned* words,
-                         unsigned long long deadline) {
+// One side of op's message of `bytes` through the bulk ring, by block `block` of `blocks`: a send
+// copies from its buffer into the peer's ring, a receive from its ring into its buffer. Either
+// way op.slots is in the receiver's inbox (its ring and ready words) and op.free is the sender's
+// inbox (its taken words); op.chunks the side's own counts of each place. Block b takes places
+// b, b + blocks, ..., each place's chunks in order. False where the call must stop.
+__device__ bool p2p_bulk(const P2pOp& op, unsigned long long bytes, int block, int blocks,
+                         volatile unsigned* words, unsigned long long deadline) {
+  const bool sending = op.kind == 3;
+  auto* data = static_cast<unsigned char*>(op.buffer);
+  unsigned char* to_inbox = op.slots - 128;
+  unsigned char* ring = to_inbox + kP2pRingOffset;
+  auto* ready = reinterpret_cast<unsigned long long*>(to_inbox + kP2pBulkOffset);
+  auto* taken = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(op.free) +
+                                                      kP2pBulkOffset + 512);
+  unsigned long long* counts = op.chunks;
   __shared__ int stop;
   const unsigned long long chunks = (bytes + kP2pChunkBytes - 1) / kP2pChunkBytes;
   for (unsigned long long place = block; place < kP2pChunks && place < chunks; place += blocks) {
@@ -210,7 +204,16 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
                       sequence % kP2pSlots;
         answer = p2p_wait_at_least(reply, sequence << 2, words, deadline) ? load_relaxed(reply) & 3
                                                                           : 0;
-        if (answer == 0) stopped = 1;
+        if (answer == 0 || answer == 3) {
+          // Stopped, or an answer no receiver gives (a peer's bytes in our inbox): every
+          // member's stream calls stop.
+          if (answer == 3) {
+            words[1] = 1;
+            words[0] = 1;
+            answer = 0;
+          }
+          stopped = 1;
+        }
         if (block == 0 && answer != 0) {
           reinterpret_cast<volatile unsigned*>(op.verdict)[0] = static_cast<unsigned>(answer);
         }
@@ -220,15 +223,8 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
         stopped = 1;
       }
       __syncthreads();
-      unsigned char* peer_inbox = op.slots - 128;
       if (answer == 1 && stopped == 0 &&
-          !p2p_bulk(true, static_cast<unsigned char*>(op.buffer), op.bytes,
-                    peer_inbox + kP2pRingOffset,
-                    reinterpret_cast<unsigned long long*>(peer_inbox + kP2pBulkOffset),
-                    reinterpret_cast<unsigned long long*>(
-                        reinterpret_cast<unsigned char*>(op.free) + kP2pBulkOffset + 512),
-                    op.chunks, block, blocks, words, deadline) &&
-          threadIdx.x == 0) {
+          !p2p_bulk(op, op.bytes, block, blocks, words, deadline) && threadIdx.x == 0) {
         stopped = 1;
       }
       // The op's last block to end lets the op after it on the ring go.
@@ -274,13 +270,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       if (bulk == 1) {
         if (threadIdx.x == 0 && !p2p_wait_turn(ended, op.after, words, deadline)) stopped = 1;
         __syncthreads();
-        unsigned char* inbox = op.slots - 128;
-        if (stopped == 0 &&
-            !p2p_bulk(false, static_cast<unsigned char*>(op.buffer), size, inbox + kP2pRingOffset,
-                      reinterpret_cast<unsigned long long*>(inbox + kP2pBulkOffset),
-                      reinterpret_cast<unsigned long long*>(
-                          reinterpret_cast<unsigned char*>(op.free) + kP2pBulkOffset + 512),
-                      op.chunks, block, blocks, words, deadline) &&
+        if (stopped == 0 && !p2p_bulk(op, size, block, blocks, words, deadline) &&
             threadIdx.x == 0) {
           stopped = 1;
         }
