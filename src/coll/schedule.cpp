@@ -234,7 +234,7 @@ void Execution::withdraw() {
     const std::uint32_t index = proto::Engine::index_of(f.request);
     if (engine->requests().done(index)) continue;
     if (f.action.kind == Action::kRecv) {
-      engine->messages().cancel(index);
+      engine->messages().withdraw_recv(index);
     } else {
       engine->messages().abandon_send(index);
     }

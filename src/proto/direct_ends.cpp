@@ -20,8 +20,9 @@ void DirectEnds::on_end(std::uint64_t cookie, Status status) {
   }
   if (slot->state == RequestState::kDone) return;
   const int peer_rank = slot->kind == RequestKind::kSend ? slot->peer : slot->info.source;
-  if (!status && status.code() != Code::kPeerFailed && !slot->transfer.deferred && peer_rank >= 0 &&
-      peer_rank < engine_.size() && peer_rank != engine_.rank()) {
+  if (!status && status.code() != Code::kPeerFailed && !slot->transfer.deferred &&
+      !slot->transfer.withdrawn && peer_rank >= 0 && peer_rank < engine_.size() &&
+      peer_rank != engine_.rank()) {
     // A provider reports a peer's death on the transfers in flight with it as their own failure
     // (tcp: canceled), often before the death itself can be seen (the dying process's sockets
     // close before its pidfd says so): if the peer turns out dead, that is what failed them.

@@ -327,8 +327,44 @@ void Messages::handle_eager(int source, std::span<const std::byte> data) {
 void Messages::handle_cancel(int source, std::span<const std::byte> data) {
   CancelHeader header;
   if (!decode(data, &header)) return protocol_error(source, "short cancel header");
-  // Not found: the announcement was already matched; the receive then gets a FIN or a NACK.
-  matcher_.drop_rendezvous(source, header.sreq);
+  if (matcher_.drop_rendezvous(source, header.sreq)) return;
+  // Already matched: the receive gets a FIN or a NACK, unless it reads the sender's buffer,
+  // which the sender no longer exposes. That read fails, and the receive ends then, without
+  // asking for the data by clear-to-send (the sender would only refuse) and without waiting to
+  // see whether the sender died (a suspect of DirectEnds: a second or more over a network).
+  for (std::uint32_t index = 0; index < requests_.capacity(); ++index) {
+    RequestSlot& slot = requests_[index];
+    if (slot.kind != RequestKind::kRecv || slot.state != RequestState::kActive ||
+        slot.info.source != source || !slot.transfer.reading ||
+        slot.transfer.read_sreq != header.sreq) {
+      continue;
+    }
+    slot.transfer.withdrawn = true;
+    // No read in flight: it failed already and its failure is held.
+    if (slot.transfer.device_ops == 0) engine_.complete(index, withdrawn_while_read(source));
+    return;
+  }
+}
+
+Status Messages::withdrawn_while_read(int source) {
+  return Status(Code::kCanceled, "rank " + std::to_string(source) +
+                                     " withdrew this message while it was being read (it gave "
+                                     "up on the send)");
+}
+
+bool Messages::withdraw_recv(std::uint32_t index) {
+  if (cancel(index)) return true;
+  RequestSlot& slot = requests_[index];
+  if (slot.kind != RequestKind::kRecv || slot.state != RequestState::kActive ||
+      !slot.transfer.reading || slot.transfer.device_ops > 0) {
+    return false;
+  }
+  engine_.links().send_control(slot.info.source, kAmFin,
+                               as_bytes(FinHeader{slot.transfer.read_sreq, kFinFailed, 0}));
+  engine_.complete(
+      index, Status(Code::kCanceled, "withdrawn after its read of rank " +
+                                         std::to_string(slot.info.source) + "'s buffer failed"));
+  return true;
 }
 
 Status Messages::abandon_send(std::uint32_t index) {

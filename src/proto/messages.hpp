@@ -53,10 +53,15 @@ class Messages {
   Status abandon_send(std::uint32_t index);
   // A posted receive that has not matched ends, kCanceled (false if it matched already).
   bool cancel(std::uint32_t index);
+  // A failing collective gives up on a receive: as cancel, and also one whose read of the
+  // sender's buffer failed and is held while DirectEnds looks whether the sender died (its
+  // sender is told by FIN). False: it is still in a transport's hands; wait for its end.
+  bool withdraw_recv(std::uint32_t index);
   // An active message of this part (true), or another's (false).
   bool on_am(std::uint8_t id, int source, std::span<const std::byte> data);
   // A one-sided read of a sender's buffer ended: FIN on success; on failure other than the
-  // peer's death, clear-to-send instead (true: the receive goes on that way).
+  // peer's death or the sender's withdrawal, clear-to-send instead (true: the receive goes on
+  // that way).
   bool read_ended(std::uint32_t index, const Status& status);
   // `rank` failed: receives posted for it (and, with no other rank left, from any source) end,
   // and its announcements are dropped.
@@ -103,6 +108,7 @@ class Messages {
   void handle_frag(int source, std::span<const std::byte> data);
   void handle_fin(int source, std::span<const std::byte> data);
   void handle_cancel(int source, std::span<const std::byte> data);
+  static Status withdrawn_while_read(int source);
   void handle_nack(int source, std::span<const std::byte> data);
   // `remote`: the sender exposed its buffer for a one-sided read (null: it did not).
   void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,

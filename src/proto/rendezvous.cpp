@@ -21,6 +21,10 @@ bool Messages::read_ended(std::uint32_t index, const Status& status) {
   slot.transfer.reading = false;
   slot.transfer.direct = false;
   const int source = slot.info.source;
+  if (slot.transfer.withdrawn) {  // what was read may be a buffer the sender reused meanwhile
+    engine_.complete(index, withdrawn_while_read(source));
+    return true;
+  }
   if (status) {
     engine_.links().send_control(source, kAmFin,
                                  as_bytes(FinHeader{slot.transfer.read_sreq, 0, 0}));
@@ -125,10 +129,7 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
     if (status && peer.endpoint->was_withdrawn(sreq)) {
       // The sender gave up on the send (its timeout, or its collective failed) while we read:
       // its buffer may have been reused.
-      return engine_.complete(index,
-                              Status(Code::kCanceled, "rank " + std::to_string(source) +
-                                                          " withdrew this message while it was "
-                                                          "being read (it gave up on the send)"));
+      return engine_.complete(index, withdrawn_while_read(source));
     }
     if (!status && status.code() == Code::kPeerFailed) {
       engine_

@@ -46,7 +46,8 @@ struct RequestSlot {
     bool exposed = false;          // send: the buffer is exposed for the receiver's read
     bool reading = false;          // recv: reading the sender's exposed buffer (read_sreq's)
     std::uint64_t read_sreq = 0;
-    bool deferred = false;  // completion waits for those copies (then `status`)
+    bool withdrawn = false;  // recv: the sender withdrew the message being read (kAmCancel)
+    bool deferred = false;   // completion waits for those copies (then `status`)
   } transfer;
   // Device buffers and page-locked host memory (DevicePath, ChunkedPath): taken with the slot
   // by RequestPool::allocate (device, pinned_device, staged, offered), let go by free (host_copy,

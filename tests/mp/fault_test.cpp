@@ -368,11 +368,18 @@ int main(int argc, char** argv) {
       std::fill(big.begin(), big.end(), 'z');  // the caller reuses its buffer at once
     }
     if (ctx.rank() == 1) {
+      const auto start = std::chrono::steady_clock::now();
       ferry::Status s = ctx.recv(big.data(), big.size(), 0, 12);
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       expect(s.code() == ferry::Code::kCanceled,
              "a receive that read a withdrawn send's buffer reports kCanceled, not the data");
       if (s.code() != ferry::Code::kCanceled)
         std::fprintf(stderr, "got: %s\n", s.to_string().c_str());
+      // It ends when the sender's withdrawal arrives (the read starts after FERRY_TEST_GET_DELAY,
+      // 1 s): not after a wait to see whether the sender died (over ofi 2.2 s more before).
+      expect(took < 1.8, "the receive ends as soon as the withdrawal is known");
+      if (took >= 1.8) std::fprintf(stderr, "rank 1: the receive took %.2f s\n", took);
     }
     ctx.barrier();
     std::printf("rank %d: withdrawn while read, %d failures\n", ctx.rank(), failures);
