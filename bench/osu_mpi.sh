@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The OSU micro-benchmarks (7.4, from a fetched copy, never committed) on ferry's MPI: configured
+# with ferry's mpicc/mpicxx, built unmodified, each benchmark of the list run with validation (-c)
+# on RANKS ranks; with OPENMPI=1 the same source is also built with Open MPI's mpicc, and
+# osu_latency (8 B), osu_bw (4 MiB) and osu_allreduce (8 B, 1 MiB) run interleaved ROUNDS times,
+# ferry then Open MPI, giving medians and the median of per-round ratios (> 1: ferry better).
+#   bench/osu_mpi.sh OSU_SOURCE_DIR [RANKS] [ROUNDS]
+set -euo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FERRY_BUILD_DIR:-$top/build}
+src=$1 ranks=${2:-2} rounds=${3:-5}
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+
+configure_and_make() {  # DIR CC CXX
+  cp -r "$src" "$1"
+  (cd "$1" && CC=$2 CXX=$3 ./configure >configure.log 2>&1 && make -j"$(nproc)" >make.log 2>&1) ||
+    { echo "osu_mpi: building with $2 failed (see $1/*.log)"; exit 1; }
+}
+configure_and_make "$work/ferry" "$build/tools/mpicc" "$build/tools/mpicxx"
+osu=$work/ferry/c/mpi
+benchmarks="pt2pt/standard/osu_latency pt2pt/standard/osu_bw pt2pt/standard/osu_bibw
+  pt2pt/standard/osu_multi_lat collective/blocking/osu_allreduce collective/blocking/osu_bcast
+  collective/blocking/osu_allgather collective/blocking/osu_alltoall
+  collective/blocking/osu_reduce_scatter collective/non_blocking/osu_iallreduce"
+echo "== validation (-c), $ranks ranks, 1 B to 1 MiB"
+for b in $benchmarks; do
+  out=$(timeout 300 "$build/tools/mpiexec" -n "$ranks" "$osu/$b" -c -m 1:1048576 2>&1) || true
+  pass=$(echo "$out" | grep -c " Pass$" || true)
+  fail=$(echo "$out" | grep -c " Fail$" || true)
+  printf '%-40s %3d sizes passed, %d failed\n' "$(basename "$b")" "$pass" "$fail"
+  [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ] || echo "$out" | tail -5
+done
+[ "${OPENMPI:-0}" = 1 ] || exit 0
+
+configure_and_make "$work/openmpi" mpicc mpicxx
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ompi=(mpirun --oversubscribe --bind-to none -n "$ranks")
+value() {  # the last column's value at size $1 of a benchmark's output
+  awk -v s="$1" '$1 == s {print $2}'
+}
+cases=("osu_latency pt2pt/standard 8" "osu_bw pt2pt/standard 4194304"
+       "osu_allreduce collective/blocking 8" "osu_allreduce collective/blocking 1048576")
+for c in "${cases[@]}"; do
+  read -r name dir size <<<"$c"
+  : >"$work/$name-$size"
+  for _ in $(seq 1 "$rounds"); do
+    f=$("$build/tools/mpiexec" -n "$ranks" "$work/ferry/c/mpi/$dir/$name" -m "$size:$size" | value "$size")
+    o=$("${ompi[@]}" "$work/openmpi/c/mpi/$dir/$name" -m "$size:$size" 2>/dev/null | value "$size")
+    echo "$f $o" >>"$work/$name-$size"
+  done
+  python3 - "$name" "$size" "$work/$name-$size" <<'PY'
+import statistics, sys
+name, size, path = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = [tuple(map(float, l.split())) for l in open(path) if l.strip()]
+f = [r[0] for r in rows]; o = [r[1] for r in rows]
+bw = name == "osu_bw"
+ratios = [(a / b) if bw else (b / a) for a, b in rows]
+print(f"{name} {size} B: ferry {statistics.median(f):.2f} (runs {', '.join(f'{x:.2f}' for x in f)}), "
+      f"Open MPI {statistics.median(o):.2f} (runs {', '.join(f'{x:.2f}' for x in o)}), "
+      f"{'MB/s' if bw else 'us'}; ratio (>1: ferry better) {statistics.median(ratios):.2f}")
+PY
+done

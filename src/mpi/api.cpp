@@ -1,0 +1,908 @@
+// MPI on ferry: the environment, communicators, datatypes and point-to-point functions of
+// mpi.h, on ferry's public API (collectives.cpp has the collectives).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "mpi/runtime.hpp"
+
+using ferry::mpi::Comm;
+using ferry::mpi::PendingRequest;
+using ferry::mpi::Runtime;
+using ferry::mpi::Type;
+
+namespace ferry::mpi {
+
+int check_comm(const char* what, MPI_Comm handle, Comm** out) {
+  Runtime& rt = Runtime::get();
+  if (!rt.initialized || rt.finalized) {
+    return rt.fail(MPI_COMM_NULL, MPI_ERR_OTHER,
+                   std::string(what) + ": called " +
+                       (rt.finalized ? "after MPI_Finalize" : "before MPI_Init"));
+  }
+  *out = rt.comm(handle);
+  if (*out == nullptr) {
+    return rt.fail(MPI_COMM_NULL, MPI_ERR_COMM,
+                   std::string(what) + ": " + std::to_string(handle) +
+                       " is not a communicator (MPI_COMM_NULL, freed, or never made)");
+  }
+  return MPI_SUCCESS;
+}
+
+int check_type(const char* what, MPI_Comm comm, MPI_Datatype handle, int count, Type** out) {
+  Runtime& rt = Runtime::get();
+  *out = rt.type(handle);
+  if (*out == nullptr) {
+    return rt.fail(comm, MPI_ERR_TYPE,
+                   std::string(what) + ": " + std::to_string(handle) + " is not a datatype");
+  }
+  if (!(*out)->committed) {
+    return rt.fail(comm, MPI_ERR_TYPE,
+                   std::string(what) + ": the datatype is not committed (MPI_Type_commit)");
+  }
+  if (count < 0) {
+    return rt.fail(comm, MPI_ERR_COUNT,
+                   std::string(what) + ": negative count " + std::to_string(count));
+  }
+  return MPI_SUCCESS;
+}
+
+void fill_status(MPI_Status* status, int source, int tag, int error, std::size_t bytes) {
+  if (status == MPI_STATUS_IGNORE) return;
+  status->MPI_SOURCE = source;
+  status->MPI_TAG = tag;
+  status->MPI_ERROR = error;
+  status->ferry_cancelled = 0;
+  status->ferry_bytes = static_cast<long long>(bytes);
+}
+
+}  // namespace ferry::mpi
+
+using namespace ferry::mpi;  // NOLINT(google-build-using-namespace): the C functions below
+
+namespace {
+
+int check_peer(const char* what, const Comm& comm, MPI_Comm handle, int rank, bool any) {
+  if (rank == MPI_PROC_NULL || (any && rank == MPI_ANY_SOURCE)) return MPI_SUCCESS;
+  if (rank < 0 || rank >= comm.size()) {
+    return Runtime::get().fail(handle, MPI_ERR_RANK,
+                               std::string(what) + ": rank " + std::to_string(rank) +
+                                   " is not a member (the communicator has " +
+                                   std::to_string(comm.size()) + ")");
+  }
+  return MPI_SUCCESS;
+}
+
+int check_tag(const char* what, MPI_Comm handle, int tag, bool any) {
+  if (tag >= 0 || (any && tag == MPI_ANY_TAG)) return MPI_SUCCESS;
+  return Runtime::get().fail(handle, MPI_ERR_TAG,
+                             std::string(what) + ": tag " + std::to_string(tag) +
+                                 " is negative (tags are 0 to MPI_TAG_UB)");
+}
+
+int world_source(const Comm& comm, int source) {
+  return source == MPI_ANY_SOURCE ? ferry::kAnySource
+                                  : comm.world_of[static_cast<std::size_t>(source)];
+}
+
+// A send of `count` elements: blocking (request null) or not.
+int send(const char* what, const void* buf, int count, MPI_Datatype type, int dest, int tag,
+         MPI_Comm handle, MPI_Request* request) {
+  Comm* comm = nullptr;
+  Type* t = nullptr;
+  if (int e = check_comm(what, handle, &comm)) return e;
+  if (int e = check_type(what, handle, type, count, &t)) return e;
+  if (int e = check_peer(what, *comm, handle, dest, false)) return e;
+  if (int e = check_tag(what, handle, tag, false)) return e;
+  Runtime& rt = Runtime::get();
+  if (dest == MPI_PROC_NULL) {
+    if (request != nullptr) {
+      PendingRequest r;
+      r.kind = PendingRequest::kDone;
+      fill_status(&r.done, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+      *request = rt.add_request(std::move(r));
+    }
+    return MPI_SUCCESS;
+  }
+  const std::size_t bytes = static_cast<std::size_t>(count) * t->size;
+  const int to = comm->world_of[static_cast<std::size_t>(dest)];
+  const ferry::Tag wire = Runtime::wire_tag(*comm, tag);
+  std::vector<std::byte> packed;
+  const void* data = buf;
+  if (!t->contiguous() && bytes > 0) {
+    packed.resize(bytes);
+    pack(*t, buf, count, packed.data());
+    data = packed.data();
+  }
+  if (request == nullptr) return rt.fail(handle, what, rt.context->send(data, bytes, to, wire));
+  PendingRequest r;
+  r.kind = PendingRequest::kSend;
+  r.comm = handle;
+  r.packed = std::move(packed);
+  r.request = rt.context->isend(r.packed.empty() ? data : r.packed.data(), bytes, to, wire);
+  *request = rt.add_request(std::move(r));
+  return MPI_SUCCESS;
+}
+
+// What a receive learned, as MPI reports it; unpacks a non-contiguous type's data.
+int finish_recv(PendingRequest& r, const ferry::Status& status, MPI_Status* out) {
+  Runtime& rt = Runtime::get();
+  const Comm* comm = rt.comm(r.comm);
+  const ferry::MessageInfo info = r.request.info();
+  if (!r.packed.empty() && (status.is_ok() || status.code() == ferry::Code::kTruncated)) {
+    unpack(*rt.type(r.type), r.packed.data(), std::min(info.bytes, r.packed.size()), r.user);
+  }
+  const int error = rt.fail(r.comm, "MPI_Recv", status);
+  const int source = comm != nullptr && info.source >= 0
+                         ? comm->member_of[static_cast<std::size_t>(info.source)]
+                         : MPI_ANY_SOURCE;
+  fill_status(out, source, static_cast<int>(static_cast<std::uint32_t>(info.tag)), error,
+              info.bytes);
+  if (out != MPI_STATUS_IGNORE && status.code() == ferry::Code::kCanceled) out->ferry_cancelled = 1;
+  return error;
+}
+
+int recv(const char* what, void* buf, int count, MPI_Datatype type, int source, int tag,
+         MPI_Comm handle, MPI_Status* status, MPI_Request* request) {
+  Comm* comm = nullptr;
+  Type* t = nullptr;
+  if (int e = check_comm(what, handle, &comm)) return e;
+  if (int e = check_type(what, handle, type, count, &t)) return e;
+  if (int e = check_peer(what, *comm, handle, source, true)) return e;
+  if (int e = check_tag(what, handle, tag, true)) return e;
+  Runtime& rt = Runtime::get();
+  PendingRequest r;
+  r.comm = handle;
+  if (source == MPI_PROC_NULL) {
+    r.kind = PendingRequest::kDone;
+    fill_status(&r.done, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+    if (request != nullptr) {
+      *request = rt.add_request(std::move(r));
+    } else if (status != MPI_STATUS_IGNORE) {
+      *status = r.done;
+    }
+    return MPI_SUCCESS;
+  }
+  const std::size_t bytes = static_cast<std::size_t>(count) * t->size;
+  void* data = buf;
+  if (!t->contiguous() && bytes > 0) {
+    r.packed.resize(bytes);
+    data = r.packed.data();
+  }
+  r.kind = PendingRequest::kRecv;
+  r.user = buf;
+  r.type = type;
+  r.count = count;
+  r.request = rt.context->irecv(data, bytes, world_source(*comm, source),
+                                Runtime::wire_tag(*comm, tag), Runtime::wire_mask(tag));
+  if (request != nullptr) {
+    *request = rt.add_request(std::move(r));
+    return MPI_SUCCESS;
+  }
+  const ferry::Status s = r.request.wait();
+  return finish_recv(r, s, status);
+}
+
+void empty_status(MPI_Status* status) {
+  fill_status(status, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0);
+}
+
+// Completes request `*handle` (waits, or only looks when `flag` is given), fills `status` and
+// frees the request.
+int complete(MPI_Request* handle, MPI_Status* status, int* flag) {
+  Runtime& rt = Runtime::get();
+  if (flag != nullptr) *flag = 1;
+  if (*handle == MPI_REQUEST_NULL) {
+    empty_status(status);
+    return MPI_SUCCESS;
+  }
+  if (*handle < 0 || static_cast<std::size_t>(*handle) >= rt.requests.size() ||
+      !rt.requests[static_cast<std::size_t>(*handle)].live) {
+    return rt.fail(MPI_COMM_WORLD, MPI_ERR_REQUEST,
+                   "MPI_Wait/MPI_Test: " + std::to_string(*handle) + " is not a request");
+  }
+  PendingRequest& r = rt.requests[static_cast<std::size_t>(*handle)];
+  int error = MPI_SUCCESS;
+  if (r.kind == PendingRequest::kDone) {
+    if (status != MPI_STATUS_IGNORE) *status = r.done;
+    error = r.done.MPI_ERROR;
+  } else {
+    if (flag != nullptr && !r.request.test()) {
+      *flag = 0;
+      return MPI_SUCCESS;
+    }
+    const ferry::Status s = flag != nullptr ? r.request.status() : r.request.wait();
+    if (r.kind == PendingRequest::kRecv) {
+      error = finish_recv(r, s, status);
+    } else {
+      error = rt.fail(r.comm, r.kind == PendingRequest::kSend ? "MPI_Send" : "collective", s);
+      fill_status(status, MPI_ANY_SOURCE, MPI_ANY_TAG, error, 0);
+    }
+  }
+  r = PendingRequest{};
+  *handle = MPI_REQUEST_NULL;
+  return error;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- Environment ----
+
+int MPI_Init(int* argc, char*** argv) {
+  int provided = 0;
+  return MPI_Init_thread(argc, argv, MPI_THREAD_SINGLE, &provided);
+}
+
+int MPI_Init_thread(int* /*argc*/, char*** /*argv*/, int required, int* provided) {
+  Runtime& rt = Runtime::get();
+  if (rt.initialized) {
+    return rt.fail(MPI_COMM_NULL, MPI_ERR_OTHER, "MPI_Init: called twice");
+  }
+  try {
+    rt.context.emplace(ferry::Context::init());
+  } catch (const ferry::Error& e) {
+    return rt.fail(MPI_COMM_NULL, MPI_ERR_OTHER, std::string("MPI_Init: ") + e.what());
+  }
+  rt.initialized = true;
+  // ferry serialises its own calls; MPI_THREAD_MULTIPLE is granted as serialized.
+  rt.thread_level = std::min(required, MPI_THREAD_SERIALIZED);
+  *provided = rt.thread_level;
+  const int size = rt.context->size();
+  Comm world;
+  world.coll = rt.context->world();
+  world.context = 1;
+  for (int r = 0; r < size; ++r) world.world_of.push_back(r);
+  world.member_of = world.world_of;
+  world.live = true;
+  Comm self;
+  try {
+    self.coll = world.coll.split(rt.context->rank(), 0);
+  } catch (const ferry::Error& e) {
+    return rt.fail(MPI_COMM_NULL, MPI_ERR_OTHER, std::string("MPI_Init: ") + e.what());
+  }
+  self.context = 2;
+  self.world_of = {rt.context->rank()};
+  self.member_of.assign(static_cast<std::size_t>(size), -1);
+  self.member_of[static_cast<std::size_t>(rt.context->rank())] = 0;
+  self.live = true;
+  rt.comms[MPI_COMM_WORLD] = std::move(world);
+  rt.comms[MPI_COMM_SELF] = std::move(self);
+  return MPI_SUCCESS;
+}
+
+int MPI_Initialized(int* flag) {
+  *flag = Runtime::get().initialized ? 1 : 0;
+  return MPI_SUCCESS;
+}
+
+int MPI_Finalized(int* flag) {
+  *flag = Runtime::get().finalized ? 1 : 0;
+  return MPI_SUCCESS;
+}
+
+int MPI_Finalize(void) {
+  Runtime& rt = Runtime::get();
+  if (!rt.initialized || rt.finalized) {
+    return rt.fail(MPI_COMM_NULL, MPI_ERR_OTHER, "MPI_Finalize: MPI is not initialized");
+  }
+  // Every member has finished its communication before any lets go (MPI_Finalize is collective).
+  const ferry::Status s = rt.context->barrier();
+  rt.requests.clear();
+  rt.requests.resize(1);
+  for (Comm& c : rt.comms) c = Comm{};
+  rt.context.reset();
+  rt.finalized = true;
+  return rt.fail(MPI_COMM_NULL, "MPI_Finalize", s);
+}
+
+int MPI_Abort(MPI_Comm /*comm*/, int errorcode) {
+  Runtime& rt = Runtime::get();
+  std::fprintf(stderr, "ferry-mpi[%d]: MPI_Abort with error code %d: ending the job\n",
+               rt.context ? rt.context->rank() : -1, errorcode);
+  rt.abort(errorcode);
+}
+
+int MPI_Query_thread(int* provided) {
+  *provided = Runtime::get().thread_level;
+  return MPI_SUCCESS;
+}
+
+int MPI_Is_thread_main(int* flag) {
+  *flag = 1;
+  return MPI_SUCCESS;
+}
+
+int MPI_Get_processor_name(char* name, int* resultlen) {
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::snprintf(name, MPI_MAX_PROCESSOR_NAME, "%s", host);
+  *resultlen = static_cast<int>(std::strlen(name));
+  return MPI_SUCCESS;
+}
+
+int MPI_Get_version(int* version, int* subversion) {
+  *version = MPI_VERSION;
+  *subversion = MPI_SUBVERSION;
+  return MPI_SUCCESS;
+}
+
+int MPI_Get_library_version(char* version, int* resultlen) {
+  std::snprintf(version, MPI_MAX_LIBRARY_VERSION_STRING, "ferry MPI (MPI %d.%d subset)",
+                MPI_VERSION, MPI_SUBVERSION);
+  *resultlen = static_cast<int>(std::strlen(version));
+  return MPI_SUCCESS;
+}
+
+double MPI_Wtime(void) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double MPI_Wtick(void) { return 1e-9; }
+
+int MPI_Alloc_mem(MPI_Aint size, MPI_Info /*info*/, void* baseptr) {
+  void* memory = std::malloc(size > 0 ? static_cast<std::size_t>(size) : 1);
+  if (memory == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_NO_MEM,
+                               "MPI_Alloc_mem: " + std::to_string(size) + " bytes: no memory");
+  }
+  *static_cast<void**>(baseptr) = memory;
+  return MPI_SUCCESS;
+}
+
+int MPI_Free_mem(void* base) {
+  std::free(base);
+  return MPI_SUCCESS;
+}
+
+// ---- Errors ----
+
+int MPI_Error_string(int errorcode, char* string, int* resultlen) {
+  std::snprintf(string, MPI_MAX_ERROR_STRING, "%s", Runtime::get().message(errorcode).c_str());
+  *resultlen = static_cast<int>(std::strlen(string));
+  return MPI_SUCCESS;
+}
+
+int MPI_Error_class(int errorcode, int* errorclass) {
+  *errorclass = errorcode & 0xff;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_set_errhandler(MPI_Comm handle, MPI_Errhandler errhandler) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_set_errhandler", handle, &comm)) return e;
+  if (errhandler < MPI_ERRORS_ARE_FATAL || errhandler > MPI_ERRORS_ABORT) {
+    return Runtime::get().fail(handle, MPI_ERR_ARG,
+                               "MPI_Comm_set_errhandler: " + std::to_string(errhandler) +
+                                   " is not MPI_ERRORS_ARE_FATAL, MPI_ERRORS_RETURN or "
+                                   "MPI_ERRORS_ABORT (user handlers are not built yet)");
+  }
+  comm->errhandler = errhandler;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_get_errhandler(MPI_Comm handle, MPI_Errhandler* errhandler) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_get_errhandler", handle, &comm)) return e;
+  *errhandler = comm->errhandler;
+  return MPI_SUCCESS;
+}
+
+int MPI_Errhandler_free(MPI_Errhandler* errhandler) {
+  *errhandler = MPI_ERRHANDLER_NULL;
+  return MPI_SUCCESS;
+}
+
+// ---- Communicators ----
+
+int MPI_Comm_rank(MPI_Comm handle, int* rank) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_rank", handle, &comm)) return e;
+  *rank = comm->rank();
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_size(MPI_Comm handle, int* size) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_size", handle, &comm)) return e;
+  *size = comm->size();
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_split(MPI_Comm handle, int color, int key, MPI_Comm* newcomm) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_split", handle, &comm)) return e;
+  Runtime& rt = Runtime::get();
+  if (color < 0 && color != MPI_UNDEFINED) {
+    return rt.fail(handle, MPI_ERR_ARG,
+                   "MPI_Comm_split: color " + std::to_string(color) +
+                       " is negative (colors are >= 0, or MPI_UNDEFINED)");
+  }
+  // The new communicator's context id: one that none of its members uses yet.
+  std::uint32_t context = rt.next_context;
+  if (ferry::Status s = comm->coll.allreduce(&context, &context, 1, ferry::DataType::kUint32,
+                                             ferry::ReduceOp::kMax);
+      !s.is_ok()) {
+    return rt.fail(handle, "MPI_Comm_split", s);
+  }
+  rt.next_context = context + 1;
+  Comm made;
+  try {
+    made.coll =
+        comm->coll.split(color == MPI_UNDEFINED ? ferry::Communicator::kUndefined : color, key);
+  } catch (const ferry::Error& e) {
+    return rt.fail(handle, MPI_ERR_OTHER, std::string("MPI_Comm_split: ") + e.what());
+  }
+  if (!made.coll.valid()) {
+    *newcomm = MPI_COMM_NULL;
+    return MPI_SUCCESS;
+  }
+  made.context = context;
+  made.errhandler = comm->errhandler;
+  made.member_of.assign(static_cast<std::size_t>(rt.context->size()), -1);
+  for (int r = 0; r < made.coll.size(); ++r) {
+    const int world = made.coll.world_rank(r);
+    made.world_of.push_back(world);
+    made.member_of[static_cast<std::size_t>(world)] = r;
+  }
+  *newcomm = rt.add_comm(std::move(made));
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_dup(MPI_Comm handle, MPI_Comm* newcomm) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_dup", handle, &comm)) return e;
+  return MPI_Comm_split(handle, 0, comm->rank(), newcomm);
+}
+
+int MPI_Comm_free(MPI_Comm* handle) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_free", *handle, &comm)) return e;
+  if (*handle == MPI_COMM_WORLD || *handle == MPI_COMM_SELF) {
+    return Runtime::get().fail(*handle, MPI_ERR_COMM,
+                               "MPI_Comm_free: MPI_COMM_WORLD and MPI_COMM_SELF are not freed");
+  }
+  *comm = Comm{};
+  *handle = MPI_COMM_NULL;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_compare(MPI_Comm a, MPI_Comm b, int* result) {
+  Comm* ca = nullptr;
+  Comm* cb = nullptr;
+  if (int e = check_comm("MPI_Comm_compare", a, &ca)) return e;
+  if (int e = check_comm("MPI_Comm_compare", b, &cb)) return e;
+  *result = a == b                         ? MPI_IDENT
+            : ca->world_of == cb->world_of ? MPI_CONGRUENT
+            : std::is_permutation(ca->world_of.begin(), ca->world_of.end(), cb->world_of.begin(),
+                                  cb->world_of.end())
+                ? MPI_SIMILAR
+                : MPI_UNEQUAL;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_test_inter(MPI_Comm handle, int* flag) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_test_inter", handle, &comm)) return e;
+  *flag = 0;
+  return MPI_SUCCESS;
+}
+
+// ---- Point to point ----
+
+int MPI_Send(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
+  return send("MPI_Send", buf, count, type, dest, tag, comm, nullptr);
+}
+
+// Synchronous and ready modes are standard sends: a send past the eager limit completes once
+// matched, as MPI_Ssend's does, a smaller one may complete before (docs/design/mpi.md).
+int MPI_Ssend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
+  return send("MPI_Ssend", buf, count, type, dest, tag, comm, nullptr);
+}
+
+int MPI_Rsend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
+  return send("MPI_Rsend", buf, count, type, dest, tag, comm, nullptr);
+}
+
+int MPI_Isend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+              MPI_Request* request) {
+  return send("MPI_Isend", buf, count, type, dest, tag, comm, request);
+}
+
+int MPI_Issend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+               MPI_Request* request) {
+  return send("MPI_Issend", buf, count, type, dest, tag, comm, request);
+}
+
+int MPI_Recv(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+             MPI_Status* status) {
+  return recv("MPI_Recv", buf, count, type, source, tag, comm, status, nullptr);
+}
+
+int MPI_Irecv(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+              MPI_Request* request) {
+  return recv("MPI_Irecv", buf, count, type, source, tag, comm, MPI_STATUS_IGNORE, request);
+}
+
+int MPI_Sendrecv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag,
+                 void* recvbuf, int recvcount, MPI_Datatype recvtype, int source, int recvtag,
+                 MPI_Comm comm, MPI_Status* status) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (int e = recv("MPI_Sendrecv", recvbuf, recvcount, recvtype, source, recvtag, comm,
+                   MPI_STATUS_IGNORE, &r)) {
+    return e;
+  }
+  const int sent = send("MPI_Sendrecv", sendbuf, sendcount, sendtype, dest, sendtag, comm, nullptr);
+  const int received = complete(&r, status, nullptr);
+  return sent != MPI_SUCCESS ? sent : received;
+}
+
+int MPI_Iprobe(int source, int tag, MPI_Comm handle, int* flag, MPI_Status* status) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Iprobe", handle, &comm)) return e;
+  if (int e = check_peer("MPI_Iprobe", *comm, handle, source, true)) return e;
+  if (int e = check_tag("MPI_Iprobe", handle, tag, true)) return e;
+  if (source == MPI_PROC_NULL) {
+    *flag = 1;
+    fill_status(status, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+    return MPI_SUCCESS;
+  }
+  const std::optional<ferry::MessageInfo> info = Runtime::get().context->iprobe(
+      world_source(*comm, source), Runtime::wire_tag(*comm, tag), Runtime::wire_mask(tag));
+  *flag = info.has_value() ? 1 : 0;
+  if (info) {
+    fill_status(status, comm->member_of[static_cast<std::size_t>(info->source)],
+                static_cast<int>(static_cast<std::uint32_t>(info->tag)), MPI_SUCCESS, info->bytes);
+  }
+  return MPI_SUCCESS;
+}
+
+int MPI_Probe(int source, int tag, MPI_Comm handle, MPI_Status* status) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Probe", handle, &comm)) return e;
+  if (int e = check_peer("MPI_Probe", *comm, handle, source, true)) return e;
+  if (int e = check_tag("MPI_Probe", handle, tag, true)) return e;
+  if (source == MPI_PROC_NULL) {
+    fill_status(status, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+    return MPI_SUCCESS;
+  }
+  Runtime& rt = Runtime::get();
+  const ferry::MessageInfo info = rt.context->probe(
+      world_source(*comm, source), Runtime::wire_tag(*comm, tag), Runtime::wire_mask(tag));
+  if (info.source < 0) {
+    return rt.fail(handle, MPIX_ERR_PROC_FAILED,
+                   "MPI_Probe: no such message can come any more (its source failed, or "
+                   "FERRY_TIMEOUT passed)");
+  }
+  fill_status(status, comm->member_of[static_cast<std::size_t>(info.source)],
+              static_cast<int>(static_cast<std::uint32_t>(info.tag)), MPI_SUCCESS, info.bytes);
+  return MPI_SUCCESS;
+}
+
+int MPI_Wait(MPI_Request* request, MPI_Status* status) {
+  return complete(request, status, nullptr);
+}
+
+int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
+  const int e = complete(request, status, flag);
+  if (*flag == 0) Runtime::get().context->progress();
+  return e;
+}
+
+int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
+  int error = MPI_SUCCESS;
+  for (int i = 0; i < count; ++i) {
+    MPI_Status* s = statuses == MPI_STATUSES_IGNORE ? MPI_STATUS_IGNORE : &statuses[i];
+    const int e = complete(&requests[i], s, nullptr);
+    if (e != MPI_SUCCESS) error = statuses == MPI_STATUSES_IGNORE ? e : MPI_ERR_IN_STATUS;
+  }
+  return error;
+}
+
+int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuses[]) {
+  Runtime& rt = Runtime::get();
+  for (int i = 0; i < count; ++i) {
+    const MPI_Request h = requests[i];
+    if (h == MPI_REQUEST_NULL || h < 0 || static_cast<std::size_t>(h) >= rt.requests.size()) {
+      continue;
+    }
+    PendingRequest& r = rt.requests[static_cast<std::size_t>(h)];
+    if (r.live && r.kind != PendingRequest::kDone && !r.request.test()) {
+      *flag = 0;
+      rt.context->progress();
+      return MPI_SUCCESS;
+    }
+  }
+  *flag = 1;
+  return MPI_Waitall(count, requests, statuses);
+}
+
+int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag, MPI_Status* status) {
+  Runtime& rt = Runtime::get();
+  bool any_active = false;
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] == MPI_REQUEST_NULL) continue;
+    any_active = true;
+    int done = 0;
+    const int e = complete(&requests[i], status, &done);
+    if (done != 0) {
+      *index = i;
+      *flag = 1;
+      return e;
+    }
+  }
+  *index = MPI_UNDEFINED;
+  *flag = any_active ? 0 : 1;
+  if (!any_active) empty_status(status);
+  if (any_active) rt.context->progress();
+  return MPI_SUCCESS;
+}
+
+int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status) {
+  for (;;) {
+    int flag = 0;
+    const int e = MPI_Testany(count, requests, index, &flag, status);
+    if (flag != 0 || e != MPI_SUCCESS) return e;
+  }
+}
+
+int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[],
+                 MPI_Status statuses[]) {
+  int index = 0;
+  MPI_Status first{};
+  const int e = MPI_Waitany(incount, requests, &index, &first);
+  if (index == MPI_UNDEFINED) {
+    *outcount = MPI_UNDEFINED;
+    return e;
+  }
+  *outcount = 1;
+  indices[0] = index;
+  if (statuses != MPI_STATUSES_IGNORE) statuses[0] = first;
+  for (int i = 0; i < incount; ++i) {
+    if (requests[i] == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Status* s = statuses == MPI_STATUSES_IGNORE ? MPI_STATUS_IGNORE : &statuses[*outcount];
+    complete(&requests[i], s, &done);
+    if (done != 0) indices[(*outcount)++] = i;
+  }
+  return e;
+}
+
+int MPI_Request_free(MPI_Request* request) {
+  Runtime& rt = Runtime::get();
+  if (*request == MPI_REQUEST_NULL) return MPI_SUCCESS;
+  PendingRequest& r = rt.requests[static_cast<std::size_t>(*request)];
+  if (r.kind == PendingRequest::kRecv && !r.packed.empty()) {
+    // Its data must still be unpacked where the receive ends: it completes here.
+    complete(request, MPI_STATUS_IGNORE, nullptr);
+    return MPI_SUCCESS;
+  }
+  if (!r.packed.empty()) {  // a packed send: the copy must outlive the transfer
+    complete(request, MPI_STATUS_IGNORE, nullptr);
+    return MPI_SUCCESS;
+  }
+  // ferry lets a dropped Request run to its end (like MPI_Request_free).
+  r = PendingRequest{};
+  *request = MPI_REQUEST_NULL;
+  return MPI_SUCCESS;
+}
+
+int MPI_Cancel(MPI_Request* request) {
+  Runtime& rt = Runtime::get();
+  if (*request == MPI_REQUEST_NULL) return MPI_SUCCESS;
+  PendingRequest& r = rt.requests[static_cast<std::size_t>(*request)];
+  // A receive that has not matched is canceled; sends are not (MPI lets a cancel fail).
+  if (r.kind == PendingRequest::kRecv) r.request.cancel();
+  return MPI_SUCCESS;
+}
+
+int MPI_Test_cancelled(const MPI_Status* status, int* flag) {
+  *flag = status->ferry_cancelled;
+  return MPI_SUCCESS;
+}
+
+// ---- Datatypes ----
+
+int MPI_Type_size(MPI_Datatype handle, int* size) {
+  Type* t = Runtime::get().type(handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Type_size: not a datatype");
+  }
+  *size = static_cast<int>(t->size);
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_size_x(MPI_Datatype handle, MPI_Count* size) {
+  int s = 0;
+  const int e = MPI_Type_size(handle, &s);
+  *size = s;
+  return e;
+}
+
+int MPI_Type_get_extent(MPI_Datatype handle, MPI_Aint* lb, MPI_Aint* extent) {
+  Type* t = Runtime::get().type(handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Type_get_extent: not a datatype");
+  }
+  *lb = t->lb;
+  *extent = t->extent;
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_get_true_extent(MPI_Datatype handle, MPI_Aint* lb, MPI_Aint* extent) {
+  Type* t = Runtime::get().type(handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE,
+                               "MPI_Type_get_true_extent: not a datatype");
+  }
+  std::ptrdiff_t low = 0;
+  std::ptrdiff_t high = 0;
+  for (std::size_t i = 0; i < t->blocks.size(); ++i) {
+    const auto& b = t->blocks[i];
+    const auto end = b.offset + static_cast<std::ptrdiff_t>(b.bytes);
+    low = i == 0 ? b.offset : std::min(low, b.offset);
+    high = i == 0 ? end : std::max(high, end);
+  }
+  *lb = low;
+  *extent = high - low;
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_create_hvector(int count, int blocklength, MPI_Aint stride, MPI_Datatype oldtype,
+                            MPI_Datatype* newtype) {
+  Runtime& rt = Runtime::get();
+  Type* old = rt.type(oldtype);
+  if (old == nullptr || count < 0 || blocklength < 0) {
+    return rt.fail(MPI_COMM_WORLD, old == nullptr ? MPI_ERR_TYPE : MPI_ERR_COUNT,
+                   "MPI_Type_vector/hvector/contiguous: a bad old type or a negative count");
+  }
+  std::vector<std::ptrdiff_t> displacements;
+  for (int i = 0; i < count; ++i) {
+    for (int j = 0; j < blocklength; ++j) {
+      displacements.push_back(static_cast<std::ptrdiff_t>(i) * stride +
+                              static_cast<std::ptrdiff_t>(j) * old->extent);
+    }
+  }
+  *newtype = rt.add_type(derive(*old, displacements));
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_contiguous(int count, MPI_Datatype oldtype, MPI_Datatype* newtype) {
+  Type* old = Runtime::get().type(oldtype);
+  return MPI_Type_create_hvector(count, 1, old != nullptr ? old->extent : 0, oldtype, newtype);
+}
+
+int MPI_Type_vector(int count, int blocklength, int stride, MPI_Datatype oldtype,
+                    MPI_Datatype* newtype) {
+  Type* old = Runtime::get().type(oldtype);
+  return MPI_Type_create_hvector(count, blocklength,
+                                 static_cast<MPI_Aint>(stride) * (old != nullptr ? old->extent : 0),
+                                 oldtype, newtype);
+}
+
+int MPI_Type_indexed(int count, const int blocklengths[], const int displacements[],
+                     MPI_Datatype oldtype, MPI_Datatype* newtype) {
+  Runtime& rt = Runtime::get();
+  Type* old = rt.type(oldtype);
+  if (old == nullptr || count < 0) {
+    return rt.fail(MPI_COMM_WORLD, old == nullptr ? MPI_ERR_TYPE : MPI_ERR_COUNT,
+                   "MPI_Type_indexed: a bad old type or a negative count");
+  }
+  std::vector<std::ptrdiff_t> at;
+  for (int i = 0; i < count; ++i) {
+    if (blocklengths[i] < 0) {
+      return rt.fail(MPI_COMM_WORLD, MPI_ERR_COUNT, "MPI_Type_indexed: a negative block length");
+    }
+    for (int j = 0; j < blocklengths[i]; ++j) {
+      at.push_back((static_cast<std::ptrdiff_t>(displacements[i]) + j) * old->extent);
+    }
+  }
+  *newtype = rt.add_type(derive(*old, at));
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_create_resized(MPI_Datatype oldtype, MPI_Aint lb, MPI_Aint extent,
+                            MPI_Datatype* newtype) {
+  Runtime& rt = Runtime::get();
+  Type* old = rt.type(oldtype);
+  if (old == nullptr) {
+    return rt.fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Type_create_resized: not a datatype");
+  }
+  Type t = *old;
+  t.predefined = false;
+  t.committed = false;
+  t.name = "derived";
+  t.lb = lb;
+  t.extent = extent;
+  *newtype = rt.add_type(std::move(t));
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_commit(MPI_Datatype* handle) {
+  Type* t = Runtime::get().type(*handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Type_commit: not a datatype");
+  }
+  t->committed = true;
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_free(MPI_Datatype* handle) {
+  Type* t = Runtime::get().type(*handle);
+  if (t == nullptr || t->predefined) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE,
+                               "MPI_Type_free: not a derived datatype");
+  }
+  *t = Type{};
+  *handle = MPI_DATATYPE_NULL;
+  return MPI_SUCCESS;
+}
+
+int MPI_Get_count(const MPI_Status* status, MPI_Datatype handle, int* count) {
+  Type* t = Runtime::get().type(handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Get_count: not a datatype");
+  }
+  const auto bytes = static_cast<std::size_t>(status->ferry_bytes);
+  *count = t->size == 0           ? 0
+           : bytes % t->size != 0 ? MPI_UNDEFINED
+                                  : static_cast<int>(bytes / t->size);
+  return MPI_SUCCESS;
+}
+
+int MPI_Get_elements(const MPI_Status* status, MPI_Datatype handle, int* count) {
+  Type* t = Runtime::get().type(handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Get_elements: not a datatype");
+  }
+  const auto bytes = static_cast<std::size_t>(status->ferry_bytes);
+  const std::size_t unit = t->element ? ferry::size_of(*t->element) : t->size;
+  *count = unit == 0 || bytes % unit != 0 ? MPI_UNDEFINED : static_cast<int>(bytes / unit);
+  return MPI_SUCCESS;
+}
+
+int MPI_Type_get_name(MPI_Datatype handle, char* type_name, int* resultlen) {
+  Type* t = Runtime::get().type(handle);
+  if (t == nullptr) {
+    return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_TYPE, "MPI_Type_get_name: not a datatype");
+  }
+  std::snprintf(type_name, MPI_MAX_OBJECT_NAME, "%s", t->predefined ? t->name : "");
+  *resultlen = static_cast<int>(std::strlen(type_name));
+  return MPI_SUCCESS;
+}
+
+int MPI_Get_address(const void* location, MPI_Aint* address) {
+  *address = reinterpret_cast<MPI_Aint>(location);
+  return MPI_SUCCESS;
+}
+
+// ---- One-sided: not built yet ----
+
+int MPI_Win_create(void* /*base*/, MPI_Aint /*size*/, int /*disp_unit*/, MPI_Info /*info*/,
+                   MPI_Comm comm, MPI_Win* win) {
+  *win = MPI_WIN_NULL;
+  return Runtime::get().fail(comm, MPI_ERR_UNSUPPORTED_OPERATION,
+                             "MPI_Win_create: one-sided windows are not built in ferry's MPI yet");
+}
+
+int MPI_Win_allocate(MPI_Aint /*size*/, int /*disp_unit*/, MPI_Info /*info*/, MPI_Comm comm,
+                     void* /*baseptr*/, MPI_Win* win) {
+  *win = MPI_WIN_NULL;
+  return Runtime::get().fail(
+      comm, MPI_ERR_UNSUPPORTED_OPERATION,
+      "MPI_Win_allocate: one-sided windows are not built in ferry's MPI yet");
+}
+
+int MPI_Win_free(MPI_Win* win) {
+  *win = MPI_WIN_NULL;
+  return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_WIN,
+                             "MPI_Win_free: no window was made (windows are not built yet)");
+}
+
+}  // extern "C"

@@ -1,0 +1,123 @@
+// MPI on ferry: what the C functions of mpi.h share: the Context, the tables behind the int
+// handles (communicators, datatypes, requests), and errors that carry ferry's reason.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "mpi/mpi.h"
+
+namespace ferry::mpi {
+
+// A communicator: ferry's for the collectives, and for point-to-point the world ranks of its
+// members and a context id, which forms the top half of every message tag (the MPI tag is the
+// bottom half), so that messages of different communicators never match.
+struct Comm {
+  Communicator coll;
+  std::uint32_t context = 0;
+  std::vector<int> world_of;   // member -> world rank
+  std::vector<int> member_of;  // world rank -> member (-1: not a member)
+  MPI_Errhandler errhandler = MPI_ERRORS_ARE_FATAL;
+  bool live = false;
+  [[nodiscard]] int rank() const { return coll.rank(); }
+  [[nodiscard]] int size() const { return static_cast<int>(world_of.size()); }
+};
+
+// A datatype: its size and extent, and its layout as blocks of bytes within one element. A
+// predefined type (and a derived one of a single basic type) also names ferry's element type,
+// which the reductions need.
+struct Type {
+  std::size_t size = 0;
+  std::ptrdiff_t lb = 0;
+  std::ptrdiff_t extent = 0;
+  struct Block {
+    std::ptrdiff_t offset;
+    std::size_t bytes;
+  };
+  std::vector<Block> blocks;        // sorted by offset, merged
+  std::optional<DataType> element;  // homogeneous: ferry's element type
+  std::size_t element_count = 0;    // elements of `element` per element of this type
+  const char* name = "derived";
+  bool predefined = false;
+  bool committed = false;
+  bool live = false;
+  // One block at offset 0 as large as the extent: a buffer of n elements is n * size bytes.
+  [[nodiscard]] bool contiguous() const {
+    return blocks.size() == 1 && blocks[0].offset == 0 && blocks[0].bytes == size &&
+           static_cast<std::ptrdiff_t>(size) == extent && lb == 0;
+  }
+};
+
+// A non-blocking operation: ferry's request, and what to do with the data when it ends (a
+// receive of a non-contiguous type lands in `packed` and is unpacked into the user's buffer).
+struct PendingRequest {
+  Request request;
+  enum Kind { kNone, kSend, kRecv, kCollective, kDone } kind = kNone;
+  MPI_Comm comm = MPI_COMM_NULL;
+  void* user = nullptr;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  int count = 0;
+  std::vector<std::byte> packed;
+  MPI_Status done{};  // kDone (MPI_PROC_NULL, or failed at the start): the status to report
+  bool live = false;
+};
+
+class Runtime {
+ public:
+  static Runtime& get();
+
+  // ---- Errors ----
+  // An error of `error_class` with `why`: a code that carries the message (MPI_Error_string),
+  // handled by `comm`'s error handler (fatal: printed, then the job aborts).
+  int fail(MPI_Comm comm, int error_class, const std::string& why);
+  // A ferry Status as an MPI error of the function `what` (MPI_SUCCESS when it is ok).
+  int fail(MPI_Comm comm, const char* what, const Status& status);
+  [[nodiscard]] std::string message(int code) const;
+  [[noreturn]] void abort(int code);
+
+  // ---- State ----
+  bool initialized = false;
+  bool finalized = false;
+  int thread_level = MPI_THREAD_SINGLE;
+  std::optional<Context> context;
+  std::vector<Comm> comms;               // by handle
+  std::vector<Type> types;               // by handle
+  std::vector<PendingRequest> requests;  // by handle
+  std::uint32_t next_context = 3;        // agreed among a new communicator's members (max + 1)
+
+  Comm* comm(MPI_Comm handle);
+  Type* type(MPI_Datatype handle);
+  MPI_Comm add_comm(Comm comm);
+  MPI_Datatype add_type(Type type);
+  MPI_Request add_request(PendingRequest request);
+
+  // The tag of MPI tag `tag` on `comm`, and the mask that matches it (MPI_ANY_TAG: any).
+  static Tag wire_tag(const Comm& comm, int tag) {
+    return (Tag{comm.context} << 32) | static_cast<std::uint32_t>(tag);
+  }
+  static Tag wire_mask(int tag) { return tag == MPI_ANY_TAG ? Tag{0xffffffff} << 32 : kFullMask; }
+
+ private:
+  Runtime();
+  std::vector<std::string> messages_;  // by slot, a ring
+  std::size_t next_message_ = 0;
+};
+
+// A type of `old`'s elements placed at `displacements` (bytes), in that order (not committed).
+Type derive(const Type& old, const std::vector<std::ptrdiff_t>& displacements);
+
+// Checks shared by the C functions: each returns MPI_SUCCESS or the error code (having run the
+// communicator's error handler).
+int check_comm(const char* what, MPI_Comm handle, Comm** out);
+int check_type(const char* what, MPI_Comm comm, MPI_Datatype handle, int count, Type** out);
+void fill_status(MPI_Status* status, int source, int tag, int error, std::size_t bytes);
+
+// Packs `count` elements of `type` at `from` into `to` (count * size bytes), and back.
+void pack(const Type& type, const void* from, int count, std::byte* to);
+void unpack(const Type& type, const std::byte* from, std::size_t bytes, void* to);
+
+}  // namespace ferry::mpi

@@ -1,0 +1,305 @@
+/* ferry's MPI, as an MPI program sees it: point-to-point (matching, wildcards, statuses,
+ * truncation, derived types), every collective and its non-blocking forms, communicators, and
+ * the error handlers. Run under ferryrun (mpiexec) with 2 or more ranks; `mpi_test fatal`
+ * checks that an error under MPI_ERRORS_ARE_FATAL ends the job with ferry's reason. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int rank, size, checks, failures;
+
+static void check(int ok, const char* what) {
+  ++checks;
+  if (!ok) {
+    ++failures;
+    fprintf(stderr, "rank %d: FAILED: %s\n", rank, what);
+  }
+}
+
+static int error_class(int code) {
+  int c = 0;
+  MPI_Error_class(code, &c);
+  return c;
+}
+
+static void point_to_point(void) {
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  const int counts[] = {0, 1, 1000, 300000}; /* eager and rendezvous */
+  for (int i = 0; i < 4; ++i) {
+    const int n = counts[i];
+    int* out = malloc(sizeof(int) * (size_t)(n + 1));
+    int* in = malloc(sizeof(int) * (size_t)(n + 1));
+    for (int k = 0; k < n; ++k) out[k] = rank * 1000003 + k;
+    MPI_Request r;
+    MPI_Status st;
+    MPI_Irecv(in, n, MPI_INT, left, 7, MPI_COMM_WORLD, &r);
+    MPI_Send(out, n, MPI_INT, right, 7, MPI_COMM_WORLD);
+    MPI_Wait(&r, &st);
+    int got = -1, ok = 1;
+    MPI_Get_count(&st, MPI_INT, &got);
+    for (int k = 0; k < n; ++k) ok = ok && in[k] == left * 1000003 + k;
+    check(ok && got == n && st.MPI_SOURCE == left && st.MPI_TAG == 7 && r == MPI_REQUEST_NULL,
+          "ring send/recv: data, count, source, tag");
+    free(out);
+    free(in);
+  }
+
+  /* Wildcards: rank 0 takes one message from each other rank, by any source and any tag. */
+  if (rank == 0) {
+    int seen = 0;
+    for (int i = 1; i < size; ++i) {
+      int v = -1;
+      MPI_Status st;
+      MPI_Recv(&v, 1, MPI_INT, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+      check(v == st.MPI_SOURCE * 10 && st.MPI_TAG == 100 + st.MPI_SOURCE,
+            "MPI_ANY_SOURCE/MPI_ANY_TAG: the status names the sender and its tag");
+      seen |= 1 << st.MPI_SOURCE;
+    }
+    check(seen == ((1 << size) - 2), "one message from each rank");
+  } else {
+    int v = rank * 10;
+    MPI_Send(&v, 1, MPI_INT, 0, 100 + rank, MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD); /* no later message meets those wildcards */
+
+  /* Probe, then receive what it announced. */
+  if (rank == 1) {
+    double d[5] = {1, 2, 3, 4, 5};
+    MPI_Send(d, 5, MPI_DOUBLE, 0, 3, MPI_COMM_WORLD);
+  } else if (rank == 0) {
+    MPI_Status st;
+    int flag = 0, n = 0;
+    MPI_Probe(1, 3, MPI_COMM_WORLD, &st);
+    MPI_Get_count(&st, MPI_DOUBLE, &n);
+    MPI_Iprobe(1, 3, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+    double d[5] = {0};
+    MPI_Recv(d, n, MPI_DOUBLE, st.MPI_SOURCE, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    check(n == 5 && flag == 1 && d[4] == 5.0, "MPI_Probe and MPI_Iprobe see the message");
+  }
+
+  /* MPI_PROC_NULL: nothing moves, the status says so. */
+  {
+    int v = 1;
+    MPI_Status st;
+    MPI_Send(&v, 1, MPI_INT, MPI_PROC_NULL, 0, MPI_COMM_WORLD);
+    MPI_Recv(&v, 1, MPI_INT, MPI_PROC_NULL, 0, MPI_COMM_WORLD, &st);
+    int n = -1;
+    MPI_Get_count(&st, MPI_INT, &n);
+    check(st.MPI_SOURCE == MPI_PROC_NULL && n == 0 && v == 1, "MPI_PROC_NULL");
+  }
+
+  /* Truncation under MPI_ERRORS_RETURN. */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (rank == 0) {
+    int v[10] = {0};
+    MPI_Send(v, 10, MPI_INT, 1, 9, MPI_COMM_WORLD);
+  } else if (rank == 1) {
+    int v[5];
+    MPI_Status st;
+    const int e = MPI_Recv(v, 5, MPI_INT, 0, 9, MPI_COMM_WORLD, &st);
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(e, text, &len);
+    check(error_class(e) == MPI_ERR_TRUNCATE && len > 0, "a too small receive: MPI_ERR_TRUNCATE");
+  }
+  {
+    int v = 0;
+    const int e = MPI_Send(&v, 1, MPI_INT, size, 0, MPI_COMM_WORLD);
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(e, text, &len);
+    check(error_class(e) == MPI_ERR_RANK && strstr(text, "MPI_Send") != NULL,
+          "a send to a rank out of range: MPI_ERR_RANK naming the function");
+  }
+
+  /* A derived type: the column of a 4x4 matrix goes out as 4 ints and comes back as a column. */
+  {
+    MPI_Datatype column;
+    MPI_Type_vector(4, 1, 4, MPI_INT, &column);
+    MPI_Type_commit(&column);
+    int size_bytes = 0;
+    MPI_Aint lb = 0, extent = 0;
+    MPI_Type_size(column, &size_bytes);
+    MPI_Type_get_extent(column, &lb, &extent);
+    check(size_bytes == 16 && extent == 13 * 4, "MPI_Type_vector's size and extent");
+    int m[16], flat[4], back[16];
+    for (int k = 0; k < 16; ++k) m[k] = rank * 100 + k, back[k] = -1;
+    MPI_Sendrecv(m + 1, 1, column, right, 11, flat, 4, MPI_INT, left, 11, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    check(flat[0] == left * 100 + 1 && flat[3] == left * 100 + 13, "a column sent as a vector");
+    MPI_Sendrecv(flat, 4, MPI_INT, right, 12, back + 2, 1, column, left, 12, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    const int l2 = (rank + size - 2) % size;
+    check(back[2] == l2 * 100 + 1 && back[14] == l2 * 100 + 13 && back[3] == -1 && back[0] == -1,
+          "received into a vector: the column only");
+    MPI_Type_free(&column);
+  }
+}
+
+static void collectives(MPI_Comm comm) {
+  int me, n;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &n);
+  check(MPI_Barrier(comm) == MPI_SUCCESS, "MPI_Barrier");
+
+  double b[100];
+  const int root = 1 % n;
+  for (int k = 0; k < 100; ++k) b[k] = me == root ? k * 0.5 : -1;
+  MPI_Bcast(b, 100, MPI_DOUBLE, root, comm);
+  check(b[0] == 0 && b[99] == 49.5, "MPI_Bcast");
+
+  int v = me + 1, sum = 0;
+  MPI_Reduce(&v, &sum, 1, MPI_INT, MPI_SUM, 0, comm);
+  if (me == 0) check(sum == n * (n + 1) / 2, "MPI_Reduce SUM");
+  double x = me, mx = -1, mn = -1;
+  MPI_Allreduce(&x, &mx, 1, MPI_DOUBLE, MPI_MAX, comm);
+  MPI_Allreduce(&x, &mn, 1, MPI_DOUBLE, MPI_MIN, comm);
+  long long s = me;
+  MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_LONG_LONG, MPI_SUM, comm);
+  check(mx == n - 1 && mn == 0 && s == (long long)n * (n - 1) / 2, "MPI_Allreduce MAX/MIN/SUM");
+
+  int* all = malloc(sizeof(int) * (size_t)n * 2);
+  int pair[2] = {me, -me};
+  MPI_Allgather(pair, 2, MPI_INT, all, 2, MPI_INT, comm);
+  int ok = 1;
+  for (int r = 0; r < n; ++r) ok = ok && all[2 * r] == r && all[2 * r + 1] == -r;
+  check(ok, "MPI_Allgather");
+  for (int r = 0; r < n; ++r) all[r] = r == me ? me * 7 : -1;
+  MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, 1, MPI_INT, comm);
+  ok = 1;
+  for (int r = 0; r < n; ++r) ok = ok && all[r] == r * 7;
+  check(ok, "MPI_Allgather in place");
+
+  int* to = malloc(sizeof(int) * (size_t)n);
+  int* from = malloc(sizeof(int) * (size_t)n);
+  for (int r = 0; r < n; ++r) to[r] = me * 100 + r;
+  MPI_Alltoall(to, 1, MPI_INT, from, 1, MPI_INT, comm);
+  ok = 1;
+  for (int r = 0; r < n; ++r) ok = ok && from[r] == r * 100 + me;
+  check(ok, "MPI_Alltoall");
+
+  MPI_Gather(&me, 1, MPI_INT, all, 1, MPI_INT, root, comm);
+  if (me == root) {
+    ok = 1;
+    for (int r = 0; r < n; ++r) ok = ok && all[r] == r;
+    check(ok, "MPI_Gather");
+  }
+  for (int r = 0; r < n; ++r) to[r] = r * 3;
+  int got = -1;
+  MPI_Scatter(to, 1, MPI_INT, &got, 1, MPI_INT, root, comm);
+  check(got == me * 3, "MPI_Scatter");
+
+  for (int r = 0; r < n; ++r) to[r] = r + me;
+  MPI_Reduce_scatter_block(to, &got, 1, MPI_INT, MPI_SUM, comm);
+  check(got == n * me + n * (n - 1) / 2, "MPI_Reduce_scatter_block");
+  /* Unequal blocks: member r gets r + 1 elements. */
+  int total = n * (n + 1) / 2;
+  int* counts = malloc(sizeof(int) * (size_t)n);
+  int* displs = malloc(sizeof(int) * (size_t)n);
+  int* in = malloc(sizeof(int) * (size_t)total);
+  int* res = malloc(sizeof(int) * (size_t)total);
+  for (int r = 0, d = 0; r < n; ++r) counts[r] = r + 1, displs[r] = d, d += r + 1;
+  for (int k = 0; k < total; ++k) in[k] = k;
+  MPI_Reduce_scatter(in, res, counts, MPI_INT, MPI_SUM, comm);
+  ok = 1;
+  for (int k = 0; k < me + 1; ++k) ok = ok && res[k] == n * (displs[me] + k);
+  check(ok, "MPI_Reduce_scatter with unequal counts");
+
+  for (int k = 0; k < me + 1; ++k) in[k] = me;
+  MPI_Allgatherv(in, me + 1, MPI_INT, res, counts, displs, MPI_INT, comm);
+  ok = 1;
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < r + 1; ++k) ok = ok && res[displs[r] + k] == r;
+  check(ok, "MPI_Allgatherv");
+
+  /* Non-blocking collectives, two in flight at once. */
+  MPI_Request reqs[3];
+  double y = me, ysum = 0;
+  int bv = me == root ? 42 : 0;
+  MPI_Iallreduce(&y, &ysum, 1, MPI_DOUBLE, MPI_SUM, comm, &reqs[0]);
+  MPI_Ibcast(&bv, 1, MPI_INT, root, comm, &reqs[1]);
+  MPI_Ibarrier(comm, &reqs[2]);
+  MPI_Waitall(3, reqs, MPI_STATUSES_IGNORE);
+  check(ysum == n * (n - 1) / 2.0 && bv == 42, "MPI_Iallreduce, MPI_Ibcast and MPI_Ibarrier");
+
+  free(all);
+  free(to);
+  free(from);
+  free(counts);
+  free(displs);
+  free(in);
+  free(res);
+}
+
+static void communicators(void) {
+  MPI_Comm half, dup;
+  MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);
+  int hr, hs;
+  MPI_Comm_rank(half, &hr);
+  MPI_Comm_size(half, &hs);
+  check(hs == (size + 1 - rank % 2) / 2, "MPI_Comm_split: the size of each half");
+  collectives(half);
+
+  /* A message on a duplicate never matches a receive on the original, and the other way. */
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  int result = -1;
+  MPI_Comm_compare(MPI_COMM_WORLD, dup, &result);
+  check(result == MPI_CONGRUENT, "MPI_Comm_compare: a duplicate is congruent");
+  if (rank == 0) {
+    int a = 1, b = 2;
+    MPI_Send(&a, 1, MPI_INT, 1, 5, dup);
+    MPI_Send(&b, 1, MPI_INT, 1, 5, MPI_COMM_WORLD);
+  } else if (rank == 1) {
+    int a = 0, b = 0;
+    MPI_Recv(&b, 1, MPI_INT, 0, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&a, 1, MPI_INT, 0, 5, dup, MPI_STATUS_IGNORE);
+    check(a == 1 && b == 2, "messages of two communicators do not mix");
+  }
+  MPI_Comm none;
+  MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? MPI_UNDEFINED : 1, 0, &none);
+  check((rank == 0) == (none == MPI_COMM_NULL), "MPI_UNDEFINED gives MPI_COMM_NULL");
+  if (none != MPI_COMM_NULL) MPI_Comm_free(&none);
+  MPI_Comm_free(&half);
+  MPI_Comm_free(&dup);
+  check(half == MPI_COMM_NULL, "MPI_Comm_free sets MPI_COMM_NULL");
+}
+
+static void not_built(void) {
+  MPI_Win win;
+  const int e = MPI_Win_create(NULL, 0, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &win);
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(e, text, &len);
+  check(error_class(e) == MPI_ERR_UNSUPPORTED_OPERATION && strstr(text, "MPI_Win_create") != NULL,
+        "a function not built: MPI_ERR_UNSUPPORTED_OPERATION naming it");
+  int v = 1, out = 0;
+  const int m = MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MINLOC, MPI_COMM_WORLD);
+  check(error_class(m) == MPI_ERR_UNSUPPORTED_OPERATION, "an operation not built: refused");
+}
+
+int main(int argc, char** argv) {
+  int provided = -1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int flag = 0;
+  MPI_Initialized(&flag);
+  check(flag == 1 && provided == MPI_THREAD_FUNNELED, "MPI_Init_thread");
+  if (argc > 1 && strcmp(argv[1], "fatal") == 0) {
+    /* The default handler: the job ends, saying why. */
+    int v = 0;
+    MPI_Send(&v, 1, MPI_INT, size + 5, 0, MPI_COMM_WORLD);
+    printf("rank %d: still running after a fatal error\n", rank);
+    return 0;
+  }
+  point_to_point();
+  collectives(MPI_COMM_WORLD);
+  communicators();
+  not_built();
+  MPI_Finalize();
+  MPI_Finalized(&flag);
+  check(flag == 1, "MPI_Finalized");
+  printf("mpi_test: rank %d: %d checks, %d failures\n", rank, checks, failures);
+  return failures == 0 ? 0 : 1;
+}
