@@ -59,6 +59,9 @@ for kill_number in $(seq 1 "$kills"); do
   # shellcheck disable=SC2086
   [ -z "${CAMPAIGN_REPLAY:-}" ] || read -r seed victim delay_ms variant <<<"$CAMPAIGN_REPLAY"
   out=$work/out
+  # Emptied here, not only by the job's redirection, which runs in the background: the wait for
+  # the ranks below could otherwise read the previous job's lines (and its victim's pid).
+  : > "$out"
   # ferryrun's own limit first: it prints where each rank waits before it ends the job.
   # shellcheck disable=SC2086
   env $variant CAMPAIGN_SEED=$seed timeout 60 "$ferryrun" --timeout 50 --keep-going \
