@@ -90,110 +90,168 @@ int world_source(const Comm& comm, int source) {
                                   : comm.world_of[static_cast<std::size_t>(source)];
 }
 
-// A send of `count` elements: blocking (request null) or not.
-int send(const char* what, const void* buf, int count, MPI_Datatype type, int dest, int tag,
-         MPI_Comm handle, MPI_Request* request) {
+int mpi_tag(ferry::Tag tag) { return static_cast<int>(static_cast<std::uint32_t>(tag)); }
+
+void empty_status(MPI_Status* status);
+int complete_request(PendingRequest& r, MPI_Status* status, bool test);
+
+int member(const Comm* comm, int world) {
+  return comm != nullptr && world >= 0 ? comm->member_of[static_cast<std::size_t>(world)]
+                                       : MPI_ANY_SOURCE;
+}
+
+// Starts request `r` as the send or receive its fields describe (checked already): a packed
+// copy of a non-contiguous type's data, then ferry's isend or irecv.
+void start(PendingRequest& r) {
+  Runtime& rt = Runtime::get();
+  const Comm& comm = *rt.comm(r.comm);
+  const Type& t = *rt.type(r.type);
+  const std::size_t bytes = static_cast<std::size_t>(r.count) * t.size;
+  if (r.peer == MPI_PROC_NULL) {
+    r.started_done = true;
+    fill_status(&r.done, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+    return;
+  }
+  r.started_done = false;
+  void* data = r.user;
+  if (!t.contiguous() && bytes > 0) {
+    r.packed.resize(bytes);
+    if (r.kind == PendingRequest::kSend) pack(t, r.user, r.count, r.packed.data());
+    data = r.packed.data();
+  }
+  if (r.kind == PendingRequest::kSend) {
+    r.request = rt.context->isend(data, bytes, comm.world_of[static_cast<std::size_t>(r.peer)],
+                                  Runtime::wire_tag(comm, r.tag));
+  } else {
+    r.request = rt.context->irecv(data, bytes, world_source(comm, r.peer),
+                                  Runtime::wire_tag(comm, r.tag), Runtime::wire_mask(r.tag));
+  }
+}
+
+// Checks a send's or receive's arguments and makes its request (not started).
+int prepare(const char* what, bool is_send, void* buf, int count, MPI_Datatype type, int peer,
+            int tag, MPI_Comm handle, PendingRequest* r) {
   Comm* comm = nullptr;
   Type* t = nullptr;
   if (int e = check_comm(what, handle, &comm)) return e;
   if (int e = check_type(what, handle, type, count, &t)) return e;
-  if (int e = check_peer(what, *comm, handle, dest, false)) return e;
-  if (int e = check_tag(what, handle, tag, false)) return e;
-  Runtime& rt = Runtime::get();
-  if (dest == MPI_PROC_NULL) {
-    if (request != nullptr) {
-      PendingRequest r;
-      r.kind = PendingRequest::kDone;
-      fill_status(&r.done, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
-      *request = rt.add_request(std::move(r));
-    }
-    return MPI_SUCCESS;
-  }
-  const std::size_t bytes = static_cast<std::size_t>(count) * t->size;
-  const int to = comm->world_of[static_cast<std::size_t>(dest)];
-  const ferry::Tag wire = Runtime::wire_tag(*comm, tag);
-  std::vector<std::byte> packed;
-  const void* data = buf;
-  if (!t->contiguous() && bytes > 0) {
-    packed.resize(bytes);
-    pack(*t, buf, count, packed.data());
-    data = packed.data();
-  }
-  if (request == nullptr) return rt.fail(handle, what, rt.context->send(data, bytes, to, wire));
+  if (int e = check_peer(what, *comm, handle, peer, !is_send)) return e;
+  if (int e = check_tag(what, handle, tag, !is_send)) return e;
+  r->kind = is_send ? PendingRequest::kSend : PendingRequest::kRecv;
+  r->comm = handle;
+  r->user = buf;
+  r->type = type;
+  r->count = count;
+  r->peer = peer;
+  r->tag = tag;
+  return MPI_SUCCESS;
+}
+
+// A send of `count` elements: blocking (request null) or not.
+int send(const char* what, const void* buf, int count, MPI_Datatype type, int dest, int tag,
+         MPI_Comm handle, MPI_Request* request) {
   PendingRequest r;
-  r.kind = PendingRequest::kSend;
-  r.comm = handle;
-  r.packed = std::move(packed);
-  r.request = rt.context->isend(r.packed.empty() ? data : r.packed.data(), bytes, to, wire);
+  if (int e = prepare(what, true, const_cast<void*>(buf), count, type, dest, tag, handle, &r)) {
+    return e;
+  }
+  Runtime& rt = Runtime::get();
+  const Type& t = *rt.type(type);
+  if (request == nullptr && t.contiguous()) {  // blocking: ferry's blocking send, no request
+    if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
+    const Comm& comm = *rt.comm(handle);
+    return rt.fail(handle, what,
+                   rt.context->send(buf, static_cast<std::size_t>(count) * t.size,
+                                    comm.world_of[static_cast<std::size_t>(dest)],
+                                    Runtime::wire_tag(comm, tag)));
+  }
+  start(r);
+  if (request == nullptr) return complete_request(r, MPI_STATUS_IGNORE, false);
   *request = rt.add_request(std::move(r));
   return MPI_SUCCESS;
 }
 
-// What a receive learned, as MPI reports it; unpacks a non-contiguous type's data.
-int finish_recv(PendingRequest& r, const ferry::Status& status, MPI_Status* out) {
-  Runtime& rt = Runtime::get();
-  const Comm* comm = rt.comm(r.comm);
-  const ferry::MessageInfo info = r.request.info();
-  if (!r.packed.empty() && (status.is_ok() || status.code() == ferry::Code::kTruncated)) {
-    unpack(*rt.type(r.type), r.packed.data(), std::min(info.bytes, r.packed.size()), r.user);
-  }
-  const int error = rt.fail(r.comm, "MPI_Recv", status);
-  const int source = comm != nullptr && info.source >= 0
-                         ? comm->member_of[static_cast<std::size_t>(info.source)]
-                         : MPI_ANY_SOURCE;
-  fill_status(out, source, static_cast<int>(static_cast<std::uint32_t>(info.tag)), error,
-              info.bytes);
-  if (out != MPI_STATUS_IGNORE && status.code() == ferry::Code::kCanceled) out->ferry_cancelled = 1;
-  return error;
-}
-
 int recv(const char* what, void* buf, int count, MPI_Datatype type, int source, int tag,
          MPI_Comm handle, MPI_Status* status, MPI_Request* request) {
-  Comm* comm = nullptr;
-  Type* t = nullptr;
-  if (int e = check_comm(what, handle, &comm)) return e;
-  if (int e = check_type(what, handle, type, count, &t)) return e;
-  if (int e = check_peer(what, *comm, handle, source, true)) return e;
-  if (int e = check_tag(what, handle, tag, true)) return e;
-  Runtime& rt = Runtime::get();
   PendingRequest r;
-  r.comm = handle;
-  if (source == MPI_PROC_NULL) {
-    r.kind = PendingRequest::kDone;
-    fill_status(&r.done, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
-    if (request != nullptr) {
-      *request = rt.add_request(std::move(r));
-    } else if (status != MPI_STATUS_IGNORE) {
-      *status = r.done;
-    }
-    return MPI_SUCCESS;
+  if (int e = prepare(what, false, buf, count, type, source, tag, handle, &r)) return e;
+  Runtime& rt = Runtime::get();
+  const Type& t = *rt.type(type);
+  if (request == nullptr && t.contiguous() && source != MPI_PROC_NULL) {
+    // Blocking: ferry's blocking receive, no request.
+    const Comm& comm = *rt.comm(handle);
+    ferry::MessageInfo info;
+    const ferry::Status s =
+        rt.context->recv(buf, static_cast<std::size_t>(count) * t.size, world_source(comm, source),
+                         Runtime::wire_tag(comm, tag), &info, Runtime::wire_mask(tag));
+    const int error = rt.fail(handle, what, s);
+    fill_status(status, member(&comm, info.source), mpi_tag(info.tag), error, info.bytes);
+    return error;
   }
-  const std::size_t bytes = static_cast<std::size_t>(count) * t->size;
-  void* data = buf;
-  if (!t->contiguous() && bytes > 0) {
-    r.packed.resize(bytes);
-    data = r.packed.data();
-  }
-  r.kind = PendingRequest::kRecv;
-  r.user = buf;
-  r.type = type;
-  r.count = count;
-  r.request = rt.context->irecv(data, bytes, world_source(*comm, source),
-                                Runtime::wire_tag(*comm, tag), Runtime::wire_mask(tag));
-  if (request != nullptr) {
-    *request = rt.add_request(std::move(r));
-    return MPI_SUCCESS;
-  }
-  const ferry::Status s = r.request.wait();
-  return finish_recv(r, s, status);
+  start(r);
+  if (request == nullptr) return complete_request(r, status, false);
+  *request = rt.add_request(std::move(r));
+  return MPI_SUCCESS;
 }
 
 void empty_status(MPI_Status* status) {
   fill_status(status, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0);
 }
 
-// Completes request `*handle` (waits, or only looks when `flag` is given), fills `status` and
-// frees the request.
+// Completes a started request (waits, or only looks when `test`; false then: not yet) and
+// fills `status`; unpacks a non-contiguous receive. Returns the MPI code, or -1 for "not yet".
+int complete_request(PendingRequest& r, MPI_Status* status, bool test) {
+  Runtime& rt = Runtime::get();
+  if (r.kind == PendingRequest::kDone || r.started_done || (r.persistent && !r.active)) {
+    if (r.persistent && !r.active) {
+      empty_status(status);
+      return MPI_SUCCESS;
+    }
+    r.active = false;
+    if (status != MPI_STATUS_IGNORE) *status = r.done;
+    return r.done.MPI_ERROR;
+  }
+  for (ferry::Request& part : r.parts) {
+    if (test && !part.test()) return -1;
+  }
+  if (test && !r.request.test()) return -1;
+  ferry::Status s;
+  for (ferry::Request& part : r.parts) {
+    const ferry::Status p = test ? part.status() : part.wait();
+    if (s.is_ok()) s = p;
+  }
+  const ferry::Status main = test ? r.request.status() : r.request.wait();
+  if (s.is_ok()) s = main;
+  r.active = false;
+  if (r.kind == PendingRequest::kRecv) {
+    const ferry::MessageInfo info = r.request.info();
+    if (!r.packed.empty() && (s.is_ok() || s.code() == ferry::Code::kTruncated)) {
+      unpack(*rt.type(r.type), r.packed.data(), std::min(info.bytes, r.packed.size()), r.user);
+    }
+    const int error = rt.fail(r.comm, "MPI_Recv", s);
+    fill_status(status, member(rt.comm(r.comm), info.source), mpi_tag(info.tag), error, info.bytes);
+    if (status != MPI_STATUS_IGNORE && s.code() == ferry::Code::kCanceled) {
+      status->ferry_cancelled = 1;
+    }
+    return error;
+  }
+  if (s.is_ok() && r.after) r.after();
+  const int error = rt.fail(r.comm, r.kind == PendingRequest::kSend ? "MPI_Send" : "collective", s);
+  fill_status(status, MPI_ANY_SOURCE, MPI_ANY_TAG, error, 0);
+  return error;
+}
+
+// Whether a request would complete without waiting.
+bool ready(PendingRequest& r) {
+  if (!r.live || r.kind == PendingRequest::kDone || r.started_done) return true;
+  if (r.persistent && !r.active) return true;
+  for (ferry::Request& part : r.parts) {
+    if (!part.test()) return false;
+  }
+  return r.request.test();
+}
+
+// MPI_Wait/MPI_Test of request handle `*handle`: `flag` null waits. A completed request is
+// freed (a persistent one only goes inactive).
 int complete(MPI_Request* handle, MPI_Status* status, int* flag) {
   Runtime& rt = Runtime::get();
   if (flag != nullptr) *flag = 1;
@@ -207,25 +265,15 @@ int complete(MPI_Request* handle, MPI_Status* status, int* flag) {
                    "MPI_Wait/MPI_Test: " + std::to_string(*handle) + " is not a request");
   }
   PendingRequest& r = rt.requests[static_cast<std::size_t>(*handle)];
-  int error = MPI_SUCCESS;
-  if (r.kind == PendingRequest::kDone) {
-    if (status != MPI_STATUS_IGNORE) *status = r.done;
-    error = r.done.MPI_ERROR;
-  } else {
-    if (flag != nullptr && !r.request.test()) {
-      *flag = 0;
-      return MPI_SUCCESS;
-    }
-    const ferry::Status s = flag != nullptr ? r.request.status() : r.request.wait();
-    if (r.kind == PendingRequest::kRecv) {
-      error = finish_recv(r, s, status);
-    } else {
-      error = rt.fail(r.comm, r.kind == PendingRequest::kSend ? "MPI_Send" : "collective", s);
-      fill_status(status, MPI_ANY_SOURCE, MPI_ANY_TAG, error, 0);
-    }
+  const int error = complete_request(r, status, flag != nullptr);
+  if (error == -1) {
+    *flag = 0;
+    return MPI_SUCCESS;
   }
-  r = PendingRequest{};
-  *handle = MPI_REQUEST_NULL;
+  if (!r.persistent) {
+    r = PendingRequest{};
+    *handle = MPI_REQUEST_NULL;
+  }
   return error;
 }
 
@@ -609,11 +657,8 @@ int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuse
   Runtime& rt = Runtime::get();
   for (int i = 0; i < count; ++i) {
     const MPI_Request h = requests[i];
-    if (h == MPI_REQUEST_NULL || h < 0 || static_cast<std::size_t>(h) >= rt.requests.size()) {
-      continue;
-    }
-    PendingRequest& r = rt.requests[static_cast<std::size_t>(h)];
-    if (r.live && r.kind != PendingRequest::kDone && !r.request.test()) {
+    if (h <= MPI_REQUEST_NULL || static_cast<std::size_t>(h) >= rt.requests.size()) continue;
+    if (!ready(rt.requests[static_cast<std::size_t>(h)])) {
       *flag = 0;
       rt.context->progress();
       return MPI_SUCCESS;
@@ -677,19 +722,68 @@ int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices
 int MPI_Request_free(MPI_Request* request) {
   Runtime& rt = Runtime::get();
   if (*request == MPI_REQUEST_NULL) return MPI_SUCCESS;
+  if (*request < 0 || static_cast<std::size_t>(*request) >= rt.requests.size() ||
+      !rt.requests[static_cast<std::size_t>(*request)].live) {
+    return rt.fail(MPI_COMM_WORLD, MPI_ERR_REQUEST,
+                   "MPI_Request_free: " + std::to_string(*request) + " is not a request");
+  }
   PendingRequest& r = rt.requests[static_cast<std::size_t>(*request)];
-  if (r.kind == PendingRequest::kRecv && !r.packed.empty()) {
-    // Its data must still be unpacked where the receive ends: it completes here.
-    complete(request, MPI_STATUS_IGNORE, nullptr);
-    return MPI_SUCCESS;
+  // What must outlive the transfer (a packed copy, parts, a copy out afterwards) or be
+  // unpacked where it ends: it completes here. Otherwise ferry lets a dropped Request run to
+  // its end (as MPI_Request_free).
+  if (!ready(r) && (!r.packed.empty() || !r.parts.empty() || r.after)) {
+    complete_request(r, MPI_STATUS_IGNORE, false);
   }
-  if (!r.packed.empty()) {  // a packed send: the copy must outlive the transfer
-    complete(request, MPI_STATUS_IGNORE, nullptr);
-    return MPI_SUCCESS;
-  }
-  // ferry lets a dropped Request run to its end (like MPI_Request_free).
   r = PendingRequest{};
   *request = MPI_REQUEST_NULL;
+  return MPI_SUCCESS;
+}
+
+int MPI_Send_init(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+                  MPI_Request* request) {
+  PendingRequest r;
+  if (int e = prepare("MPI_Send_init", true, const_cast<void*>(buf), count, type, dest, tag, comm,
+                      &r)) {
+    return e;
+  }
+  r.persistent = true;
+  *request = Runtime::get().add_request(std::move(r));
+  return MPI_SUCCESS;
+}
+
+int MPI_Recv_init(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+                  MPI_Request* request) {
+  PendingRequest r;
+  if (int e = prepare("MPI_Recv_init", false, buf, count, type, source, tag, comm, &r)) return e;
+  r.persistent = true;
+  *request = Runtime::get().add_request(std::move(r));
+  return MPI_SUCCESS;
+}
+
+int MPI_Start(MPI_Request* request) {
+  Runtime& rt = Runtime::get();
+  if (*request <= MPI_REQUEST_NULL || static_cast<std::size_t>(*request) >= rt.requests.size() ||
+      !rt.requests[static_cast<std::size_t>(*request)].live ||
+      !rt.requests[static_cast<std::size_t>(*request)].persistent ||
+      rt.requests[static_cast<std::size_t>(*request)].active) {
+    return rt.fail(MPI_COMM_WORLD, MPI_ERR_REQUEST,
+                   "MPI_Start: " + std::to_string(*request) +
+                       " is not an inactive persistent request (MPI_Send_init, MPI_Recv_init)");
+  }
+  PendingRequest& r = rt.requests[static_cast<std::size_t>(*request)];
+  if (rt.comm(r.comm) == nullptr || rt.type(r.type) == nullptr) {
+    return rt.fail(MPI_COMM_WORLD, MPI_ERR_REQUEST,
+                   "MPI_Start: the request's communicator or datatype was freed");
+  }
+  r.active = true;
+  start(r);
+  return MPI_SUCCESS;
+}
+
+int MPI_Startall(int count, MPI_Request requests[]) {
+  for (int i = 0; i < count; ++i) {
+    if (int e = MPI_Start(&requests[i])) return e;
+  }
   return MPI_SUCCESS;
 }
 

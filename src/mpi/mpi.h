@@ -248,6 +248,12 @@ int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices
 int MPI_Request_free(MPI_Request* request);
 int MPI_Cancel(MPI_Request* request);
 int MPI_Test_cancelled(const MPI_Status* status, int* flag);
+int MPI_Startall(int count, MPI_Request requests[]);
+int MPI_Start(MPI_Request* request);
+int MPI_Recv_init(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+                  MPI_Request* request);
+int MPI_Send_init(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+                  MPI_Request* request);
 
 /* Collectives, blocking and non-blocking */
 int MPI_Barrier(MPI_Comm comm);
@@ -293,14 +299,6 @@ int MPI_Iscatter(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void
                  MPI_Request* request);
 int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                               MPI_Datatype type, MPI_Op op, MPI_Comm comm, MPI_Request* request);
-
-int MPI_Type_get_name(MPI_Datatype type, char* type_name, int* resultlen);
-int MPI_Get_address(const void* location, MPI_Aint* address);
-
-/* Declared for the programs that name them; not built yet (MPI_ERR_UNSUPPORTED_OPERATION,
- * MPI_Error_string naming the function). */
-#define MPI_UNWEIGHTED ((int*)1)
-#define MPI_WEIGHTS_EMPTY ((int*)2)
 int MPI_Gatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf,
                 const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
                 MPI_Comm comm);
@@ -329,12 +327,14 @@ int MPI_Ialltoallw(const void* sendbuf, const int sendcounts[], const int sdispl
                    MPI_Request* request);
 int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
                         MPI_Datatype type, MPI_Op op, MPI_Comm comm, MPI_Request* request);
-int MPI_Send_init(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
-                  MPI_Request* request);
-int MPI_Recv_init(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
-                  MPI_Request* request);
-int MPI_Start(MPI_Request* request);
-int MPI_Startall(int count, MPI_Request requests[]);
+
+int MPI_Type_get_name(MPI_Datatype type, char* type_name, int* resultlen);
+int MPI_Get_address(const void* location, MPI_Aint* address);
+
+/* Declared for the programs that name them; not built yet (MPI_ERR_UNSUPPORTED_OPERATION,
+ * MPI_Error_string naming the function). */
+#define MPI_UNWEIGHTED ((int*)1)
+#define MPI_WEIGHTS_EMPTY ((int*)2)
 int MPI_Dims_create(int nnodes, int ndims, int dims[]);
 int MPI_Cart_create(MPI_Comm comm, int ndims, const int dims[], const int periods[], int reorder,
                     MPI_Comm* comm_cart);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,15 +55,25 @@ struct Type {
 
 // A non-blocking operation: ferry's request, and what to do with the data when it ends (a
 // receive of a non-contiguous type lands in `packed` and is unpacked into the user's buffer).
+// A persistent one (MPI_Send_init, MPI_Recv_init) keeps its arguments and is started again by
+// MPI_Start; a collective made of several transfers keeps them in `parts`, and `after` runs
+// once all have ended well (a copy out of a temporary buffer).
 struct PendingRequest {
   Request request;
+  std::vector<Request> parts;
+  std::function<void()> after;
   enum Kind { kNone, kSend, kRecv, kCollective, kDone } kind = kNone;
   MPI_Comm comm = MPI_COMM_NULL;
   void* user = nullptr;
   MPI_Datatype type = MPI_DATATYPE_NULL;
   int count = 0;
+  int peer = MPI_PROC_NULL;
+  int tag = 0;
   std::vector<std::byte> packed;
-  MPI_Status done{};  // kDone (MPI_PROC_NULL, or failed at the start): the status to report
+  MPI_Status done{};          // kDone or started_done: the status to report
+  bool started_done = false;  // a send or receive of MPI_PROC_NULL: done when started
+  bool persistent = false;
+  bool active = false;  // persistent: started and not yet completed
   bool live = false;
 };
 
@@ -100,6 +111,11 @@ class Runtime {
     return (Tag{comm.context} << 32) | static_cast<std::uint32_t>(tag);
   }
   static Tag wire_mask(int tag) { return tag == MPI_ANY_TAG ? Tag{0xffffffff} << 32 : kFullMask; }
+  // The tag of the library's own messages on `comm` (the v- and w-collectives built of sends
+  // and receives): a context no application message carries (ids stay below 2^30).
+  static Tag internal_tag(const Comm& comm, int kind) {
+    return (Tag{comm.context | 0x40000000u} << 32) | static_cast<std::uint32_t>(kind);
+  }
 
  private:
   Runtime();

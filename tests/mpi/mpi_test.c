@@ -232,6 +232,96 @@ static void collectives(MPI_Comm comm) {
   free(res);
 }
 
+/* Persistent requests, and the v- and w-collectives built of messages. */
+static void persistent_and_v(void) {
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  int out = 0, in = -1;
+  MPI_Request r[2];
+  MPI_Recv_init(&in, 1, MPI_INT, left, 21, MPI_COMM_WORLD, &r[0]);
+  MPI_Send_init(&out, 1, MPI_INT, right, 21, MPI_COMM_WORLD, &r[1]);
+  int ok = 1;
+  for (int round = 0; round < 5; ++round) {
+    out = rank * 10 + round;
+    MPI_Startall(2, r);
+    MPI_Waitall(2, r, MPI_STATUSES_IGNORE);
+    ok = ok && in == left * 10 + round && r[0] != MPI_REQUEST_NULL;
+  }
+  MPI_Request_free(&r[0]);
+  MPI_Request_free(&r[1]);
+  check(ok && r[0] == MPI_REQUEST_NULL, "persistent send and receive, started 5 times");
+
+  /* Member r contributes r + 1 ints, gathered at root at displacements 2 * r * (r + 1) / 2. */
+  const int root = size - 1;
+  int* counts = malloc(sizeof(int) * (size_t)size);
+  int* displs = malloc(sizeof(int) * (size_t)size);
+  int total = 0;
+  for (int p = 0; p < size; ++p) counts[p] = p + 1, displs[p] = total, total += 2 * (p + 1);
+  int* mine = malloc(sizeof(int) * (size_t)(rank + 1));
+  int* all = malloc(sizeof(int) * (size_t)total);
+  for (int k = 0; k <= rank; ++k) mine[k] = rank * 100 + k;
+  for (int k = 0; k < total; ++k) all[k] = -1;
+  MPI_Request g;
+  MPI_Igatherv(mine, rank + 1, MPI_INT, all, counts, displs, MPI_INT, root, MPI_COMM_WORLD, &g);
+  MPI_Wait(&g, MPI_STATUS_IGNORE);
+  if (rank == root) {
+    ok = 1;
+    for (int p = 0; p < size; ++p) {
+      for (int k = 0; k < 2 * (p + 1); ++k) {
+        ok = ok && all[displs[p] + k] == (k <= p ? p * 100 + k : -1);
+      }
+    }
+    check(ok, "MPI_Igatherv: each block at its displacement, nothing else written");
+  }
+  for (int k = 0; k <= rank; ++k) mine[k] = -1;
+  MPI_Scatterv(all, counts, displs, MPI_INT, mine, rank + 1, MPI_INT, root, MPI_COMM_WORLD);
+  ok = 1;
+  for (int k = 0; k <= rank; ++k) ok = ok && mine[k] == rank * 100 + k;
+  check(ok, "MPI_Scatterv back: every member's block");
+
+  /* Alltoallw: to member p, p + 1 shorts; displacements in bytes. */
+  short* sw = malloc(sizeof(short) * (size_t)total);
+  short* rw = malloc(sizeof(short) * (size_t)(size * (rank + 1)));
+  int* sc = malloc(sizeof(int) * (size_t)size);
+  int* sd = malloc(sizeof(int) * (size_t)size);
+  int* rc = malloc(sizeof(int) * (size_t)size);
+  int* rd = malloc(sizeof(int) * (size_t)size);
+  MPI_Datatype* types = malloc(sizeof(MPI_Datatype) * (size_t)size);
+  for (int p = 0, at = 0; p < size; ++p) {
+    sc[p] = p + 1, sd[p] = at * (int)sizeof(short), rc[p] = rank + 1;
+    rd[p] = p * (rank + 1) * (int)sizeof(short), types[p] = MPI_SHORT;
+    for (int k = 0; k <= p; ++k) sw[at + k] = (short)(rank * 10 + p);
+    at += p + 1;
+  }
+  MPI_Alltoallw(sw, sc, sd, types, rw, rc, rd, types, MPI_COMM_WORLD);
+  ok = 1;
+  for (int p = 0; p < size; ++p)
+    for (int k = 0; k <= rank; ++k) ok = ok && rw[p * (rank + 1) + k] == p * 10 + rank;
+  check(ok, "MPI_Alltoallw");
+
+  /* Ireduce_scatter with unequal counts, and Iallgatherv. */
+  int* in2 = malloc(sizeof(int) * (size_t)(size * (size + 1) / 2));
+  int* res = malloc(sizeof(int) * (size_t)(size * (size + 1) / 2));
+  for (int k = 0; k < size * (size + 1) / 2; ++k) in2[k] = k;
+  int* cnt = malloc(sizeof(int) * (size_t)size);
+  int* dsp = malloc(sizeof(int) * (size_t)size);
+  for (int p = 0, d = 0; p < size; ++p) cnt[p] = p + 1, dsp[p] = d, d += p + 1;
+  MPI_Request q;
+  MPI_Ireduce_scatter(in2, res, cnt, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &q);
+  MPI_Wait(&q, MPI_STATUS_IGNORE);
+  ok = 1;
+  for (int k = 0; k <= rank; ++k) ok = ok && res[k] == size * (dsp[rank] + k);
+  check(ok, "MPI_Ireduce_scatter with unequal counts");
+  for (int k = 0; k <= rank; ++k) in2[k] = rank;
+  MPI_Iallgatherv(in2, rank + 1, MPI_INT, res, cnt, dsp, MPI_INT, MPI_COMM_WORLD, &q);
+  MPI_Wait(&q, MPI_STATUS_IGNORE);
+  ok = 1;
+  for (int p = 0; p < size; ++p)
+    for (int k = 0; k <= p; ++k) ok = ok && res[dsp[p] + k] == p;
+  check(ok, "MPI_Iallgatherv");
+  free(counts), free(displs), free(mine), free(all), free(sw), free(rw), free(sc), free(sd);
+  free(rc), free(rd), free(types), free(in2), free(res), free(cnt), free(dsp);
+}
+
 static void communicators(void) {
   MPI_Comm half, dup;
   MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);
@@ -295,6 +385,7 @@ int main(int argc, char** argv) {
   }
   point_to_point();
   collectives(MPI_COMM_WORLD);
+  persistent_and_v();
   communicators();
   not_built();
   MPI_Finalize();
