@@ -976,27 +976,4 @@ int MPI_Get_address(const void* location, MPI_Aint* address) {
   return MPI_SUCCESS;
 }
 
-// ---- One-sided: not built yet ----
-
-int MPI_Win_create(void* /*base*/, MPI_Aint /*size*/, int /*disp_unit*/, MPI_Info /*info*/,
-                   MPI_Comm comm, MPI_Win* win) {
-  *win = MPI_WIN_NULL;
-  return Runtime::get().fail(comm, MPI_ERR_UNSUPPORTED_OPERATION,
-                             "MPI_Win_create: one-sided windows are not built in ferry's MPI yet");
-}
-
-int MPI_Win_allocate(MPI_Aint /*size*/, int /*disp_unit*/, MPI_Info /*info*/, MPI_Comm comm,
-                     void* /*baseptr*/, MPI_Win* win) {
-  *win = MPI_WIN_NULL;
-  return Runtime::get().fail(
-      comm, MPI_ERR_UNSUPPORTED_OPERATION,
-      "MPI_Win_allocate: one-sided windows are not built in ferry's MPI yet");
-}
-
-int MPI_Win_free(MPI_Win* win) {
-  *win = MPI_WIN_NULL;
-  return Runtime::get().fail(MPI_COMM_WORLD, MPI_ERR_WIN,
-                             "MPI_Win_free: no window was made (windows are not built yet)");
-}
-
 }  // extern "C"

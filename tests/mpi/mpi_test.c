@@ -322,6 +322,88 @@ static void persistent_and_v(void) {
   free(rc), free(rd), free(types), free(in2), free(res), free(cnt), free(dsp);
 }
 
+/* One-sided: windows made both ways, each synchronisation form, accumulates and atomics. */
+static void one_sided(void) {
+  int* mem = NULL;
+  MPI_Win win;
+  MPI_Win_allocate((MPI_Aint)(sizeof(int) * (size_t)size), sizeof(int), MPI_INFO_NULL,
+                   MPI_COMM_WORLD, &mem, &win);
+  for (int p = 0; p < size; ++p) mem[p] = -1;
+  MPI_Win_fence(0, win);
+  for (int p = 0; p < size; ++p) MPI_Put(&rank, 1, MPI_INT, p, rank, 1, MPI_INT, win);
+  MPI_Win_fence(0, win);
+  int ok = 1;
+  for (int p = 0; p < size; ++p) ok = ok && mem[p] == p;
+  check(ok, "MPI_Win_allocate, MPI_Put between fences: every member's slot");
+  int got = -1;
+  const int right = (rank + 1) % size;
+  MPI_Win_lock(MPI_LOCK_SHARED, right, 0, win);
+  MPI_Get(&got, 1, MPI_INT, right, rank, 1, MPI_INT, win);
+  MPI_Win_unlock(right, win);
+  check(got == rank, "MPI_Get under a shared lock");
+  MPI_Win_free(&win);
+  check(win == MPI_WIN_NULL, "MPI_Win_free");
+
+  /* A window over the caller's memory: accumulates from every member into rank 0's. */
+  long acc[4] = {0, 0, 0, 0};
+  MPI_Win wa;
+  MPI_Win_create(acc, sizeof(acc), sizeof(long), MPI_INFO_NULL, MPI_COMM_WORLD, &wa);
+  long add[4] = {rank + 1, rank + 1, 2, 1};
+  MPI_Win_lock_all(0, wa);
+  MPI_Accumulate(add, 4, MPI_LONG, 0, 0, 4, MPI_LONG, MPI_SUM, wa);
+  MPI_Win_unlock_all(wa);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    check(acc[0] == (long)size * (size + 1) / 2 && acc[2] == 2L * size && acc[3] == size,
+          "MPI_Accumulate SUM from every member");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  long one = 1, before = -1;
+  MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, wa);
+  MPI_Fetch_and_op(&one, &before, MPI_LONG, 0, 3, MPI_SUM, wa);
+  MPI_Win_unlock(0, wa);
+  /* Every member fetched a different old value, size..2*size-1: their sum says so. */
+  long sum = 0;
+  MPI_Allreduce(&before, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  check(sum == (long)size * size + (long)size * (size - 1) / 2,
+        "MPI_Fetch_and_op: each member saw a different value");
+  long zero = 0, mine = rank + 1, old = -1;
+  MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, wa);
+  MPI_Compare_and_swap(&mine, &zero, &old, MPI_LONG, 0, 1, wa); /* acc[1] is not 0 */
+  MPI_Win_unlock(0, wa);
+  check(old == (long)size * (size + 1) / 2, "MPI_Compare_and_swap returns the old value");
+  MPI_Win_free(&wa);
+
+  /* PSCW: rank 0 exposes its window to the others, which each put their rank. */
+  int slots[64];
+  for (int p = 0; p < 64; ++p) slots[p] = -1;
+  MPI_Win wp;
+  MPI_Win_create(slots, sizeof(slots), sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &wp);
+  MPI_Group world, peers;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  if (rank == 0) {
+    int* others = malloc(sizeof(int) * (size_t)size);
+    for (int p = 1; p < size; ++p) others[p - 1] = p;
+    MPI_Group_incl(world, size - 1, others, &peers);
+    MPI_Win_post(peers, 0, wp);
+    MPI_Win_wait(wp);
+    ok = 1;
+    for (int p = 1; p < size; ++p) ok = ok && slots[p] == p * 3;
+    check(ok, "MPI_Win_post/start/complete/wait: the origins' puts are there at wait");
+    free(others);
+  } else {
+    const int zero_rank = 0;
+    int value = rank * 3;
+    MPI_Group_incl(world, 1, &zero_rank, &peers);
+    MPI_Win_start(peers, 0, wp);
+    MPI_Put(&value, 1, MPI_INT, 0, rank, 1, MPI_INT, wp);
+    MPI_Win_complete(wp);
+  }
+  MPI_Group_free(&peers);
+  MPI_Group_free(&world);
+  MPI_Win_free(&wp);
+}
+
 static void communicators(void) {
   MPI_Comm half, dup;
   MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);
@@ -357,11 +439,12 @@ static void communicators(void) {
 
 static void not_built(void) {
   MPI_Win win;
-  const int e = MPI_Win_create(NULL, 0, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &win);
+  const int e = MPI_Win_create_dynamic(MPI_INFO_NULL, MPI_COMM_WORLD, &win);
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(e, text, &len);
-  check(error_class(e) == MPI_ERR_UNSUPPORTED_OPERATION && strstr(text, "MPI_Win_create") != NULL,
+  check(error_class(e) == MPI_ERR_UNSUPPORTED_OPERATION &&
+            strstr(text, "MPI_Win_create_dynamic") != NULL,
         "a function not built: MPI_ERR_UNSUPPORTED_OPERATION naming it");
   int v = 1, out = 0;
   const int m = MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MINLOC, MPI_COMM_WORLD);
@@ -386,6 +469,7 @@ int main(int argc, char** argv) {
   point_to_point();
   collectives(MPI_COMM_WORLD);
   persistent_and_v();
+  one_sided();
   communicators();
   not_built();
   MPI_Finalize();
