@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The OSU micro-benchmarks (7.4, from a fetched copy, never committed) on ferry's MPI: configured
-# with ferry's mpicc/mpicxx, built unmodified, each benchmark of the list run with validation (-c)
-# on RANKS ranks; with OPENMPI=1 the same source is also built with Open MPI's mpicc, and
-# osu_latency (8 B), osu_bw (4 MiB) and osu_allreduce (8 B, 1 MiB) run interleaved ROUNDS times,
-# ferry then Open MPI, giving medians and the median of per-round ratios (> 1: ferry better).
+# with ferry's mpicc/mpicxx, built unmodified; each point-to-point and collective benchmark runs
+# with validation (-c) on RANKS ranks, each one-sided one (OSU 7.4's have no -c) in every window
+# kind and synchronisation it offers on 2 ranks. With OPENMPI=1 the same source is also built
+# with Open MPI's mpicc, and osu_latency (8 B), osu_bw (4 MiB) and osu_allreduce (8 B, 1 MiB)
+# run interleaved ROUNDS times, ferry then Open MPI, giving medians and the median of per-round
+# ratios (> 1: ferry better).
 #   bench/osu_mpi.sh OSU_SOURCE_DIR [RANKS] [ROUNDS]
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,9 +21,16 @@ configure_and_make() {  # DIR CC CXX
 configure_and_make "$work/ferry" "$build/tools/mpicc" "$build/tools/mpicxx"
 osu=$work/ferry/c/mpi
 benchmarks="pt2pt/standard/osu_latency pt2pt/standard/osu_bw pt2pt/standard/osu_bibw
-  pt2pt/standard/osu_multi_lat collective/blocking/osu_allreduce collective/blocking/osu_bcast
-  collective/blocking/osu_allgather collective/blocking/osu_alltoall
-  collective/blocking/osu_reduce_scatter collective/non_blocking/osu_iallreduce"
+  pt2pt/standard/osu_multi_lat pt2pt/persistent/osu_latency_persistent
+  pt2pt/persistent/osu_bw_persistent"
+for c in barrier bcast reduce allreduce allgather allgatherv alltoall alltoallv alltoallw gather \
+         gatherv scatter scatterv reduce_scatter reduce_scatter_block; do
+  benchmarks+=" collective/blocking/osu_$c"
+done
+for c in ibarrier ibcast ireduce iallreduce iallgather iallgatherv ialltoall ialltoallv ialltoallw \
+         igather igatherv iscatter iscatterv ireduce_scatter ireduce_scatter_block; do
+  benchmarks+=" collective/non_blocking/osu_$c"
+done
 echo "== validation (-c), $ranks ranks, 1 B to 1 MiB"
 for b in $benchmarks; do
   out=$(timeout 300 "$build/tools/mpiexec" -n "$ranks" "$osu/$b" -c -m 1:1048576 2>&1) || true
@@ -29,6 +38,24 @@ for b in $benchmarks; do
   fail=$(echo "$out" | grep -c " Fail$" || true)
   printf '%-40s %3d sizes passed, %d failed\n' "$(basename "$b")" "$pass" "$fail"
   [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ] || echo "$out" | tail -5
+done
+# OSU's one-sided tests have no -c: each runs (two ranks, as they require) in every window
+# kind and synchronisation it offers, and must end well with a figure for every size.
+echo "== one-sided, 2 ranks, 1 B to 64 KiB (no validation in OSU 7.4)"
+for b in put_latency get_latency acc_latency get_acc_latency fop_latency cas_latency put_bw get_bw \
+         put_bibw; do
+  for w in create allocate; do
+    syncs="lock flush flush_local lock_all pscw fence"
+    case $b in put_bibw) syncs="pscw fence" ;; fop_latency|cas_latency|get_acc_latency) syncs="lock flush" ;; esac
+    for sync in $syncs; do
+      out=$(timeout 120 "$build/tools/mpiexec" -n 2 "$osu/one-sided/osu_$b" -w "$w" -s "$sync" \
+            -m 1:65536 2>&1)
+      rc=$?
+      sizes=$(echo "$out" | grep -cE '^[0-9]+ ' || true)
+      printf '%-20s -w %-8s -s %-11s exit %d, %2d sizes, 8 B: %s\n' "osu_$b" "$w" "$sync" "$rc" \
+        "$sizes" "$(echo "$out" | awk '$1 == 8 {print $2}')"
+    done
+  done
 done
 [ "${OPENMPI:-0}" = 1 ] || exit 0
 
