@@ -128,15 +128,21 @@ void start(PendingRequest& r) {
   }
 }
 
+// Checks a send's or receive's arguments.
+int check(const char* what, bool is_send, int count, MPI_Datatype type, int peer, int tag,
+          MPI_Comm handle, Comm** comm, Type** t) {
+  if (int e = check_comm(what, handle, comm)) return e;
+  if (int e = check_type(what, handle, type, count, t)) return e;
+  if (int e = check_peer(what, **comm, handle, peer, !is_send)) return e;
+  return check_tag(what, handle, tag, !is_send);
+}
+
 // Checks a send's or receive's arguments and makes its request (not started).
 int prepare(const char* what, bool is_send, void* buf, int count, MPI_Datatype type, int peer,
             int tag, MPI_Comm handle, PendingRequest* r) {
   Comm* comm = nullptr;
   Type* t = nullptr;
-  if (int e = check_comm(what, handle, &comm)) return e;
-  if (int e = check_type(what, handle, type, count, &t)) return e;
-  if (int e = check_peer(what, *comm, handle, peer, !is_send)) return e;
-  if (int e = check_tag(what, handle, tag, !is_send)) return e;
+  if (int e = check(what, is_send, count, type, peer, tag, handle, &comm, &t)) return e;
   r->kind = is_send ? PendingRequest::kSend : PendingRequest::kRecv;
   r->comm = handle;
   r->user = buf;
@@ -150,19 +156,22 @@ int prepare(const char* what, bool is_send, void* buf, int count, MPI_Datatype t
 // A send of `count` elements: blocking (request null) or not.
 int send(const char* what, const void* buf, int count, MPI_Datatype type, int dest, int tag,
          MPI_Comm handle, MPI_Request* request) {
+  Runtime& rt = Runtime::get();
+  if (request == nullptr) {  // blocking, contiguous: ferry's blocking send, no request
+    Comm* comm = nullptr;
+    Type* t = nullptr;
+    if (int e = check(what, true, count, type, dest, tag, handle, &comm, &t)) return e;
+    if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
+    if (t->contiguous()) {
+      return rt.fail(handle, what,
+                     rt.context->send(buf, static_cast<std::size_t>(count) * t->size,
+                                      comm->world_of[static_cast<std::size_t>(dest)],
+                                      Runtime::wire_tag(*comm, tag)));
+    }
+  }
   PendingRequest r;
   if (int e = prepare(what, true, const_cast<void*>(buf), count, type, dest, tag, handle, &r)) {
     return e;
-  }
-  Runtime& rt = Runtime::get();
-  const Type& t = *rt.type(type);
-  if (request == nullptr && t.contiguous()) {  // blocking: ferry's blocking send, no request
-    if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
-    const Comm& comm = *rt.comm(handle);
-    return rt.fail(handle, what,
-                   rt.context->send(buf, static_cast<std::size_t>(count) * t.size,
-                                    comm.world_of[static_cast<std::size_t>(dest)],
-                                    Runtime::wire_tag(comm, tag)));
   }
   start(r);
   if (request == nullptr) return complete_request(r, MPI_STATUS_IGNORE, false);
@@ -172,21 +181,23 @@ int send(const char* what, const void* buf, int count, MPI_Datatype type, int de
 
 int recv(const char* what, void* buf, int count, MPI_Datatype type, int source, int tag,
          MPI_Comm handle, MPI_Status* status, MPI_Request* request) {
+  Runtime& rt = Runtime::get();
+  if (request == nullptr) {  // blocking, contiguous: ferry's blocking receive, no request
+    Comm* comm = nullptr;
+    Type* t = nullptr;
+    if (int e = check(what, false, count, type, source, tag, handle, &comm, &t)) return e;
+    if (t->contiguous() && source != MPI_PROC_NULL) {
+      ferry::MessageInfo info;
+      const ferry::Status s = rt.context->recv(
+          buf, static_cast<std::size_t>(count) * t->size, world_source(*comm, source),
+          Runtime::wire_tag(*comm, tag), &info, Runtime::wire_mask(tag));
+      const int error = s.is_ok() ? MPI_SUCCESS : rt.fail(handle, what, s);
+      fill_status(status, member(comm, info.source), mpi_tag(info.tag), error, info.bytes);
+      return error;
+    }
+  }
   PendingRequest r;
   if (int e = prepare(what, false, buf, count, type, source, tag, handle, &r)) return e;
-  Runtime& rt = Runtime::get();
-  const Type& t = *rt.type(type);
-  if (request == nullptr && t.contiguous() && source != MPI_PROC_NULL) {
-    // Blocking: ferry's blocking receive, no request.
-    const Comm& comm = *rt.comm(handle);
-    ferry::MessageInfo info;
-    const ferry::Status s =
-        rt.context->recv(buf, static_cast<std::size_t>(count) * t.size, world_source(comm, source),
-                         Runtime::wire_tag(comm, tag), &info, Runtime::wire_mask(tag));
-    const int error = rt.fail(handle, what, s);
-    fill_status(status, member(&comm, info.source), mpi_tag(info.tag), error, info.bytes);
-    return error;
-  }
   start(r);
   if (request == nullptr) return complete_request(r, status, false);
   *request = rt.add_request(std::move(r));
