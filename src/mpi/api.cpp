@@ -290,6 +290,23 @@ int complete(MPI_Request* handle, MPI_Status* status, int* flag) {
 
 }  // namespace
 
+extern "C" int MPI_Comm_delete_attr(MPI_Comm comm, int keyval);
+
+namespace {
+
+// Every attribute of `handle` deleted (its delete function run), as MPI_Comm_free and
+// MPI_Finalize (for MPI_COMM_SELF, first) do.
+int delete_attributes(MPI_Comm handle) {
+  Runtime& rt = Runtime::get();
+  while (Comm* comm = rt.comm(handle)) {
+    if (comm->attributes.empty()) break;
+    if (int e = MPI_Comm_delete_attr(handle, comm->attributes.begin()->first)) return e;
+  }
+  return MPI_SUCCESS;
+}
+
+}  // namespace
+
 extern "C" {
 
 // ---- Environment ----
@@ -351,6 +368,8 @@ int MPI_Finalize(void) {
   if (!rt.initialized || rt.finalized) {
     return rt.fail(MPI_COMM_NULL, MPI_ERR_OTHER, "MPI_Finalize: MPI is not initialized");
   }
+  // MPI_COMM_SELF's attributes are deleted first (libraries hang their clean-up there).
+  delete_attributes(MPI_COMM_SELF);
   // Every member has finished its communication before any lets go (MPI_Finalize is collective).
   const ferry::Status s = rt.context->barrier();
   rt.requests.clear();
@@ -517,7 +536,20 @@ int MPI_Comm_split(MPI_Comm handle, int color, int key, MPI_Comm* newcomm) {
 int MPI_Comm_dup(MPI_Comm handle, MPI_Comm* newcomm) {
   Comm* comm = nullptr;
   if (int e = check_comm("MPI_Comm_dup", handle, &comm)) return e;
-  return MPI_Comm_split(handle, 0, comm->rank(), newcomm);
+  if (int e = MPI_Comm_split(handle, 0, comm->rank(), newcomm)) return e;
+  // The attributes go with the copy where their keys' copy functions say so.
+  Runtime& rt = Runtime::get();
+  const std::map<int, void*> attributes = rt.comm(handle)->attributes;
+  for (const auto& [keyval, value] : attributes) {
+    const Runtime::Keyval& key = rt.keyvals[static_cast<std::size_t>(keyval)];
+    void* copied = nullptr;
+    int flag = 0;
+    if (key.copy != nullptr) {
+      if (int e = key.copy(handle, keyval, key.extra, value, &copied, &flag)) return e;
+    }
+    if (flag != 0) rt.comm(*newcomm)->attributes[keyval] = copied;
+  }
+  return MPI_SUCCESS;
 }
 
 int MPI_Comm_free(MPI_Comm* handle) {
@@ -527,6 +559,7 @@ int MPI_Comm_free(MPI_Comm* handle) {
     return Runtime::get().fail(*handle, MPI_ERR_COMM,
                                "MPI_Comm_free: MPI_COMM_WORLD and MPI_COMM_SELF are not freed");
   }
+  if (int e = delete_attributes(*handle)) return e;
   *comm = Comm{};
   *handle = MPI_COMM_NULL;
   return MPI_SUCCESS;
@@ -544,6 +577,117 @@ int MPI_Comm_compare(MPI_Comm a, MPI_Comm b, int* result) {
                 ? MPI_SIMILAR
                 : MPI_UNEQUAL;
   return MPI_SUCCESS;
+}
+
+int ferry_mpi_comm_null_copy_fn(MPI_Comm, int, void*, void*, void*, int* flag) {
+  *flag = 0;
+  return MPI_SUCCESS;
+}
+
+int ferry_mpi_comm_dup_fn(MPI_Comm, int, void*, void* in, void* out, int* flag) {
+  *static_cast<void**>(out) = in;
+  *flag = 1;
+  return MPI_SUCCESS;
+}
+
+int ferry_mpi_comm_null_delete_fn(MPI_Comm, int, void*, void*) { return MPI_SUCCESS; }
+
+int MPI_Comm_create_keyval(MPI_Comm_copy_attr_function* copy_fn,
+                           MPI_Comm_delete_attr_function* delete_fn, int* keyval,
+                           void* extra_state) {
+  Runtime& rt = Runtime::get();
+  rt.keyvals.push_back({copy_fn, delete_fn, extra_state, true});
+  *keyval = static_cast<int>(rt.keyvals.size() - 1);
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_free_keyval(int* keyval) {
+  Runtime& rt = Runtime::get();
+  if (*keyval < Runtime::kFirstKeyval || static_cast<std::size_t>(*keyval) >= rt.keyvals.size() ||
+      !rt.keyvals[static_cast<std::size_t>(*keyval)].live) {
+    return rt.fail(MPI_COMM_WORLD, MPI_ERR_ARG,
+                   "MPI_Comm_free_keyval: " + std::to_string(*keyval) + " is not a key");
+  }
+  // Attributes set with it stay until deleted (their delete function still runs then).
+  *keyval = MPI_KEYVAL_INVALID;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_set_attr(MPI_Comm handle, int keyval, void* value) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_set_attr", handle, &comm)) return e;
+  Runtime& rt = Runtime::get();
+  if (keyval < Runtime::kFirstKeyval || static_cast<std::size_t>(keyval) >= rt.keyvals.size() ||
+      !rt.keyvals[static_cast<std::size_t>(keyval)].live) {
+    return rt.fail(
+        handle, MPI_ERR_ARG,
+        "MPI_Comm_set_attr: " + std::to_string(keyval) +
+            " is not a key of MPI_Comm_create_keyval (the predefined ones are read-only)");
+  }
+  if (comm->attributes.count(keyval) != 0) {
+    if (int e = MPI_Comm_delete_attr(handle, keyval)) return e;
+  }
+  rt.comm(handle)->attributes[keyval] = value;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_get_attr(MPI_Comm handle, int keyval, void* value, int* flag) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_get_attr", handle, &comm)) return e;
+  // The predefined attributes point at values of the library's.
+  static int tag_ub = MPI_TAG_UB_VALUE;
+  static int host = MPI_PROC_NULL;
+  static int io = MPI_ANY_SOURCE;
+  static int wtime_is_global = 0;
+  static int universe = 0;
+  static int last_used_code = MPI_ERR_LASTCODE;
+  int* predefined = nullptr;
+  switch (keyval) {
+    case MPI_TAG_UB:
+      predefined = &tag_ub;
+      break;
+    case MPI_HOST:
+      predefined = &host;
+      break;
+    case MPI_IO:
+      predefined = &io;
+      break;
+    case MPI_WTIME_IS_GLOBAL:
+      predefined = &wtime_is_global;
+      break;
+    case MPI_UNIVERSE_SIZE:
+      universe = Runtime::get().context->size();
+      predefined = &universe;
+      break;
+    case MPI_LASTUSEDCODE:
+      predefined = &last_used_code;
+      break;
+    default:
+      break;
+  }
+  if (predefined != nullptr) {
+    *static_cast<void**>(value) = predefined;
+    *flag = 1;
+    return MPI_SUCCESS;
+  }
+  const auto at = comm->attributes.find(keyval);
+  *flag = at != comm->attributes.end() ? 1 : 0;
+  if (*flag != 0) *static_cast<void**>(value) = at->second;
+  return MPI_SUCCESS;
+}
+
+int MPI_Comm_delete_attr(MPI_Comm handle, int keyval) {
+  Comm* comm = nullptr;
+  if (int e = check_comm("MPI_Comm_delete_attr", handle, &comm)) return e;
+  const auto at = comm->attributes.find(keyval);
+  if (at == comm->attributes.end()) {
+    return Runtime::get().fail(
+        handle, MPI_ERR_ARG, "MPI_Comm_delete_attr: no attribute of key " + std::to_string(keyval));
+  }
+  void* value = at->second;
+  comm->attributes.erase(at);
+  const Runtime::Keyval& key = Runtime::get().keyvals[static_cast<std::size_t>(keyval)];
+  return key.del != nullptr ? key.del(handle, keyval, value, key.extra) : MPI_SUCCESS;
 }
 
 int MPI_Comm_test_inter(MPI_Comm handle, int* flag) {

@@ -37,6 +37,11 @@ typedef struct MPI_Status {
 } MPI_Status;
 
 typedef void(MPI_User_function)(void* in, void* inout, int* len, MPI_Datatype* type);
+typedef int(MPI_Comm_copy_attr_function)(MPI_Comm oldcomm, int keyval, void* extra_state,
+                                         void* attribute_val_in, void* attribute_val_out,
+                                         int* flag);
+typedef int(MPI_Comm_delete_attr_function)(MPI_Comm comm, int keyval, void* attribute_val,
+                                           void* extra_state);
 typedef void(MPI_Comm_errhandler_function)(MPI_Comm* comm, int* code, ...);
 
 /* Error classes. A returned code is its class plus 256 times the slot of its message. */
@@ -79,6 +84,22 @@ typedef void(MPI_Comm_errhandler_function)(MPI_Comm* comm, int* code, ...);
 #define MPI_MAX_ERROR_STRING 512
 #define MPI_MAX_LIBRARY_VERSION_STRING 256
 #define MPI_MAX_OBJECT_NAME 128
+
+/* Attribute keys: invalid, the predefined ones, then those of MPI_Comm_create_keyval. */
+#define MPI_KEYVAL_INVALID 0
+#define MPI_TAG_UB 1
+#define MPI_HOST 2
+#define MPI_IO 3
+#define MPI_WTIME_IS_GLOBAL 4
+#define MPI_UNIVERSE_SIZE 5
+#define MPI_APPNUM 6
+#define MPI_LASTUSEDCODE 7
+int ferry_mpi_comm_null_copy_fn(MPI_Comm, int, void*, void*, void*, int*);
+int ferry_mpi_comm_dup_fn(MPI_Comm, int, void*, void*, void*, int*);
+int ferry_mpi_comm_null_delete_fn(MPI_Comm, int, void*, void*);
+#define MPI_COMM_NULL_COPY_FN ferry_mpi_comm_null_copy_fn
+#define MPI_COMM_DUP_FN ferry_mpi_comm_dup_fn
+#define MPI_COMM_NULL_DELETE_FN ferry_mpi_comm_null_delete_fn
 
 #define MPI_IN_PLACE ((void*)-1)
 #define MPI_BOTTOM ((void*)0)
@@ -209,6 +230,13 @@ int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* newcomm);
 int MPI_Comm_free(MPI_Comm* comm);
 int MPI_Comm_compare(MPI_Comm comm1, MPI_Comm comm2, int* result);
 int MPI_Comm_test_inter(MPI_Comm comm, int* flag);
+int MPI_Comm_create_keyval(MPI_Comm_copy_attr_function* copy_fn,
+                           MPI_Comm_delete_attr_function* delete_fn, int* keyval,
+                           void* extra_state);
+int MPI_Comm_free_keyval(int* keyval);
+int MPI_Comm_set_attr(MPI_Comm comm, int keyval, void* attribute_val);
+int MPI_Comm_get_attr(MPI_Comm comm, int keyval, void* attribute_val, int* flag);
+int MPI_Comm_delete_attr(MPI_Comm comm, int keyval);
 
 /* Datatypes */
 int MPI_Type_size(MPI_Datatype type, int* size);

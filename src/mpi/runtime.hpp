@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct Comm {
   std::vector<int> world_of;   // member -> world rank
   std::vector<int> member_of;  // world rank -> member (-1: not a member)
   MPI_Errhandler errhandler = MPI_ERRORS_ARE_FATAL;
+  std::map<int, void*> attributes;  // by keyval (MPI_Comm_set_attr)
   bool live = false;
   [[nodiscard]] int rank() const { return coll.rank(); }
   [[nodiscard]] int size() const { return static_cast<int>(world_of.size()); }
@@ -98,7 +100,16 @@ class Runtime {
   std::vector<Comm> comms;               // by handle
   std::vector<Type> types;               // by handle
   std::vector<PendingRequest> requests;  // by handle
-  std::uint32_t next_context = 3;        // agreed among a new communicator's members (max + 1)
+  // MPI_Comm_create_keyval's keys, by keyval (from kFirstKeyval).
+  struct Keyval {
+    MPI_Comm_copy_attr_function* copy = nullptr;
+    MPI_Comm_delete_attr_function* del = nullptr;
+    void* extra = nullptr;
+    bool live = false;
+  };
+  static constexpr int kFirstKeyval = 16;
+  std::vector<Keyval> keyvals = std::vector<Keyval>(kFirstKeyval);
+  std::uint32_t next_context = 3;  // agreed among a new communicator's members (max + 1)
 
   Comm* comm(MPI_Comm handle);
   Type* type(MPI_Datatype handle);
