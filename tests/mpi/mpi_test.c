@@ -404,6 +404,41 @@ static void one_sided(void) {
   MPI_Win_free(&wp);
 }
 
+static int deleted;
+static int count_delete(MPI_Comm comm, int keyval, void* value, void* extra) {
+  (void)comm, (void)keyval, (void)extra;
+  deleted += *(int*)value;
+  return MPI_SUCCESS;
+}
+
+/* Attributes: the predefined MPI_TAG_UB, a key's value copied by MPI_Comm_dup (MPI_COMM_DUP_FN)
+ * and deleted (its delete function) by MPI_Comm_free and MPI_Comm_delete_attr. */
+static void attributes(void) {
+  int* ub = NULL;
+  int flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  check(flag == 1 && ub != NULL && *ub >= 32767, "MPI_TAG_UB is an attribute of the world");
+  int key = MPI_KEYVAL_INVALID;
+  static int value = 5;
+  MPI_Comm_create_keyval(MPI_COMM_DUP_FN, count_delete, &key, NULL);
+  MPI_Comm a, b;
+  MPI_Comm_dup(MPI_COMM_WORLD, &a);
+  MPI_Comm_set_attr(a, key, &value);
+  MPI_Comm_dup(a, &b);
+  int* got = NULL;
+  MPI_Comm_get_attr(b, key, &got, &flag);
+  check(flag == 1 && got == &value, "MPI_Comm_dup copies an attribute by MPI_COMM_DUP_FN");
+  deleted = 0;
+  MPI_Comm_free(&b);
+  MPI_Comm_delete_attr(a, key);
+  MPI_Comm_get_attr(a, key, &got, &flag);
+  check(deleted == 10 && flag == 0,
+        "MPI_Comm_free and MPI_Comm_delete_attr run the delete function");
+  MPI_Comm_free(&a);
+  MPI_Comm_free_keyval(&key);
+  check(key == MPI_KEYVAL_INVALID, "MPI_Comm_free_keyval");
+}
+
 static void communicators(void) {
   MPI_Comm half, dup;
   MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);
@@ -470,6 +505,7 @@ int main(int argc, char** argv) {
   collectives(MPI_COMM_WORLD);
   persistent_and_v();
   one_sided();
+  attributes();
   communicators();
   not_built();
   MPI_Finalize();
