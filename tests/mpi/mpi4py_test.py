@@ -25,7 +25,8 @@ def check(ok, what):
     global failures
     if not ok:
         failures += 1
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+        sys.stdout.write(f"rank {rank}: FAILED: {what}\n")
+        sys.stdout.flush()
 
 
 right, left = (rank + 1) % size, (rank - 1) % size
@@ -81,5 +82,6 @@ if rank == 0:
 elif rank == 1:
     check(comm.recv(source=0, tag=9) == ("hello", 42), "send/recv of a pickled object")
 
-print(f"mpi4py_test: rank {rank}: {failures} failures", flush=True)
+sys.stdout.write(f"mpi4py_test: rank {rank}: {failures} failures\n")  # one write per line
+sys.stdout.flush()
 sys.exit(1 if failures else 0)
