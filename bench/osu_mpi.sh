@@ -33,6 +33,14 @@ for c in ibarrier ibcast ireduce iallreduce iallgather iallgatherv ialltoall ial
 done
 echo "== validation (-c), $ranks ranks, 1 B to 1 MiB"
 for b in $benchmarks; do
+  if [[ $b == *barrier ]]; then  # no message size, no validation: it must end well
+    if out=$(timeout 300 "$build/tools/mpiexec" -n "$ranks" "$osu/$b" 2>&1); then
+      printf '%-40s ran: %s us\n' "$(basename "$b")" "$(echo "$out" | awk '/^ *[0-9.]+ *$/ {print $1}')"
+    else
+      printf '%-40s FAILED\n' "$(basename "$b")"; echo "$out" | tail -5
+    fi
+    continue
+  fi
   out=$(timeout 300 "$build/tools/mpiexec" -n "$ranks" "$osu/$b" -c -m 1:1048576 2>&1) || true
   pass=$(echo "$out" | grep -c " Pass$" || true)
   fail=$(echo "$out" | grep -c " Fail$" || true)

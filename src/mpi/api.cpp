@@ -224,14 +224,18 @@ int complete_request(PendingRequest& r, MPI_Status* status, bool test) {
   for (ferry::Request& part : r.parts) {
     if (test && !part.test()) return -1;
   }
-  if (test && !r.request.test()) return -1;
+  // A request of several parts (the v- and w-collectives) has no request of its own.
+  const bool whole = r.parts.empty();
+  if (test && whole && !r.request.test()) return -1;
   ferry::Status s;
   for (ferry::Request& part : r.parts) {
     const ferry::Status p = test ? part.status() : part.wait();
     if (s.is_ok()) s = p;
   }
-  const ferry::Status main = test ? r.request.status() : r.request.wait();
-  if (s.is_ok()) s = main;
+  if (whole) {
+    const ferry::Status main = test ? r.request.status() : r.request.wait();
+    if (s.is_ok()) s = main;
+  }
   r.active = false;
   if (r.kind == PendingRequest::kRecv) {
     const ferry::MessageInfo info = r.request.info();
@@ -258,7 +262,7 @@ bool ready(PendingRequest& r) {
   for (ferry::Request& part : r.parts) {
     if (!part.test()) return false;
   }
-  return r.request.test();
+  return !r.parts.empty() || r.request.test();
 }
 
 // MPI_Wait/MPI_Test of request handle `*handle`: `flag` null waits. A completed request is

@@ -262,7 +262,8 @@ static void persistent_and_v(void) {
   for (int k = 0; k < total; ++k) all[k] = -1;
   MPI_Request g;
   MPI_Igatherv(mine, rank + 1, MPI_INT, all, counts, displs, MPI_INT, root, MPI_COMM_WORLD, &g);
-  MPI_Wait(&g, MPI_STATUS_IGNORE);
+  int done = 0;
+  while (!done) MPI_Test(&g, &done, MPI_STATUS_IGNORE); /* completed by tests, as OSU does */
   if (rank == root) {
     ok = 1;
     for (int p = 0; p < size; ++p) {
