@@ -139,6 +139,15 @@ ferry::Status acquire(const Window& w, int target, std::uint64_t offset, bool ex
       }
     }
     if (attempt > 16) rt.context->progress();
+    // A member that died may hold the word, and would never let it go: give up, as the
+    // communicator's other calls do after a death.
+    if (attempt % 64 == 63) {
+      if (const std::vector<int> failed = rt.comm(w.comm)->coll.failed_ranks(); !failed.empty()) {
+        return ferry::Status(ferry::Code::kPeerFailed,
+                             "member " + std::to_string(failed.front()) +
+                                 " of the window died; a lock word it may hold is never let go");
+      }
+    }
   }
 }
 

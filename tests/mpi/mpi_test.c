@@ -3,6 +3,7 @@
  * the error handlers. Run under ferryrun (mpiexec) with 2 or more ranks; `mpi_test fatal`
  * checks that an error under MPI_ERRORS_ARE_FATAL ends the job with ferry's reason. */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -495,6 +496,28 @@ int main(int argc, char** argv) {
   int flag = 0;
   MPI_Initialized(&flag);
   check(flag == 1 && provided == MPI_THREAD_FUNNELED, "MPI_Init_thread");
+  if (argc > 1 && strcmp(argv[1], "lock-holder-dies") == 0) {
+    /* Rank 1 takes rank 0's window lock and is killed holding it: rank 0's own lock attempt
+     * fails with MPIX_ERR_PROC_FAILED instead of waiting for ever. */
+    int* mem = NULL;
+    MPI_Win win;
+    MPI_Win_allocate(sizeof(int), sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &mem, &win);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    int token = 0;
+    if (rank == 1) {
+      MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+      MPI_Send(&token, 1, MPI_INT, 0, 1, MPI_COMM_WORLD);
+      raise(SIGKILL);
+    }
+    if (rank == 0) {
+      MPI_Recv(&token, 1, MPI_INT, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      const int e = MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+      check(error_class(e) == MPIX_ERR_PROC_FAILED, "a lock held by a dead rank: PROC_FAILED");
+      printf("rank 0: lock held by a dead rank: %s\n",
+             failures == 0 ? "released with an error" : "wrong error");
+    }
+    return failures == 0 ? 0 : 1;
+  }
   if (argc > 1 && strcmp(argv[1], "fatal") == 0) {
     /* The default handler: the job ends, saying why. */
     int v = 0;
