@@ -128,13 +128,33 @@ void start(PendingRequest& r) {
   }
 }
 
-// Checks a send's or receive's arguments.
-int check(const char* what, bool is_send, int count, MPI_Datatype type, int peer, int tag,
-          MPI_Comm handle, Comm** comm, Type** t) {
+// The checks of a send's or receive's arguments one by one, each failure with its message.
+[[gnu::cold, gnu::noinline]] int diagnose(const char* what, bool is_send, int count,
+                                          MPI_Datatype type, int peer, int tag, MPI_Comm handle,
+                                          Comm** comm, Type** t) {
   if (int e = check_comm(what, handle, comm)) return e;
   if (int e = check_type(what, handle, type, count, t)) return e;
   if (int e = check_peer(what, **comm, handle, peer, !is_send)) return e;
   return check_tag(what, handle, tag, !is_send);
+}
+
+// Checks a send's or receive's arguments: what every call passes (a live communicator, a
+// committed type, a member or a wildcard, a tag) in a few compares, inline; diagnose() finds
+// what is wrong otherwise.
+int check(const char* what, bool is_send, int count, MPI_Datatype type, int peer, int tag,
+          MPI_Comm handle, Comm** comm, Type** t) {
+  Runtime& rt = Runtime::get();
+  Comm* c = rt.initialized && !rt.finalized ? rt.comm(handle) : nullptr;
+  Type* ty = rt.type(type);
+  if (c != nullptr && ty != nullptr && ty->committed && count >= 0 &&
+      ((peer >= 0 && peer < c->size()) || peer == MPI_PROC_NULL ||
+       (!is_send && peer == MPI_ANY_SOURCE)) &&
+      (tag >= 0 || (!is_send && tag == MPI_ANY_TAG))) {
+    *comm = c;
+    *t = ty;
+    return MPI_SUCCESS;
+  }
+  return diagnose(what, is_send, count, type, peer, tag, handle, comm, t);
 }
 
 // Checks a send's or receive's arguments and makes its request (not started).

@@ -67,11 +67,6 @@ int error_class_of(Code code) {
 
 }  // namespace
 
-Runtime& Runtime::get() {
-  static Runtime runtime;
-  return runtime;
-}
-
 Runtime::Runtime() : messages_(kMessageSlots) {
   static_assert(sizeof(long) == 8, "MPI_LONG is taken as 64 bits");
   types.resize(1);  // MPI_DATATYPE_NULL
@@ -134,8 +129,7 @@ int Runtime::fail(MPI_Comm handle, int error_class, const std::string& why) {
   return code;
 }
 
-int Runtime::fail(MPI_Comm handle, const char* what, const Status& status) {
-  if (status.is_ok()) return MPI_SUCCESS;
+int Runtime::fail_with(MPI_Comm handle, const char* what, const Status& status) {
   return fail(handle, error_class_of(status.code()), std::string(what) + ": " + status.to_string());
 }
 
@@ -161,18 +155,6 @@ void Runtime::abort(int code) {
   // The launcher sees a rank end with a failure and ends the job (ferryrun: the other ranks
   // are killed); nothing of ferry's waits for the peers.
   ::_exit(code != 0 ? (code & 0xff) | 1 : 1);
-}
-
-Comm* Runtime::comm(MPI_Comm handle) {
-  if (handle <= 0 || static_cast<std::size_t>(handle) >= comms.size()) return nullptr;
-  Comm* c = &comms[static_cast<std::size_t>(handle)];
-  return c->live ? c : nullptr;
-}
-
-Type* Runtime::type(MPI_Datatype handle) {
-  if (handle <= 0 || static_cast<std::size_t>(handle) >= types.size()) return nullptr;
-  Type* t = &types[static_cast<std::size_t>(handle)];
-  return t->live ? t : nullptr;
 }
 
 MPI_Comm Runtime::add_comm(Comm c) {

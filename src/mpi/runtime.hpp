@@ -81,14 +81,20 @@ struct PendingRequest {
 
 class Runtime {
  public:
-  static Runtime& get();
+  // The one runtime of the process (inline: every MPI call starts here).
+  static Runtime& get() {
+    static Runtime runtime;
+    return runtime;
+  }
 
   // ---- Errors ----
   // An error of `error_class` with `why`: a code that carries the message (MPI_Error_string),
   // handled by `comm`'s error handler (fatal: printed, then the job aborts).
   int fail(MPI_Comm comm, int error_class, const std::string& why);
   // A ferry Status as an MPI error of the function `what` (MPI_SUCCESS when it is ok).
-  int fail(MPI_Comm comm, const char* what, const Status& status);
+  int fail(MPI_Comm comm, const char* what, const Status& status) {
+    return status.is_ok() ? MPI_SUCCESS : fail_with(comm, what, status);
+  }
   [[nodiscard]] std::string message(int code) const;
   [[noreturn]] void abort(int code);
 
@@ -111,8 +117,17 @@ class Runtime {
   std::vector<Keyval> keyvals = std::vector<Keyval>(kFirstKeyval);
   std::uint32_t next_context = 3;  // agreed among a new communicator's members (max + 1)
 
-  Comm* comm(MPI_Comm handle);
-  Type* type(MPI_Datatype handle);
+  // The live communicator or datatype of `handle`, or null.
+  Comm* comm(MPI_Comm handle) {
+    if (handle <= 0 || static_cast<std::size_t>(handle) >= comms.size()) return nullptr;
+    Comm* c = &comms[static_cast<std::size_t>(handle)];
+    return c->live ? c : nullptr;
+  }
+  Type* type(MPI_Datatype handle) {
+    if (handle <= 0 || static_cast<std::size_t>(handle) >= types.size()) return nullptr;
+    Type* t = &types[static_cast<std::size_t>(handle)];
+    return t->live ? t : nullptr;
+  }
   MPI_Comm add_comm(Comm comm);
   MPI_Datatype add_type(Type type);
   MPI_Request add_request(PendingRequest request);
@@ -130,6 +145,7 @@ class Runtime {
 
  private:
   Runtime();
+  int fail_with(MPI_Comm comm, const char* what, const Status& status);
   std::vector<std::string> messages_;  // by slot, a ring
   std::size_t next_message_ = 0;
 };

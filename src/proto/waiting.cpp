@@ -149,18 +149,19 @@ void Waiting::step(int* idle_polls) {
   } else if (++*idle_polls > spin_count_) {
     pause = true;
   }
-  const bool locked = held_here();
   if (mode_ != Mode::kSpin && *idle_polls > 0 && (mode_ == Mode::kBlock || pause) &&
       engine_.only_a_message_can_end_a_wait()) {
-    sleep_until_work(locked);
+    sleep_until_work(held_here());
     *idle_polls = 0;
     return;
   }
   if (pause) check_peers_before_yield();
-  if (locked) {
-    // Let the other threads in between polls: what this wait needs may be their next call.
+  // Let a thread that waits for the lock in between polls (what this wait needs may be its next
+  // call), and the others when this wait yields. Otherwise the lock stays held: letting go and
+  // taking it again on every poll cost an atomic exchange and two reads of the thread's id.
+  if ((pause || waiting_.load(std::memory_order_relaxed) > 0) && held_here()) {
     unlock();
-    if (pause || waiting_.load(std::memory_order_relaxed) > 0) ::sched_yield();
+    ::sched_yield();
     lock();
   } else if (pause) {
     ::sched_yield();
