@@ -113,6 +113,37 @@ class NodeCollectives::Call {
     return Status();
   }
 
+  // A call posted in pieces (NodeCollectives::pieces), so that the others copy or reduce one
+  // piece while the next is written: the signature first, then each piece into our slot,
+  // counted in our line's progress word; post(nullptr, 0) ends it.
+  void begin_pieces() {
+    area_.generation(g_.rank(), call_).signature.store(signature_, std::memory_order_relaxed);
+  }
+  void post_piece(const void* data, std::size_t bytes, std::size_t at, std::size_t length,
+                  std::uint64_t k) {
+    std::memcpy(area_.data(g_.rank(), call_, bytes) + at, static_cast<const std::byte*>(data) + at,
+                length);
+    set_stage(k + 1);
+  }
+  // Waits until member m has written piece k of its `bytes` (or has posted: a member that made
+  // another call posts it, and the wait for the first piece reports the mismatch); *data: m's
+  // slot.
+  Status await_piece(int m, std::uint64_t k, std::size_t bytes, const std::byte** data) {
+    const NodeArea::Generation& generation = area_.generation(m, call_);
+    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call_, k + 1) &&
+           generation.call.load(std::memory_order_acquire) < call_) {
+      if (Status s = wait(m); !s.is_ok()) return s;
+    }
+    if (k == 0) {
+      if (Status s = check_signature(m, generation.signature.load(std::memory_order_relaxed));
+          !s.is_ok()) {
+        return s;
+      }
+    }
+    *data = area_.data(m, call_, bytes);
+    return Status();
+  }
+
   // room(), post() and, where `all`, await() of every member into `inputs` (ours too): the
   // reductions read everyone's data from the area.
   Status exchange(const void* data, std::size_t bytes, std::vector<const std::byte*>& inputs,

@@ -268,6 +268,9 @@ Status NodeCollectives::reduce(const void* send, void* recv, std::size_t count, 
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
   Call call(*this, node_call::signature(Kind::kReduce, bytes, type, op, root));
+  if (bytes >= kPiecedBytes) {
+    return reduce_in_pieces(call, send, recv, count, type, op, root, ring_order);
+  }
   // The others are done once their input is posted; the root reduces from the slots (so only
   // the root sees a member that made another call).
   Status s = call.exchange(send, bytes, inputs_, g_.rank() == root);
@@ -289,6 +292,69 @@ Status NodeCollectives::reduce(const void* send, void* recv, std::size_t count, 
       scratch_.resize(static_cast<std::size_t>(depth) * bytes);
     }
     reduce_in_tree_order(out, inputs_, root, 0, n, count, type, op, scratch_.data(), 0);
+  }
+  return call.finish(std::move(s));
+}
+
+// The others post their input in pieces and are done; the root reduces each piece once every
+// member's is there, reading its own input in place (a copy of the piece where the result goes
+// over it), in the same order as reduce() (a block of the ring's at a time, clipped to the
+// piece, or the tree over the piece, whose partial results then stay in the cache).
+Status NodeCollectives::reduce_in_pieces(Call& call, const void* send, void* recv,
+                                         std::size_t count, DataType type, ReduceOp op, int root,
+                                         bool ring_order) {
+  const int n = g_.size();
+  const std::size_t element = size_of(type);
+  const std::size_t bytes = count * element;
+  const Pieces pieces = NodeCollectives::pieces(bytes, element);
+  Status s;
+  if (g_.rank() != root) {
+    s = call.room(bytes);
+    if (!s.is_ok()) return call.finish(std::move(s));
+    call.begin_pieces();
+    for (std::uint64_t k = 0; k < pieces.count; ++k) {
+      call.post_piece(send, bytes, pieces.at(k), pieces.length(k, bytes), k);
+    }
+    call.post(nullptr, 0);
+    return call.finish(std::move(s));
+  }
+  const auto* mine = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  const bool overlap = mine < out + bytes && out < mine + bytes;
+  if (overlap && own_.size() < pieces.size) own_.resize(pieces.size);
+  int depth = 0;
+  while ((1 << depth) < n) ++depth;
+  if (!ring_order && scratch_.size() < static_cast<std::size_t>(depth) * pieces.size) {
+    scratch_.resize(static_cast<std::size_t>(depth) * pieces.size);
+  }
+  pieces_.resize(static_cast<std::size_t>(n));
+  const Blocks blocks(count, n, element);
+  for (std::uint64_t k = 0; k < pieces.count && s.is_ok(); ++k) {
+    const std::size_t at = pieces.at(k);
+    const std::size_t length = pieces.length(k, bytes);
+    for (int m = 0; m < n && s.is_ok(); ++m) {
+      if (m == root) continue;
+      const std::byte* slot = nullptr;
+      s = call.await_piece(m, k, bytes, &slot);
+      pieces_[static_cast<std::size_t>(m)] = slot + at;
+    }
+    if (!s.is_ok()) break;
+    if (overlap) std::memcpy(own_.data(), mine + at, length);
+    pieces_[static_cast<std::size_t>(root)] = overlap ? own_.data() : mine + at;
+    const std::size_t first = at / element;
+    const std::size_t elements = length / element;
+    if (!ring_order) {
+      reduce_in_tree_order(out + at, pieces_, root, 0, n, elements, type, op, scratch_.data(), 0);
+      continue;
+    }
+    for (int b = 0; b < n; ++b) {  // block b of the ring, started by member b + 1
+      const std::size_t begin = blocks.offset(b) / element;
+      const std::size_t lo = std::max(begin, first);
+      const std::size_t hi = std::min(begin + blocks.elements(b), first + elements);
+      if (lo >= hi) continue;
+      reduce_in_ring_order(out + lo * element, pieces_, (b + 1) % n, (lo - first) * element,
+                           hi - lo, type, op);
+    }
   }
   return call.finish(std::move(s));
 }

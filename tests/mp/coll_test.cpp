@@ -897,6 +897,17 @@ TEST(Collectives, TheSharedAreaGivesTheBitsOfTheMessages) {
       EXPECT_EQ(std::memcmp(reduced.data(), by_messages.data(), count * sizeof(float)), 0)
           << count << " floats, reduce";
     }
+    // In place at the root (from 16 KiB the root reduces piece by piece as the others' pieces
+    // come, and must not read its input where the result has already gone).
+    std::vector<float> own = in;
+    ASSERT_TRUE(world()
+                    .reduce(own.data(), me() == root ? own.data() : nullptr, count,
+                            DataType::kFloat32, ReduceOp::kSum, root)
+                    .is_ok());
+    if (me() == root) {
+      EXPECT_EQ(std::memcmp(own.data(), by_messages.data(), count * sizeof(float)), 0)
+          << count << " floats, reduce in place";
+    }
     // reduce_scatter: the area's block against the ring's, `count` elements of the input each.
     const std::size_t block = count / static_cast<std::size_t>(nranks());
     if (block == 0) continue;
