@@ -6,9 +6,11 @@ set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
 
-# Launchers the tests start ferry under: Open MPI (PMIx), MPICH (hydra, PMI-1) and Slurm.
+# Launchers the tests start ferry under: Open MPI (PMIx), MPICH (hydra, PMI-1) and Slurm; what
+# the mpi4py test builds mpi4py with (python3-venv, python3-dev, python3-numpy).
 packages=(cmake ninja-build g++ make pkg-config libgtest-dev python3 libfabric-dev iproute2
-  libpmix-dev openmpi-bin mpich slurmctld slurmd slurm-client munge)
+  libpmix-dev openmpi-bin mpich slurmctld slurmd slurm-client munge python3-venv python3-dev
+  python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Small host collectives, the community's own benchmark on both sides: OSU 7.4's osu_barrier,
+# osu_bcast, osu_reduce, osu_allreduce, osu_allgather and osu_reduce_scatter (from a fetched copy,
+# never committed) built once with ferry's mpicc and once with Debian's Open MPI, run interleaved
+# (ferry, then Open MPI, for each benchmark and rank count in each round; the vCPUs of these VMs
+# change placement every few seconds), 8 B to 64 KiB. OSU times every call on its own between
+# barriers and reports the average over its iterations; the table gives per rank count, benchmark
+# and size the medians of the rounds, the median of the per-round ratios (Open MPI / ferry: > 1,
+# ferry faster), and the spread of each side, (slowest - fastest) / median, with each side's
+# slowest round.
+#   bench/osu_coll.sh OSU_SOURCE_DIR [ROUNDS] [RANKS...]     (default 5 rounds; 2 3 4 8 ranks)
+# OSU_WORK keeps the two builds for the next run; OSU_COLL="bcast allreduce" runs only those;
+# Open MPI runs with --oversubscribe --bind-to none (as many ranks as vCPUs or more: neither binds).
+set -euo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FERRY_BUILD_DIR:-$top/build}
+src=$1 rounds=${2:-5}
+shift $(($# > 1 ? 2 : 1))
+ranks_list=${*:-2 3 4 8}
+if [ -n "${OSU_WORK:-}" ]; then
+  work=$OSU_WORK
+  mkdir -p "$work"
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
+# shellcheck source=bench/osu_build.sh
+source "$top/bench/osu_build.sh"
+osu_build "$work/ferry" "$src" "$build/tools/mpicc" "$build/tools/mpicxx"
+osu_build "$work/openmpi" "$src" mpicc.openmpi mpicxx.openmpi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+results=$work/osu_coll.tsv
+: >"$results"
+run() {  # SIDE RANKS BENCHMARK -> "size latency" lines
+  local dir=$work/$1/c/mpi/collective/blocking args=(-m 8:65536) out
+  [ "$3" = barrier ] && args=()
+  if [ "$1" = ferry ]; then
+    out=$(timeout 300 "$build/tools/mpiexec" -n "$2" "$dir/osu_$3" "${args[@]}" 2>&1)
+  else
+    out=$(timeout 300 mpirun.openmpi --oversubscribe --bind-to none -n "$2" "$dir/osu_$3" \
+          "${args[@]}" 2>&1)
+  fi || { echo "osu_coll: osu_$3 on $2 ranks ($1) failed:" >&2; echo "$out" | tail -5 >&2; exit 1; }
+  if [ "$3" = barrier ]; then
+    echo "$out" | awk '/^ *[0-9.]+ *$/ {print 0, $1}'
+  else
+    echo "$out" | awk '/^[0-9]+ +[0-9.]+/ {print $1, $2}'
+  fi
+}
+for round in $(seq "$rounds"); do
+  for n in $ranks_list; do
+    echo "round $round/$rounds, $n ranks" >&2
+    for b in ${OSU_COLL:-barrier bcast reduce allreduce allgather reduce_scatter}; do
+      for side in ferry openmpi; do
+        run "$side" "$n" "$b" | while read -r size us; do
+          printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$n" "$b" "$size" "$side" "$us" >>"$results"
+        done
+      done
+    done
+  done
+done
+
+python3 - "$results" <<'PY'
+import collections, statistics, sys
+runs = collections.defaultdict(dict)  # (ranks, benchmark, size) -> side -> {round: us}
+for line in open(sys.argv[1]):
+    rnd, n, b, size, side, us = line.split()
+    runs[(int(n), b, int(size))].setdefault(side, {})[rnd] = float(us)
+def spread(xs):
+    return (max(xs) - min(xs)) / statistics.median(xs)
+print("| ranks | benchmark | size | ferry median (us) | Open MPI median | ratio | ferry spread "
+      "| Open MPI spread | ferry slowest | Open MPI slowest |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+behind, wider, slower_worst, cells = [], [], [], 0
+for (n, b, size), sides in sorted(runs.items()):
+    f, o = sides.get("ferry", {}), sides.get("openmpi", {})
+    both = sorted(set(f) & set(o))
+    if not both:
+        continue
+    cells += 1
+    fv, ov = [f[r] for r in both], [o[r] for r in both]
+    ratio = statistics.median(o[r] / f[r] for r in both)
+    label = f"{n} {b} {size if b != 'barrier' else '-'}"
+    if statistics.median(fv) > statistics.median(ov):
+        behind.append(label)
+    if spread(fv) > spread(ov):
+        wider.append(label)
+    if max(fv) > max(ov):
+        slower_worst.append(label)
+    print(f"| {n} | {b} | {size if b != 'barrier' else '-'} | {statistics.median(fv):.2f} | "
+          f"{statistics.median(ov):.2f} | {ratio:.2f} | {spread(fv):.2f} | {spread(ov):.2f} | "
+          f"{max(fv):.2f} | {max(ov):.2f} |")
+print()
+print(f"{cells} cells. ferry's median slower than Open MPI's in {len(behind)}: {', '.join(behind) or '-'}")
+print(f"ferry's spread wider in {len(wider)}: {', '.join(wider) or '-'}")
+print(f"ferry's slowest round slower than Open MPI's slowest in {len(slower_worst)}: "
+      f"{', '.join(slower_worst) or '-'}")
+PY
+echo "raw rounds (round, ranks, benchmark, size, side, us): $results"
