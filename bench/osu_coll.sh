@@ -95,5 +95,24 @@ print(f"{cells} cells. ferry's median slower than Open MPI's in {len(behind)}: {
 print(f"ferry's spread wider in {len(wider)}: {', '.join(wider) or '-'}")
 print(f"ferry's slowest round slower than Open MPI's slowest in {len(slower_worst)}: "
       f"{', '.join(slower_worst) or '-'}")
+print()
+print("| ranks | benchmark | sizes at or ahead of Open MPI | lowest ratio (size) | median ratio "
+      "| spread no wider | slowest round no slower |")
+print("|---|---|---|---|---|---|---|")
+for n, b in sorted({(k[0], k[1]) for k in runs}):
+    rows = []
+    for (n2, b2, size), sides in sorted(runs.items()):
+        f, o = sides.get("ferry", {}), sides.get("openmpi", {})
+        both = sorted(set(f) & set(o))
+        if (n2, b2) != (n, b) or not both:
+            continue
+        fv, ov = [f[r] for r in both], [o[r] for r in both]
+        rows.append((size, statistics.median(o[r] / f[r] for r in both),
+                     spread(fv) <= spread(ov), max(fv) <= max(ov)))
+    low = min(rows, key=lambda r: r[1])
+    where = "-" if b == "barrier" else (f"{low[0]} B" if low[0] < 1024 else f"{low[0] // 1024} KiB")
+    print(f"| {n} | {b} | {sum(r[1] >= 1 for r in rows)}/{len(rows)} | {low[1]:.2f} ({where}) | "
+          f"{statistics.median(r[1] for r in rows):.2f} | {sum(r[2] for r in rows)}/{len(rows)} | "
+          f"{sum(r[3] for r in rows)}/{len(rows)} |")
 PY
 echo "raw rounds (round, ranks, benchmark, size, side, us): $results"
