@@ -306,7 +306,7 @@ int complete(MPI_Request* handle, MPI_Status* status, int* flag) {
     return MPI_SUCCESS;
   }
   if (!r.persistent) {
-    r = PendingRequest{};
+    rt.release_request(*handle);
     *handle = MPI_REQUEST_NULL;
   }
   return error;
@@ -398,6 +398,7 @@ int MPI_Finalize(void) {
   const ferry::Status s = rt.context->barrier();
   rt.requests.clear();
   rt.requests.resize(1);
+  rt.free_requests.clear();
   for (Comm& c : rt.comms) c = Comm{};
   rt.context.reset();
   rt.finalized = true;
@@ -913,7 +914,7 @@ int MPI_Request_free(MPI_Request* request) {
   if (!ready(r) && (!r.packed.empty() || !r.parts.empty() || r.after)) {
     complete_request(r, MPI_STATUS_IGNORE, false);
   }
-  r = PendingRequest{};
+  rt.release_request(*request);
   *request = MPI_REQUEST_NULL;
   return MPI_SUCCESS;
 }

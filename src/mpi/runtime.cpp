@@ -177,14 +177,19 @@ MPI_Datatype Runtime::add_type(Type t) {
 
 MPI_Request Runtime::add_request(PendingRequest r) {
   r.live = true;
-  for (std::size_t i = 1; i < requests.size(); ++i) {
-    if (!requests[i].live) {
-      requests[i] = std::move(r);
-      return static_cast<MPI_Request>(i);
-    }
+  if (!free_requests.empty()) {
+    const MPI_Request handle = free_requests.back();
+    free_requests.pop_back();
+    requests[static_cast<std::size_t>(handle)] = std::move(r);
+    return handle;
   }
   requests.push_back(std::move(r));
   return static_cast<MPI_Request>(requests.size() - 1);
+}
+
+void Runtime::release_request(MPI_Request handle) {
+  requests[static_cast<std::size_t>(handle)] = PendingRequest{};
+  free_requests.push_back(handle);
 }
 
 Type derive(const Type& old, const std::vector<std::ptrdiff_t>& displacements) {

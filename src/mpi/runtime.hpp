@@ -103,9 +103,10 @@ class Runtime {
   bool finalized = false;
   int thread_level = MPI_THREAD_SINGLE;
   std::optional<Context> context;
-  std::vector<Comm> comms;               // by handle
-  std::vector<Type> types;               // by handle
-  std::vector<PendingRequest> requests;  // by handle
+  std::vector<Comm> comms;                 // by handle
+  std::vector<Type> types;                 // by handle
+  std::vector<PendingRequest> requests;    // by handle
+  std::vector<MPI_Request> free_requests;  // handles of requests released
   // MPI_Comm_create_keyval's keys, by keyval (from kFirstKeyval).
   struct Keyval {
     MPI_Comm_copy_attr_function* copy = nullptr;
@@ -130,7 +131,10 @@ class Runtime {
   }
   MPI_Comm add_comm(Comm comm);
   MPI_Datatype add_type(Type type);
+  // A request's handle: a freed one again (last freed first), else a new one.
   MPI_Request add_request(PendingRequest request);
+  // Done with request `handle` (live): its slot goes back to the free ones.
+  void release_request(MPI_Request handle);
 
   // The tag of MPI tag `tag` on `comm`, and the mask that matches it (MPI_ANY_TAG: any).
   static Tag wire_tag(const Comm& comm, int tag) {
