@@ -584,9 +584,12 @@ TEST(Stream, EveryCollectiveMatchesItsHostForm) {
             return world.broadcast(r, count, f32, root, g_stream);
           },
           [&](const void* s, void* r) {
+            // A copy between device buffers returns before it is done (CUDA's rule for
+            // cuMemcpy): the host form's rule is to wait for the stream that wrote the buffer.
             check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(r),
                                    reinterpret_cast<CUdeviceptr>(s), bytes),
                   "copy in");
+            check(g_cuda->cuStreamSynchronize(nullptr), "copy in");
             return world.broadcast(r, count, f32, root);
           });
       if (HasFailure()) return;
@@ -677,6 +680,7 @@ TEST(Stream, CallsInRoundsMatchTheirHostForm) {
     check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_stream.data()), out.p, bytes), "read");
     fill();
     check(g_cuda->cuMemcpy(out.p, in.p, bytes), "copy in");
+    check(g_cuda->cuStreamSynchronize(nullptr), "copy in");  // device to device: asynchronous
     ASSERT_TRUE(world.broadcast(out.get(), count, DataType::kFloat32, root).is_ok());
     check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(by_host.data()), out.p, bytes), "read");
     EXPECT_EQ(differ(), 0u) << "broadcast from " << root;
