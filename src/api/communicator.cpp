@@ -1,4 +1,5 @@
 // ferry::Communicator: the public face of the collectives (src/coll).
+#include <algorithm>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -8,6 +9,7 @@
 #include "coll/group.hpp"
 #include "coll/reduce.hpp"
 #include "cuda/cuda.hpp"
+#include "proto/device_path.hpp"
 #include "proto/engine.hpp"
 #include "proto/messages.hpp"
 #include "proto/stream_ops.hpp"
@@ -237,42 +239,58 @@ Status check_stream_call(const coll::Group& g, const char* name, std::size_t cou
 // driver's locks, which a thread blocked launching onto a full stream or graph holds (two H100s:
 // graph replays of an allreduce stopped at the first). Every member makes its stream collectives
 // in the same order, so all make this one alike; a stream that names no GPU takes part, failing.
-void prepare_twin(coll::Group& twin, CudaStream stream) {
-  cuda::Cuda* gpu = twin.engine()->cuda();
+// For the same reason, a collective that moves data makes here the host rings its messages to and
+// from the members of this node may be staged through (proto/device_path.hpp, prepare_staging):
+// ours before the one-shot's set-up, whose allgather every member passes after making its own,
+// and the members' after it.
+void prepare_twin(coll::Group& twin, CudaStream stream, bool moves_data) {
+  proto::Engine* engine = twin.engine();
+  cuda::Cuda* gpu = engine->cuda();
   if (gpu == nullptr) return;
   const int mode = gpu->relax_capture();
+  std::vector<int> neighbours;
+  if (moves_data) {
+    const std::vector<int> local = engine->job().local_ranks();
+    for (int m : twin.members()) {
+      if (m != engine->rank() && std::find(local.begin(), local.end(), m) != local.end()) {
+        neighbours.push_back(m);
+      }
+    }
+  }
+  for (int m : neighbours) engine->device().prepare_staging(m, false);
   cuda::Cuda::StreamInfo info;
   const bool known = gpu->stream_info(stream, &info).is_ok();
   static_cast<void>(twin.oneshot().ready(known ? info.device : -1, 1, DataType::kUint8));
+  for (int m : neighbours) engine->device().prepare_staging(m, true);
   gpu->restore_capture(mode);
 }
 
 // The communicator's stream twin and the Context's stream operations, taken under the engine's
 // lock, which the enqueueing then lets go: a full stream blocks the call that enqueues on it
 // until the proxy, which needs that lock, has drained it. For a collective (`stream` set), the
-// twin's device set-up too.
+// twin's device set-up too (and its staging rings where it `moves_data`).
 // Null parts, and *revoked set, for a revoked communicator.
 std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> stream_parts(
     const std::shared_ptr<coll::Group>& group, const char* name, Status* revoked,
-    std::optional<CudaStream> collective_stream = std::nullopt) {
+    std::optional<CudaStream> collective_stream = std::nullopt, bool moves_data = false) {
   auto entry = group->engine()->enter();
   if (group->revoked()) {
     *revoked = group->revoked_status(std::string(name) + " on a stream");
     return {nullptr, nullptr};
   }
   std::shared_ptr<coll::Group> twin = group->stream_twin();
-  if (collective_stream.has_value()) prepare_twin(*twin, *collective_stream);
+  if (collective_stream.has_value()) prepare_twin(*twin, *collective_stream, moves_data);
   return {twin, &group->engine()->streams()};
 }
 
 // Enqueues a collective of the communicator's stream twin, which `build` describes.
 template <class Build>
 Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream stream,
-                          const char* name, Build build) {
+                          const char* name, bool moves_data, Build build) {
   // Not a structured binding: clang before 16 cannot capture one.
   Status revoked;
   std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> parts =
-      stream_parts(group, name, &revoked, stream);
+      stream_parts(group, name, &revoked, stream, moves_data);
   if (!revoked.is_ok()) return revoked;
   std::shared_ptr<coll::Group> twin = std::move(parts.first);
   return parts.second->enqueue(
@@ -323,7 +341,7 @@ Status alone_on_stream(const std::shared_ptr<coll::Group>& group, CudaStream str
     bool taken = false;                                                                    \
     Status by_copy = alone_on_stream(group_, stream, FERRY_UNPAREN alone, #name, &taken);  \
     if (taken) return by_copy;                                                             \
-    return enqueue_collective(group_, stream, #name,                                       \
+    return enqueue_collective(group_, stream, #name, false,                                \
                               [=](coll::Group& g, coll::Plan& p) { return g.name args; }); \
   }
 // The same, first trying one kernel on the stream itself (among one node's GPUs, with no host in
@@ -337,7 +355,7 @@ Status alone_on_stream(const std::shared_ptr<coll::Group>& group, CudaStream str
     if (taken) return by_copy;                                                             \
     Status by_kernel = coll::collective_by_kernel(*group_, kernel, stream, &taken);        \
     if (taken) return by_kernel;                                                           \
-    return enqueue_collective(group_, stream, #name,                                       \
+    return enqueue_collective(group_, stream, #name, true,                                 \
                               [=](coll::Group& g, coll::Plan& p) { return g.name args; }); \
   }
 #define FERRY_UNPAREN(...) __VA_ARGS__

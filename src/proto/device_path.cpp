@@ -378,9 +378,7 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   }
   if (!peer.ring_tx) {
     try {
-      peer.ring_tx = cuda::StageRing::create(
-          engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), engine_.rank(), source),
-          stage_chunk_ * stage_slots_);
+      make_ring_tx(source);
     } catch (const Error& e) {
       slot->rendezvous = false;
       engine_.links().send_control(source, kAmNack, as_bytes(NackHeader{header.rreq}));
@@ -389,8 +387,6 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
                                       " impossible: " + e.what()));
       return;
     }
-    peer.free_slots.clear();
-    for (std::size_t i = stage_slots_; i-- > 0;) peer.free_slots.push_back(i * stage_chunk_);
   }
   slot->rendezvous = false;
   slot->gpu.stage_rreq = header.rreq;
@@ -398,6 +394,39 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   slot->gpu.staged = 0;
   peer.stage_streams.push_back(index);
   pump_stage(source);
+}
+
+void DevicePath::make_ring_tx(int peer_rank) {
+  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  peer.ring_tx = cuda::StageRing::create(
+      engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), engine_.rank(), peer_rank),
+      stage_chunk_ * stage_slots_);
+  peer.free_slots.clear();
+  for (std::size_t i = stage_slots_; i-- > 0;) peer.free_slots.push_back(i * stage_chunk_);
+}
+
+void DevicePath::open_ring_rx(int peer_rank) {
+  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  if (test_stage_open_fail_) {
+    throw Error(Code::kIoError, "mapping refused (FERRY_TEST_STAGE_OPEN_FAIL)");
+  }
+  // At most what the largest allowed configuration makes (64 slots of 1 GiB).
+  peer.ring_rx = cuda::StageRing::open(
+      engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), peer_rank, engine_.rank()),
+      std::size_t{64} << 30);
+  peer.ring_rx->unlink();  // both sides have it now
+}
+
+void DevicePath::prepare_staging(int peer_rank, bool theirs) {
+  if (peer_rank == engine_.rank()) return;
+  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  try {
+    if (!theirs && !peer.ring_tx) make_ring_tx(peer_rank);
+    if (theirs && !peer.ring_rx) open_ring_rx(peer_rank);
+  } catch (const Error& e) {
+    // The first staged message tries again, and fails where this did.
+    FERRY_LOG(kDebug, "staging ring with rank %d not made ahead: %s", peer_rank, e.what());
+  }
 }
 
 void DevicePath::refuse_ipc(int peer_rank, mem::IpcKind kind, const std::string& why) {
@@ -526,14 +555,7 @@ void DevicePath::on_stage_frag(int source, std::span<const std::byte> data) {
   PeerState& peer = peers_[static_cast<std::size_t>(source)];
   if (!peer.ring_rx) {
     try {
-      if (test_stage_open_fail_) {
-        throw Error(Code::kIoError, "mapping refused (FERRY_TEST_STAGE_OPEN_FAIL)");
-      }
-      // At most what the largest allowed configuration makes (64 slots of 1 GiB).
-      peer.ring_rx = cuda::StageRing::open(
-          engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), source, engine_.rank()),
-          std::size_t{64} << 30);
-      peer.ring_rx->unlink();  // both sides have it now
+      open_ring_rx(source);
     } catch (const Error& e) {
       // FIN first: the sender must learn of the failure before more slots come back to it.
       fail_staged_receive(index, Status(e.code(), std::string("host staging from rank ") +

@@ -56,6 +56,14 @@ class DevicePath {
                             std::uint32_t flags);
   // A host sender's message into a device buffer: rung 2, offering the buffer's IPC key.
   void start_host_receive(std::uint32_t index, int source, std::uint64_t sreq);
+  // Makes a staging ring with `peer` now, on the calling thread (the engine's lock held): ours to
+  // it, or (`theirs`) its to us, where it has made it. A stream operation runs on ferry's thread
+  // while the application's threads may be launching onto a full stream or graph, holding a
+  // driver lock that registering a ring's memory waits for: made there, it waits for ever (one
+  // H200 shared by two ranks: graph replays of an allreduce stopped at the first). So stream
+  // operations make their rings where they are enqueued. What fails here is tried again, and
+  // reported, by the first staged message.
+  void prepare_staging(int peer, bool theirs);
   // An active message of the device path (true), or another's (false).
   bool on_am(std::uint8_t id, int source, std::span<const std::byte> data);
   // A send that ends before its staging does (its receiver failed): no more slots for it.
@@ -85,10 +93,11 @@ class DevicePath {
     IpcVerdict& verdict(mem::IpcKind kind) {
       return kind == mem::IpcKind::kPosixFd ? ipc_fd : ipc_legacy;
     }
-    std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use)
-    std::unique_ptr<cuda::StageRing> ring_rx;  // the peer's, to us (mapped on first fragment)
-    std::vector<std::uint64_t> free_slots;     // offsets of free slots in ring_tx
-    std::deque<std::uint32_t> stage_streams;   // staged sends waiting for a slot
+    std::unique_ptr<cuda::StageRing> ring_tx;  // ours, to this peer (made on first use or ahead)
+    std::unique_ptr<cuda::StageRing>
+        ring_rx;                            // the peer's, to us (mapped on first fragment or ahead)
+    std::vector<std::uint64_t> free_slots;  // offsets of free slots in ring_tx
+    std::deque<std::uint32_t> stage_streams;  // staged sends waiting for a slot
     std::uint64_t writes = 0;  // page-locked sends written into the peer's device buffers
   };
   // Rung 1 of a receive from a device buffer: map the sender's buffer for GPU `copier` (the
@@ -99,6 +108,9 @@ class DevicePath {
   // GPU the memory is staged through and write the message into it. False: stage it instead.
   bool start_ipc_put(std::uint32_t index, int source, std::uint64_t rreq, std::size_t length,
                      const cuda::IpcKey& key);
+  // The rings (throwing ferry::Error): ours to `peer`, with every slot free; the peer's to us.
+  void make_ring_tx(int peer);
+  void open_ring_rx(int peer);
   void on_rts(int source, std::span<const std::byte> data);
   void on_stage_cts(int source, std::span<const std::byte> data);
   void on_stage_frag(int source, std::span<const std::byte> data);

@@ -84,6 +84,18 @@ Device& Devices::get(int ordinal) {
     // streams ended too, so the sender's fills and the receiver's drains ran by turns (staged
     // device -> device 52.7 GB/s by events, 26.1 by flags, H100 pair, 2026-11-26).
     if (dev.flags != nullptr && i < kLanesPerDevice) lane.flag = dev.flags + 16 * i;
+    // Events made here, not at a copy: cuEventCreate waits for a driver lock that a thread
+    // launching onto a full stream or graph holds, and the copies of a stream operation run on
+    // ferry's thread while that stream waits for them (one H200 shared by two ranks: graph
+    // replays of a staged allreduce stopped at the first). A lane needs more only with more
+    // than kSpareEvents copies in flight on it.
+    if (lane.flag == nullptr) {
+      for (int e = 0; e < kSpareEvents; ++e) {
+        CUevent event = nullptr;
+        if (d_->cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
+        lane.spare_events.push_back(event);
+      }
+    }
   }
   return dev;
 }

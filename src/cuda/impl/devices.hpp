@@ -27,6 +27,8 @@ constexpr int kLanesPerDevice = 4;
 constexpr int kStageToHost = kLanesPerDevice;
 constexpr int kStageToDevice = kLanesPerDevice + 1;
 constexpr int kLaneSlots = kLanesPerDevice + 2;
+// Events each lane that completes by events has from the start (Devices::get).
+constexpr int kSpareEvents = 16;
 
 // Makes `context` current for the scope; the one that was current before comes back after.
 class ScopedContext {
