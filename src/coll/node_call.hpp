@@ -194,20 +194,13 @@ class NodeCollectives::Call {
   }
 
   // A streamed broadcast's reader: waits until the root has written `stage` pieces, or posted
-  // (a root that made another call posts it, and the first wait then reports the mismatch).
+  // (await_piece's wait); the first also checks the root's exact size.
   Status await_root_stage(int root, std::uint64_t stage, std::size_t bytes) {
-    const NodeArea::Generation& generation = area_.generation(root, call_);
-    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call_, stage) &&
-           generation.call.load(std::memory_order_acquire) < call_) {
-      if (Status s = wait(root); !s.is_ok()) return s;
-    }
+    const std::byte* data = nullptr;
+    if (Status s = await_piece(root, stage - 1, bytes, &data); !s.is_ok()) return s;
     if (stage > 1) return Status();
-    if (Status s = check_signature(root, generation.signature.load(std::memory_order_relaxed));
-        !s.is_ok()) {
-      return s;
-    }
     std::uint64_t theirs = 0;
-    std::memcpy(&theirs, generation.data, sizeof(theirs));
+    std::memcpy(&theirs, area_.generation(root, call_).data, sizeof(theirs));
     if (theirs == bytes) return Status();
     return Status(Code::kInvalidArgument, what() + ": " + g_.peer_label(root) + " broadcasts " +
                                               std::to_string(theirs) +
