@@ -44,6 +44,7 @@ class NodeArea {
   struct alignas(64) Control {
     std::atomic<std::uint64_t> done;    // the last call finished without posting
     std::atomic<std::uint64_t> failed;  // 1: this member stopped using the area
+    std::atomic<std::int64_t> pid;      // its process (a broadcast's readers read it by CMA)
   };
   struct alignas(64) Generation {
     std::atomic<std::uint64_t> call;  // the call whose data this generation holds

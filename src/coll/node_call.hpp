@@ -182,6 +182,11 @@ class NodeCollectives::Call {
         .progress.store(NodeArea::progress(call_, stage), std::memory_order_release);
   }
   Status await_stage(int m, std::uint64_t stage) { return await_stage_of(m, call_, stage); }
+  // Member m's stage in this call, where await_stage saw it reached.
+  [[nodiscard]] std::uint64_t stage(int m) const {
+    return area_.generation(m, call_).progress.load(std::memory_order_acquire) -
+           NodeArea::progress(call_, 0);
+  }
 
   // The same in member m's line of this call or of an earlier one (less than kGenerations calls
   // ago, so the line still holds it).

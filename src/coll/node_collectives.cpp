@@ -12,6 +12,8 @@
 // messages on every member.
 #include "coll/node_collectives.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -21,6 +23,7 @@
 #include "coll/reduce.hpp"
 #include "proto/engine.hpp"
 #include "util/clock.hpp"
+#include "util/cma.hpp"
 #include "util/log.hpp"
 #include "util/node.hpp"
 
@@ -119,6 +122,7 @@ Status NodeCollectives::prepare() {
       status = Status(e.code(), e.what());
     }
   }
+  if (area) area->control(g_.rank()).pid.store(::getpid(), std::memory_order_relaxed);
   std::int64_t ok = area != nullptr ? 1 : 0;
   std::int64_t all_ok = 0;
   Status agreed = g_.run(
@@ -131,6 +135,7 @@ Status NodeCollectives::prepare() {
   bytes_ = offer.slot_bytes;  // the same on every member
   done_seen_.assign(static_cast<std::size_t>(n), 0);
   inputs_.assign(static_cast<std::size_t>(n), nullptr);
+  cma_ = g_.engine()->config().get_bool(util::Var::kShmCma);
   FERRY_LOG(kInfo, "collectives: shared area ready (%d members, up to %zu bytes each)", n, bytes_);
   return Status();
 }
@@ -149,6 +154,7 @@ Status NodeCollectives::barrier() {
 Status NodeCollectives::broadcast(void* buffer, std::size_t count, DataType type, int root) {
   const std::size_t bytes = count * size_of(type);
   Call call(*this, node_call::signature(Kind::kBroadcast, bytes, type, ReduceOp::kSum, root));
+  if (bytes >= kCmaBytes) return call.finish(broadcast_by_address(call, buffer, bytes, root));
   Status s;
   if (g_.rank() == root) {
     s = call.room(bytes);
@@ -159,6 +165,72 @@ Status NodeCollectives::broadcast(void* buffer, std::size_t count, DataType type
     if (s.is_ok()) std::memcpy(buffer, slot, bytes);
   }
   return call.finish(std::move(s));
+}
+
+// The root's inline data says where its buffer is (0: in its slot, as a smaller broadcast's).
+// Each reader's stage in this call: kRead once it has read the buffer by CMA, kRefused where it
+// could not (it then waits for the root's stage kCopied, the data in the root's slot), kCopied
+// once it has copied it from there.
+namespace {
+constexpr std::uint64_t kRead = 1;
+constexpr std::uint64_t kRefused = 2;
+constexpr std::uint64_t kCopied = 3;
+}  // namespace
+
+Status NodeCollectives::broadcast_by_address(Call& call, void* buffer, std::size_t bytes,
+                                             int root) {
+  NodeArea::Generation& line = area_->generation(root, call.number());
+  if (g_.rank() == root) {
+    Status s = call.room(bytes);
+    if (!s.is_ok()) return s;
+    const std::uint64_t address = cma_ ? reinterpret_cast<std::uintptr_t>(buffer) : 0;
+    std::memcpy(line.data, &address, sizeof(address));
+    if (address == 0) {
+      call.post(buffer, bytes);
+      return Status();
+    }
+    call.post(nullptr, 0);
+    bool refused = false;
+    for (int m = 0; m < g_.size() && s.is_ok(); ++m) {
+      if (m == root) continue;
+      s = call.await_stage(m, kRead);
+      refused = refused || call.stage(m) == kRefused;
+    }
+    if (!s.is_ok() || !refused) return s;
+    cma_ = false;  // copies from now on, as the member that could not read asks
+    std::memcpy(call.slot(bytes), buffer, bytes);
+    call.set_stage(kCopied);
+    for (int m = 0; m < g_.size() && s.is_ok(); ++m) {
+      if (m != root && call.stage(m) == kRefused) s = call.await_stage(m, kCopied);
+    }
+    return s;
+  }
+  const std::byte* slot = nullptr;
+  if (Status s = call.await(root, &slot); !s.is_ok()) return s;
+  std::uint64_t address = 0;
+  std::memcpy(&address, line.data, sizeof(address));
+  if (address == 0) {
+    std::memcpy(buffer, slot, bytes);
+    return Status();
+  }
+  const auto pid = static_cast<int>(area_->control(root).pid.load(std::memory_order_relaxed));
+  Status read = cma_ ? util::cma_read(pid, buffer, address, bytes)
+                     : Status(Code::kUnsupported, "CMA refused before");
+  if (read.is_ok()) {
+    call.set_stage(kRead);
+    return Status();
+  }
+  if (read.code() == Code::kPeerFailed) return read;
+  if (read.code() == Code::kUnsupported && cma_) {
+    cma_ = false;
+    FERRY_LOG(kInfo, "collectives: broadcasts through the area by copies from now on: %s",
+              read.message().c_str());
+  }
+  call.set_stage(kRefused);
+  if (Status s = call.await_stage(root, kCopied); !s.is_ok()) return s;
+  std::memcpy(buffer, slot, bytes);
+  call.set_stage(kCopied);
+  return Status();
 }
 
 // Larger than a slot: the root writes its data piece by piece into the area's ring of

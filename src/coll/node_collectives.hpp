@@ -36,7 +36,13 @@ class NodeCollectives {
   [[nodiscard]] std::size_t bytes() const { return bytes_; }
 
   Status barrier();
+  // From kCmaBytes, where the root's process lets the others read its memory (CMA, FERRY_SHM_CMA),
+  // the root announces its buffer's address instead of copying it into the area; each member
+  // copies it straight into its own buffer (one copy, not two), and the root returns once they
+  // all have. A member that cannot read it says so, and the root copies it into the area for
+  // them (and that member asks no more).
   Status broadcast(void* buffer, std::size_t count, DataType type, int root);
+  static constexpr std::size_t kCmaBytes = 16384;
   // A broadcast larger than the area's slots, streamed through its ring (ready(p, 0) first).
   Status stream_broadcast(void* buffer, std::size_t count, DataType type, int root);
   // In the order of the ring's reduce-scatter where `ring_order`, else of recursive doubling.
@@ -79,6 +85,7 @@ class NodeCollectives {
   Status reduce_in_pieces(Call& call, const void* send, void* recv, std::size_t count,
                           DataType type, ReduceOp op, int root, bool ring_order);
   Status prepare();
+  Status broadcast_by_address(Call& call, void* buffer, std::size_t bytes, int root);
 
   Group& g_;
   std::size_t bytes_;
@@ -92,6 +99,7 @@ class NodeCollectives {
   std::uint64_t stream_call_ = 0;         // the last streamed broadcast (0: none yet)
   std::uint64_t stream_pieces_ = 0;       // and its pieces
   std::vector<std::byte> scratch_;
+  bool cma_ = false;  // the root of a broadcast announces its address; a reader reads by CMA
 };
 
 }  // namespace ferry::coll

@@ -88,7 +88,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
   X(kShmBounceCount, "FERRY_SHM_BOUNCE_COUNT", kInt, "64", 2, 65536, "",                           \
     "bounce buffers in each sender's pool")                                                        \
   X(kShmCma, "FERRY_SHM_CMA", kBool, "1", 0, 0, "",                                                \
-    "single-copy rendezvous with process_vm_readv when the connect-time probe works")              \
+    "single-copy rendezvous with process_vm_readv when the connect-time probe works, and "         \
+    "broadcasts through the node area read from the root's buffer the same way")                   \
   X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "-1", -1, 1LL << 40, "",                   \
     "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "    \
     "buffers (-1: every rendezvous message where the CPU's rep movsb is fast, 128m where it is "   \
