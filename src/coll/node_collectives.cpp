@@ -450,6 +450,9 @@ Status NodeCollectives::allgather(const void* send, void* recv, std::size_t coun
   const std::size_t bytes = count * size_of(type);
   auto* out = static_cast<std::byte*>(recv);
   Call call(*this, node_call::signature(Kind::kAllgather, bytes, type, ReduceOp::kSum, 0));
+  if (g_.size() == 2 && bytes >= kCmaBytes) {
+    return call.finish(allgather_by_address(call, send, out, bytes));
+  }
   Status s = call.room(bytes);
   if (s.is_ok()) call.post(send, bytes);
   for (int m = 0; m < g_.size() && s.is_ok(); ++m) {
@@ -458,6 +461,62 @@ Status NodeCollectives::allgather(const void* send, void* recv, std::size_t coun
     if (s.is_ok()) std::memmove(out + static_cast<std::size_t>(m) * bytes, from, bytes);
   }
   return call.finish(std::move(s));
+}
+
+// Two members, each the other's root of broadcast_by_address at once. A member's stage in this
+// call is a sum: 1 once it has the other's block, or 2 where it could not read it (then 4 more
+// once it has it from the other's slot); 2 more once its own block is in its slot for the other.
+// So the stage is even where the member could not read, and at least 3 once a member that the
+// other could not read has copied for it (one that could not read, and was read, never copies).
+Status NodeCollectives::allgather_by_address(Call& call, const void* send, std::byte* out,
+                                             std::size_t bytes) {
+  constexpr std::uint64_t kHave = 1;
+  constexpr std::uint64_t kCouldNot = 2;
+  constexpr std::uint64_t kInSlot = 2;
+  constexpr std::uint64_t kHaveFromSlot = 4;
+  const int other = 1 - g_.rank();
+  Status s = call.room(bytes);
+  if (!s.is_ok()) return s;
+  const std::uint64_t address = cma_ ? reinterpret_cast<std::uintptr_t>(send) : 0;
+  std::memcpy(area_->generation(g_.rank(), call.number()).data, &address, sizeof(address));
+  call.post(address == 0 ? send : nullptr, address == 0 ? bytes : 0);
+  const std::byte* slot = nullptr;
+  if (s = call.await(other, &slot); !s.is_ok()) return s;
+  std::uint64_t theirs = 0;
+  std::memcpy(&theirs, area_->generation(other, call.number()).data, sizeof(theirs));
+  std::byte* into = out + static_cast<std::size_t>(other) * bytes;
+  Status read;
+  if (theirs == 0) {
+    std::memcpy(into, slot, bytes);
+  } else {
+    const auto pid = static_cast<int>(area_->control(other).pid.load(std::memory_order_relaxed));
+    read = cma_ ? util::cma_read(pid, into, theirs, bytes)
+                : Status(Code::kUnsupported, "CMA refused before");
+    if (read.code() == Code::kPeerFailed) return read;
+    if (read.code() == Code::kUnsupported && cma_) {
+      cma_ = false;
+      FERRY_LOG(kInfo, "collectives: allgathers through the area by copies from now on: %s",
+                read.message().c_str());
+    }
+  }
+  std::memmove(out + static_cast<std::size_t>(g_.rank()) * bytes, send, bytes);
+  std::uint64_t mine = read.is_ok() ? kHave : kCouldNot;
+  call.set_stage(mine);
+  if (address != 0) {
+    // Until the other has our block, or says it could not read it: then it is copied for it.
+    if (s = call.await_stage(other, kHave); !s.is_ok()) return s;
+    if (call.stage(other) % 2 == 0) {
+      cma_ = false;
+      std::memcpy(call.slot(bytes), send, bytes);
+      mine += kInSlot;
+      call.set_stage(mine);
+    }
+  }
+  if (read.is_ok()) return Status();
+  if (s = call.await_stage(other, kHave + kInSlot); !s.is_ok()) return s;
+  std::memcpy(into, slot, bytes);
+  call.set_stage(mine + kHaveFromSlot);
+  return Status();
 }
 
 }  // namespace ferry::coll

@@ -86,6 +86,7 @@ class NodeCollectives {
                           DataType type, ReduceOp op, int root, bool ring_order);
   Status prepare();
   Status broadcast_by_address(Call& call, void* buffer, std::size_t bytes, int root);
+  Status allgather_by_address(Call& call, const void* send, std::byte* out, std::size_t bytes);
 
   Group& g_;
   std::size_t bytes_;
