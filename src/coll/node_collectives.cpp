@@ -154,7 +154,7 @@ Status NodeCollectives::barrier() {
 Status NodeCollectives::broadcast(void* buffer, std::size_t count, DataType type, int root) {
   const std::size_t bytes = count * size_of(type);
   Call call(*this, node_call::signature(Kind::kBroadcast, bytes, type, ReduceOp::kSum, root));
-  if (bytes >= kCmaBytes) return call.finish(broadcast_by_address(call, buffer, bytes, root));
+  if (bytes >= kCmaBytes) return call.finish(pass_by_address(call, buffer, buffer, bytes, root));
   Status s;
   if (g_.rank() == root) {
     s = call.room(bytes);
@@ -177,16 +177,16 @@ constexpr std::uint64_t kRefused = 2;
 constexpr std::uint64_t kCopied = 3;
 }  // namespace
 
-Status NodeCollectives::broadcast_by_address(Call& call, void* buffer, std::size_t bytes,
-                                             int root) {
+Status NodeCollectives::pass_by_address(Call& call, const void* from, void* into, std::size_t bytes,
+                                        int root) {
   NodeArea::Generation& line = area_->generation(root, call.number());
   if (g_.rank() == root) {
     Status s = call.room(bytes);
     if (!s.is_ok()) return s;
-    const std::uint64_t address = cma_ ? reinterpret_cast<std::uintptr_t>(buffer) : 0;
+    const std::uint64_t address = cma_ ? reinterpret_cast<std::uintptr_t>(from) : 0;
     std::memcpy(line.data, &address, sizeof(address));
     if (address == 0) {
-      call.post(buffer, bytes);
+      call.post(from, bytes);
       return Status();
     }
     call.post(nullptr, 0);
@@ -198,7 +198,7 @@ Status NodeCollectives::broadcast_by_address(Call& call, void* buffer, std::size
     }
     if (!s.is_ok() || !refused) return s;
     cma_ = false;  // copies from now on, as the member that could not read asks
-    std::memcpy(call.slot(bytes), buffer, bytes);
+    std::memcpy(call.slot(bytes), from, bytes);
     call.set_stage(kCopied);
     for (int m = 0; m < g_.size() && s.is_ok(); ++m) {
       if (m != root && call.stage(m) == kRefused) s = call.await_stage(m, kCopied);
@@ -210,11 +210,11 @@ Status NodeCollectives::broadcast_by_address(Call& call, void* buffer, std::size
   std::uint64_t address = 0;
   std::memcpy(&address, line.data, sizeof(address));
   if (address == 0) {
-    std::memcpy(buffer, slot, bytes);
+    std::memcpy(into, slot, bytes);
     return Status();
   }
   const auto pid = static_cast<int>(area_->control(root).pid.load(std::memory_order_relaxed));
-  Status read = cma_ ? util::cma_read(pid, buffer, address, bytes)
+  Status read = cma_ ? util::cma_read(pid, into, address, bytes)
                      : Status(Code::kUnsupported, "CMA refused before");
   if (read.is_ok()) {
     call.set_stage(kRead);
@@ -223,12 +223,12 @@ Status NodeCollectives::broadcast_by_address(Call& call, void* buffer, std::size
   if (read.code() == Code::kPeerFailed) return read;
   if (read.code() == Code::kUnsupported && cma_) {
     cma_ = false;
-    FERRY_LOG(kInfo, "collectives: broadcasts through the area by copies from now on: %s",
+    FERRY_LOG(kInfo, "collectives: data through the area by copies from now on: %s",
               read.message().c_str());
   }
   call.set_stage(kRefused);
   if (Status s = call.await_stage(root, kCopied); !s.is_ok()) return s;
-  std::memcpy(buffer, slot, bytes);
+  std::memcpy(into, slot, bytes);
   call.set_stage(kCopied);
   return Status();
 }
@@ -340,6 +340,13 @@ Status NodeCollectives::reduce(const void* send, void* recv, std::size_t count, 
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
   Call call(*this, node_call::signature(Kind::kReduce, bytes, type, op, root));
+  if (n == 2 && bytes >= kCmaBytes) {
+    // The root reads the other's input (any order of the two operands gives the same bits).
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    Status s = pass_by_address(call, send, scratch_.data(), bytes, 1 - root);
+    if (s.is_ok() && g_.rank() == root) reduce_to(recv, send, scratch_.data(), count, type, op);
+    return call.finish(std::move(s));
+  }
   if (bytes >= kPiecedBytes) {
     return reduce_in_pieces(call, send, recv, count, type, op, root, ring_order);
   }
@@ -463,7 +470,7 @@ Status NodeCollectives::allgather(const void* send, void* recv, std::size_t coun
   return call.finish(std::move(s));
 }
 
-// Two members, each the other's root of broadcast_by_address at once. A member's stage in this
+// Two members, each the other's root of pass_by_address at once. A member's stage in this
 // call is a sum: 1 once it has the other's block, or 2 where it could not read it (then 4 more
 // once it has it from the other's slot); 2 more once its own block is in its slot for the other.
 // So the stage is even where the member could not read, and at least 3 once a member that the

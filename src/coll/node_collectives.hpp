@@ -85,7 +85,8 @@ class NodeCollectives {
   Status reduce_in_pieces(Call& call, const void* send, void* recv, std::size_t count,
                           DataType type, ReduceOp op, int root, bool ring_order);
   Status prepare();
-  Status broadcast_by_address(Call& call, void* buffer, std::size_t bytes, int root);
+  // Member `root`'s `from` into every other member's `into` (broadcast's comment says how).
+  Status pass_by_address(Call& call, const void* from, void* into, std::size_t bytes, int root);
   Status allgather_by_address(Call& call, const void* send, std::byte* out, std::size_t bytes);
 
   Group& g_;
