@@ -305,6 +305,8 @@ TEST(Stream, SendRecvHostBuffersSizesAndWaves) {
         check(g_cuda->cuMemcpy(device_send.p + c.offset,
                                reinterpret_cast<CUdeviceptr>(host_send.data()), c.bytes),
               "fill");
+        // From pageable memory: on the legacy stream, maybe still running.
+        check(g_cuda->cuStreamSynchronize(nullptr), "fill");
       }
       if (c.into == kDevice) {
         check(g_cuda->cuMemsetD8Async(device_recv.p + c.offset, 0xee, c.capacity, g_stream),
