@@ -548,11 +548,17 @@ Status StreamP2p::watch() {
   const std::string what =
       "a stream send or receive on communicator " + std::to_string(twin_.base_id());
   Status failure;
-  if (__atomic_load_n(&words_[1], __ATOMIC_ACQUIRE) != 0) {
-    failure = Status(Code::kInvalidArgument,
-                     what +
-                         ": a message was larger than its receive (do the members pass the "
-                         "same sizes, in the same order?)");
+  if (const unsigned bad = __atomic_load_n(&words_[1], __ATOMIC_ACQUIRE); bad != 0) {
+    failure = bad == cuda::Cuda::kP2pBadReply
+                  ? Status(Code::kProtocolError,
+                           what +
+                               ": a receiver's reply word held a value no receiver writes (its "
+                               "inbox was overwritten, or the members run different builds)")
+                  : Status(Code::kInvalidArgument,
+                           what +
+                               ": a message was larger than its receive, or its header was not "
+                               "one this receive takes (do the members pass the same sizes, in "
+                               "the same order?)");
   } else if (__atomic_load_n(&words_[2], __ATOMIC_ACQUIRE) != 0) {
     failure = Status(Code::kTimeout, what + ": a member did not arrive within FERRY_TIMEOUT (" +
                                          std::to_string(twin_.timeout()) + " s)");

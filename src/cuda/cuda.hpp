@@ -222,6 +222,9 @@ class Cuda {
   // (kP2pCounterBytes of device memory) are its message counts, then its counts of each ring
   // place filled (from kP2pFilledOffset) and emptied (from kP2pEmptiedOffset).
   static constexpr int kP2pSlots = 4;
+  // What the kernel writes in words[1] where a reply word held a value no receiver writes (1:
+  // a message did not fit its receive, or its header was not one the receive takes).
+  static constexpr unsigned kP2pBadReply = 2;
   static constexpr std::size_t kP2pInlineMax = 262144;
   static constexpr std::size_t kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
   static constexpr std::size_t kP2pBulkOffset =

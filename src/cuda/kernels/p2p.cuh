@@ -37,6 +37,8 @@ constexpr unsigned long long kP2pByThread = 1ull << 63;
 constexpr unsigned long long kP2pBulk = 1ull << 62;
 constexpr unsigned long long kP2pFlags = kP2pByThread | kP2pBulk;
 constexpr unsigned long long kP2pReplyOffset = 64;
+// words[1] where a reply word held what no receiver writes (cuda.hpp, Cuda::kP2pBadReply).
+constexpr unsigned kP2pBadReply = 2;
 constexpr unsigned long long kP2pBulkOffset =
     (128 + kP2pSlots * kP2pSlotBytes + 4095) / 4096 * 4096;  // ready words, taken words (+512)
 constexpr unsigned long long kP2pRingOffset = kP2pBulkOffset + 4096;
@@ -208,7 +210,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
           // Stopped, or an answer no receiver gives (a peer's bytes in our inbox): every
           // member's stream calls stop.
           if (answer == 3) {
-            words[1] = 1;
+            words[1] = kP2pBadReply;
             words[0] = 1;
             answer = 0;
           }
