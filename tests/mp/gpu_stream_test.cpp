@@ -196,32 +196,47 @@ TEST(Stream, GraphReplaysSendRecv) {
   }
 }
 
-// Each iteration: the stream sets the send buffer to this iteration's value, the operation
-// follows, and the stream copies the first and last byte of the result into the history.
-TEST(Stream, AllreduceOrderedEverySize) {
-  Communicator world = g_ctx->world();
-  const int n = world.size();
+// Each iteration: the stream sets the send buffer to this iteration's value, `enqueue(send,
+// recv, bytes)` puts the operation on the stream, and the stream copies the first and last byte
+// of the result into the history, which must then hold `expected(i)` for every iteration i.
+template <class Enqueue, class Expected>
+void ordered_every_size(const Communicator& world, Enqueue enqueue, Expected expected) {
   for (std::size_t bytes : kSizes) {
     const int iterations = iterations_for(bytes);
     Device send(bytes), recv(bytes);
     Pinned history(2 * static_cast<std::size_t>(iterations));
     for (int i = 0; i < iterations; ++i) {
       check(g_cuda->cuMemsetD8Async(send.p, value_of(i, world.rank()), bytes, g_stream), "memset");
-      ASSERT_TRUE(
-          world.allreduce(send.get(), recv.get(), bytes, DataType::kUint8, ReduceOp::kSum, g_stream)
-              .is_ok());
+      enqueue(send, recv, bytes);
+      if (::testing::Test::HasFatalFailure()) return;
       record_ends(recv, bytes, history, i);
     }
     check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
     ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
     int wrong = 0;
     for (int i = 0; i < iterations; ++i) {
-      std::uint8_t expected = 0;
-      for (int r = 0; r < n; ++r) expected = static_cast<std::uint8_t>(expected + value_of(i, r));
-      wrong += (history.data[2 * i] != expected) + (history.data[2 * i + 1] != expected);
+      wrong += (history.data[2 * i] != expected(i)) + (history.data[2 * i + 1] != expected(i));
     }
     EXPECT_EQ(wrong, 0) << bytes << " B, " << iterations << " iterations";
   }
+}
+
+TEST(Stream, AllreduceOrderedEverySize) {
+  Communicator world = g_ctx->world();
+  const int n = world.size();
+  ordered_every_size(
+      world,
+      [&](Device& send, Device& recv, std::size_t bytes) {
+        ASSERT_TRUE(world
+                        .allreduce(send.get(), recv.get(), bytes, DataType::kUint8, ReduceOp::kSum,
+                                   g_stream)
+                        .is_ok());
+      },
+      [&](int i) {
+        std::uint8_t sum = 0;
+        for (int r = 0; r < n; ++r) sum = static_cast<std::uint8_t>(sum + value_of(i, r));
+        return sum;
+      });
 }
 
 // Every member sends to the next and receives from the previous, in a group (so neither waits
@@ -231,27 +246,15 @@ TEST(Stream, SendRecvGroupOrderedEverySize) {
   const int n = world.size();
   const int next = (world.rank() + 1) % n;
   const int previous = (world.rank() + n - 1) % n;
-  for (std::size_t bytes : kSizes) {
-    const int iterations = iterations_for(bytes);
-    Device send(bytes), recv(bytes);
-    Pinned history(2 * static_cast<std::size_t>(iterations));
-    for (int i = 0; i < iterations; ++i) {
-      check(g_cuda->cuMemsetD8Async(send.p, value_of(i, world.rank()), bytes, g_stream), "memset");
-      g_ctx->group_start();
-      ASSERT_TRUE(world.send(send.get(), bytes, next, g_stream).is_ok());
-      ASSERT_TRUE(world.recv(recv.get(), bytes, previous, g_stream).is_ok());
-      ASSERT_TRUE(g_ctx->group_end().is_ok());
-      record_ends(recv, bytes, history, i);
-    }
-    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
-    ASSERT_TRUE(g_ctx->async_error().is_ok()) << g_ctx->async_error().to_string();
-    int wrong = 0;
-    for (int i = 0; i < iterations; ++i) {
-      const std::uint8_t expected = value_of(i, previous);
-      wrong += (history.data[2 * i] != expected) + (history.data[2 * i + 1] != expected);
-    }
-    EXPECT_EQ(wrong, 0) << bytes << " B, " << iterations << " iterations";
-  }
+  ordered_every_size(
+      world,
+      [&](Device& send, Device& recv, std::size_t bytes) {
+        g_ctx->group_start();
+        ASSERT_TRUE(world.send(send.get(), bytes, next, g_stream).is_ok());
+        ASSERT_TRUE(world.recv(recv.get(), bytes, previous, g_stream).is_ok());
+        ASSERT_TRUE(g_ctx->group_end().is_ok());
+      },
+      [&](int i) { return value_of(i, previous); });
 }
 
 // Send/recv between GPUs of one node go through a kernel on the stream (coll/stream_p2p.hpp):
