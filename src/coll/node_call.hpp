@@ -182,6 +182,22 @@ class NodeCollectives::Call {
         .progress.store(NodeArea::progress(call_, stage), std::memory_order_release);
   }
   Status await_stage(int m, std::uint64_t stage) { return await_stage_of(m, call_, stage); }
+  // await_stage, where member m posts this call too: one that posted another call (a different
+  // signature: members that disagree on the root would otherwise wait for each other's stage)
+  // ends the wait with the mismatch.
+  Status await_stage_of_poster(int m, std::uint64_t stage) {
+    const NodeArea::Generation& generation = area_.generation(m, call_);
+    while (generation.progress.load(std::memory_order_acquire) < NodeArea::progress(call_, stage)) {
+      if (generation.call.load(std::memory_order_acquire) >= call_) {
+        if (Status s = check_signature(m, generation.signature.load(std::memory_order_relaxed));
+            !s.is_ok()) {
+          return s;
+        }
+      }
+      if (Status s = wait(m); !s.is_ok()) return s;
+    }
+    return Status();
+  }
   // Member m's stage in this call, where await_stage saw it reached.
   [[nodiscard]] std::uint64_t stage(int m) const {
     return area_.generation(m, call_).progress.load(std::memory_order_acquire) -

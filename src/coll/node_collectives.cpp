@@ -168,9 +168,9 @@ Status NodeCollectives::broadcast(void* buffer, std::size_t count, DataType type
 }
 
 // The root's inline data says where its buffer is (0: in its slot, as a smaller broadcast's).
-// Each reader's stage in this call: kRead once it has read the buffer by CMA, kRefused where it
-// could not (it then waits for the root's stage kCopied, the data in the root's slot), kCopied
-// once it has copied it from there.
+// Every member posts the call (readers with no data), and each reader's stage in this call: kRead
+// once it has read the buffer by CMA, kRefused where it could not (it then waits for the root's
+// stage kCopied, the data in the root's slot), kCopied once it has copied it from there.
 namespace {
 constexpr std::uint64_t kRead = 1;
 constexpr std::uint64_t kRefused = 2;
@@ -193,7 +193,7 @@ Status NodeCollectives::pass_by_address(Call& call, const void* from, void* into
     bool refused = false;
     for (int m = 0; m < g_.size() && s.is_ok(); ++m) {
       if (m == root) continue;
-      s = call.await_stage(m, kRead);
+      s = call.await_stage_of_poster(m, kRead);
       refused = refused || call.stage(m) == kRefused;
     }
     if (!s.is_ok() || !refused) return s;
@@ -201,10 +201,13 @@ Status NodeCollectives::pass_by_address(Call& call, const void* from, void* into
     std::memcpy(call.slot(bytes), from, bytes);
     call.set_stage(kCopied);
     for (int m = 0; m < g_.size() && s.is_ok(); ++m) {
-      if (m != root && call.stage(m) == kRefused) s = call.await_stage(m, kCopied);
+      if (m != root && call.stage(m) == kRefused) s = call.await_stage_of_poster(m, kCopied);
     }
     return s;
   }
+  // Readers post the call too (no data), so that a member that made another call sees it.
+  if (Status s = call.room(0); !s.is_ok()) return s;
+  call.post(nullptr, 0);
   const std::byte* slot = nullptr;
   if (Status s = call.await(root, &slot); !s.is_ok()) return s;
   std::uint64_t address = 0;

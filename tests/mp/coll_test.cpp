@@ -532,6 +532,28 @@ TEST(Collectives, MismatchedCountsAreAnErrorNotAHang) {
   EXPECT_NE(s.message().find("same counts"), std::string::npos) << s.message();
 }
 
+TEST(Collectives, MismatchedRootsThroughTheAreaAreAnErrorNotAHang) {
+  if (nranks() != 2) GTEST_SKIP() << "needs exactly 2 ranks";
+  const char* node = std::getenv("FERRY_COLL_NODE");
+  if (node != nullptr && std::string(node) == "0") GTEST_SKIP() << "by messages: not detected";
+  // Each member names itself the root. Through the area from 16 KiB a broadcast's root waits
+  // until its readers have read, and between two members a reduce's root reads the other's
+  // input: each would wait for the other; each sees the other's call differ instead.
+  for (int kind = 0; kind < 2; ++kind) {
+    Communicator comm = world().split(0, me());
+    std::vector<float> data(16384, 1.0f), out(16384);
+    Status s = kind == 0 ? comm.broadcast(data.data(), data.size(), DataType::kFloat32, me())
+                         : comm.reduce(data.data(), out.data(), data.size(), DataType::kFloat32,
+                                       ReduceOp::kSum, me());
+    EXPECT_EQ(s.code(), Code::kInvalidArgument)
+        << (kind == 0 ? "broadcast: " : "reduce: ") << s.to_string();
+    EXPECT_NE(s.message().find("same c"), std::string::npos) << s.message();
+    std::int64_t one = 1, sum = 0;
+    ASSERT_TRUE(comm.allreduce(&one, &sum, 1, DataType::kInt64, ReduceOp::kSum).is_ok());
+    EXPECT_EQ(sum, 2);
+  }
+}
+
 TEST(Collectives, TimeoutWithdrawsABlockingCollective) {
   // Run by CTest with FERRY_TIMEOUT=0.5 (coll.timeout). Rank 0 enters an allreduce that rank 1
   // joins only after 1.5 s: rank 0 gets kTimeout after about 0.5 s with its transfers withdrawn,
