@@ -1,5 +1,4 @@
 // ferry::Communicator: the public face of the collectives (src/coll).
-#include <algorithm>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -240,21 +239,18 @@ Status check_stream_call(const coll::Group& g, const char* name, std::size_t cou
 // graph replays of an allreduce stopped at the first). Every member makes its stream collectives
 // in the same order, so all make this one alike; a stream that names no GPU takes part, failing.
 // For the same reason, a collective that moves data makes here the host rings its messages to and
-// from the members of this node may be staged through (proto/device_path.hpp, prepare_staging):
-// ours before the one-shot's set-up, whose allgather every member passes after making its own,
-// and the members' after it.
+// from the members it reaches through shared memory may be staged through (proto/device_path.hpp,
+// prepare_staging): ours before the one-shot's set-up, whose allgather every member passes after
+// making its own, and the members' after it.
 void prepare_twin(coll::Group& twin, CudaStream stream, bool moves_data) {
   proto::Engine* engine = twin.engine();
   cuda::Cuda* gpu = engine->cuda();
   if (gpu == nullptr) return;
   const int mode = gpu->relax_capture();
-  std::vector<int> neighbours;
+  std::vector<int> neighbours;  // reached through shared memory, where device data is staged
   if (moves_data) {
-    const std::vector<int> local = engine->job().local_ranks();
     for (int m : twin.members()) {
-      if (m != engine->rank() && std::find(local.begin(), local.end(), m) != local.end()) {
-        neighbours.push_back(m);
-      }
+      if (m != engine->rank() && engine->links().link(m).shares_memory) neighbours.push_back(m);
     }
   }
   for (int m : neighbours) engine->device().prepare_staging(m, false);
