@@ -2,6 +2,7 @@
 // the names and sizes of the public DataType and ReduceOp enums.
 #include "coll/reduce.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -178,20 +179,61 @@ struct Element<Bfloat16> {
 
 // GCC 12 at -O2 vectorizes only loops whose trip count is a known multiple of the vector length,
 // and versions no loop for aliasing (the "very cheap" cost model). So the work goes in blocks of a
-// fixed size computed into a local array, which cannot alias the buffers, then copied out. Reading
-// a whole block before writing it also keeps out == a and out == b correct.
+// fixed size, over pointers that say they do not alias where that holds (reduce_kernel picks):
+// out apart from both inputs, or out one of them and apart from the other. Otherwise (out, a and
+// b all one buffer) each block is computed into a local array, which cannot alias the buffers,
+// then copied out; reading a whole block before writing it keeps that correct. The local array
+// costs a store and a load per element: 64 KiB of floats took 4.4 us that way and 3.2 us apart
+// on this project's 2-vCPU VM, where a memcpy of it takes 1.8.
+template <class T>
+inline constexpr std::size_t kBlock = 256 / sizeof(T);
+
+template <class E, ReduceOp kOp, class T = typename E::Storage>
+void reduce_apart(T* __restrict out, const T* __restrict a, const T* __restrict b,
+                  std::size_t count) {
+  std::size_t i = 0;
+  for (; count - i >= kBlock<T>; i += kBlock<T>) {
+    for (std::size_t j = 0; j < kBlock<T>; ++j) {
+      out[i + j] = E::template combine<kOp>(a[i + j], b[i + j]);
+    }
+  }
+  for (; i < count; ++i) out[i] = E::template combine<kOp>(a[i], b[i]);
+}
+
+// io[i] = io[i] op other[i] (kIoFirst) or other[i] op io[i]: the operands keep their order (a
+// NaN's payload is the first operand's).
+template <class E, ReduceOp kOp, bool kIoFirst, class T = typename E::Storage>
+void reduce_into(T* __restrict io, const T* __restrict other, std::size_t count) {
+  auto combine = [](T x, T y) {
+    return kIoFirst ? E::template combine<kOp>(x, y) : E::template combine<kOp>(y, x);
+  };
+  std::size_t i = 0;
+  for (; count - i >= kBlock<T>; i += kBlock<T>) {
+    for (std::size_t j = 0; j < kBlock<T>; ++j) io[i + j] = combine(io[i + j], other[i + j]);
+  }
+  for (; i < count; ++i) io[i] = combine(io[i], other[i]);
+}
+
 template <class E, ReduceOp kOp>
 void reduce_kernel(void* out_buffer, const void* a_buffer, const void* b_buffer,
                    std::size_t count) {
   using T = typename E::Storage;
-  constexpr std::size_t kBlock = 256 / sizeof(T);
   auto* out = static_cast<T*>(out_buffer);
   const auto* a = static_cast<const T*>(a_buffer);
   const auto* b = static_cast<const T*>(b_buffer);
+  auto apart = [count](const T* x, const T* y) {
+    const auto xa = reinterpret_cast<std::uintptr_t>(x);
+    const auto ya = reinterpret_cast<std::uintptr_t>(y);
+    const std::size_t bytes = count * sizeof(T);
+    return xa + bytes <= ya || ya + bytes <= xa;
+  };
+  if (apart(out, a) && apart(out, b)) return reduce_apart<E, kOp>(out, a, b, count);
+  if (out == a && apart(out, b)) return reduce_into<E, kOp, true>(out, b, count);
+  if (out == b && apart(out, a)) return reduce_into<E, kOp, false>(out, a, count);
   std::size_t i = 0;
-  for (; count - i >= kBlock; i += kBlock) {
-    T block[kBlock];
-    for (std::size_t j = 0; j < kBlock; ++j) {
+  for (; count - i >= kBlock<T>; i += kBlock<T>) {
+    T block[kBlock<T>];
+    for (std::size_t j = 0; j < kBlock<T>; ++j) {
       block[j] = E::template combine<kOp>(a[i + j], b[i + j]);
     }
     std::memcpy(out + i, block, sizeof block);
