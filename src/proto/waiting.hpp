@@ -110,6 +110,10 @@ class Waiting {
   // no doorbell: progress, yield after FERRY_SPIN_COUNT empty polls, and after a few thousand more
   // nap (growing to 2 ms) instead of sleeping on the doorbell, so a long wait costs little CPU.
   void spin_step(int* idle_polls);
+  // Whether a wait yields the CPU at its first empty poll (FERRY_SPIN_COUNT 0, the choice where
+  // the node's ranks outnumber the CPUs): a poll that finds nothing only delays the process
+  // that would write the word, if it shares this CPU.
+  [[nodiscard]] bool yields_at_once() const { return spin_count_ == 0; }
 
   // ---- What a blocking call waits for (the job's wait board, util/wait_board.hpp) ----
   // A blocking call names what it waits for by a function that describes it on demand, so a
