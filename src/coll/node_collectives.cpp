@@ -216,24 +216,30 @@ Status NodeCollectives::pass_by_address(Call& call, const void* from, void* into
     std::memcpy(into, slot, bytes);
     return Status();
   }
-  const auto pid = static_cast<int>(area_->control(root).pid.load(std::memory_order_relaxed));
-  Status read = cma_ ? util::cma_read(pid, into, address, bytes)
-                     : Status(Code::kUnsupported, "CMA refused before");
+  const Status read = read_by_address(root, into, address, bytes);
   if (read.is_ok()) {
     call.set_stage(kRead);
     return Status();
   }
   if (read.code() == Code::kPeerFailed) return read;
-  if (read.code() == Code::kUnsupported && cma_) {
-    cma_ = false;
-    FERRY_LOG(kInfo, "collectives: data through the area by copies from now on: %s",
-              read.message().c_str());
-  }
   call.set_stage(kRefused);
   if (Status s = call.await_stage(root, kCopied); !s.is_ok()) return s;
   std::memcpy(into, slot, bytes);
   call.set_stage(kCopied);
   return Status();
+}
+
+Status NodeCollectives::read_by_address(int owner, void* into, std::uint64_t address,
+                                        std::size_t bytes) {
+  if (!cma_) return Status(Code::kUnsupported, "CMA refused before");
+  const auto pid = static_cast<int>(area_->control(owner).pid.load(std::memory_order_relaxed));
+  Status read = util::cma_read(pid, into, address, bytes);
+  if (read.code() == Code::kUnsupported) {
+    cma_ = false;
+    FERRY_LOG(kInfo, "collectives: data through the area by copies from now on: %s",
+              read.message().c_str());
+  }
+  return read;
 }
 
 // Larger than a slot: the root writes its data piece by piece into the area's ring of
@@ -499,15 +505,8 @@ Status NodeCollectives::allgather_by_address(Call& call, const void* send, std::
   if (theirs == 0) {
     std::memcpy(into, slot, bytes);
   } else {
-    const auto pid = static_cast<int>(area_->control(other).pid.load(std::memory_order_relaxed));
-    read = cma_ ? util::cma_read(pid, into, theirs, bytes)
-                : Status(Code::kUnsupported, "CMA refused before");
+    read = read_by_address(other, into, theirs, bytes);
     if (read.code() == Code::kPeerFailed) return read;
-    if (read.code() == Code::kUnsupported && cma_) {
-      cma_ = false;
-      FERRY_LOG(kInfo, "collectives: allgathers through the area by copies from now on: %s",
-                read.message().c_str());
-    }
   }
   std::memmove(out + static_cast<std::size_t>(g_.rank()) * bytes, send, bytes);
   std::uint64_t mine = read.is_ok() ? kHave : kCouldNot;

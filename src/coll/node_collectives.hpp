@@ -88,6 +88,10 @@ class NodeCollectives {
   // Member `root`'s `from` into every other member's `into` (broadcast's comment says how).
   Status pass_by_address(Call& call, const void* from, void* into, std::size_t bytes, int root);
   Status allgather_by_address(Call& call, const void* send, std::byte* out, std::size_t bytes);
+  // `bytes` at `address` in member `owner`'s process into `into` by CMA. kUnsupported where CMA
+  // is refused (then, or before: from then on this member reads no more and says so), kPeerFailed
+  // where the owner is gone.
+  Status read_by_address(int owner, void* into, std::uint64_t address, std::size_t bytes);
 
   Group& g_;
   std::size_t bytes_;
