@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "coll/group.hpp"
+#include "proto/device_path.hpp"
 #include "proto/engine.hpp"
 #include "proto/messages.hpp"
 #include "util/log.hpp"
@@ -76,7 +77,8 @@ struct StreamP2p::Offer {
 StreamP2p::StreamP2p(Group& twin, const util::Config& config)
     : twin_(twin),
       inline_max_(config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kStreamP2p)
-                                                       : 0) {}
+                                                       : 0),
+      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {}
 
 StreamP2p::~StreamP2p() {
   // Only one with device state touches the engine here, and only while its Context lives (the
@@ -260,6 +262,16 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
         why[i] = "the peer cannot (its log says why)";
         continue;
       }
+      // Without MPS the kernels of two processes on one GPU take turns by time slices, and a
+      // sender and receiver that wait for each other then cost a slice a call (one H200 shared by
+      // two ranks: 20,000 graph-replayed 8 B send/recv did not end in 60 s). Both sides see the
+      // same two UUIDs, so both decide alike.
+      if (theirs[i].key.uuid == mine[i].key.uuid && !shared_gpu_) {
+        why[i] =
+            "it shares our GPU: kernels that wait for each other take turns there "
+            "(FERRY_COLL_DEVICE_SHARED_GPU=1 keeps them, for MPS)";
+        continue;
+      }
       Status s = engine->cuda()->import_ipc(twin_.member(peers[i]), theirs[i].key, device, nullptr,
                                             &pair.peer_inbox);
       if (!s) {
@@ -274,24 +286,66 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
   if (Status s = exchange(mapped.data(), peer_mapped.data(), sizeof(std::int64_t)); !s) {
     return fail_all(s);
   }
-  auto entry = engine->enter();
-  for (std::size_t i = 0; i < n; ++i) {
-    Pair& pair = pairs_[peers[i]];
-    pair.decided = true;
-    pair.kernel = mapped[i] != 0 && peer_mapped[i] != 0;
-    if (pair.kernel) {
-      // The peer's limit is its word: never above ours, which our inbox's slots hold.
-      pair.inline_max = static_cast<std::size_t>(
-          std::clamp<std::int64_t>(theirs[i].inline_max, 0, mine[i].inline_max));
-      FERRY_LOG(kInfo, "stream send/recv with %s: kernels on cuda:%d, inline up to %zu B",
-                twin_.peer_label(peers[i]).c_str(), device, pair.inline_max);
-      continue;
+  std::vector<int> staged;  // by ferry's thread through shared memory: the ranks
+  {
+    auto entry = engine->enter();
+    for (std::size_t i = 0; i < n; ++i) {
+      Pair& pair = pairs_[peers[i]];
+      pair.decided = true;
+      pair.kernel = mapped[i] != 0 && peer_mapped[i] != 0;
+      if (pair.kernel) {
+        // The peer's limit is its word: never above ours, which our inbox's slots hold.
+        pair.inline_max = static_cast<std::size_t>(
+            std::clamp<std::int64_t>(theirs[i].inline_max, 0, mine[i].inline_max));
+        FERRY_LOG(kInfo, "stream send/recv with %s: kernels on cuda:%d, inline up to %zu B",
+                  twin_.peer_label(peers[i]).c_str(), device, pair.inline_max);
+        continue;
+      }
+      if (mapped[i] != 0) why[i] = "the peer could not map our inbox";
+      FERRY_LOG(kInfo, "stream send/recv with %s: by ferry's thread (%s)",
+                twin_.peer_label(peers[i]).c_str(), why[i].c_str());
+      release(pair);
+      const int rank = twin_.member(peers[i]);
+      if (rank != engine->rank() && engine->links().link(rank).shares_memory) {
+        staged.push_back(rank);
+      }
     }
-    if (mapped[i] != 0) why[i] = "the peer could not map our inbox";
-    FERRY_LOG(kInfo, "stream send/recv with %s: by ferry's thread (%s)",
-              twin_.peer_label(peers[i]).c_str(), why[i].c_str());
-    release(pair);
   }
+  return prepare_staging(staged);
+}
+
+// Where device data goes by ferry's thread through shared memory, it is staged through a host
+// ring per direction, which its first staged message would make (cuMemHostRegister) or map: on
+// ferry's thread, where that call waits for a lock of the driver's that an application thread
+// blocked launching onto a full stream or graph holds (one H200 shared by two ranks: 200 graph
+// launches of 100 send/recv each, enqueued at once, stopped at the first, ferry's thread in
+// cuMemHostRegister). So both sides make theirs here, on the enqueueing thread, and map the
+// other's once a round of messages says it is made. Both sides decided the same pairs.
+Status StreamP2p::prepare_staging(const std::vector<int>& ranks) {
+  if (ranks.empty()) return Status();
+  proto::Engine* engine = twin_.engine();
+  {
+    auto entry = engine->enter();
+    for (int rank : ranks) engine->device().prepare_staging(rank, false);
+  }
+  std::vector<std::int64_t> made(ranks.size(), 1);
+  std::vector<std::int64_t> theirs(ranks.size(), 0);
+  std::vector<Request> requests;
+  {
+    auto entry = engine->enter();
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      requests.push_back(
+          engine->messages().isend(&made[i], sizeof(std::int64_t), ranks[i], setup_tag(twin_)));
+      requests.push_back(engine->messages().irecv(&theirs[i], sizeof(std::int64_t), ranks[i],
+                                                  setup_tag(twin_), kFullMask));
+    }
+  }
+  if (Status s = Request::wait_all(requests); !s) {
+    return Status(s.code(),
+                  "setting up stream sends and receives by ferry's thread: " + s.message());
+  }
+  auto entry = engine->enter();
+  for (int rank : ranks) engine->device().prepare_staging(rank, true);
   return Status();
 }
 

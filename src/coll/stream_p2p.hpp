@@ -76,6 +76,9 @@ class StreamP2p final : public proto::Fuser {
   struct Offer;
   // Makes the pairs with `peers` (members not decided yet) on `device`, all at once.
   Status connect(const std::vector<int>& peers, int device);
+  // The host rings that device data to and from `ranks` is staged through, made and mapped here
+  // (connect's third round, with those ranks only).
+  Status prepare_staging(const std::vector<int>& ranks);
   // This side's part of a pair: its memory and key; false (with *why) where it cannot.
   bool prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* why);
   void release(Pair& pair);
@@ -86,6 +89,7 @@ class StreamP2p final : public proto::Fuser {
 
   Group& twin_;
   std::size_t inline_max_;  // FERRY_STREAM_P2P (0 where CUDA IPC is off)
+  bool shared_gpu_;         // FERRY_COLL_DEVICE_SHARED_GPU: kernels also with a peer on our GPU
   std::map<int, Pair> pairs_;
   int device_ = -1;
   unsigned* words_ = nullptr;  // host side of the stop words

@@ -193,9 +193,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "every member has a GPU of its own (0: launch every call)")                                    \
   X(kCollDeviceSharedGpu, "FERRY_COLL_DEVICE_SHARED_GPU", kBool, "0", 0, 0, "",                    \
     "use the device kernels whose blocks wait for each other (the one-shot allreduce and its "     \
-    "resident kernel) also where members share a GPU: worth it under MPS, where their kernels "    \
-    "run "                                                                                         \
-    "side by side; without MPS they take turns by time slices and a call costs milliseconds")      \
+    "resident kernel, stream send/recv) also where members share a GPU: worth it under MPS, "      \
+    "where their kernels run side by side; without MPS they take turns by time slices and a call " \
+    "costs milliseconds")                                                                          \
   X(kCollDeviceOneshot, "FERRY_COLL_DEVICE_ONESHOT", kSize, "16m", 0, 1 << 30, "",                 \
     "device allreduces up to this size divided by (members - 1), where every member is on this "   \
     "node and has a GPU of its own and no algorithm is forced, run as one kernel per GPU that "    \
