@@ -349,7 +349,7 @@ Status NodeCollectives::reduce(const void* send, void* recv, std::size_t count, 
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
   Call call(*this, node_call::signature(Kind::kReduce, bytes, type, op, root));
-  if (n == 2 && bytes >= kCmaBytes) {
+  if (n == 2 && bytes >= kCmaBytes && bytes < kCmaReduceEnd) {
     // The root reads the other's input (any order of the two operands gives the same bits).
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     Status s = pass_by_address(call, send, scratch_.data(), bytes, 1 - root);

@@ -55,6 +55,13 @@ class NodeCollectives {
   // root's reduction instead of preceding it. (Broadcast and allgather in pieces were no faster:
   // OSU, 2 and 4 ranks, 16-64 KiB, 3 interleaved rounds; allgather took 1.2-2x as long.)
   static constexpr std::size_t kPiecedBytes = 16384;
+  // A reduce between two members reads the other's input by CMA (as broadcast) from kCmaBytes up
+  // to kCmaReduceEnd, and goes in pieces from there: the root, which reduces the whole call,
+  // then overlaps its reduction with the other's copies (OSU, 2 ranks, 3 interleaved rounds: 1 MiB
+  // 92-96 us in pieces, 159-169 by CMA, Open MPI 119-141; 128 and 256 KiB alike either way).
+  // Each member reducing half, through the area, was slower from 16 KiB (3.1-3.4 us against 2.0-2.1
+  // by CMA): the halves cross between the CPUs' caches twice.
+  static constexpr std::size_t kCmaReduceEnd = 256 << 10;
   struct Pieces {
     std::size_t size;
     std::uint64_t count;
