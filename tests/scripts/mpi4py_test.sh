@@ -16,9 +16,13 @@ if ! "$venv/bin/python" -c "import mpi4py, numpy" 2>/dev/null; then
   MPICC="$build/tools/mpicc" CFLAGS="-O0 -g0" "$venv/bin/pip" install -q --no-cache-dir \
     --no-binary mpi4py "mpi4py==$version"
 fi
-# Built against ferry's libmpi, not another MPI on the machine.
-if ! ldd "$("$venv/bin/python" -c 'import mpi4py.MPI as m; print(m.__file__)')" |
-    grep -q "$build/lib/ferry-mpi/libmpi.so"; then
+# Built against ferry's libmpi, not another MPI on the machine. The module is found, not imported
+# (an import initializes MPI), and ldd's output read whole: `ldd | grep -q` under pipefail failed
+# now and then, when grep's early exit cut ldd off (SIGPIPE: 2 of 12 runs side by side).
+module=$("$venv/bin/python" -c \
+  'import importlib.util as u; print(u.find_spec("mpi4py.MPI").origin)')
+libraries=$(ldd "$module")
+if ! grep -q "$build/lib/ferry-mpi/libmpi.so" <<<"$libraries"; then
   echo "mpi4py in $venv is not linked with $build/lib/ferry-mpi/libmpi.so"
   exit 1
 fi
