@@ -198,6 +198,25 @@ check "shm: sweep reported at info level" "stderr" err_has "removed 2 shared-mem
 check "shm: segments swept" "left: $(ls /dev/shm | grep -F "ferry-$job-" | tr '\n' ' ')" \
   test -z "$(ls /dev/shm | grep -F "ferry-$job-")"
 check "socket directories removed" "left: $(ls "$TMPDIR")" test -z "$(ls "$TMPDIR")"
+# A ferryrun killed by SIGKILL leaves its directory: the next one removes it once its pid is gone,
+# and keeps those of a live ferryrun and any holding more than the socket.
+# The rank ends once its ferryrun is gone.
+"$FERRYRUN" -n 1 sh -c 'while kill -0 $PPID 2>/dev/null; do sleep 0.05; done' \
+  >/dev/null 2>&1 </dev/null &
+killed=$!
+while [ -z "$(ls "$TMPDIR")" ]; do sleep 0.01; done
+kill -9 "$killed"
+wait "$killed" 2>/dev/null
+dead_dir=$(ls "$TMPDIR")
+mkdir "$TMPDIR/ferryrun-$$-abcdef" "$TMPDIR/ferryrun-$killed-zzzzzz"
+touch "$TMPDIR/ferryrun-$killed-zzzzzz/other"
+run -n 1 true
+check "killed ferryrun's directory: named by its pid" "$dead_dir" test "${dead_dir%-*}" = "ferryrun-$killed"
+check "killed ferryrun's directory: removed by the next" "left: $(ls "$TMPDIR")" \
+  test ! -e "$TMPDIR/$dead_dir"
+check "a live ferryrun's directory and a full one kept" "left: $(ls "$TMPDIR")" \
+  test -d "$TMPDIR/ferryrun-$$-abcdef" -a -d "$TMPDIR/ferryrun-$killed-zzzzzz"
+rm -rf "${TMPDIR:?}"/*
 
 # --- abort through the store (needs python3 to speak the protocol) --------------------------------
 if command -v python3 >/dev/null; then

@@ -2,12 +2,16 @@
 #include "housekeeping.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <glob.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "job.hpp"
 
@@ -46,7 +50,8 @@ bool ScratchDir::create(std::string* error) {
       tmp != nullptr && *tmp != '\0' && std::strlen(tmp) + 40 < 108) {
     base = tmp;
   }
-  std::string pattern = base + "/ferryrun-XXXXXX";
+  sweep(base);
+  std::string pattern = base + "/ferryrun-" + std::to_string(::getpid()) + "-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) {
     *error = "cannot create a directory for the store with mkdtemp(" + pattern +
              "): " + std::strerror(errno);
@@ -54,6 +59,37 @@ bool ScratchDir::create(std::string* error) {
   }
   path_ = pattern;
   return true;
+}
+
+int ScratchDir::sweep(const std::string& base) {
+  DIR* dir = ::opendir(base.c_str());
+  if (dir == nullptr) return 0;
+  constexpr const char* kPrefix = "ferryrun-";
+  const std::size_t prefix = std::strlen(kPrefix);
+  int removed = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    const char* name = entry->d_name;
+    if (std::strncmp(name, kPrefix, prefix) != 0) continue;
+    char* end = nullptr;
+    errno = 0;
+    const long pid = std::strtol(name + prefix, &end, 10);
+    // ferryrun-<pid>-<6 characters of mkdtemp>, nothing else.
+    if (errno != 0 || end == name + prefix || *end != '-' || std::strlen(end + 1) != 6 ||
+        pid <= 0 || pid > std::numeric_limits<pid_t>::max()) {
+      continue;
+    }
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != ::geteuid()) {
+      continue;
+    }
+    const std::string path = base + "/" + name;
+    ::unlink((path + "/store.sock").c_str());
+    if (::rmdir(path.c_str()) == 0) ++removed;  // fails, and stays, where anything else is in it
+  }
+  ::closedir(dir);
+  return removed;
 }
 
 int sweep_shm(const std::string& job_id) {

@@ -15,7 +15,9 @@ namespace ferry::tools {
 // returns how many were removed.
 int remove_provider_regions(pid_t pid);
 
-// The socket directory: private (mkdtemp makes it 0700), removed with everything in it.
+// The socket directory: private (mkdtemp makes it 0700), removed with everything in it. Its name
+// holds ferryrun's pid ("ferryrun-<pid>-XXXXXX"), so that a later ferryrun removes the directory
+// of one that was killed (SIGKILL: nothing of its own ran) once that pid is gone.
 class ScratchDir {
  public:
   ScratchDir() = default;
@@ -24,6 +26,9 @@ class ScratchDir {
   ~ScratchDir();
   // Under $TMPDIR, or /tmp when $TMPDIR is unset or too long for a socket path (108 bytes).
   bool create(std::string* error);
+  // Removes the directories of ferryruns that are gone under `base` (ours, holding at most the
+  // socket); returns how many.
+  static int sweep(const std::string& base);
   [[nodiscard]] std::string socket_path() const { return path_ + "/store.sock"; }
 
  private:
