@@ -15,27 +15,27 @@ shift $(($# > 0 ? 1 : 0))
 ranks_list=${*:-3 4}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# shellcheck source=bench/osu_build.sh
+source "$top/bench/osu_build.sh"
 "$build/tools/mpicc" -O2 "$top/bench/coll_iteration.c" -o "$work/ferry"
 mpicc.openmpi -O2 "$top/bench/coll_iteration.c" -o "$work/openmpi"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 results=$work/results.tsv
 : >"$results"
+# measure ROUND RANKS COLLECTIVE SIZE SIDE: one run, one line of the results.
+measure() {
+  local out
+  out=$(mpi_side "$5" "$2" "$work/$5" "$3" "$4" "${ITERATIONS:-10000}") ||
+    { echo "coll_iteration: $3 of $4 B on $2 ranks ($5) failed:" >&2; echo "$out" | tail -5 >&2; exit 1; }
+  echo "$out" | awk -v r="$1" -v n="$2" -v s="$5" \
+    '$3 == "call" {print r "\t" n "\t" $1 "\t" $2 "\t" s "\t" $4 "\t" $8}' >>"$results"
+}
 for round in $(seq "$rounds"); do
+  echo "round $round/$rounds" >&2
   for n in $ranks_list; do
-    echo "round $round/$rounds, $n ranks" >&2
     for c in ${COLL:-bcast reduce}; do
       for size in ${SIZES:-8 64 256}; do
-        for side in ferry openmpi; do
-          if [ "$side" = ferry ]; then
-            line=$(timeout 120 "$build/tools/mpiexec" -n "$n" "$work/ferry" "$c" "$size" \
-                   "${ITERATIONS:-10000}")
-          else
-            line=$(timeout 120 mpirun.openmpi --oversubscribe --bind-to none -n "$n" \
-                   "$work/openmpi" "$c" "$size" "${ITERATIONS:-10000}" 2>/dev/null)
-          fi
-          echo "$line" | awk -v r="$round" -v n="$n" -v s="$side" \
-            '$3 == "call" {print r "\t" n "\t" $1 "\t" $2 "\t" s "\t" $4 "\t" $8}' >>"$results"
-        done
+        measure "$round" "$n" "$c" "$size" ferry
+        measure "$round" "$n" "$c" "$size" openmpi
       done
     done
   done

@@ -10,3 +10,17 @@ osu_build() {
   (cd "$dir" && CC=$cc CXX=$cxx ./configure >configure.log 2>&1 && make -j"$(nproc)" >make.log 2>&1) ||
     { echo "osu: building with $cc failed (see $dir/*.log)" >&2; return 1; }
 }
+
+# mpi_side SIDE N PROGRAM ARGS...: PROGRAM on N ranks by ferry's mpiexec (SIDE ferry; $build is
+# ferry's build folder) or by Debian's Open MPI (SIDE openmpi: --oversubscribe --bind-to none, as
+# these VMs have fewer CPUs than ranks), stdout and stderr together, at most 300 s.
+mpi_side() {
+  local side=$1 n=$2
+  shift 2
+  if [ "$side" = ferry ]; then
+    timeout 300 "${build:?mpi_side needs build, the ferry build folder}/tools/mpiexec" -n "$n" "$@" 2>&1
+  else
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      timeout 300 mpirun.openmpi --oversubscribe --bind-to none -n "$n" "$@" 2>&1
+  fi
+}

@@ -35,12 +35,8 @@ results=$work/osu_coll.tsv
 run() {  # SIDE RANKS BENCHMARK -> "size latency" lines
   local dir=$work/$1/c/mpi/collective/blocking args=(-m 8:65536) out
   [ "$3" = barrier ] && args=()
-  if [ "$1" = ferry ]; then
-    out=$(timeout 300 "$build/tools/mpiexec" -n "$2" "$dir/osu_$3" "${args[@]}" 2>&1)
-  else
-    out=$(timeout 300 mpirun.openmpi --oversubscribe --bind-to none -n "$2" "$dir/osu_$3" \
-          "${args[@]}" 2>&1)
-  fi || { echo "osu_coll: osu_$3 on $2 ranks ($1) failed:" >&2; echo "$out" | tail -5 >&2; exit 1; }
+  out=$(mpi_side "$1" "$2" "$dir/osu_$3" "${args[@]}") ||
+    { echo "osu_coll: osu_$3 on $2 ranks ($1) failed:" >&2; echo "$out" | tail -5 >&2; exit 1; }
   if [ "$3" = barrier ]; then
     echo "$out" | awk '/^ *[0-9.]+ *$/ {print 0, $1}'
   else
