@@ -4,9 +4,11 @@
 // member shares this node, the buffers are host memory, the call is blocking and no algorithm is
 // forced; the non-blocking forms keep their messages.
 //
-// Waiting: each poll of a word also makes progress (other traffic goes on, a dead member is
-// noticed), yields after FERRY_SPIN_COUNT empty polls and naps after a while (Waiting::spin_step);
-// every 1024 polls it checks the member waited for and FERRY_TIMEOUT. A member that fails a call
+// Waiting: every eighth poll of a word also makes progress (other traffic goes on, a dead member
+// is noticed), yields after FERRY_SPIN_COUNT empty polls and naps after a while
+// (Waiting::spin_step); every poll steps where waits yield at once (more ranks than CPUs: the
+// polls between only delayed the writer sharing our CPU; node_call.hpp, step_mask_). Every 1024
+// polls it checks the member waited for and FERRY_TIMEOUT. A member that fails a call
 // marks its control line failed and raises the area's `left` word; every member looks at that
 // word before each call and stops using the area when it is up: the next collectives go by
 // messages on every member.

@@ -50,7 +50,7 @@ out_has() { grep -qF -- "$1" "$WORK/out"; }
 out_line() { grep -qxF -- "$1" "$WORK/out"; }
 
 # --- environment ---------------------------------------------------------------------------------
-run -n 3 sh -c 'echo "$FERRY_RANK $FERRY_SIZE $FERRY_LOCAL_RANK $FERRY_LOCAL_SIZE $FERRY_STORE $FERRY_JOB_ID"'
+LOCAL_RANK=7 run -n 3 sh -c 'echo "$FERRY_RANK $FERRY_SIZE $FERRY_LOCAL_RANK $FERRY_LOCAL_SIZE $FERRY_STORE $FERRY_JOB_ID $LOCAL_RANK"'
 ranks=$(awk '{print $1}' "$WORK/out" | sort | tr '\n' ' ')
 check "env: exit 0" "rc=$RC" test "$RC" -eq 0
 check "env: distinct ranks 0..2" "got '$ranks'" test "$ranks" = "0 1 2 "
@@ -58,6 +58,8 @@ check "env: FERRY_SIZE and FERRY_LOCAL_*" "$(cat "$WORK/out")" \
   test "$(awk '$2 == 3 && $3 == $1 && $4 == 3' "$WORK/out" | wc -l)" -eq 3
 check "env: one unix: store and one job id" "$(cat "$WORK/out")" \
   test "$(awk '$5 ~ /^unix:\// && $6 != "" {print $5, $6}' "$WORK/out" | sort -u | wc -l)" -eq 1
+check "env: LOCAL_RANK is the local rank (an inherited one replaced)" "$(cat "$WORK/out")" \
+  test "$(awk '$7 == $3' "$WORK/out" | wc -l)" -eq 3
 
 # --- exit status ---------------------------------------------------------------------------------
 run -n 4 true

@@ -243,7 +243,7 @@ bool Job::block_signals() {
 std::vector<std::string> Job::child_environment(int rank) const {
   static const char* const kOwned[] = {
       "FERRY_RANK=",  "FERRY_SIZE=",   "FERRY_LOCAL_RANK=", "FERRY_LOCAL_SIZE=",
-      "FERRY_STORE=", "FERRY_JOB_ID=", "FERRY_BOARD_FD="};
+      "FERRY_STORE=", "FERRY_JOB_ID=", "FERRY_BOARD_FD=",   "LOCAL_RANK="};
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     bool owned = false;
@@ -256,6 +256,8 @@ std::vector<std::string> Job::child_environment(int rank) const {
   env.push_back("FERRY_SIZE=" + std::to_string(options_.ranks));
   env.push_back("FERRY_LOCAL_RANK=" + std::to_string(rank));
   env.push_back("FERRY_LOCAL_SIZE=" + std::to_string(options_.ranks));
+  // The name other launchers' programs pick a GPU by (torchrun's; the OSU benchmarks' -d cuda).
+  env.push_back("LOCAL_RANK=" + std::to_string(rank));
   env.push_back("FERRY_STORE=unix:" + dir_.socket_path());
   env.push_back("FERRY_JOB_ID=" + job_id_);
   if (board_.usable()) env.push_back("FERRY_BOARD_FD=" + std::to_string(board_.fd()));
