@@ -121,13 +121,16 @@ for step in $steps; do
       done ;;
     stream)
       # Stream-ordered operations and graph replays (allreduces and send/recv as kernels on the
-      # stream with IPC, the same with send/recv data past 4 KiB by ferry's thread, then every
-      # call by ferry's thread, then staged), then the last rank killed while the
-      # others' streams or graph replays wait for it: they must be released with the error; then
-      # an allreduce nobody else makes, released by FERRY_TIMEOUT.
-      for mode in ipc p2p_4k proxy staged; do
+      # stream with IPC, the same with send/recv inline only to 4 KiB, and with another shape of
+      # the bulk ring, then every call by ferry's thread, then staged), then the last rank killed
+      # while the others' streams or graph replays wait for it: they must be released with the
+      # error; then an allreduce nobody else makes, released by FERRY_TIMEOUT.
+      for mode in ipc p2p_4k ring_small proxy staged; do
         env=()
         [ $mode = p2p_4k ] && env=(FERRY_STREAM_P2P=4k)
+        # The bulk ring in another shape: two places a block, 16 KiB each (many rounds a message).
+        [ $mode = ring_small ] && env=(FERRY_STREAM_RING_PLACES=128 FERRY_STREAM_RING_CHUNK=16k
+          FERRY_STREAM_RING_BLOCKS=64)
         [ $mode = staged ] && env=(FERRY_CUDA_IPC=0)
         [ $mode = proxy ] && env=(FERRY_STREAM_KERNEL=0 FERRY_STREAM_P2P=0)
         echo "--- gpu.stream.$mode ${env[*]:-}"

@@ -249,32 +249,42 @@ void prepare_twin(coll::Group& twin, CudaStream stream, bool moves_data) {
   const int mode = gpu->relax_capture();
   std::vector<int> neighbours;  // reached through shared memory, where device data is staged
   if (moves_data) {
+    auto entry = engine->enter();
     for (int m : twin.members()) {
       if (m != engine->rank() && engine->links().link(m).shares_memory) neighbours.push_back(m);
     }
   }
+  // The rings without the engine's lock (prepare_staging), which ferry's thread needs to drain
+  // the streams of a thread that holds the lock registering them waits for.
   for (int m : neighbours) engine->device().prepare_staging(m, false);
   cuda::Cuda::StreamInfo info;
   const bool known = gpu->stream_info(stream, &info).is_ok();
-  static_cast<void>(twin.oneshot().ready(known ? info.device : -1, 1, DataType::kUint8));
+  {
+    auto entry = engine->enter();
+    if (!neighbours.empty() && known) engine->device().prepare_copies(info.device);
+    static_cast<void>(twin.oneshot().ready(known ? info.device : -1, 1, DataType::kUint8));
+  }
   for (int m : neighbours) engine->device().prepare_staging(m, true);
   gpu->restore_capture(mode);
 }
 
 // The communicator's stream twin and the Context's stream operations, taken under the engine's
-// lock, which the enqueueing then lets go: a full stream blocks the call that enqueues on it
-// until the proxy, which needs that lock, has drained it. For a collective (`stream` set), the
-// twin's device set-up too (and its staging rings where it `moves_data`).
-// Null parts, and *revoked set, for a revoked communicator.
+// lock, which the twin's set-up and the enqueueing then let go: a full stream blocks the call that
+// enqueues on it until the proxy, which needs that lock, has drained it. For a collective (`stream`
+// set), the twin's device set-up too (and its staging rings where it `moves_data`). Null parts, and
+// *revoked set, for a revoked communicator.
 std::pair<std::shared_ptr<coll::Group>, proto::StreamOps*> stream_parts(
     const std::shared_ptr<coll::Group>& group, const char* name, Status* revoked,
     std::optional<CudaStream> collective_stream = std::nullopt, bool moves_data = false) {
-  auto entry = group->engine()->enter();
-  if (group->revoked()) {
-    *revoked = group->revoked_status(std::string(name) + " on a stream");
-    return {nullptr, nullptr};
+  std::shared_ptr<coll::Group> twin;
+  {
+    auto entry = group->engine()->enter();
+    if (group->revoked()) {
+      *revoked = group->revoked_status(std::string(name) + " on a stream");
+      return {nullptr, nullptr};
+    }
+    twin = group->stream_twin();
   }
-  std::shared_ptr<coll::Group> twin = group->stream_twin();
   if (collective_stream.has_value()) prepare_twin(*twin, *collective_stream, moves_data);
   return {twin, &group->engine()->streams()};
 }

@@ -78,7 +78,11 @@ StreamP2p::StreamP2p(Group& twin, const util::Config& config)
     : twin_(twin),
       inline_max_(config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kStreamP2p)
                                                        : 0),
-      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {}
+      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {
+  ring_.chunk = config.get_size(util::Var::kStreamRingChunk) / 4096 * 4096;
+  ring_.places = static_cast<int>(config.get_int(util::Var::kStreamRingPlaces));
+  ring_.blocks = static_cast<int>(config.get_int(util::Var::kStreamRingBlocks));
+}
 
 StreamP2p::~StreamP2p() {
   // Only one with device state touches the engine here, and only while its Context lives (the
@@ -142,8 +146,9 @@ bool StreamP2p::prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* 
     return false;
   }
   pair.device = device;
-  Status s = gpu->allocate(device, cuda::Cuda::kP2pInboxBytes, &pair.inbox);
-  if (s) s = gpu->zero(device, pair.inbox, cuda::Cuda::kP2pInboxBytes);
+  const std::size_t inbox_bytes = cuda::Cuda::p2p_inbox_bytes(ring_);
+  Status s = gpu->allocate(device, inbox_bytes, &pair.inbox);
+  if (s) s = gpu->zero(device, pair.inbox, inbox_bytes);
   if (s) s = gpu->allocate(device, cuda::Cuda::kP2pCounterBytes, &pair.counters);
   if (s) s = gpu->zero(device, pair.counters, cuda::Cuda::kP2pCounterBytes);
   if (s) {
@@ -200,6 +205,22 @@ void StreamP2p::stop() {
   if (words_ != nullptr) __atomic_store_n(&words_[0], 1u, __ATOMIC_RELEASE);
 }
 
+// One round of the set-up: out[i] to ranks[i] and in[i] from it, with every rank at once.
+template <typename T>
+Status StreamP2p::exchange(const std::vector<int>& ranks, const T* out, T* in) {
+  proto::Engine* engine = twin_.engine();
+  std::vector<Request> requests;
+  {
+    auto entry = engine->enter();
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      requests.push_back(engine->messages().isend(out + i, sizeof(T), ranks[i], setup_tag(twin_)));
+      requests.push_back(
+          engine->messages().irecv(in + i, sizeof(T), ranks[i], setup_tag(twin_), kFullMask));
+    }
+  }
+  return Request::wait_all(requests);
+}
+
 Status StreamP2p::connect(const std::vector<int>& peers, int device) {
   proto::Engine* engine = twin_.engine();
   const std::size_t n = peers.size();
@@ -227,19 +248,8 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
     }
   }
   // Two rounds with every peer at once: the offers, then whether each side mapped the other's.
-  auto exchange = [&](auto* out, auto* in, std::size_t size) {
-    std::vector<Request> requests;
-    {
-      auto entry = engine->enter();
-      for (std::size_t i = 0; i < n; ++i) {
-        const int rank = twin_.member(peers[i]);
-        requests.push_back(engine->messages().isend(out + i, size, rank, setup_tag(twin_)));
-        requests.push_back(
-            engine->messages().irecv(in + i, size, rank, setup_tag(twin_), kFullMask));
-      }
-    }
-    return Request::wait_all(requests);
-  };
+  std::vector<int> ranks(n);
+  for (std::size_t i = 0; i < n; ++i) ranks[i] = twin_.member(peers[i]);
   auto fail_all = [&](const Status& s) {
     auto entry = engine->enter();
     for (int peer : peers) {
@@ -250,7 +260,7 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
                                 twin_.peer_label(peers.front()) + (n > 1 ? " and others" : "") +
                                 ": " + s.message());
   };
-  if (Status s = exchange(mine.data(), theirs.data(), sizeof(Offer)); !s) return fail_all(s);
+  if (Status s = exchange(ranks, mine.data(), theirs.data()); !s) return fail_all(s);
   std::vector<std::int64_t> mapped(n, 0);
   std::vector<std::int64_t> peer_mapped(n, 0);
   {
@@ -283,7 +293,7 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
       mapped[i] = 1;
     }
   }
-  if (Status s = exchange(mapped.data(), peer_mapped.data(), sizeof(std::int64_t)); !s) {
+  if (Status s = exchange(ranks, mapped.data(), peer_mapped.data()); !s) {
     return fail_all(s);
   }
   std::vector<int> staged;  // by ferry's thread through shared memory: the ranks
@@ -311,7 +321,7 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
       }
     }
   }
-  return prepare_staging(staged);
+  return prepare_staging(staged, device);
 }
 
 // Where device data goes by ferry's thread through shared memory, it is staged through a host
@@ -320,31 +330,22 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
 // blocked launching onto a full stream or graph holds (one H200 shared by two ranks: 200 graph
 // launches of 100 send/recv each, enqueued at once, stopped at the first, ferry's thread in
 // cuMemHostRegister). So both sides make theirs here, on the enqueueing thread, and map the
-// other's once a round of messages says it is made. Both sides decided the same pairs.
-Status StreamP2p::prepare_staging(const std::vector<int>& ranks) {
+// other's once a round of messages says it is made, and the device bounces that staged copies of
+// page-locked memory through our GPU take. Both sides decided the same pairs.
+Status StreamP2p::prepare_staging(const std::vector<int>& ranks, int device) {
   if (ranks.empty()) return Status();
   proto::Engine* engine = twin_.engine();
   {
     auto entry = engine->enter();
-    for (int rank : ranks) engine->device().prepare_staging(rank, false);
+    engine->device().prepare_copies(device);
   }
+  for (int rank : ranks) engine->device().prepare_staging(rank, false);
   std::vector<std::int64_t> made(ranks.size(), 1);
   std::vector<std::int64_t> theirs(ranks.size(), 0);
-  std::vector<Request> requests;
-  {
-    auto entry = engine->enter();
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      requests.push_back(
-          engine->messages().isend(&made[i], sizeof(std::int64_t), ranks[i], setup_tag(twin_)));
-      requests.push_back(engine->messages().irecv(&theirs[i], sizeof(std::int64_t), ranks[i],
-                                                  setup_tag(twin_), kFullMask));
-    }
-  }
-  if (Status s = Request::wait_all(requests); !s) {
+  if (Status s = exchange(ranks, made.data(), theirs.data()); !s) {
     return Status(s.code(),
                   "setting up stream sends and receives by ferry's thread: " + s.message());
   }
-  auto entry = engine->enter();
   for (int rank : ranks) engine->device().prepare_staging(rank, true);
   return Status();
 }
@@ -400,7 +401,8 @@ Status StreamP2p::enqueue(CudaStream stream,
     for (const Copy& c : copies) {
       if (Status s = gpu->copy_on_stream(stream, info.device, c.to, c.from, c.bytes); !s) return s;
     }
-    Status s = gpu->p2p_on_stream(stream, info.device, wave, words_view_, timeout_ns, scratch_);
+    Status s =
+        gpu->p2p_on_stream(stream, info.device, wave, ring_, words_view_, timeout_ns, scratch_);
     wave.clear();
     wave_keys.clear();
     wave_bulk.clear();

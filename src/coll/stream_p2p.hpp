@@ -65,7 +65,7 @@ class StreamP2p final : public proto::Fuser {
     bool kernel = false;  // through kernels (else ferry's thread, for good)
     int device = -1;
     std::size_t inline_max = 0;
-    void* inbox = nullptr;       // ours, device memory (cuda.hpp: kP2pInboxBytes)
+    void* inbox = nullptr;       // ours, device memory (cuda.hpp: p2p_inbox_bytes)
     void* peer_inbox = nullptr;  // the peer's, mapped here
     cuda::IpcKey peer_key;       // to unpin
     void* counters = nullptr;    // device: [0] sent, [1] received, then the ring's counts
@@ -77,8 +77,11 @@ class StreamP2p final : public proto::Fuser {
   // Makes the pairs with `peers` (members not decided yet) on `device`, all at once.
   Status connect(const std::vector<int>& peers, int device);
   // The host rings that device data to and from `ranks` is staged through, made and mapped here
-  // (connect's third round, with those ranks only).
-  Status prepare_staging(const std::vector<int>& ranks);
+  // (connect's third round, with those ranks only), and `device`'s bounces for staged copies.
+  Status prepare_staging(const std::vector<int>& ranks, int device);
+  // One round of the set-up's messages with every rank of `ranks` at once.
+  template <typename T>
+  Status exchange(const std::vector<int>& ranks, const T* out, T* in);
   // This side's part of a pair: its memory and key; false (with *why) where it cannot.
   bool prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* why);
   void release(Pair& pair);
@@ -88,8 +91,9 @@ class StreamP2p final : public proto::Fuser {
   void stop();
 
   Group& twin_;
-  std::size_t inline_max_;  // FERRY_STREAM_P2P (0 where CUDA IPC is off)
-  bool shared_gpu_;         // FERRY_COLL_DEVICE_SHARED_GPU: kernels also with a peer on our GPU
+  std::size_t inline_max_;    // FERRY_STREAM_P2P (0 where CUDA IPC is off)
+  bool shared_gpu_;           // FERRY_COLL_DEVICE_SHARED_GPU: kernels also with a peer on our GPU
+  cuda::Cuda::P2pRing ring_;  // FERRY_STREAM_RING_*
   std::map<int, Pair> pairs_;
   int device_ = -1;
   unsigned* words_ = nullptr;  // host side of the stop words

@@ -117,9 +117,18 @@ class Cuda {
   // through `device`'s memory: host to device, then device to host, on the two staging streams,
   // so both directions of the GPU's link work at once (55 GB/s on an H100, where the copy
   // engine's direct host-to-host copy reaches 17 and one CPU thread's memcpy 12-13).
-  // kWouldBlock when every device bounce (16 per device) is in use.
+  // kWouldBlock when every device bounce (16 per device) is in use, or, while unmaps are deferred
+  // (stream operations exist: see defer_unmaps), every one made so far: then ferry's thread
+  // makes none, as cuMemAlloc there may wait for ever for a driver lock held by an application
+  // thread blocked launching onto a stream that waits for ferry's thread (two H200s, graph
+  // replays of staged send/recv from page-locked memory: stopped at the first). prepare_bounces
+  // makes them ahead, on the enqueueing thread.
   virtual Status copy_through_device_async(int device, void* dst, const void* src,
                                            std::size_t bytes, Ticket* ticket) = 0;
+  // Makes `device`'s bounces for copy_through_device_async, kPreparedBounces of at least `bytes`
+  // (fewer where some exist).
+  static constexpr int kPreparedBounces = 4;
+  virtual Status prepare_bounces(int device, std::size_t bytes) = 0;
   [[nodiscard]] virtual bool done(const Ticket& ticket) = 0;
   // Synchronous copy (small eager messages into device memory, tools, tests), by the context of
   // the GPU that holds dst (else src).
@@ -217,10 +226,11 @@ class Cuda {
   // Stream send and receive between two GPUs of one node (kernels/p2p.cuh, coll/stream_p2p.hpp):
   // each member's inbox for a peer is kP2pSlots slot-free words and as many reply words (64 bits
   // each, in the first 128 bytes), then kP2pSlots LL slots of a message of up to kP2pInlineMax
-  // bytes each, then (from kP2pBulkOffset) a page of ready and taken words and a ring of
-  // kP2pChunks chunks of kP2pChunkBytes for larger messages. Each member's counters for a peer
-  // (kP2pCounterBytes of device memory) are its message counts, then its counts of each ring
-  // place filled (from kP2pFilledOffset) and emptied (from kP2pEmptiedOffset).
+  // bytes each, then (from kP2pBulkOffset) a page of ready and taken words (kP2pTakenOffset) and
+  // a ring of P2pRing::places places of P2pRing::chunk bytes for larger messages (from
+  // kP2pRingOffset: p2p_inbox_bytes in all). Each member's counters for a peer (kP2pCounterBytes
+  // of device memory) are its message counts, then its counts of each ring place filled (from
+  // kP2pFilledOffset) and emptied (from kP2pEmptiedOffset).
   static constexpr int kP2pSlots = 4;
   // What the kernel writes in words[1] where a reply word held a value no receiver writes (1:
   // a message did not fit its receive, or its header was not one the receive takes).
@@ -229,12 +239,22 @@ class Cuda {
   static constexpr std::size_t kP2pSlotBytes = (kP2pInlineMax / 8 + 1) * 16;
   static constexpr std::size_t kP2pBulkOffset =
       (128 + kP2pSlots * kP2pSlotBytes + 4095) / 4096 * 4096;
-  static constexpr int kP2pChunks = 64;
-  static constexpr std::size_t kP2pChunkBytes = 65536;
-  static constexpr std::size_t kP2pInboxBytes = kP2pBulkOffset + 4096 + kP2pChunks * kP2pChunkBytes;
+  static constexpr int kP2pMaxPlaces = 256;
+  static constexpr std::size_t kP2pTakenOffset = kP2pBulkOffset + 8 * kP2pMaxPlaces;
+  static constexpr std::size_t kP2pRingOffset = kP2pTakenOffset + 8 * kP2pMaxPlaces;
   static constexpr std::size_t kP2pFilledOffset = 64;
-  static constexpr std::size_t kP2pEmptiedOffset = kP2pFilledOffset + 8 * kP2pChunks;
-  static constexpr std::size_t kP2pCounterBytes = kP2pEmptiedOffset + 8 * kP2pChunks;
+  static constexpr std::size_t kP2pEmptiedOffset = kP2pFilledOffset + 8 * kP2pMaxPlaces;
+  static constexpr std::size_t kP2pCounterBytes = kP2pEmptiedOffset + 8 * kP2pMaxPlaces;
+  // The bulk ring's shape (FERRY_STREAM_RING_*: the same on every member) and how many blocks
+  // each side of a message through it takes at most.
+  struct P2pRing {
+    std::size_t chunk = 131072;
+    int places = 128;
+    int blocks = 64;
+  };
+  static constexpr std::size_t p2p_inbox_bytes(const P2pRing& ring) {
+    return kP2pRingOffset + static_cast<std::size_t>(ring.places) * ring.chunk;
+  }
   static constexpr int kP2pMaxOps = 32;
   struct P2pOp {
     // A send of up to the inline limit; a header whose data goes by ferry's thread; a receive; a
@@ -257,8 +277,9 @@ class Cuda {
   // once. `words`: the communicator's stop words (as OneShot::words); `scratch`:
   // kP2pScratchBytes of device memory, zeroed before the first launch.
   static constexpr std::size_t kP2pScratchBytes = 512;
-  virtual Status p2p_on_stream(void* stream, int device, std::span<const P2pOp> ops, void* words,
-                               std::uint64_t timeout_ns, void* scratch) = 0;
+  virtual Status p2p_on_stream(void* stream, int device, std::span<const P2pOp> ops,
+                               const P2pRing& ring, void* words, std::uint64_t timeout_ns,
+                               void* scratch) = 0;
   // The resident one-shot kernel (kernels.cu, ferry_allreduce_resident): one block that stays on
   // the GPU between one communicator's calls of one block (data up to its block_bytes), so such a
   // call costs no launch. resident_open makes its mailbox and stream (nothing runs yet; `shape`

@@ -88,6 +88,8 @@ void DevicePath::close_rings() {
     peer.ring_tx.reset();
     peer.ring_rx.reset();
   }
+  std::lock_guard lock(rings_mutex_);
+  ahead_.clear();
 }
 
 std::string DevicePath::describe(int rank) const {
@@ -396,36 +398,64 @@ void DevicePath::on_stage_cts(int source, std::span<const std::byte> data) {
   pump_stage(source);
 }
 
-void DevicePath::make_ring_tx(int peer_rank) {
-  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
-  peer.ring_tx = cuda::StageRing::create(
+std::unique_ptr<cuda::StageRing> DevicePath::create_ring_tx(int peer_rank) const {
+  return cuda::StageRing::create(
       engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), engine_.rank(), peer_rank),
       stage_chunk_ * stage_slots_);
+}
+
+std::unique_ptr<cuda::StageRing> DevicePath::open_ring_rx_now(int peer_rank) const {
+  if (test_stage_open_fail_) {
+    throw Error(Code::kIoError, "mapping refused (FERRY_TEST_STAGE_OPEN_FAIL)");
+  }
+  // At most what the largest allowed configuration makes (64 slots of 1 GiB).
+  std::unique_ptr<cuda::StageRing> ring = cuda::StageRing::open(
+      engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), peer_rank, engine_.rank()),
+      std::size_t{64} << 30);
+  ring->unlink();  // both sides have it now
+  return ring;
+}
+
+// Under rings_mutex_ too, so that prepare_staging never makes a second ring of the same name (the
+// receiver would map the one the sender does not write).
+void DevicePath::make_ring_tx(int peer_rank) {
+  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  {
+    std::lock_guard lock(rings_mutex_);
+    Ahead& ahead = ahead_[peer_rank];
+    ahead.tx_taken = true;
+    peer.ring_tx = ahead.tx ? std::move(ahead.tx) : create_ring_tx(peer_rank);
+  }
   peer.free_slots.clear();
   for (std::size_t i = stage_slots_; i-- > 0;) peer.free_slots.push_back(i * stage_chunk_);
 }
 
 void DevicePath::open_ring_rx(int peer_rank) {
   PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
-  if (test_stage_open_fail_) {
-    throw Error(Code::kIoError, "mapping refused (FERRY_TEST_STAGE_OPEN_FAIL)");
-  }
-  // At most what the largest allowed configuration makes (64 slots of 1 GiB).
-  peer.ring_rx = cuda::StageRing::open(
-      engine_.cuda(), cuda::StageRing::name(engine_.job().job_id(), peer_rank, engine_.rank()),
-      std::size_t{64} << 30);
-  peer.ring_rx->unlink();  // both sides have it now
+  std::lock_guard lock(rings_mutex_);
+  Ahead& ahead = ahead_[peer_rank];
+  ahead.rx_taken = true;
+  peer.ring_rx = ahead.rx ? std::move(ahead.rx) : open_ring_rx_now(peer_rank);
 }
 
 void DevicePath::prepare_staging(int peer_rank, bool theirs) {
   if (peer_rank == engine_.rank()) return;
-  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
+  std::lock_guard lock(rings_mutex_);
+  Ahead& ahead = ahead_[peer_rank];
   try {
-    if (!theirs && !peer.ring_tx) make_ring_tx(peer_rank);
-    if (theirs && !peer.ring_rx) open_ring_rx(peer_rank);
+    if (!theirs && !ahead.tx_taken && !ahead.tx) ahead.tx = create_ring_tx(peer_rank);
+    if (theirs && !ahead.rx_taken && !ahead.rx) ahead.rx = open_ring_rx_now(peer_rank);
   } catch (const Error& e) {
     // The first staged message tries again, and fails where this did.
     FERRY_LOG(kDebug, "staging ring with rank %d not made ahead: %s", peer_rank, e.what());
+  }
+}
+
+void DevicePath::prepare_copies(int device) {
+  cuda::Cuda* cuda = engine_.cuda();
+  if (cuda == nullptr || device < 0) return;
+  if (Status s = cuda->prepare_bounces(device, stage_chunk_); !s) {
+    FERRY_LOG(kDebug, "device bounces on cuda:%d not made ahead: %s", device, s.message().c_str());
   }
 }
 

@@ -18,7 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -56,14 +58,19 @@ class DevicePath {
                             std::uint32_t flags);
   // A host sender's message into a device buffer: rung 2, offering the buffer's IPC key.
   void start_host_receive(std::uint32_t index, int source, std::uint64_t sreq);
-  // Makes a staging ring with `peer` now, on the calling thread (the engine's lock held): ours to
-  // it, or (`theirs`) its to us, where it has made it. A stream operation runs on ferry's thread
-  // while the application's threads may be launching onto a full stream or graph, holding a
-  // driver lock that registering a ring's memory waits for: made there, it waits for ever (one
-  // H200 shared by two ranks: graph replays of an allreduce stopped at the first). So stream
-  // operations make their rings where they are enqueued. What fails here is tried again, and
-  // reported, by the first staged message.
+  // Makes a staging ring with `peer` now, on the calling thread, which holds no lock of the
+  // engine's (it may hold it: rings_mutex_ comes after it): ours to it, or (`theirs`) its to us,
+  // where it has made it. A stream operation runs on ferry's thread while the application's
+  // threads may be launching onto a full stream or graph, holding a driver lock that registering
+  // a ring's memory waits for: made there, it waits for ever (one H200 shared by two ranks: graph
+  // replays of an allreduce stopped at the first). So stream operations make their rings where
+  // they are enqueued, and without the engine's lock, which ferry's thread needs to drain that
+  // stream. The first staged message takes a ring made here; what fails here is tried again, and
+  // reported, by it.
   void prepare_staging(int peer, bool theirs);
+  // The device bounces that staged copies of page-locked memory through `device` take (made
+  // ahead for the same reason: Cuda::copy_through_device_async). The engine's lock held.
+  void prepare_copies(int device);
   // An active message of the device path (true), or another's (false).
   bool on_am(std::uint8_t id, int source, std::span<const std::byte> data);
   // A send that ends before its staging does (its receiver failed): no more slots for it.
@@ -109,8 +116,11 @@ class DevicePath {
   bool start_ipc_put(std::uint32_t index, int source, std::uint64_t rreq, std::size_t length,
                      const cuda::IpcKey& key);
   // The rings (throwing ferry::Error): ours to `peer`, with every slot free; the peer's to us.
+  // Each takes one made ahead (prepare_staging) where there is one.
   void make_ring_tx(int peer);
   void open_ring_rx(int peer);
+  std::unique_ptr<cuda::StageRing> create_ring_tx(int peer) const;
+  std::unique_ptr<cuda::StageRing> open_ring_rx_now(int peer) const;
   void on_rts(int source, std::span<const std::byte> data);
   void on_stage_cts(int source, std::span<const std::byte> data);
   void on_stage_frag(int source, std::span<const std::byte> data);
@@ -132,6 +142,17 @@ class DevicePath {
 
   Engine& engine_;
   std::vector<PeerState> peers_;
+  // Rings made ahead by prepare_staging, until the first staged message takes them, and whether
+  // ferry's thread made (or took) each: guarded by rings_mutex_ alone, so that prepare_staging
+  // needs no lock of the engine's.
+  struct Ahead {
+    std::unique_ptr<cuda::StageRing> tx;
+    std::unique_ptr<cuda::StageRing> rx;
+    bool tx_taken = false;
+    bool rx_taken = false;
+  };
+  std::mutex rings_mutex_;
+  std::map<int, Ahead> ahead_;
   std::vector<DeviceOp> ops_;
   std::size_t ipc_split_;    // FERRY_CUDA_IPC_SPLIT
   std::size_t stage_chunk_;  // FERRY_CUDA_STAGE_CHUNK

@@ -215,8 +215,17 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "(must be the same on every member)")                                                          \
   X(kStreamP2p, "FERRY_STREAM_P2P", kSize, "256k", 0, 262144, "",                                  \
     "stream sends and receives between GPUs of one node go through a kernel on the stream: "       \
-    "messages up to this size as LL lines, larger ones behind a header by ferry's thread (the "    \
+    "messages up to this size as LL lines, larger ones through the kernels' bulk ring (the "       \
     "smaller of two members' values; 0: every stream send and receive by ferry's thread)")         \
+  X(kStreamRingPlaces, "FERRY_STREAM_RING_PLACES", kInt, "128", 1, 256, "",                        \
+    "places in the bulk ring of such kernels, one per peer and direction in the receiver's "       \
+    "device memory (must be the same on every member)")                                            \
+  X(kStreamRingChunk, "FERRY_STREAM_RING_CHUNK", kSize, "128k", 4096, 4194304, "",                 \
+    "bytes of each place of that ring, rounded down to a multiple of 4 KiB (must be the same "     \
+    "on every member)")                                                                            \
+  X(kStreamRingBlocks, "FERRY_STREAM_RING_BLOCKS", kInt, "64", 1, 256, "",                         \
+    "thread blocks each side of a message through that ring takes at most (a block takes the "     \
+    "places b, b + blocks, ... in turn)")                                                          \
   X(kBootstrap, "FERRY_BOOTSTRAP", kEnum, "auto", 0, 0, "auto|pmix|pmi|store|single",              \
     "how ranks find each other: auto picks PMIx (PMIX_RANK set), PMI (PMI_FD set), the store "     \
     "(FERRY_STORE set), else a single process")                                                    \
@@ -265,6 +274,7 @@ inline constexpr Var kJobWide[] = {
     Var::kCollDeviceResident, Var::kCollDeviceSharedGpu,
     Var::kCollDeviceOneshot,  Var::kCollDeviceTwoshot,
     Var::kStreamKernel,       Var::kStreamLl,
+    Var::kStreamRingPlaces,   Var::kStreamRingChunk,
     Var::kOfiChunk,
 };
 [[nodiscard]] bool job_wide(Var var) noexcept;

@@ -19,6 +19,9 @@ else:
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 failures = 0
+if xp.__name__ == "cupy":
+    # A GPU per rank where there are several (the ranks share one where there is one).
+    xp.cuda.Device(rank % xp.cuda.runtime.getDeviceCount()).use()
 
 
 def check(ok, what):

@@ -63,6 +63,12 @@ TEST(Config, InvalidValuesNameTheVariableTheValueAndWhatIsAllowed) {
   // The on-stream kernel's LL slots hold 256 KiB of a call (cuda::Cuda::kLLMaxBytes).
   e = error_of({{"FERRY_STREAM_LL", "512k"}});
   EXPECT_NE(e.find("[0, 262144]"), std::string::npos) << e;
+  // The stream send/recv inbox has ready and taken words for 256 places of its bulk ring
+  // (cuda::Cuda::kP2pMaxPlaces).
+  e = error_of({{"FERRY_STREAM_RING_PLACES", "512"}});
+  EXPECT_NE(e.find("[1, 256]"), std::string::npos) << e;
+  e = error_of({{"FERRY_STREAM_RING_CHUNK", "1k"}});
+  EXPECT_NE(e.find("FERRY_STREAM_RING_CHUNK"), std::string::npos) << e;
   e = error_of({{"FERRY_NO_SUCH_THING", "1"}});
   EXPECT_NE(e.find("unknown configuration variable"), std::string::npos) << e;
 }

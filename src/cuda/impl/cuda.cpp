@@ -91,9 +91,9 @@ class CudaImpl final : public Cuda {
   Status collective_on_stream(void* stream, int ordinal, const OneShot& call) override {
     return launches_.collective_on_stream(stream, ordinal, call);
   }
-  Status p2p_on_stream(void* stream, int ordinal, std::span<const P2pOp> ops, void* words,
-                       std::uint64_t timeout_ns, void* scratch) override {
-    return launches_.p2p_on_stream(stream, ordinal, ops, words, timeout_ns, scratch);
+  Status p2p_on_stream(void* stream, int ordinal, std::span<const P2pOp> ops, const P2pRing& ring,
+                       void* words, std::uint64_t timeout_ns, void* scratch) override {
+    return launches_.p2p_on_stream(stream, ordinal, ops, ring, words, timeout_ns, scratch);
   }
   Status resident_open(int ordinal, const OneShot& shape, std::uint64_t idle_us, int* id) override {
     return residents_.open(ordinal, shape, idle_us, id);
@@ -124,6 +124,7 @@ class CudaImpl final : public Cuda {
     return streams::retain(d_, static_cast<CUgraph>(graph), release, arg);
   }
   void defer_unmaps(bool defer) override { ipc_.defer_unmaps(defer); }
+  Status prepare_bounces(int ordinal, std::size_t bytes) override;
   void close_deferred() override { ipc_.close_deferred(); }
   [[nodiscard]] std::size_t deferred_unmaps() const override { return ipc_.deferred(); }
   int relax_capture() override { return streams::exchange_capture_mode(d_, -1); }
@@ -145,8 +146,10 @@ class CudaImpl final : public Cuda {
   // A cuMem allocation: device memory not made by cudaMalloc. Its mapping (not the reserved range
   // around it) is what a peer maps, and its memory block id tells reuses of an address apart.
   void classify_vmm(CUdeviceptr address, mem::MemoryInfo* info);
-  // A device bounce whose last copy out has ended, else a new one (at most kBounces), or null.
+  // A device bounce whose last copy out has ended, else a new one (at most kBounces, none
+  // while unmaps are deferred where one exists), or kWouldBlock.
   Status free_bounce(Device& dev, std::size_t bytes, Bounce** bounce);
+  Status make_bounce(Device& dev, std::size_t bytes, Bounce** bounce);
 
   const Driver* d_;
   // Declared in the order they are made; they go in reverse, the devices (and their contexts)
@@ -251,8 +254,23 @@ Status CudaImpl::free_bounce(Device& dev, std::size_t bytes, Bounce** bounce) {
       return Status::ok();
     }
   }
-  if (dev.bounces.size() >= kBounces)
+  if (dev.bounces.size() >= kBounces || (!dev.bounces.empty() && ipc_.deferring_unmaps())) {
     return Status(Code::kWouldBlock, "every device bounce is in use");
+  }
+  return make_bounce(dev, bytes, bounce);
+}
+
+Status CudaImpl::prepare_bounces(int ordinal, std::size_t bytes) {
+  Device& dev = devices_.get(ordinal);
+  ScopedContext scope(d_, dev.context);
+  while (dev.bounces.size() < static_cast<std::size_t>(kPreparedBounces)) {
+    Bounce* made = nullptr;
+    if (Status s = make_bounce(dev, bytes, &made); !s) return s;
+  }
+  return Status::ok();
+}
+
+Status CudaImpl::make_bounce(Device& dev, std::size_t bytes, Bounce** bounce) {
   Bounce fresh;
   fresh.bytes = std::max<std::size_t>(bytes, std::size_t{4} << 20);
   CUresult result = d_->cuMemAlloc(&fresh.memory, fresh.bytes);

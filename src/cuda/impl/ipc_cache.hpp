@@ -42,6 +42,7 @@ class IpcCache {
   [[nodiscard]] std::uint64_t bytes() const { return bytes_; }
   // Cuda's defer_unmaps, close_deferred and deferred_unmaps.
   void defer_unmaps(bool defer) { defer_ = defer; }
+  [[nodiscard]] bool deferring_unmaps() const { return defer_; }
   void close_deferred();
   [[nodiscard]] std::size_t deferred() const {
     return deferred_count_.load(std::memory_order_relaxed);

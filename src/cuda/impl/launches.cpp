@@ -295,7 +295,8 @@ static_assert(sizeof(P2pArgs) == 88);
 }  // namespace
 
 Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops,
-                               void* words, std::uint64_t timeout_ns, void* scratch) {
+                               const Cuda::P2pRing& ring, void* words, std::uint64_t timeout_ns,
+                               void* scratch) {
   Device& dev = devices_.get(ordinal);
   const std::string why = missing(ordinal);  // loads the module on first use
   if (dev.p2p == nullptr) {
@@ -305,9 +306,10 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
     return Status(Code::kInvalidArgument,
                   "a stream send/receive launch of " + std::to_string(ops.size()) + " ops");
   }
-  // A thread per LL line (a thread's second line waits a round trip behind its first), a block
-  // per place of the bulk ring a send fills, at most 256 blocks in all, so that every op's blocks
-  // are on the GPU at once.
+  // A thread per LL line (a thread's second line waits a round trip behind its first); through
+  // the bulk ring, a block per place each side fills, up to ring.blocks (a receive that may take
+  // the ring as many as that or its lines need); at most 256 blocks in all, so that every op's
+  // blocks are on the GPU at once.
   std::array<P2pArgs, Cuda::kP2pMaxOps> args{};
   const std::size_t share = std::max<std::size_t>(1, 256 / ops.size());
   int blocks = 0;
@@ -315,12 +317,17 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Cuda::P2pOp& op = ops[i];
     using Kind = Cuda::P2pOp::Kind;
+    const std::size_t ring_blocks = std::min<std::size_t>({(op.bytes + ring.chunk - 1) / ring.chunk,
+                                                           static_cast<std::size_t>(ring.places),
+                                                           static_cast<std::size_t>(ring.blocks)});
     std::size_t want = 1;
     if (op.kind == Kind::kSendBulk) {
-      want = std::min<std::size_t>((op.bytes + Cuda::kP2pChunkBytes - 1) / Cuda::kP2pChunkBytes,
-                                   Cuda::kP2pChunks);
+      want = ring_blocks;
     } else if (op.kind != Kind::kSendHeader) {
       want = ((std::min(op.bytes, Cuda::kP2pInlineMax) + 7) / 8 + 1 + 511) / 512;
+      if (op.kind == Kind::kReceive && op.bytes > Cuda::kP2pInlineMax) {
+        want = std::max(want, ring_blocks);
+      }
     }
     args[i] = P2pArgs{op.slots,          op.free,   op.counter,
                       op.buffer,         op.bytes,  op.verdict,
@@ -333,7 +340,9 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
   int count = static_cast<int>(ops.size());
   unsigned long long timeout = timeout_ns;
   void* launches = scratch;
-  void* params[] = {args.data(), &count, &words, &timeout, &launches};
+  unsigned long long chunk = ring.chunk;
+  int places = ring.places;
+  void* params[] = {args.data(), &count, &words, &timeout, &launches, &chunk, &places};
   // Parameters are copied at every launch: up to two ops (a send and a receive) by the small form.
   CUfunction function = ops.size() <= 2 ? dev.p2p_2 : dev.p2p;
   const CUresult result = d_->cuLaunchKernel(function, static_cast<unsigned>(blocks), 1, 1, 512, 1,

@@ -20,8 +20,9 @@ class Launches {
                 DataType type, ReduceOp op, Ticket* ticket);
   Status allreduce_oneshot(int ordinal, int lane, const Cuda::OneShot& call, Ticket* ticket);
   Status collective_on_stream(void* stream, int ordinal, const Cuda::OneShot& call);
-  Status p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops, void* words,
-                       std::uint64_t timeout_ns, void* scratch);
+  Status p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops,
+                       const Cuda::P2pRing& ring, void* words, std::uint64_t timeout_ns,
+                       void* scratch);
 
  private:
   Devices& devices_;

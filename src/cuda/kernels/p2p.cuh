@@ -7,7 +7,7 @@
 //
 // Each member keeps, for each peer it set a pair up with, an inbox in its own device memory
 // (mapped by that peer): kP2pSlots slot-free words and kP2pSlots reply words, then a ring of
-// kP2pSlots LL slots, then a bulk ring of kP2pChunks chunks of kP2pChunkBytes with a ready word
+// kP2pSlots LL slots, then a bulk ring of `places` chunks of `chunk` bytes with a ready word
 // each (and the taken words of the chunks this member sends the peer). Message s (1, 2, ... per
 // direction, numbered by the GPU) goes in slot s % kP2pSlots: line 0 its header (its size, and
 // whether its data follows inline, comes through the bulk ring, or by ferry's thread), lines 1..
@@ -21,7 +21,7 @@
 // A message past the inline limit from memory the sender's GPU reads goes through the bulk ring:
 // its header says so, and the receiver answers in reply word s % kP2pSlots whether it takes the
 // data there (its buffer is memory its GPU writes) or by ferry's thread (host memory). Through
-// the ring, chunk j of the message (kP2pChunkBytes each) goes in ring place j % kP2pChunks: one
+// the ring, chunk j of the message (`chunk` bytes each) goes in ring place j % places: one
 // block of each side handles a place, in order, and each side counts, in its own device memory,
 // the times it filled (emptied) each place, so a place is written once its last chunk was taken
 // and read once its next one is ready, whatever the sizes before. Ops of one launch that may
@@ -40,10 +40,10 @@ constexpr unsigned long long kP2pReplyOffset = 64;
 // words[1] where a reply word held what no receiver writes (cuda.hpp, Cuda::kP2pBadReply).
 constexpr unsigned kP2pBadReply = 2;
 constexpr unsigned long long kP2pBulkOffset =
-    (128 + kP2pSlots * kP2pSlotBytes + 4095) / 4096 * 4096;  // ready words, taken words (+512)
-constexpr unsigned long long kP2pRingOffset = kP2pBulkOffset + 4096;
-constexpr int kP2pChunks = 64;
-constexpr unsigned long long kP2pChunkBytes = 65536;
+    (128 + kP2pSlots * kP2pSlotBytes + 4095) / 4096 * 4096;  // the ready words
+constexpr int kP2pMaxPlaces = 256;
+constexpr unsigned long long kP2pTakenOffset = kP2pBulkOffset + 8 * kP2pMaxPlaces;
+constexpr unsigned long long kP2pRingOffset = kP2pTakenOffset + 8 * kP2pMaxPlaces;
 
 struct P2pOp {
   unsigned char* slots;         // send: the peer's ring for us (mapped); receive: ours for the peer
@@ -94,28 +94,35 @@ __device__ __forceinline__ bool p2p_wait_turn(const unsigned* ended, int after,
   return true;
 }
 
-// One side of op's message of `bytes` through the bulk ring, by block `block` of `blocks`: a send
-// copies from its buffer into the peer's ring, a receive from its ring into its buffer. Either
-// way op.slots is in the receiver's inbox (its ring and ready words) and op.free is the sender's
-// inbox (its taken words); op.chunks the side's own counts of each place. Block b takes places
-// b, b + blocks, ..., each place's chunks in order. False where the call must stop.
+// One side of op's message of `bytes` through the bulk ring (`places` places of `chunk` bytes), by
+// block `block` of `blocks`: a send copies from its buffer into the peer's ring, a receive from
+// its ring into its buffer. Either way op.slots is in the receiver's inbox (its ring and ready
+// words) and op.free is the sender's inbox (its taken words); op.chunks the side's own counts of
+// each place. Block b owns places b, b + blocks, ... and takes their chunks round by round (chunk
+// j in place j % places), so that with more places than blocks it fills one place while the
+// other side drains the one before. False where the call must stop.
 __device__ bool p2p_bulk(const P2pOp& op, unsigned long long bytes, int block, int blocks,
-                         volatile unsigned* words, unsigned long long deadline) {
+                         unsigned long long chunk, int places, volatile unsigned* words,
+                         unsigned long long deadline) {
   const bool sending = op.kind == 3;
   auto* data = static_cast<unsigned char*>(op.buffer);
   unsigned char* to_inbox = op.slots - 128;
   unsigned char* ring = to_inbox + kP2pRingOffset;
   auto* ready = reinterpret_cast<unsigned long long*>(to_inbox + kP2pBulkOffset);
   auto* taken = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(op.free) +
-                                                      kP2pBulkOffset + 512);
+                                                      kP2pTakenOffset);
   unsigned long long* counts = op.chunks;
   __shared__ int stop;
-  const unsigned long long chunks = (bytes + kP2pChunkBytes - 1) / kP2pChunkBytes;
-  for (unsigned long long place = block; place < kP2pChunks && place < chunks; place += blocks) {
-    auto* count = reinterpret_cast<volatile unsigned long long*>(counts + place);
-    unsigned char* at = ring + place * kP2pChunkBytes;
-    unsigned long long round = threadIdx.x == 0 ? *count : 0;  // thread 0's alone
-    for (unsigned long long j = place; j < chunks; j += kP2pChunks, ++round) {
+  const unsigned long long chunks = (bytes + chunk - 1) / chunk;
+  const auto ring_places = static_cast<unsigned long long>(places);
+  for (unsigned long long first = 0; first < chunks; first += ring_places) {
+    for (unsigned long long place = block; place < ring_places && first + place < chunks;
+         place += blocks) {
+      const unsigned long long j = first + place;
+      // Thread 0's alone: the times this side filled (emptied) the place so far.
+      auto* count = reinterpret_cast<volatile unsigned long long*>(counts + place);
+      const unsigned long long round = threadIdx.x == 0 ? *count : 0;
+      unsigned char* at = ring + place * chunk;
       if (threadIdx.x == 0) {
         // The sender writes a place once its last chunk was taken; the receiver reads it once
         // the next is ready. The fence makes the peer's side visible (its data, or that it read
@@ -126,11 +133,11 @@ __device__ bool p2p_bulk(const P2pOp& op, unsigned long long bytes, int block, i
       }
       __syncthreads();
       if (stop != 0) return false;
-      const unsigned long long size = min(kP2pChunkBytes, bytes - j * kP2pChunkBytes);
+      const unsigned long long size = min(chunk, bytes - j * chunk);
       if (sending) {
-        strided_copy(at, data + j * kP2pChunkBytes, size, threadIdx.x, blockDim.x);
+        strided_copy(at, data + j * chunk, size, threadIdx.x, blockDim.x);
       } else {
-        strided_copy(data + j * kP2pChunkBytes, at, size, threadIdx.x, blockDim.x);
+        strided_copy(data + j * chunk, at, size, threadIdx.x, blockDim.x);
       }
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -144,7 +151,6 @@ __device__ bool p2p_bulk(const P2pOp& op, unsigned long long bytes, int block, i
   return true;
 }
 
-
 }  // namespace
 
 // Block b runs op o where op[o].first_block <= b < op[o + 1].first_block (the last op's to the
@@ -156,7 +162,8 @@ __device__ bool p2p_bulk(const P2pOp& op, unsigned long long bytes, int block, i
 template <int kCapacity>
 __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int count,
                                            volatile unsigned* words, unsigned long long timeout_ns,
-                                           unsigned* launches) {
+                                           unsigned* launches, unsigned long long chunk,
+                                           int places) {
   int o = 0;
   while (o + 1 < count && ops.op[o + 1].first_block <= static_cast<int>(blockIdx.x)) ++o;
   const P2pOp& op = ops.op[o];
@@ -226,7 +233,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       }
       __syncthreads();
       if (answer == 1 && stopped == 0 &&
-          !p2p_bulk(op, op.bytes, block, blocks, words, deadline) && threadIdx.x == 0) {
+          !p2p_bulk(op, op.bytes, block, blocks, chunk, places, words, deadline) && threadIdx.x == 0) {
         stopped = 1;
       }
       // The op's last block to end lets the op after it on the ring go.
@@ -272,7 +279,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       if (bulk == 1) {
         if (threadIdx.x == 0 && !p2p_wait_turn(ended, op.after, words, deadline)) stopped = 1;
         __syncthreads();
-        if (stopped == 0 && !p2p_bulk(op, size, block, blocks, words, deadline) &&
+        if (stopped == 0 && !p2p_bulk(op, size, block, blocks, chunk, places, words, deadline) &&
             threadIdx.x == 0) {
           stopped = 1;
         }
@@ -330,12 +337,14 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
 
 extern "C" __global__ void __launch_bounds__(512)
     ferry_p2p_on_stream(P2pOps<kP2pMaxOps> ops, int count, volatile unsigned* words,
-                        unsigned long long timeout_ns, unsigned* launches) {
-  p2p_launch(ops, count, words, timeout_ns, launches);
+                        unsigned long long timeout_ns, unsigned* launches,
+                        unsigned long long chunk, int places) {
+  p2p_launch(ops, count, words, timeout_ns, launches, chunk, places);
 }
 
 extern "C" __global__ void __launch_bounds__(512)
     ferry_p2p_on_stream_2(P2pOps<2> ops, int count, volatile unsigned* words,
-                          unsigned long long timeout_ns, unsigned* launches) {
-  p2p_launch(ops, count, words, timeout_ns, launches);
+                          unsigned long long timeout_ns, unsigned* launches,
+                          unsigned long long chunk, int places) {
+  p2p_launch(ops, count, words, timeout_ns, launches, chunk, places);
 }
