@@ -5,6 +5,12 @@
 osu_build() {
   local dir=$1 source=$2 cc=$3 cxx=$4
   [ -x "$dir/c/mpi/pt2pt/standard/osu_latency" ] && return 0
+  # Open MPI's wrapper links -lmpi, which only its -dev package provides (the README's set-up
+  # installs openmpi-bin, the launcher the tests use).
+  if [ "$cc" = mpicc.openmpi ] &&
+    ! dpkg-query -W -f='${Status}' libopenmpi-dev 2>/dev/null | grep -q "install ok installed"; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev >/dev/null
+  fi
   rm -rf "$dir"
   cp -r "$source" "$dir"
   (cd "$dir" && CC=$cc CXX=$cxx ./configure >configure.log 2>&1 && make -j"$(nproc)" >make.log 2>&1) ||

@@ -418,24 +418,25 @@ std::unique_ptr<cuda::StageRing> DevicePath::open_ring_rx_now(int peer_rank) con
 
 // Under rings_mutex_ too, so that prepare_staging never makes a second ring of the same name (the
 // receiver would map the one the sender does not write).
+std::unique_ptr<cuda::StageRing> DevicePath::take_ring(int peer_rank, bool theirs) {
+  std::lock_guard lock(rings_mutex_);
+  Ahead& ahead = ahead_[peer_rank];
+  (theirs ? ahead.rx_taken : ahead.tx_taken) = true;
+  if (std::unique_ptr<cuda::StageRing>& made = theirs ? ahead.rx : ahead.tx; made) {
+    return std::move(made);
+  }
+  return theirs ? open_ring_rx_now(peer_rank) : create_ring_tx(peer_rank);
+}
+
 void DevicePath::make_ring_tx(int peer_rank) {
   PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
-  {
-    std::lock_guard lock(rings_mutex_);
-    Ahead& ahead = ahead_[peer_rank];
-    ahead.tx_taken = true;
-    peer.ring_tx = ahead.tx ? std::move(ahead.tx) : create_ring_tx(peer_rank);
-  }
+  peer.ring_tx = take_ring(peer_rank, false);
   peer.free_slots.clear();
   for (std::size_t i = stage_slots_; i-- > 0;) peer.free_slots.push_back(i * stage_chunk_);
 }
 
 void DevicePath::open_ring_rx(int peer_rank) {
-  PeerState& peer = peers_[static_cast<std::size_t>(peer_rank)];
-  std::lock_guard lock(rings_mutex_);
-  Ahead& ahead = ahead_[peer_rank];
-  ahead.rx_taken = true;
-  peer.ring_rx = ahead.rx ? std::move(ahead.rx) : open_ring_rx_now(peer_rank);
+  peers_[static_cast<std::size_t>(peer_rank)].ring_rx = take_ring(peer_rank, true);
 }
 
 void DevicePath::prepare_staging(int peer_rank, bool theirs) {

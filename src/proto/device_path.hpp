@@ -121,6 +121,8 @@ class DevicePath {
   void open_ring_rx(int peer);
   std::unique_ptr<cuda::StageRing> create_ring_tx(int peer) const;
   std::unique_ptr<cuda::StageRing> open_ring_rx_now(int peer) const;
+  // The ring made ahead, else one made now: ours to `peer`, or (`theirs`) its to us.
+  std::unique_ptr<cuda::StageRing> take_ring(int peer, bool theirs);
   void on_rts(int source, std::span<const std::byte> data);
   void on_stage_cts(int source, std::span<const std::byte> data);
   void on_stage_frag(int source, std::span<const std::byte> data);
