@@ -62,7 +62,12 @@ if [ "${1:-}" = pack ]; then
   du -sh "$here/.devbin"
   exit 0
 fi
-shift || true
+if [ "${1:-}" != run ]; then
+  # A step named without `run` had run the default steps instead (minutes of a GPU machine).
+  echo "usage: bench/gpu_run.sh pack BUILD_DIR | run [STEP...] (got: ${*:-nothing})" >&2
+  exit 2
+fi
+shift
 steps=${*:-info tests perf}
 export LD_LIBRARY_PATH=$here/.devbin/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
