@@ -308,8 +308,10 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
   }
   // A thread per LL line (a thread's second line waits a round trip behind its first); through
   // the bulk ring, a block per place each side fills, up to ring.blocks (a receive that may take
-  // the ring as many as that or its lines need); at most 256 blocks in all, so that every op's
-  // blocks are on the GPU at once.
+  // the ring as many as that or its lines need); at most 256 blocks in all. A sendrecv through
+  // the ring (129 blocks) is on an H200 at once; 256 of 512 threads were not all resident (two
+  // H200s: the ring at 128 blocks a side ran at a third of the speed), so ops of a large group
+  // may start only as earlier ones end.
   std::array<P2pArgs, Cuda::kP2pMaxOps> args{};
   const std::size_t share = std::max<std::size_t>(1, 256 / ops.size());
   int blocks = 0;
