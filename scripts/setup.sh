@@ -28,6 +28,7 @@ cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=${FERRY_BUILD_TYPE:-RelWithDebInfo})
 [ "${FERRY_WERROR:-OFF}" = ON ] && cmake_args+=(-DFERRY_WERROR=ON)
 [ -n "${FERRY_SANITIZE:-}" ] && cmake_args+=(-DFERRY_SANITIZE="$FERRY_SANITIZE")
 [ -n "${FERRY_KERNELS_FATBIN:-}" ] && cmake_args+=(-DFERRY_KERNELS_FATBIN="$FERRY_KERNELS_FATBIN")
+[ -n "${FERRY_KERNELS_SASS:-}" ] && cmake_args+=(-DFERRY_KERNELS_SASS="$FERRY_KERNELS_SASS")
 [ -n "${FERRY_BUILD_BENCH:-}" ] && cmake_args+=(-DFERRY_BUILD_BENCH="$FERRY_BUILD_BENCH")
 command -v ccache >/dev/null && cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [ ! -f "$build/build.ninja" ] || [ "${FERRY_WERROR:-OFF}" = ON ] || [ -n "${FERRY_SANITIZE:-}" ]; then
