@@ -245,7 +245,11 @@ std::string Engine::describe_peer(int rank) const {
   } else if ((peer.direct != nullptr) && !peer.direct_failed) {
     large = "by direct transfer (the transport's own rendezvous)";
   } else if (peer.zero_copy != nullptr) {
-    large = "by zero-copy get from " + std::to_string(peer.get_from) + " B, pipelined below";
+    large = "by zero-copy get from " + std::to_string(peer.get_from) + " B";
+    if (peer.split != nullptr && !peer.split_failed && peer.split_from != SIZE_MAX) {
+      large += " (copied from both ends from " + std::to_string(peer.split_from) + " B)";
+    }
+    large += ", pipelined below";
   } else {
     large = "pipelined";
   }

@@ -41,22 +41,25 @@ struct Link {
   transport::Endpoint* endpoint = nullptr;  // null: unreachable (why says why)
   // What the endpoint offers beyond active messages (null: not offered), asked once.
   transport::ZeroCopyGet* zero_copy = nullptr;
+  transport::SplitCopies* split = nullptr;  // with zero_copy: copies from both ends
   transport::DirectTransfers* direct = nullptr;
   transport::OneSidedReads* reads = nullptr;
   transport::OneSidedWrites* writes = nullptr;  // native one-sided over ofi
   std::string transport;
   std::string why;
-  std::size_t eager_limit = 0;      // largest message sent eagerly
-  std::size_t frag_size = 0;        // payload per fragment of a pipelined message
-  std::size_t get_from = 0;         // rendezvous messages from this size up use the endpoint's get
-  std::size_t read_from = 0;        // from this size up the receiver reads them (below: direct)
-  bool get_failed = false;          // a zero-copy get failed once: pipeline from now on
-  bool direct_failed = false;       // a direct receive could not be posted: pipeline from now on
-  bool read_failed = false;         // a one-sided read failed: clear-to-send from now on
-  bool failed = false;              // the peer died: everything involving it fails with `why`
-  std::uint64_t failure_order = 0;  // Liveness::failure_order
-  bool shares_memory = false;       // self or shm: device data can go by CUDA IPC or staging ring
-  std::deque<Pending> pending;      // in order; nothing bypasses it
+  std::size_t eager_limit = 0;  // largest message sent eagerly
+  std::size_t frag_size = 0;    // payload per fragment of a pipelined message
+  std::size_t get_from = 0;     // rendezvous messages from this size up use the endpoint's get
+  std::size_t split_from = SIZE_MAX;  // zero-copy gets from this size up are split
+  std::size_t read_from = 0;          // from this size up the receiver reads them (below: direct)
+  bool get_failed = false;            // a zero-copy get failed once: pipeline from now on
+  bool split_failed = false;          // the peer could not write a tail once: no more splits
+  bool direct_failed = false;         // a direct receive could not be posted: pipeline from now on
+  bool read_failed = false;           // a one-sided read failed: clear-to-send from now on
+  bool failed = false;                // the peer died: everything involving it fails with `why`
+  std::uint64_t failure_order = 0;    // Liveness::failure_order
+  bool shares_memory = false;         // self or shm: device data can go by CUDA IPC or staging ring
+  std::deque<Pending> pending;        // in order; nothing bypasses it
 };
 // A copy in flight on a CUDA stream, polled by progress.
 struct DeviceOp {

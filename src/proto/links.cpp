@@ -270,6 +270,7 @@ void Links::connect_peer(int r, const Published& published, const std::vector<in
     }
     peer.endpoint = endpoints_.back().get();
     peer.zero_copy = peer.endpoint->zero_copy_get();
+    peer.split = peer.endpoint->split_copies();
     peer.direct = peer.endpoint->direct();
     peer.reads = peer.endpoint->reads();
     peer.writes = peer.endpoint->writes();
@@ -280,6 +281,7 @@ void Links::connect_peer(int r, const Published& published, const std::vector<in
     peer.eager_limit = std::min(rndv_threshold, max_am - sizeof(EagerHeader));
     peer.frag_size = std::min<std::size_t>(max_am, 1u << 20) - sizeof(FragHeader);
     peer.get_from = t->capabilities().get_from;
+    peer.split_from = t->capabilities().split_from;
     peer.read_from = t->capabilities().read_from;
     break;
   }

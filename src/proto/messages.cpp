@@ -63,6 +63,12 @@ bool Messages::on_am(std::uint8_t id, int source, std::span<const std::byte> dat
     case kAmNack:
       handle_nack(source, data);
       return true;
+    case kAmCtsSplit:
+      handle_cts_split(source, data);
+      return true;
+    case kAmTailWritten:
+      handle_tail_written(source, data);
+      return true;
     default:
       return false;
   }
@@ -80,6 +86,18 @@ void Messages::peer_failed(int rank, const Status& status) {
     }
   }
   matcher_.drop_rendezvous_from(rank);
+  // Receives whose tail it was writing: no write can come any more; the engine fails them next.
+  Link& link = engine_.links().link(rank);
+  for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
+    RequestSlot& slot = requests_[i];
+    if (slot.kind == RequestKind::kRecv && slot.state == RequestState::kActive &&
+        slot.transfer.split && slot.info.source == rank) {
+      slot.transfer.split = false;
+      --slot.transfer.device_ops;
+      link.split->close_claim({slot.transfer.split_slot, slot.transfer.split_ticket});
+      if (slot.transfer.deferred && slot.transfer.device_ops == 0) engine_.complete(i, slot.status);
+    }
+  }
 }
 
 std::size_t Messages::finalize() {

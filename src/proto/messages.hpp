@@ -114,6 +114,15 @@ class Messages {
   void start_rendezvous(std::uint32_t index, int source, Tag tag, std::size_t size,
                         std::uint64_t sreq, std::uint64_t address,
                         const transport::Endpoint::RemoteRegion* remote);
+  // A rendezvous message got by zero-copy get (`status`: how): ends the receive and tells the
+  // sender, or false when it must come pipelined (request_data) instead.
+  bool got(std::uint32_t index, int source, std::uint64_t sreq, Status status);
+  // Gets the head of a large message while the sender may write the tail (SplitCopies); false
+  // when no claim word is free (get it whole).
+  bool start_split(std::uint32_t index, int source, std::uint64_t sreq, std::uint64_t address,
+                   std::size_t length);
+  void handle_cts_split(int source, std::span<const std::byte> data);
+  void handle_tail_written(int source, std::span<const std::byte> data);
   // Asks the sender for a matched rendezvous message: a direct transfer, else fragments.
   void request_data(std::uint32_t index, int source, std::uint64_t sreq, std::size_t length);
   // A FIN with a code: the receiver failed; so does the send.

@@ -124,36 +124,12 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
   }
   if (remote == nullptr && length > 0 && length >= peer.get_from && (peer.zero_copy != nullptr) &&
       !peer.get_failed) {
-    if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
-    Status status = peer.zero_copy->get(slot.recv_buffer, address, length);
-    if (status && peer.endpoint->was_withdrawn(sreq)) {
-      // The sender gave up on the send (its timeout, or its collective failed) while we read:
-      // its buffer may have been reused.
-      return engine_.complete(index, withdrawn_while_read(source));
-    }
-    if (!status && status.code() == Code::kPeerFailed) {
-      engine_
-          .look_for_failures();  // the sender is gone: fail what involves it, this receive included
-      if (engine_.requests().done(index)) return;
-    }
-    if (!status && status.code() == Code::kUnsupported) {
-      peer.get_failed = true;
-      FERRY_LOG(kWarn,
-                "%s: zero-copy get from rank %d refused (%s); its large messages are "
-                "pipelined from now on",
-                peer.transport.c_str(), source, status.to_string().c_str());
-    } else if (!status) {
-      // A failure of this copy only (a range not mapped, a transient error): this message goes
-      // pipelined, the next ones try again.
-      FERRY_LOG(kInfo, "%s: zero-copy get from rank %d failed (%s); this message is pipelined",
-                peer.transport.c_str(), source, status.to_string().c_str());
-    }
-    if (status) {
-      engine_.complete(index,
-                       size > slot.size ? truncation(source, size, slot.size) : Status::ok());
-      engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+    if (length >= peer.split_from && peer.split != nullptr && !peer.split_failed &&
+        start_split(index, source, sreq, address, length)) {
       return;
     }
+    if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
+    if (got(index, source, sreq, peer.zero_copy->get(slot.recv_buffer, address, length))) return;
   }
   if (length == 0) {
     engine_.complete(index, size > slot.size ? truncation(source, size, slot.size) : Status::ok());
@@ -180,6 +156,152 @@ void Messages::start_rendezvous(std::uint32_t index, int source, Tag tag, std::s
               peer.transport.c_str(), source, status.to_string().c_str());
   }
   request_data(index, source, sreq, length);
+}
+
+bool Messages::got(std::uint32_t index, int source, std::uint64_t sreq, Status status) {
+  RequestSlot& slot = requests_[index];
+  Link& peer = engine_.links().link(source);
+  if (status && peer.endpoint->was_withdrawn(sreq)) {
+    // The sender gave up on the send (its timeout, or its collective failed) while we read:
+    // its buffer may have been reused.
+    engine_.complete(index, withdrawn_while_read(source));
+    return true;
+  }
+  if (!status && status.code() == Code::kPeerFailed) {
+    engine_
+        .look_for_failures();  // the sender is gone: fail what involves it, this receive included
+    if (engine_.requests().done(index)) return true;
+  }
+  if (!status && status.code() == Code::kUnsupported) {
+    peer.get_failed = true;
+    FERRY_LOG(kWarn,
+              "%s: zero-copy get from rank %d refused (%s); its large messages are "
+              "pipelined from now on",
+              peer.transport.c_str(), source, status.to_string().c_str());
+  } else if (!status) {
+    // A failure of this copy only (a range not mapped, a transient error): this message goes
+    // pipelined, the next ones try again.
+    FERRY_LOG(kInfo, "%s: zero-copy get from rank %d failed (%s); this message is pipelined",
+              peer.transport.c_str(), source, status.to_string().c_str());
+  }
+  if (!status) return false;
+  engine_.complete(index, slot.message_size > slot.size
+                              ? truncation(source, slot.message_size, slot.size)
+                              : Status::ok());
+  engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, 0, 0}));
+  return true;
+}
+
+bool Messages::start_split(std::uint32_t index, int source, std::uint64_t sreq,
+                           std::uint64_t address, std::size_t length) {
+  // Halves on a page boundary where there are pages to split.
+  const std::size_t head = length >= 8192 ? (length / 2) & ~std::size_t{4095} : length / 2;
+  Link& peer = engine_.links().link(source);
+  transport::SplitCopies::Claim claim;
+  if (head == 0 || !peer.split->open_claim(&claim)) return false;
+  RequestSlot& slot = requests_[index];
+  engine_.links().send_control(
+      source, kAmCtsSplit,
+      as_bytes(CtsSplitHeader{sreq, requests_.wire_id(index),
+                              reinterpret_cast<std::uint64_t>(slot.recv_buffer), head, length,
+                              claim.ticket, claim.slot, 0}));
+  // (FERRY_TEST_GET_DELAY: after the offer, so that a sender calling in claims the tail.)
+  if (test_get_delay_ > 0) ::usleep(static_cast<useconds_t>(test_get_delay_ * 1e6));
+  Status status = peer.zero_copy->get(slot.recv_buffer, address, head);
+  if (peer.split->claim_tail(claim)) {
+    // The sender has not called in yet: the tail is ours too.
+    peer.split->close_claim(claim);
+    if (status)
+      status = peer.zero_copy->get(slot.recv_buffer + head, address + head, length - head);
+    if (!got(index, source, sreq, std::move(status))) {
+      slot.state = RequestState::kActive;
+      request_data(index, source, sreq, length);
+    }
+    return true;
+  }
+  // The sender writes the tail into the buffer, which stays its until kAmTailWritten, whatever
+  // else ends the receive meanwhile.
+  slot.state = RequestState::kActive;
+  slot.status = std::move(status);
+  slot.transfer.split = true;
+  slot.transfer.split_slot = claim.slot;
+  slot.transfer.split_ticket = claim.ticket;
+  slot.transfer.split_sreq = sreq;
+  slot.transfer.split_address = address;
+  slot.transfer.split_head = head;
+  ++slot.transfer.device_ops;
+  return true;
+}
+
+void Messages::handle_cts_split(int source, std::span<const std::byte> data) {
+  CtsSplitHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short split CTS header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.sreq, &index);
+  // A send that ended (withdrawn after FERRY_TIMEOUT) or is no longer announced: the receiver
+  // copies the tail itself and then sees the withdrawal.
+  if (slot == nullptr || slot->state != RequestState::kActive || !slot->rendezvous) return;
+  Link& peer = engine_.links().link(source);
+  if (slot->kind != RequestKind::kSend || slot->peer != source || header.offset == 0 ||
+      header.offset >= header.length || header.length > slot->size || peer.split == nullptr) {
+    return protocol_error(source, "split CTS for no rendezvous send of that size");
+  }
+  if (!peer.split->claim_peer_tail({header.slot, header.ticket})) return;  // the receiver's
+  // FERRY_TEST_CRASH_AT=mid-pipeline: die with the tail claimed, before writing it.
+  engine_.crashes().here(util::CrashPoint::kMidPipeline);
+  Status status = peer.split->put(header.address + header.offset, slot->send_buffer + header.offset,
+                                  header.length - header.offset);
+  if (!status && status.code() == Code::kPeerFailed) {
+    engine_.look_for_failures();  // the receiver is gone: nothing waits for the answer
+    return;
+  }
+  if (!status) {
+    FERRY_LOG(kInfo, "%s: writing a message's second half into rank %d failed (%s); it reads it",
+              peer.transport.c_str(), source, status.to_string().c_str());
+  }
+  engine_.links().send_control(
+      source, kAmTailWritten,
+      as_bytes(TailWrittenHeader{header.rreq, static_cast<std::uint32_t>(status.code()), 0}));
+}
+
+void Messages::handle_tail_written(int source, std::span<const std::byte> data) {
+  TailWrittenHeader header;
+  if (!decode(data, &header)) return protocol_error(source, "short tail-written header");
+  std::uint32_t index = 0;
+  RequestSlot* slot = requests_.lookup(header.rreq, &index);
+  if (slot == nullptr || slot->kind != RequestKind::kRecv || slot->state != RequestState::kActive ||
+      slot->info.source != source || !slot->transfer.split) {
+    return protocol_error(source, "tail written for no receive copied from both ends");
+  }
+  Link& peer = engine_.links().link(source);
+  RequestSlot::Transfer& transfer = slot->transfer;
+  transfer.split = false;
+  --transfer.device_ops;
+  peer.split->close_claim({transfer.split_slot, transfer.split_ticket});
+  const std::uint64_t sreq = transfer.split_sreq;
+  if (transfer.deferred) {
+    // The receive ended meanwhile (its communicator revoked): now the buffer is free.
+    engine_.links().send_control(source, kAmFin, as_bytes(FinHeader{sreq, kFinFailed, 0}));
+    if (transfer.device_ops == 0) engine_.complete(index, slot->status);
+    return;
+  }
+  Status status = std::move(slot->status);  // the head's get
+  if (header.code != 0) {
+    // The sender could not write (its copy failed, or CMA is refused that way): copy it here.
+    if (header.code == static_cast<std::uint32_t>(Code::kUnsupported)) {
+      peer.split_failed = true;
+      FERRY_LOG(kWarn, "%s: rank %d cannot write into this process; its messages are read whole",
+                peer.transport.c_str(), source);
+    }
+    if (status) {
+      status = peer.zero_copy->get(slot->recv_buffer + transfer.split_head,
+                                   transfer.split_address + transfer.split_head,
+                                   slot->info.bytes - transfer.split_head);
+    }
+  }
+  if (!got(index, source, sreq, std::move(status))) {
+    request_data(index, source, sreq, requests_[index].info.bytes);
+  }
 }
 
 void Messages::request_data(std::uint32_t index, int source, std::uint64_t sreq,

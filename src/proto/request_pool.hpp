@@ -48,6 +48,16 @@ struct RequestSlot {
     std::uint64_t read_sreq = 0;
     bool withdrawn = false;  // recv: the sender withdrew the message being read (kAmCancel)
     bool deferred = false;   // completion waits for those copies (then `status`)
+    // recv copied from both ends (transport::SplitCopies): the sender claimed the tail and
+    // writes it from `split_head` on; its kAmTailWritten ends the receive, and until then
+    // device_ops counts the write and `status` holds how the head's get went. The claim word is
+    // open while `split` is.
+    bool split = false;
+    std::uint32_t split_slot = 0;
+    std::uint64_t split_ticket = 0;
+    std::uint64_t split_sreq = 0;
+    std::uint64_t split_address = 0;  // the sender's buffer
+    std::uint64_t split_head = 0;
   } transfer;
   // Device buffers and page-locked host memory (DevicePath, ChunkedPath): taken with the slot
   // by RequestPool::allocate (device, pinned_device, staged, offered), let go by free (host_copy,

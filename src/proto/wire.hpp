@@ -46,6 +46,10 @@ enum AmId : std::uint8_t {
       25,  // PeerDeadHeader: a rank of the sender's node exited (Engine::look_for_failures)
   // Device buffers again (proto/device_path.hpp).
   kAmStageWritten = 26,  // StageWrittenHeader: the sender wrote the message into the offered key
+  // Host messages copied from both ends (transport::SplitCopies).
+  kAmCtsSplit = 27,  // CtsSplitHeader: the receiver reads the head; the sender may write the tail
+  kAmTailWritten =
+      28,  // TailWrittenHeader: the sender claimed the tail and wrote it (or could not)
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -127,6 +131,22 @@ struct StageAckHeader {
 struct StageWrittenHeader {
   std::uint64_t rreq;
   std::uint64_t length;  // the STAGE_CTS's length: all of it was written
+};
+
+struct CtsSplitHeader {
+  std::uint64_t sreq;
+  std::uint64_t rreq;
+  std::uint64_t address;  // of the receive buffer, in the receiver
+  std::uint64_t offset;   // the tail: [offset, length) of the message
+  std::uint64_t length;
+  std::uint64_t ticket;  // the claim word's ticket (SplitCopies::Claim)
+  std::uint32_t slot;    // the claim word
+  std::uint32_t reserved;
+};
+struct TailWrittenHeader {
+  std::uint64_t rreq;
+  std::uint32_t code;  // 0: written; else the sender's Code, and the receiver copies the tail
+  std::uint32_t reserved;
 };
 
 struct CancelHeader {

@@ -17,12 +17,13 @@ namespace ferry::transport {
 
 struct Capabilities {
   std::string name;
-  std::size_t max_am = 0;      // largest header + payload one am_send carries
-  std::size_t max_inline = 0;  // header + payload at or under this go in one FIFO element
-  std::size_t get_from = 0;    // messages from this size up are better fetched with get()
-  std::size_t read_from = 0;   // rendezvous by one-sided read from this size up; below, by a
-                               // direct transfer where the endpoint has one
-  double latency_us = 0;       // estimates used to rank transports
+  std::size_t max_am = 0;             // largest header + payload one am_send carries
+  std::size_t max_inline = 0;         // header + payload at or under this go in one FIFO element
+  std::size_t get_from = 0;           // messages from this size up are better fetched with get()
+  std::size_t split_from = SIZE_MAX;  // and from this size up copied from both ends (SplitCopies)
+  std::size_t read_from = 0;          // rendezvous by one-sided read from this size up; below, by a
+                                      // direct transfer where the endpoint has one
+  double latency_us = 0;              // estimates used to rank transports
   double bandwidth_GBps = 0;
 };
 
@@ -66,8 +67,8 @@ struct RemoteRegion {
 };
 
 // What an endpoint may offer beyond active messages, each an interface of its own: an endpoint
-// that offers one returns it (Endpoint::zero_copy_get, direct, reads, writes), and one that does
-// not returns null, fixed once connected. Callers keep the pointers (proto::Link).
+// that offers one returns it (Endpoint::zero_copy_get, split_copies, direct, reads, writes), and
+// one that does not returns null, fixed once connected. Callers keep the pointers (proto::Link).
 
 // A synchronous copy out of the peer's memory at its virtual address (self: memcpy; shm: CMA).
 class ZeroCopyGet {
@@ -76,6 +77,31 @@ class ZeroCopyGet {
   // Copies `length` bytes at the peer's address `remote` into `local`. kUnsupported: refused,
   // and will be again (CMA not permitted); other errors concern this copy only.
   virtual Status get(void* local, std::uint64_t remote, std::size_t length) = 0;
+};
+
+// A message copied from both ends at once (shm: two CPUs, each its own system call): the
+// receiver gets the head [0, offset) while the sender puts the tail [offset, length) into the
+// receive buffer. The tail goes to whichever side claims it first, through a claim word in the
+// receiver's memory, so a sender that does not call in soon costs the receiver nothing: it gets
+// the tail too. A claim word is the receiver's from open_claim until close_claim; once the
+// receiver claimed it or learnt the sender's outcome, a late or forged sender's claim fails.
+class SplitCopies {
+ public:
+  struct Claim {
+    std::uint32_t slot = 0;
+    std::uint64_t ticket = 0;
+  };
+  virtual ~SplitCopies() = default;
+  // Receiver: a claim word for one message (false: all are in use; copy it alone).
+  virtual bool open_claim(Claim* claim) = 0;
+  // Receiver: claims the tail; false: the sender did first (its answer follows).
+  virtual bool claim_tail(const Claim& claim) = 0;
+  virtual void close_claim(const Claim& claim) = 0;
+  // Sender: claims the tail in the receiver's word; false: the receiver did, or no such claim.
+  virtual bool claim_peer_tail(const Claim& claim) = 0;
+  // Sender: copies `length` bytes at `local` to the peer's address `remote`. kUnsupported:
+  // refused, and will be again; other errors concern this copy only.
+  virtual Status put(std::uint64_t remote, const void* local, std::size_t length) = 0;
 };
 
 // Zero-copy transfer of one whole message by the transport's own matching: the receiver posts
@@ -138,6 +164,7 @@ class Endpoint {
                          std::span<const std::byte> payload, AmHint hint) = 0;
   // What this endpoint offers beyond active messages (null: not offered).
   [[nodiscard]] virtual ZeroCopyGet* zero_copy_get() { return nullptr; }
+  [[nodiscard]] virtual SplitCopies* split_copies() { return nullptr; }
   [[nodiscard]] virtual DirectTransfers* direct() { return nullptr; }
   [[nodiscard]] virtual OneSidedReads* reads() { return nullptr; }
   [[nodiscard]] virtual OneSidedWrites* writes() { return nullptr; }

@@ -92,8 +92,13 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "broadcasts through the node area read from the root's buffer the same way")                   \
   X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "-1", -1, 1LL << 40, "",                   \
     "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "    \
-    "buffers (-1: every rendezvous message where the CPU's rep movsb is fast, 128m where it is "   \
-    "slow, as the kernel's copy then is: docs/PERFORMANCE.md)")                                    \
+    "buffers (-1: every rendezvous message where the CPU's rep movsb is fast; where it is slow, "  \
+    "as the kernel's copy then is, from FERRY_SHM_CMA_SPLIT, or 128m without splits: "             \
+    "docs/PERFORMANCE.md)")                                                                        \
+  X(kShmCmaSplit, "FERRY_SHM_CMA_SPLIT", kSize, "128k", -1, 1LL << 40, "",                         \
+    "CMA rendezvous messages from this size up are copied from both ends: the receiver reads the " \
+    "first half while the sender writes the second, or the receiver copies both when the sender "  \
+    "does not call in first (-1: never)")                                                          \
   X(kCuda, "FERRY_CUDA", kEnum, "auto", 0, 0, "auto|off|require",                                  \
     "GPU buffers: auto (when a CUDA driver and device exist), off, or require (init fails "        \
     "without them)")                                                                               \
@@ -148,7 +153,11 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test fault: ofi's one-sided reads fail (with an error completion, never reaching the "        \
     "provider); the receiver must fall back to clear-to-send")                                     \
   X(kTestGetDelay, "FERRY_TEST_GET_DELAY", kSeconds, "0", 0, 60, "",                               \
-    "test: a receiver waits this long between matching a rendezvous and its zero-copy get")        \
+    "test: a receiver waits this long between matching a rendezvous and its zero-copy get "        \
+    "(after offering the sender the second half, where it splits the copy)")                       \
+  X(kTestSplitRefused, "FERRY_TEST_SPLIT_REFUSED", kBool, "0", 0, 0, "",                           \
+    "test fault: a sender's CMA write of a message's second half is refused; the receiver must "   \
+    "copy it and split no more")                                                                   \
   X(kTestCudaEvents, "FERRY_TEST_CUDA_EVENTS", kBool, "0", 0, 0, "",                               \
     "test only: GPU copies report completion by events, not by a flag the GPU writes")             \
   X(kTestCudaIpcFail, "FERRY_TEST_CUDA_IPC_FAIL", kBool, "0", 0, 0, "",                            \

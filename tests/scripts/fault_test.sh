@@ -71,6 +71,11 @@ expect() {
 expect "a sender killed mid-pipeline fails the receive" 137 2 "mid-pipeline kill, 0 failures" \
   FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_SHM_CMA=0 \
   -- --keep-going -n 3 "$program" pipeline
+# The receiver offers the second half and waits (FERRY_TEST_GET_DELAY) so that the sender claims
+# it; the sender dies before writing it.
+expect "a sender killed with half a message to write fails the receive" 137 2 \
+  "mid-pipeline kill, 0 failures" FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 \
+  FERRY_SHM_CMA_THRESHOLD=0 FERRY_TEST_GET_DELAY=0.3 -- --keep-going -n 3 "$program" pipeline
 expect "a sender killed mid-staging (the device fallback ring) fails the receive" \
   137 2 "mid-pipeline kill, 0 failures" \
   FERRY_TEST_CRASH_AT=mid-pipeline FERRY_TEST_CRASH_RANK=2 FERRY_TEST_HOST_STAGING=1 \

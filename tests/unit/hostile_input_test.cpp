@@ -55,6 +55,17 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   engine->on_am(proto::kAmRmaAcks, 0, acks);
   engine->on_am(proto::kAmRmaAcks, 0,
                 message(proto::RmaAcksHeader{1, 0}, sizeof(ack)));  // id 0x5a5a...: no request
+  // A split's offer for no send and for the posted receive, and "tail written" for a receive
+  // that offered none, for no receive, and short (this engine's only peer, itself, has no
+  // split copies).
+  engine->on_am(proto::kAmCtsSplit, 0,
+                message(proto::CtsSplitHeader{12345, posted_id, 0x1000, 8, 64, 1, 0, 0}));
+  engine->on_am(proto::kAmCtsSplit, 0,
+                message(proto::CtsSplitHeader{posted_id, posted_id, 0x1000, 8, 64, 1, 99, 0}));
+  engine->on_am(proto::kAmCtsSplit, 0, junk);
+  engine->on_am(proto::kAmTailWritten, 0, message(proto::TailWrittenHeader{posted_id, 0, 0}));
+  engine->on_am(proto::kAmTailWritten, 0, message(proto::TailWrittenHeader{~0ull, 0, 0}));
+  engine->on_am(proto::kAmTailWritten, 0, junk);
   for (std::byte b : buffer) ASSERT_EQ(b, std::byte{0}) << "a forged fragment was written";
   EXPECT_FALSE(posted.test());
 

@@ -291,12 +291,56 @@ TEST_P(TransportContract, ZeroCopyGetWorksWhereOffered) {
   EXPECT_EQ(in, out);
 }
 
+TEST_P(TransportContract, SplitCopiesGiveTheTailToOneSideOnly) {
+  // Rank 1 receives (its claim words), rank 0 sends (claims in rank 1's words, writes).
+  SplitCopies* receiver = endpoints_[1]->split_copies();
+  SplitCopies* sender = endpoints_[0]->split_copies();
+  if (receiver == nullptr) GTEST_SKIP() << GetParam() << " offers no split copies here";
+  ASSERT_NE(sender, nullptr);
+  // The sender claims first: the receiver's claim fails, and the sender's write lands.
+  SplitCopies::Claim first;
+  ASSERT_TRUE(receiver->open_claim(&first));
+  EXPECT_TRUE(sender->claim_peer_tail(first));
+  EXPECT_FALSE(sender->claim_peer_tail(first)) << "claimed twice";
+  EXPECT_FALSE(receiver->claim_tail(first));
+  std::vector<std::uint32_t> out(1 << 14), in(out.size(), 0);
+  std::iota(out.begin(), out.end(), 5u);
+  const Status put = sender->put(reinterpret_cast<std::uint64_t>(in.data()), out.data(),
+                                 out.size() * sizeof(out[0]));
+  ASSERT_TRUE(put) << put.to_string();
+  EXPECT_EQ(in, out);
+  receiver->close_claim(first);
+  // The receiver claims first: the sender's claim fails, now and after the word is reused.
+  SplitCopies::Claim second;
+  ASSERT_TRUE(receiver->open_claim(&second));
+  EXPECT_TRUE(receiver->claim_tail(second));
+  EXPECT_FALSE(sender->claim_peer_tail(second));
+  receiver->close_claim(second);
+  SplitCopies::Claim third;
+  ASSERT_TRUE(receiver->open_claim(&third));
+  EXPECT_NE(third.ticket, second.ticket);
+  EXPECT_FALSE(sender->claim_peer_tail(second)) << "a stale ticket claimed a reused word";
+  EXPECT_FALSE(sender->claim_peer_tail({third.slot + 1000, third.ticket})) << "no such word";
+  EXPECT_TRUE(sender->claim_peer_tail(third));
+  receiver->close_claim(third);
+  // Every word in use: the next message is copied by the receiver alone.
+  std::vector<SplitCopies::Claim> all;
+  SplitCopies::Claim claim;
+  while (all.size() < 1000 && receiver->open_claim(&claim)) all.push_back(claim);
+  EXPECT_EQ(all.size(), 64u);
+  for (const SplitCopies::Claim& c : all) receiver->close_claim(c);
+  EXPECT_TRUE(receiver->open_claim(&claim));
+  receiver->close_claim(claim);
+}
+
 TEST_P(TransportContract, EachTransportOffersWhatItSays) {
   const std::string kind = GetParam();
   // self copies within the process; shm by CMA where its probe passed; ofi moves data by tagged
   // transfers always, by reads where the provider grants FI_RMA, and writes only where the
   // provider checks keys (not libfabric's shm provider).
   EXPECT_EQ(endpoints_[0]->zero_copy_get() != nullptr, kind == "self" || kind == "shm")
+      << "(shm: unless CMA is refused on this machine)";
+  EXPECT_EQ(endpoints_[0]->split_copies() != nullptr, kind == "shm")
       << "(shm: unless CMA is refused on this machine)";
   EXPECT_EQ(endpoints_[0]->direct() != nullptr, kind.starts_with("ofi"));
   if (kind.starts_with("ofi")) {

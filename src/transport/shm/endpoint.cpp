@@ -107,6 +107,27 @@ Status ShmEndpoint::get(void* local, std::uint64_t remote, std::size_t length) {
   return util::cma_read(peer_pid_, local, remote, length);
 }
 
+bool ShmEndpoint::open_claim(Claim* claim) { return transport_->open_claim(claim); }
+bool ShmEndpoint::claim_tail(const Claim& claim) { return transport_->claim_tail(claim); }
+void ShmEndpoint::close_claim(const Claim& claim) { transport_->close_claim(claim); }
+
+bool ShmEndpoint::claim_peer_tail(const Claim& claim) {
+  if (claim.slot >= kSplitClaims) return false;
+  std::uint64_t open = claim.ticket << 2 | kClaimOpen;
+  return peer_segment_->header()->split_claims[claim.slot].compare_exchange_strong(
+      open, claim.ticket << 2 | kClaimSender, std::memory_order_acq_rel);
+}
+
+Status ShmEndpoint::put(std::uint64_t remote, const void* local, std::size_t length) {
+  if (transport_->split_refused()) {
+    return Status(Code::kUnsupported, "process_vm_writev refused (FERRY_TEST_SPLIT_REFUSED)");
+  }
+  if (!cma_ok_)
+    return Status(Code::kUnsupported,
+                  "shm to rank " + std::to_string(peer_rank_) + ": no CMA (" + cma_reason_ + ")");
+  return util::cma_write(peer_pid_, remote, local, length);
+}
+
 std::string ShmEndpoint::describe() const {
   return cma_ok_ ? "shm (CMA probe ok)" : "shm (no CMA: " + cma_reason_ + ")";
 }

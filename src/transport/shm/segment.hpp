@@ -14,12 +14,13 @@
 namespace ferry::transport::shm {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x46455252595f5348ULL;  // "FERRY_SH"
-inline constexpr std::uint32_t kSegmentVersion = 3;
+inline constexpr std::uint32_t kSegmentVersion = 4;
 inline constexpr std::uint32_t kMaxFifoSize = 65536;
 inline constexpr std::uint32_t kMaxBounceCount = 65536;
 inline constexpr std::uint32_t kMaxBounceSize = 1u << 24;
 inline constexpr std::size_t kBounceHeaderSize = 64;
 inline constexpr std::size_t kWithdrawnSlots = 256;
+inline constexpr std::uint32_t kSplitClaims = 64;
 
 struct SegmentHeader {
   std::uint64_t magic;
@@ -36,10 +37,17 @@ struct SegmentHeader {
   // withdrawn_next - 1; read by peers after a CMA get (transport.hpp mark_withdrawn).
   alignas(64) std::atomic<std::uint32_t> withdrawn_next;
   std::atomic<std::uint64_t> withdrawn[kWithdrawnSlots];
+  // Claim words of messages copied from both ends (transport.hpp SplitCopies), each
+  // ticket << 2 | state (kClaimOpen, kClaimSender, kClaimReceiver); the owner is the receiver.
+  alignas(64) std::atomic<std::uint64_t> split_claims[kSplitClaims];
   // 1 while the owner sleeps on its doorbell (transport.hpp arm()): the next sender to publish
   // into its FIFO swaps it to 0 and rings the doorbell.
   alignas(64) std::atomic<std::uint32_t> armed;
 };
+
+inline constexpr std::uint64_t kClaimOpen = 1;
+inline constexpr std::uint64_t kClaimSender = 2;
+inline constexpr std::uint64_t kClaimReceiver = 3;
 
 struct BounceHeader {
   std::atomic<std::uint32_t> busy;  // 1 from the sender's fill until the receiver's copy-out

@@ -11,6 +11,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -104,6 +106,7 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
       config.get_int(util::Var::kTestCrashRank) == rank &&
       config.get_int(util::Var::kTestCrashAt) == static_cast<int>(util::CrashPoint::kMidClaim);
 
+  split_refused_ = config.get_bool(util::Var::kTestSplitRefused);
   std::random_device random;
   own_.header()->cma_cookie = (std::uint64_t{random()} << 32) | random();
   address_.name = own_.name();
@@ -126,9 +129,14 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   capabilities_.max_am = layout.bounce_size;
   capabilities_.max_inline = kInlineCapacity;
   const std::int64_t cma_from = config.get_int(util::Var::kShmCmaThreshold);
-  capabilities_.get_from = cma_from >= 0         ? static_cast<std::size_t>(cma_from)
-                           : util::kRepMovsbSlow ? std::size_t{128} << 20
-                                                 : 0;
+  // Where the kernel's copy is slow (rep movsb), one CPU copying by CMA loses to two through the
+  // bounce buffers, but two copying by CMA (a split) win from 128 KiB (docs/PERFORMANCE.md).
+  const std::int64_t split_from = config.get_int(util::Var::kShmCmaSplit);
+  capabilities_.split_from = split_from >= 0 ? static_cast<std::size_t>(split_from) : SIZE_MAX;
+  capabilities_.get_from = cma_from >= 0 ? static_cast<std::size_t>(cma_from)
+                           : !util::kRepMovsbSlow
+                               ? 0
+                               : std::min(capabilities_.split_from, std::size_t{128} << 20);
   capabilities_.latency_us = 0.2;
   capabilities_.bandwidth_GBps = 10;
   // The doorbell peers ring while this process sleeps in a wait (FERRY_WAIT_MODE). Without one,
@@ -352,6 +360,30 @@ void ShmTransport::disarm() {
   char rings[64];
   while (::recv(doorbell_.get(), rings, sizeof rings, MSG_DONTWAIT) > 0) {
   }
+}
+
+bool ShmTransport::open_claim(SplitCopies::Claim* claim) {
+  if (claims_used_ == ~std::uint64_t{0}) return false;
+  static_assert(kSplitClaims == 64, "claims_used_ is a 64-bit mask");
+  const auto slot = static_cast<std::uint32_t>(std::countr_one(claims_used_));
+  claims_used_ |= std::uint64_t{1} << slot;
+  claim->slot = slot;
+  claim->ticket = next_ticket_++;
+  // Release: the word is open before the kAmCtsSplit that names it is sent.
+  own_.header()->split_claims[slot].store(claim->ticket << 2 | kClaimOpen,
+                                          std::memory_order_release);
+  return true;
+}
+
+bool ShmTransport::claim_tail(const SplitCopies::Claim& claim) {
+  std::uint64_t open = claim.ticket << 2 | kClaimOpen;
+  return own_.header()->split_claims[claim.slot].compare_exchange_strong(
+      open, claim.ticket << 2 | kClaimReceiver, std::memory_order_acq_rel);
+}
+
+void ShmTransport::close_claim(const SplitCopies::Claim& claim) {
+  // The word keeps its last state: a sender's claim of this ticket can only fail from now on.
+  claims_used_ &= ~(std::uint64_t{1} << claim.slot);
 }
 
 void ShmTransport::ring(int peer_rank) const {

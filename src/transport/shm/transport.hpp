@@ -49,6 +49,8 @@ class ShmTransport final : public Transport {
   [[nodiscard]] int local_index() const { return local_index_; }
   // FERRY_TEST_CRASH_AT=mid-claim names this rank: die between claim and publish.
   [[nodiscard]] bool crash_mid_claim() const { return crash_mid_claim_; }
+  // FERRY_TEST_SPLIT_REFUSED: writes into peers are refused.
+  [[nodiscard]] bool split_refused() const { return split_refused_; }
   // After publishing into `peer`'s FIFO: wakes it if it sleeps (one relaxed load otherwise).
   void wake(SegmentHeader* peer, int peer_rank) const {
     auto& armed = peer->armed;
@@ -58,6 +60,10 @@ class ShmTransport final : public Transport {
     }
   }
   void ring(int peer_rank) const;
+  // Claim words in our own segment for messages copied from both ends (SplitCopies).
+  bool open_claim(SplitCopies::Claim* claim);
+  bool claim_tail(const SplitCopies::Claim& claim);
+  void close_claim(const SplitCopies::Claim& claim);
 
  private:
   struct Peer {
@@ -90,8 +96,11 @@ class ShmTransport final : public Transport {
   // frees its slots, so they are taken back when it is found dead (else 64 messages to a dead
   // peer leave none for the living: every larger message waits for ever).
   std::vector<std::int32_t> bounce_to_;
-  int dead_producers_ = 0;  // peers check_peers found dead
+  int dead_producers_ = 0;         // peers check_peers found dead
+  std::uint64_t claims_used_ = 0;  // bit i: split_claims[i] is open
+  std::uint64_t next_ticket_ = 1;
   bool crash_mid_claim_ = false;
+  bool split_refused_ = false;
 };
 
 }  // namespace ferry::transport::shm
