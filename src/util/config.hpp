@@ -92,9 +92,8 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "broadcasts through the node area read from the root's buffer the same way")                   \
   X(kShmCmaThreshold, "FERRY_SHM_CMA_THRESHOLD", kSize, "-1", -1, 1LL << 40, "",                   \
     "rendezvous messages from this size up use CMA; smaller ones are pipelined through bounce "    \
-    "buffers (-1: every rendezvous message where the CPU's rep movsb is fast; where it is slow, "  \
-    "as the kernel's copy then is, from FERRY_SHM_CMA_SPLIT, or 128m without splits: "             \
-    "docs/PERFORMANCE.md)")                                                                        \
+    "buffers (-1: every rendezvous message where the CPU's rep movsb is fast, 128m where it is "   \
+    "slow, as the kernel's copy then is: docs/PERFORMANCE.md)")                                    \
   X(kShmCmaSplit, "FERRY_SHM_CMA_SPLIT", kSize, "128k", -1, 1LL << 40, "",                         \
     "CMA rendezvous messages from this size up are copied from both ends: the receiver reads the " \
     "first half while the sender writes the second, or the receiver copies both when the sender "  \

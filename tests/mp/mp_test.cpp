@@ -286,11 +286,16 @@ TEST(MultiProcess, AReceiveDoesNotWaitForASenderThatComputes) {
   // A receive that offers its sender half of the copy (shm, CMA) must not wait for a sender
   // busy elsewhere, making no call into ferry for 1.5 s: it copies the second half itself.
   if (env_is("FERRY_TEST_HOST_STAGING", "1")) GTEST_SKIP() << "host messages go staged";
-  int splits = 0;
-  if (me() == 1) splits = ctx().describe_peer(0).find("both ends") != std::string::npos ? 1 : 0;
-  ASSERT_TRUE(ctx().world().broadcast(&splits, 1, DataType::kInt32, 1).is_ok());
-  if (splits == 0) GTEST_SKIP() << "rank 1 does not split copies from rank 0";
   const std::size_t n = 1 << 20;
+  int splits = 0;  // whether rank 1 gets n bytes from rank 0 by CMA, copied from both ends
+  if (me() == 1) {
+    const std::string path = ctx().describe_peer(0);
+    const std::size_t get = path.find("zero-copy get from ");
+    splits = get != std::string::npos && path.find("both ends") != std::string::npos &&
+             std::stoull(path.substr(get + 19)) <= n;
+  }
+  ASSERT_TRUE(ctx().world().broadcast(&splits, 1, DataType::kInt32, 1).is_ok());
+  if (splits == 0) GTEST_SKIP() << "rank 1 does not split copies of 1 MiB from rank 0";
   if (me() == 0) {
     const std::vector<std::byte> out = make(n, 0, 5);
     Request sent = ctx().isend(out.data(), n, 1, 9300);
@@ -418,10 +423,10 @@ TEST(MultiProcess, EveryPeerIsReachedThroughTheExpectedTransport) {
       EXPECT_NE(path.find("zero-copy get from 0 B"), std::string::npos) << path;
     }
     // By default CMA takes every rendezvous message where `rep movsb` (the kernel's copy) is
-    // fast, and where it is slow those that two CPUs copy (from 128 KiB, from both ends).
+    // fast, and only huge ones where it is slow; from 128 KiB it copies them from both ends.
     if (r != me() && cma_from == nullptr && std::getenv("FERRY_SHM_CMA_SPLIT") == nullptr &&
         path.find("CMA probe ok") != std::string::npos) {
-      const char* want = util::kRepMovsbSlow ? "zero-copy get from 131072 B (copied from both "
+      const char* want = util::kRepMovsbSlow ? "zero-copy get from 134217728 B (copied from both "
                                                "ends from 131072 B),"
                                              : "zero-copy get from 0 B (copied from both ends "
                                                "from 131072 B),";

@@ -11,7 +11,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <csignal>
@@ -129,14 +128,14 @@ ShmTransport::ShmTransport(const util::Config& config, std::string job_id, int r
   capabilities_.max_am = layout.bounce_size;
   capabilities_.max_inline = kInlineCapacity;
   const std::int64_t cma_from = config.get_int(util::Var::kShmCmaThreshold);
-  // Where the kernel's copy is slow (rep movsb), one CPU copying by CMA loses to two through the
-  // bounce buffers, but two copying by CMA (a split) win from 128 KiB (docs/PERFORMANCE.md).
+  // Where the kernel's copy is slow (rep movsb), CMA loses to the bounce buffers' pipeline; two
+  // CPUs copying by CMA (a split) win only in some of the VM's vCPU placements there (4 MiB
+  // windows 13.7-23 GB/s against the pipeline's 16-18: docs/PERFORMANCE.md).
   const std::int64_t split_from = config.get_int(util::Var::kShmCmaSplit);
   capabilities_.split_from = split_from >= 0 ? static_cast<std::size_t>(split_from) : SIZE_MAX;
-  capabilities_.get_from = cma_from >= 0 ? static_cast<std::size_t>(cma_from)
-                           : !util::kRepMovsbSlow
-                               ? 0
-                               : std::min(capabilities_.split_from, std::size_t{128} << 20);
+  capabilities_.get_from = cma_from >= 0         ? static_cast<std::size_t>(cma_from)
+                           : util::kRepMovsbSlow ? std::size_t{128} << 20
+                                                 : 0;
   capabilities_.latency_us = 0.2;
   capabilities_.bandwidth_GBps = 10;
   // The doorbell peers ring while this process sleeps in a wait (FERRY_WAIT_MODE). Without one,
