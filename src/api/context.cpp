@@ -70,6 +70,12 @@ Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, 
 
 Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag tag) {
   auto entry = engine_->enter();
+  if ((tag & kReservedTagBit) == 0) {
+    if (std::optional<Status> sent =
+            engine_->messages().send_now(buffer, bytes, destination, tag)) {
+      return std::move(*sent);
+    }
+  }
   Request request = isend(buffer, bytes, destination, tag);
   Status status = request.wait();
   if (status.code() == Code::kTimeout && !request.test()) {

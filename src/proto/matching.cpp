@@ -64,14 +64,15 @@ std::optional<std::uint32_t> Matcher::match_posted(int source, Tag tag) {
   if (posted_.size() == 0) return std::nullopt;
   std::optional<std::uint64_t> found;
   if (!posted_indexed_) {
-    for (const auto& entry : posted_.entries()) {
+    // Not indexed: nothing to unindex, so what the scan finds is taken where it lies.
+    for (auto& entry : posted_.entries()) {
       const PostedRecv& r = entry.value;
       ++examined_;
       if (entry.live && tag_matches(r.source, r.tag, r.mask, source, tag)) {
-        found = entry.seq;
-        break;
+        return posted_.take_at(entry).request;
       }
     }
+    return std::nullopt;
   } else {
     // The older of the oldest exact receive for (source, tag) and the first wildcard that fits.
     if (auto bucket = posted_exact_.find(Key{source, tag}); bucket != posted_exact_.end()) {
@@ -152,6 +153,16 @@ Unexpected Matcher::take_unexpected_at(std::uint64_t seq) {
 }
 
 std::optional<Unexpected> Matcher::take_unexpected(int source, Tag tag, Tag mask) {
+  if (unexpected_.size() == 0) return std::nullopt;
+  if (!unexpected_indexed_) {
+    for (auto& entry : unexpected_.entries()) {
+      ++examined_;
+      if (entry.live && tag_matches(source, tag, mask, entry.value.source, entry.value.tag)) {
+        return unexpected_.take_at(entry);
+      }
+    }
+    return std::nullopt;
+  }
   const std::optional<std::uint64_t> seq = first_unexpected(source, tag, mask);
   if (!seq) return std::nullopt;
   return take_unexpected_at(*seq);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -48,9 +49,12 @@ struct Unexpected {
   std::vector<std::byte> data;  // eager: a copy of the message
 };
 
-// Entries in arrival order under increasing sequence numbers. A taken entry leaves a hole until
+// Entries in arrival order under increasing sequence numbers, in a vector whose dead front is
+// skipped by an offset (a deque cost ~250 instructions per posted-receive match: iterator
+// arithmetic and a second lookup to take what the scan found). A taken entry leaves a hole until
 // the front passes it, or until holes outnumber the entries (then the queue is compacted), so
-// scans stay proportional to the entries left.
+// scans stay proportional to the entries left. An emptied queue rewinds to the vector's start.
+// Pointers into it last until the next push.
 template <typename T>
 class Arrivals {
  public:
@@ -66,42 +70,55 @@ class Arrivals {
   }
   // The live entry `seq`, or null.
   T* find(std::uint64_t seq) {
-    auto it = locate(seq);
-    return it != entries_.end() && it->seq == seq && it->live ? &it->value : nullptr;
+    Entry* e = locate(seq);
+    return e != nullptr && e->live ? &e->value : nullptr;
   }
-  T take(std::uint64_t seq) {
-    auto it = locate(seq);
-    T value = std::move(it->value);
-    it->live = false;
+  T take(std::uint64_t seq) { return take_at(*locate(seq)); }
+  // Takes a live entry found by a scan of entries().
+  T take_at(Entry& entry) {
+    T value = std::move(entry.value);
+    entry.live = false;
     --live_;
     tidy();
     return value;
   }
   [[nodiscard]] std::size_t size() const { return live_; }
-  std::deque<Entry>& entries() { return entries_; }
+  // The entries from the first not yet passed, holes included (test `live`).
+  std::span<Entry> entries() { return std::span<Entry>(entries_).subspan(front_); }
   void clear() {
     entries_.clear();
+    front_ = 0;
     live_ = 0;
   }
 
  private:
-  typename std::deque<Entry>::iterator locate(std::uint64_t seq) {
-    if (!entries_.empty() && seq - entries_.front().seq < entries_.size() &&
-        entries_[seq - entries_.front().seq].seq == seq) {
-      return entries_.begin() + static_cast<std::ptrdiff_t>(seq - entries_.front().seq);
+  Entry* locate(std::uint64_t seq) {
+    if (front_ == entries_.size()) return nullptr;
+    const std::uint64_t offset = seq - entries_[front_].seq;
+    if (offset < entries_.size() - front_ && entries_[front_ + offset].seq == seq) {
+      return &entries_[front_ + offset];
     }
     // Compacted: still in order.
-    auto it = std::lower_bound(entries_.begin(), entries_.end(), seq,
-                               [](const Entry& e, std::uint64_t s) { return e.seq < s; });
-    return it;
+    auto it =
+        std::lower_bound(entries_.begin() + static_cast<std::ptrdiff_t>(front_), entries_.end(),
+                         seq, [](const Entry& e, std::uint64_t s) { return e.seq < s; });
+    return it != entries_.end() && it->seq == seq ? &*it : nullptr;
   }
   void tidy() {
-    while (!entries_.empty() && !entries_.front().live) entries_.pop_front();
-    if (entries_.size() > 2 * live_ + 64) {
+    if (live_ == 0) {
+      entries_.clear();  // keeps the capacity: no allocation once warm
+      front_ = 0;
+      return;
+    }
+    while (!entries_[front_].live) ++front_;
+    const std::size_t held = entries_.size() - front_;
+    if (front_ > held || held > 2 * live_ + 64) {
       std::erase_if(entries_, [](const Entry& e) { return !e.live; });
+      front_ = 0;
     }
   }
-  std::deque<Entry> entries_;
+  std::vector<Entry> entries_;
+  std::size_t front_ = 0;  // entries_[0, front_) are holes already passed
   std::uint64_t next_ = 0;
   std::size_t live_ = 0;
 };

@@ -178,6 +178,31 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   return request;
 }
 
+std::optional<Status> Messages::send_now(const void* buffer, std::size_t bytes, int destination,
+                                         Tag tag) {
+  if (destination < 0 || destination >= engine_.size() || (buffer == nullptr && bytes > 0) ||
+      !util::fits_address_space(buffer, bytes)) {
+    return std::nullopt;
+  }
+  Link& peer = engine_.links().link(destination);
+  if (peer.endpoint == nullptr || peer.failed || bytes > peer.eager_limit ||
+      !peer.pending.empty()) {
+    return std::nullopt;
+  }
+  if (engine_.cuda() != nullptr && bytes > 0) {
+    const mem::MemoryInfo memory = engine_.cuda()->classify(buffer);
+    if (memory.device_only() || memory.pinned) return std::nullopt;
+  }
+  engine_.crashes().here(util::CrashPoint::kFirstSend);
+  const EagerHeader header{tag};
+  Status status = peer.endpoint->am_send(
+      kAmEager, as_bytes(header),
+      std::span<const std::byte>(static_cast<const std::byte*>(buffer), bytes),
+      transport::AmHint::kNone);
+  if (status.code() == Code::kWouldBlock) return std::nullopt;
+  return status;
+}
+
 bool Messages::send_gpu_memory(std::uint32_t index, Link& peer, std::uint64_t* rts_address) {
   RequestSlot& slot = requests_[index];
   const std::size_t bytes = slot.size;

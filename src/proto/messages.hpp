@@ -46,6 +46,10 @@ class Messages {
   Messages& operator=(const Messages&) = delete;
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
+  // A blocking send's fast path: an eager message of host memory that the transport takes at
+  // once is sent with no request slot, and its status returned; nullopt where isend must do it
+  // (bad arguments, device memory, a queue to the peer, a full FIFO, a rendezvous).
+  std::optional<Status> send_now(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
   // A blocking send ran out of time and its caller is about to release the buffer: withdraw what
