@@ -153,16 +153,6 @@ Unexpected Matcher::take_unexpected_at(std::uint64_t seq) {
 }
 
 std::optional<Unexpected> Matcher::take_unexpected(int source, Tag tag, Tag mask) {
-  if (unexpected_.size() == 0) return std::nullopt;
-  if (!unexpected_indexed_) {
-    for (auto& entry : unexpected_.entries()) {
-      ++examined_;
-      if (entry.live && tag_matches(source, tag, mask, entry.value.source, entry.value.tag)) {
-        return unexpected_.take_at(entry);
-      }
-    }
-    return std::nullopt;
-  }
   const std::optional<std::uint64_t> seq = first_unexpected(source, tag, mask);
   if (!seq) return std::nullopt;
   return take_unexpected_at(*seq);

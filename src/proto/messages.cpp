@@ -149,10 +149,7 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   }
   if (bytes <= peer.eager_limit && peer.pending.empty()) {
     // The fast path: straight to the transport, no queue entry built (8 B latency -5%).
-    const EagerHeader header{tag};
-    Status status = peer.endpoint->am_send(kAmEager, as_bytes(header),
-                                           std::span<const std::byte>(slot.send_buffer, bytes),
-                                           transport::AmHint::kNone);
+    Status status = send_eager(peer, slot.send_buffer, bytes, tag);
     if (status.code() != Code::kWouldBlock) {
       engine_.complete(index, std::move(status));
       return request;
@@ -178,10 +175,20 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   return request;
 }
 
+Status Messages::send_eager(Link& peer, const void* buffer, std::size_t bytes, Tag tag) {
+  const EagerHeader header{tag};
+  return peer.endpoint->am_send(
+      kAmEager, as_bytes(header),
+      std::span<const std::byte>(static_cast<const std::byte*>(buffer), bytes),
+      transport::AmHint::kNone);
+}
+
 std::optional<Status> Messages::send_now(const void* buffer, std::size_t bytes, int destination,
                                          Tag tag) {
-  if (destination < 0 || destination >= engine_.size() || (buffer == nullptr && bytes > 0) ||
-      !util::fits_address_space(buffer, bytes)) {
+  // With CUDA in use the buffer would be classified here and again by isend for device memory
+  // (a driver call each): those sends keep isend's one.
+  if (engine_.cuda() != nullptr || destination < 0 || destination >= engine_.size() ||
+      (buffer == nullptr && bytes > 0) || !util::fits_address_space(buffer, bytes)) {
     return std::nullopt;
   }
   Link& peer = engine_.links().link(destination);
@@ -189,16 +196,8 @@ std::optional<Status> Messages::send_now(const void* buffer, std::size_t bytes, 
       !peer.pending.empty()) {
     return std::nullopt;
   }
-  if (engine_.cuda() != nullptr && bytes > 0) {
-    const mem::MemoryInfo memory = engine_.cuda()->classify(buffer);
-    if (memory.device_only() || memory.pinned) return std::nullopt;
-  }
   engine_.crashes().here(util::CrashPoint::kFirstSend);
-  const EagerHeader header{tag};
-  Status status = peer.endpoint->am_send(
-      kAmEager, as_bytes(header),
-      std::span<const std::byte>(static_cast<const std::byte*>(buffer), bytes),
-      transport::AmHint::kNone);
+  Status status = send_eager(peer, buffer, bytes, tag);
   if (status.code() == Code::kWouldBlock) return std::nullopt;
   return status;
 }

@@ -48,7 +48,7 @@ class Messages {
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   // A blocking send's fast path: an eager message of host memory that the transport takes at
   // once is sent with no request slot, and its status returned; nullopt where isend must do it
-  // (bad arguments, device memory, a queue to the peer, a full FIFO, a rendezvous).
+  // (bad arguments, CUDA in use, a queue to the peer, a full FIFO, a rendezvous).
   std::optional<Status> send_now(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
@@ -94,6 +94,8 @@ class Messages {
   [[nodiscard]] std::size_t never_matched() const { return never_matched_; }
 
  private:
+  // An eager message straight to the peer's transport (kWouldBlock: it is full).
+  Status send_eager(Link& peer, const void* buffer, std::size_t bytes, Tag tag);
   // isend's part for a buffer CUDA knows: device memory goes by the device path where the peer
   // shares memory (false: taken), else from a host copy when small, else announced as device
   // data (*rts_address); page-locked memory notes its GPU. False also when it failed (the
