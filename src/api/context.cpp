@@ -88,15 +88,29 @@ Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag
 Status Context::recv(void* buffer, std::size_t capacity, int source, Tag tag, MessageInfo* info,
                      Tag mask) {
   auto entry = engine_->enter();
-  Request request = irecv(buffer, capacity, source, tag, mask);
-  Status status = request.wait();
-  if (status.code() == Code::kTimeout && !request.cancel() && !request.test()) {
+  if ((tag & mask & kReservedTagBit) != 0) [[unlikely]] {
+    if (info != nullptr) *info = MessageInfo{};
+    return reserved("recv", tag);
+  }
+  // No Request handle: its wait, info and release would each enter the engine again, on the
+  // path from the message's arrival to the caller's next send.
+  proto::RequestPool& requests = engine_->requests();
+  const std::uint32_t index = engine_->messages().post_recv(
+      buffer, capacity, source, tag & ~kReservedTagBit, mask | kReservedTagBit);
+  struct Release {  // whatever way this call ends (a wait may throw)
+    proto::RequestPool& requests;
+    std::uint32_t index;
+    ~Release() { static_cast<void>(requests.release(index)); }
+  } release{requests, index};
+  Status status = engine_->waiting().wait(index);
+  if (status.code() == Code::kTimeout && !engine_->messages().cancel(index) &&
+      !requests.done(index)) {
     // Matched and receiving: the data is on its way (a dead sender fails it), so finish it.
     int idle = 0;
-    while (!request.test()) engine_->waiting().step(&idle);
-    status = request.status();
+    while (!requests.done(index)) engine_->waiting().step(&idle);
+    status = requests[index].status;
   }
-  if (info != nullptr) *info = request.info();
+  if (info != nullptr) *info = requests.done(index) ? requests[index].info : MessageInfo{};
   return status;
 }
 

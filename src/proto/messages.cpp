@@ -267,6 +267,11 @@ void Messages::announce_rendezvous(std::uint32_t index, Link& peer, std::uint64_
 }
 
 Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
+  return engine_.request(post_recv(buffer, capacity, source, tag, mask));
+}
+
+std::uint32_t Messages::post_recv(void* buffer, std::size_t capacity, int source, Tag tag,
+                                  Tag mask) {
   std::uint32_t index = requests_.allocate(RequestKind::kRecv);
   RequestSlot& slot = requests_[index];
   slot.peer = source;
@@ -274,22 +279,21 @@ Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag,
   slot.mask = mask;
   slot.recv_buffer = static_cast<std::byte*>(buffer);
   slot.size = capacity;
-  Request request = engine_.request(index);
   if (source != kAnySource && (source < 0 || source >= engine_.size())) {
     engine_.complete(index,
                      Status(Code::kInvalidArgument, "irecv: source rank " + std::to_string(source) +
                                                         " is neither kAnySource nor in [0, " +
                                                         std::to_string(engine_.size()) + ")"));
-    return request;
+    return index;
   }
   if (buffer == nullptr && capacity > 0) {
     engine_.complete(index, Status(Code::kInvalidArgument,
                                    "irecv: null buffer with capacity " + std::to_string(capacity)));
-    return request;
+    return index;
   }
   if (Status bad = util::check_extent("irecv", "buffer", buffer, capacity); !bad) {
     engine_.complete(index, std::move(bad));
-    return request;
+    return index;
   }
   if (engine_.cuda() != nullptr && capacity > 0) {
     const mem::MemoryInfo memory = engine_.cuda()->classify(buffer);
@@ -322,7 +326,7 @@ Request Messages::irecv(void* buffer, std::size_t capacity, int source, Tag tag,
     start_rendezvous(index, message->source, message->tag, message->size, message->sreq,
                      message->address, message->readable ? &remote : nullptr);
   }
-  return request;
+  return index;
 }
 
 std::optional<MessageInfo> Messages::iprobe(int source, Tag tag, Tag mask) {

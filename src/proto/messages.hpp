@@ -51,6 +51,9 @@ class Messages {
   // (bad arguments, CUDA in use, a queue to the peer, a full FIFO, a rendezvous).
   std::optional<Status> send_now(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Request irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
+  // irecv without the handle: the request slot's index (complete already where the message
+  // was there or the arguments are bad). A blocking receive waits on it and releases it itself.
+  std::uint32_t post_recv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask);
   std::optional<MessageInfo> iprobe(int source, Tag tag, Tag mask);
   // A blocking send ran out of time and its caller is about to release the buffer: withdraw what
   // is still queued, tell the receiver of an announced message, and complete it with kTimeout.
