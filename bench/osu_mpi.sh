@@ -51,7 +51,7 @@ for b in $benchmarks; do
   selected "$b" || continue
   if [[ $b == *barrier ]]; then  # no message size, no validation: it must end well
     if out=$(timeout 300 "$build/tools/mpiexec" -n "$ranks" "$osu/$b" 2>&1); then
-      printf '%-40s ran: %s us\n' "$(basename "$b")" "$(echo "$out" | awk '/^ *[0-9.]+ *$/ {print $1}')"
+      printf '%-40s ran: %s us\n' "$(basename "$b")" "$(echo "$out" | awk '/^ *[0-9.]+( +[0-9.]+)* *$/ {v = $1} END {print v}')"
     else
       printf '%-40s FAILED\n' "$(basename "$b")"; echo "$out" | tail -5
     fi
