@@ -9,8 +9,11 @@
 # ferry faster), and the spread of each side, (slowest - fastest) / median, with each side's
 # slowest round.
 #   bench/osu_coll.sh OSU_SOURCE_DIR [ROUNDS] [RANKS...]     (default 5 rounds; 2 3 4 8 ranks)
-# OSU_WORK keeps the two builds for the next run; OSU_COLL="bcast allreduce" runs only those;
+# OSU_WORK keeps the builds for the next run; OSU_COLL="bcast allreduce" runs only those;
 # Open MPI runs with --oversubscribe --bind-to none (as many ranks as vCPUs or more: neither binds).
+# MPICH=1 adds Debian's MPICH (4.0, ch4:ucx; libmpich-dev installed where missing) as a third
+# side, after Open MPI in each round, and the same tables against it (on rank counts up to the
+# CPUs only: see below).
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$top/build}
@@ -28,6 +31,11 @@ fi
 source "$top/bench/osu_build.sh"
 osu_build "$work/ferry" "$src" "$build/tools/mpicc" "$build/tools/mpicxx"
 osu_build "$work/openmpi" "$src" mpicc.openmpi mpicxx.openmpi
+sides="ferry openmpi"
+if [ "${MPICH:-0}" = 1 ]; then
+  osu_build "$work/mpich" "$src" mpicc.mpich mpicxx.mpich
+  sides+=" mpich"
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 results=$work/osu_coll.tsv
@@ -47,7 +55,10 @@ for round in $(seq "$rounds"); do
   for n in $ranks_list; do
     echo "round $round/$rounds, $n ranks" >&2
     for b in ${OSU_COLL:-barrier bcast reduce allreduce allgather reduce_scatter}; do
-      for side in ferry openmpi; do
+      for side in $sides; do
+        # MPICH's ranks poll without yielding: more ranks than CPUs crawl (on 2 vCPUs, 3 ranks
+        # took 4,179 us per 8 B allreduce; 8 ranks did not finish osu_allreduce in 300 s).
+        if [ "$side" = mpich ] && [ "$n" -gt "$(nproc)" ]; then continue; fi
         run "$side" "$n" "$b" | while read -r size us; do
           printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$n" "$b" "$size" "$side" "$us" >>"$results"
         done
@@ -64,51 +75,61 @@ for line in open(sys.argv[1]):
     runs[(int(n), b, int(size))].setdefault(side, {})[rnd] = float(us)
 def spread(xs):
     return (max(xs) - min(xs)) / statistics.median(xs)
-print("| ranks | benchmark | size | ferry median (us) | Open MPI median | ratio | ferry spread "
-      "| Open MPI spread | ferry slowest | Open MPI slowest |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-behind, wider, slower_worst, cells = [], [], [], 0
-for (n, b, size), sides in sorted(runs.items()):
-    f, o = sides.get("ferry", {}), sides.get("openmpi", {})
-    both = sorted(set(f) & set(o))
-    if not both:
-        continue
-    cells += 1
-    fv, ov = [f[r] for r in both], [o[r] for r in both]
-    ratio = statistics.median(o[r] / f[r] for r in both)
-    label = f"{n} {b} {size if b != 'barrier' else '-'}"
-    if statistics.median(fv) > statistics.median(ov):
-        behind.append(label)
-    if spread(fv) > spread(ov):
-        wider.append(label)
-    if max(fv) > max(ov):
-        slower_worst.append(label)
-    print(f"| {n} | {b} | {size if b != 'barrier' else '-'} | {statistics.median(fv):.2f} | "
-          f"{statistics.median(ov):.2f} | {ratio:.2f} | {spread(fv):.2f} | {spread(ov):.2f} | "
-          f"{max(fv):.2f} | {max(ov):.2f} |")
-print()
-print(f"{cells} cells. ferry's median slower than Open MPI's in {len(behind)}: {', '.join(behind) or '-'}")
-print(f"ferry's spread wider in {len(wider)}: {', '.join(wider) or '-'}")
-print(f"ferry's slowest round slower than Open MPI's slowest in {len(slower_worst)}: "
-      f"{', '.join(slower_worst) or '-'}")
-print()
-print("| ranks | benchmark | sizes at or ahead of Open MPI | lowest ratio (size) | median ratio "
-      "| spread no wider | slowest round no slower |")
-print("|---|---|---|---|---|---|---|")
-for n, b in sorted({(k[0], k[1]) for k in runs}):
-    rows = []
-    for (n2, b2, size), sides in sorted(runs.items()):
-        f, o = sides.get("ferry", {}), sides.get("openmpi", {})
+def report(ref, name):
+    print(f"## ferry against {name}")
+    print()
+    print(f"| ranks | benchmark | size | ferry median (us) | {name} median | ratio | ferry spread "
+          f"| {name} spread | ferry slowest | {name} slowest |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    behind, wider, slower_worst, cells = [], [], [], 0
+    for (n, b, size), sides in sorted(runs.items()):
+        f, o = sides.get("ferry", {}), sides.get(ref, {})
         both = sorted(set(f) & set(o))
-        if (n2, b2) != (n, b) or not both:
+        if not both:
             continue
+        cells += 1
         fv, ov = [f[r] for r in both], [o[r] for r in both]
-        rows.append((size, statistics.median(o[r] / f[r] for r in both),
-                     spread(fv) <= spread(ov), max(fv) <= max(ov)))
-    low = min(rows, key=lambda r: r[1])
-    where = "-" if b == "barrier" else (f"{low[0]} B" if low[0] < 1024 else f"{low[0] // 1024} KiB")
-    print(f"| {n} | {b} | {sum(r[1] >= 1 for r in rows)}/{len(rows)} | {low[1]:.2f} ({where}) | "
-          f"{statistics.median(r[1] for r in rows):.2f} | {sum(r[2] for r in rows)}/{len(rows)} | "
-          f"{sum(r[3] for r in rows)}/{len(rows)} |")
+        ratio = statistics.median(o[r] / f[r] for r in both)
+        label = f"{n} {b} {size if b != 'barrier' else '-'}"
+        if statistics.median(fv) > statistics.median(ov):
+            behind.append(label)
+        if spread(fv) > spread(ov):
+            wider.append(label)
+        if max(fv) > max(ov):
+            slower_worst.append(label)
+        print(f"| {n} | {b} | {size if b != 'barrier' else '-'} | {statistics.median(fv):.2f} | "
+              f"{statistics.median(ov):.2f} | {ratio:.2f} | {spread(fv):.2f} | {spread(ov):.2f} | "
+              f"{max(fv):.2f} | {max(ov):.2f} |")
+    print()
+    print(f"{cells} cells. ferry's median slower than {name}'s in {len(behind)}: "
+          f"{', '.join(behind) or '-'}")
+    print(f"ferry's spread wider in {len(wider)}: {', '.join(wider) or '-'}")
+    print(f"ferry's slowest round slower than {name}'s slowest in {len(slower_worst)}: "
+          f"{', '.join(slower_worst) or '-'}")
+    print()
+    print(f"| ranks | benchmark | sizes at or ahead of {name} | lowest ratio (size) | median ratio "
+          "| spread no wider | slowest round no slower |")
+    print("|---|---|---|---|---|---|---|")
+    for n, b in sorted({(k[0], k[1]) for k in runs}):
+        rows = []
+        for (n2, b2, size), sides in sorted(runs.items()):
+            f, o = sides.get("ferry", {}), sides.get(ref, {})
+            both = sorted(set(f) & set(o))
+            if (n2, b2) != (n, b) or not both:
+                continue
+            fv, ov = [f[r] for r in both], [o[r] for r in both]
+            rows.append((size, statistics.median(o[r] / f[r] for r in both),
+                         spread(fv) <= spread(ov), max(fv) <= max(ov)))
+        if not rows:
+            continue
+        low = min(rows, key=lambda r: r[1])
+        where = "-" if b == "barrier" else (f"{low[0]} B" if low[0] < 1024 else f"{low[0] // 1024} KiB")
+        print(f"| {n} | {b} | {sum(r[1] >= 1 for r in rows)}/{len(rows)} | {low[1]:.2f} ({where}) | "
+              f"{statistics.median(r[1] for r in rows):.2f} | {sum(r[2] for r in rows)}/{len(rows)} | "
+              f"{sum(r[3] for r in rows)}/{len(rows)} |")
+    print()
+report("openmpi", "Open MPI")
+if any("mpich" in sides for sides in runs.values()):
+    report("mpich", "MPICH")
 PY
 echo "raw rounds (round, ranks, benchmark, size, side, us): $results"
