@@ -156,7 +156,7 @@ Status NodeCollectives::barrier() {
 Status NodeCollectives::broadcast(void* buffer, std::size_t count, DataType type, int root) {
   const std::size_t bytes = count * size_of(type);
   Call call(*this, node_call::signature(Kind::kBroadcast, bytes, type, ReduceOp::kSum, root));
-  if (bytes >= kCmaBytes) return call.finish(pass_by_address(call, buffer, buffer, bytes, root));
+  if (bytes >= cma_bytes()) return call.finish(pass_by_address(call, buffer, buffer, bytes, root));
   Status s;
   if (g_.rank() == root) {
     s = call.room(bytes);
@@ -351,7 +351,7 @@ Status NodeCollectives::reduce(const void* send, void* recv, std::size_t count, 
   const std::size_t element = size_of(type);
   const std::size_t bytes = count * element;
   Call call(*this, node_call::signature(Kind::kReduce, bytes, type, op, root));
-  if (n == 2 && bytes >= kCmaBytes && bytes < kCmaReduceEnd) {
+  if (n == 2 && bytes >= cma_bytes() && bytes < kCmaReduceEnd) {
     // The root reads the other's input (any order of the two operands gives the same bits).
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     Status s = pass_by_address(call, send, scratch_.data(), bytes, 1 - root);
@@ -468,7 +468,7 @@ Status NodeCollectives::allgather(const void* send, void* recv, std::size_t coun
   const std::size_t bytes = count * size_of(type);
   auto* out = static_cast<std::byte*>(recv);
   Call call(*this, node_call::signature(Kind::kAllgather, bytes, type, ReduceOp::kSum, 0));
-  if (g_.size() == 2 && bytes >= kCmaBytes) {
+  if (g_.size() == 2 && bytes >= cma_bytes()) {
     return call.finish(allgather_by_address(call, send, out, bytes));
   }
   Status s = call.room(bytes);

@@ -14,6 +14,7 @@
 #include "coll/node_area.hpp"
 #include "coll/schedule.hpp"
 #include "ferry/ferry.hpp"
+#include "util/copy.hpp"
 
 namespace ferry::coll {
 
@@ -36,13 +37,19 @@ class NodeCollectives {
   [[nodiscard]] std::size_t bytes() const { return bytes_; }
 
   Status barrier();
-  // From kCmaBytes, where the root's process lets the others read its memory (CMA, FERRY_SHM_CMA),
-  // the root announces its buffer's address instead of copying it into the area; each member
-  // copies it straight into its own buffer (one copy, not two), and the root returns once they
-  // all have. A member that cannot read it says so, and the root copies it into the area for
-  // them (and that member asks no more).
+  // From cma_bytes(), where the root's process lets the others read its memory (CMA,
+  // FERRY_SHM_CMA), the root announces its buffer's address instead of copying it into the area;
+  // each member copies it straight into its own buffer (one copy, not two), and the root returns
+  // once they all have. A member that cannot read it says so, and the root copies it into the area
+  // for them (and that member asks no more).
   Status broadcast(void* buffer, std::size_t count, DataType type, int root);
   static constexpr std::size_t kCmaBytes = 16384;
+  // Where the kernel's copy is slow (it copies by rep movsb, util::kRepMovsbSlow), the area's two
+  // vector copies beat one CMA read up to 64 KiB (AMD EPYC VM, OSU, 2 ranks, 5 interleaved
+  // rounds: broadcast 16/32/64 KiB 1.0/1.9/3.8 us against 4.6/6.2/9.9, reduce and allgather
+  // alike; from 128 KiB the area's copies leave the cache and CMA is ahead).
+  static constexpr std::size_t kCmaBytesSlowCopy = 128 << 10;
+  static std::size_t cma_bytes() { return util::kRepMovsbSlow ? kCmaBytesSlowCopy : kCmaBytes; }
   // A broadcast larger than the area's slots, streamed through its ring (ready(p, 0) first).
   Status stream_broadcast(void* buffer, std::size_t count, DataType type, int root);
   // In the order of the ring's reduce-scatter where `ring_order`, else of recursive doubling.
@@ -55,7 +62,7 @@ class NodeCollectives {
   // root's reduction instead of preceding it. (Broadcast and allgather in pieces were no faster:
   // OSU, 2 and 4 ranks, 16-64 KiB, 3 interleaved rounds; allgather took 1.2-2x as long.)
   static constexpr std::size_t kPiecedBytes = 16384;
-  // A reduce between two members reads the other's input by CMA (as broadcast) from kCmaBytes up
+  // A reduce between two members reads the other's input by CMA (as broadcast) from cma_bytes() up
   // to kCmaReduceEnd, and goes in pieces from there: the root, which reduces the whole call,
   // then overlaps its reduction with the other's copies (OSU, 2 ranks, 3 interleaved rounds: 1 MiB
   // 92-96 us in pieces, 159-169 by CMA, Open MPI 119-141; 128 and 256 KiB alike either way).
