@@ -296,6 +296,9 @@ class Context {
   [[nodiscard]] std::vector<int> local_ranks() const;
 
   Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
+  // A synchronous send (MPI_Issend's): completes only once the receiver has matched it, whatever
+  // its size (an eager send may complete as soon as the message is on its way).
+  Request issend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   // Receives the first message from `source` (or kAnySource) whose tag matches `tag` on the bits
   // set in `mask`. Messages from one sender that match are received in the order they were sent.
   // Unless its message is already here, it fails (kPeerFailed, or kUnsupported where no
@@ -307,6 +310,7 @@ class Context {
   // what the receiver has not taken (it never reads the buffer after returning); a receive that
   // has not matched is canceled.
   Status send(const void* buffer, std::size_t bytes, int destination, Tag tag);
+  Status ssend(const void* buffer, std::size_t bytes, int destination, Tag tag);
   Status recv(void* buffer, std::size_t capacity, int source, Tag tag, MessageInfo* info = nullptr,
               Tag mask = kFullMask);
 
@@ -392,6 +396,8 @@ class Context {
 
  private:
   explicit Context(std::unique_ptr<proto::Engine> engine);
+  // A blocking send's wait for its request (withdrawn after FERRY_TIMEOUT).
+  Status wait_send(Request request);
   // Finalizes and lets the engine go; Requests still held keep its husk (their slots) until the
   // last of them goes.
   void close() noexcept;

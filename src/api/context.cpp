@@ -58,6 +58,14 @@ Request Context::isend(const void* buffer, std::size_t bytes, int destination, T
   return engine_->messages().isend(buffer, bytes, destination, tag);
 }
 
+Request Context::issend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  auto entry = engine_->enter();
+  if ((tag & kReservedTagBit) != 0) [[unlikely]] {
+    return engine_->operations().failed(reserved("issend", tag));
+  }
+  return engine_->messages().isend(buffer, bytes, destination, tag, /*synchronous=*/true);
+}
+
 Request Context::irecv(void* buffer, std::size_t capacity, int source, Tag tag, Tag mask) {
   auto entry = engine_->enter();
   if ((tag & mask & kReservedTagBit) != 0) [[unlikely]] {
@@ -76,7 +84,15 @@ Status Context::send(const void* buffer, std::size_t bytes, int destination, Tag
       return std::move(*sent);
     }
   }
-  Request request = isend(buffer, bytes, destination, tag);
+  return wait_send(isend(buffer, bytes, destination, tag));
+}
+
+Status Context::ssend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+  auto entry = engine_->enter();
+  return wait_send(issend(buffer, bytes, destination, tag));
+}
+
+Status Context::wait_send(Request request) {
   Status status = request.wait();
   if (status.code() == Code::kTimeout && !request.test()) {
     // The caller gets the buffer back: nothing may read it after this returns.

@@ -120,8 +120,10 @@ void start(PendingRequest& r) {
     data = r.packed.data();
   }
   if (r.kind == PendingRequest::kSend) {
-    r.request = rt.context->isend(data, bytes, comm.world_of[static_cast<std::size_t>(r.peer)],
-                                  Runtime::wire_tag(comm, r.tag));
+    const int to = comm.world_of[static_cast<std::size_t>(r.peer)];
+    const ferry::Tag tag = Runtime::wire_tag(comm, r.tag);
+    r.request = r.synchronous ? rt.context->issend(data, bytes, to, tag)
+                              : rt.context->isend(data, bytes, to, tag);
   } else {
     r.request = rt.context->irecv(data, bytes, world_source(comm, r.peer),
                                   Runtime::wire_tag(comm, r.tag), Runtime::wire_mask(r.tag));
@@ -175,9 +177,10 @@ int prepare(const char* what, bool is_send, void* buf, int count, MPI_Datatype t
   return MPI_SUCCESS;
 }
 
-// A send of `count` elements: blocking (request null) or not.
+// A send of `count` elements: blocking (request null) or not; `synchronous` completes once
+// matched (MPI_Ssend, MPI_Issend).
 int send(const char* what, const void* buf, int count, MPI_Datatype type, int dest, int tag,
-         MPI_Comm handle, MPI_Request* request) {
+         MPI_Comm handle, MPI_Request* request, bool synchronous = false) {
   Runtime& rt = Runtime::get();
   if (request == nullptr) {  // blocking, contiguous: ferry's blocking send, no request
     Comm* comm = nullptr;
@@ -185,16 +188,19 @@ int send(const char* what, const void* buf, int count, MPI_Datatype type, int de
     if (int e = check(what, true, count, type, dest, tag, handle, &comm, &t)) return e;
     if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
     if (t->contiguous()) {
+      const std::size_t bytes = static_cast<std::size_t>(count) * t->size;
+      const int to = comm->world_of[static_cast<std::size_t>(dest)];
+      const ferry::Tag wire = Runtime::wire_tag(*comm, tag);
       return rt.fail(handle, what,
-                     rt.context->send(buf, static_cast<std::size_t>(count) * t->size,
-                                      comm->world_of[static_cast<std::size_t>(dest)],
-                                      Runtime::wire_tag(*comm, tag)));
+                     synchronous ? rt.context->ssend(buf, bytes, to, wire)
+                                 : rt.context->send(buf, bytes, to, wire));
     }
   }
   PendingRequest r;
   if (int e = prepare(what, true, const_cast<void*>(buf), count, type, dest, tag, handle, &r)) {
     return e;
   }
+  r.synchronous = synchronous;
   start(r);
   if (request == nullptr) return complete_request(r, MPI_STATUS_IGNORE, false);
   *request = rt.add_request(std::move(r));
@@ -730,10 +736,10 @@ int MPI_Send(const void* buf, int count, MPI_Datatype type, int dest, int tag, M
   return send("MPI_Send", buf, count, type, dest, tag, comm, nullptr);
 }
 
-// Synchronous and ready modes are standard sends: a send past the eager limit completes once
-// matched, as MPI_Ssend's does, a smaller one may complete before (docs/design/mpi.md).
+// A synchronous send completes once the receive has matched it (by rendezvous, whatever its
+// size); the ready mode is a standard send (docs/design/mpi.md).
 int MPI_Ssend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
-  return send("MPI_Ssend", buf, count, type, dest, tag, comm, nullptr);
+  return send("MPI_Ssend", buf, count, type, dest, tag, comm, nullptr, true);
 }
 
 int MPI_Rsend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
@@ -747,7 +753,7 @@ int MPI_Isend(const void* buf, int count, MPI_Datatype type, int dest, int tag, 
 
 int MPI_Issend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
                MPI_Request* request) {
-  return send("MPI_Issend", buf, count, type, dest, tag, comm, request);
+  return send("MPI_Issend", buf, count, type, dest, tag, comm, request, true);
 }
 
 int MPI_Recv(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,

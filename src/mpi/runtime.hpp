@@ -75,7 +75,8 @@ struct PendingRequest {
   MPI_Status done{};          // kDone or started_done: the status to report
   bool started_done = false;  // a send or receive of MPI_PROC_NULL: done when started
   bool persistent = false;
-  bool active = false;  // persistent: started and not yet completed
+  bool synchronous = false;  // MPI_Issend: completes once matched (Context::issend)
+  bool active = false;       // persistent: started and not yet completed
   bool live = false;
 };
 

@@ -112,7 +112,8 @@ std::size_t Messages::finalize() {
   return dropped;
 }
 
-Request Messages::isend(const void* buffer, std::size_t bytes, int destination, Tag tag) {
+Request Messages::isend(const void* buffer, std::size_t bytes, int destination, Tag tag,
+                        bool synchronous) {
   std::uint32_t index = requests_.allocate(RequestKind::kSend);
   RequestSlot& slot = requests_[index];
   slot.peer = destination;
@@ -147,7 +148,8 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   if (engine_.cuda() != nullptr && bytes > 0 && !send_gpu_memory(index, peer, &rts_address)) {
     return request;  // taken by the device path, or failed
   }
-  if (bytes <= peer.eager_limit && peer.pending.empty()) {
+  const bool eager = bytes <= peer.eager_limit && !synchronous;
+  if (eager && peer.pending.empty()) {
     // The fast path: straight to the transport, no queue entry built (8 B latency -5%).
     Status status = send_eager(peer, slot.send_buffer, bytes, tag);
     if (status.code() != Code::kWouldBlock) {
@@ -158,7 +160,7 @@ Request Messages::isend(const void* buffer, std::size_t bytes, int destination, 
   Pending pending;
   pending.request = index;
   pending.payload = slot.send_buffer;
-  if (bytes <= peer.eager_limit) {
+  if (eager) {
     set_header(kAmEager, EagerHeader{tag}, &pending.am, &pending.header_size, &pending.header);
     pending.payload_size = bytes;
     pending.complete_on_send = true;

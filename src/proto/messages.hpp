@@ -45,7 +45,10 @@ class Messages {
   Messages(const Messages&) = delete;
   Messages& operator=(const Messages&) = delete;
 
-  Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag);
+  // `synchronous`: announced by rendezvous whatever the size, so the request completes only once
+  // the receiver has matched it (MPI_Ssend).
+  Request isend(const void* buffer, std::size_t bytes, int destination, Tag tag,
+                bool synchronous = false);
   // A blocking send's fast path: an eager message of host memory that the transport takes at
   // once is sent with no request slot, and its status returned; nullopt where isend must do it
   // (bad arguments, CUDA in use, a queue to the peer, a full FIFO, a rendezvous).

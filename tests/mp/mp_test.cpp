@@ -128,6 +128,51 @@ TEST(MultiProcess, ZeroByteMessagesCarryTheirTag) {
   EXPECT_EQ(r.info().tag, Tag{0xabcdef});
 }
 
+TEST(MultiProcess, ASynchronousSendCompletesOnlyOnceMatched) {
+  // Each rank sends to the next, synchronously (every size, eager ones included) and, for
+  // contrast, an eager 8 B standard send; the receives are posted only after every rank has
+  // watched its sends for a while: the standard send completes alone, the synchronous ones not.
+  const std::vector<std::size_t> sizes = {0, 8, 4096, std::size_t{1} << 20};
+  std::vector<std::vector<std::byte>> out, in;
+  std::vector<Request> sends;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    out.push_back(make(sizes[k], me(), k));
+    in.emplace_back(sizes[k]);
+    sends.push_back(ctx().issend(out[k].data(), sizes[k], next(), 0x55000 + k));
+  }
+  const std::vector<std::byte> eager = make(8, me(), 99);
+  Request standard = ctx().isend(eager.data(), eager.size(), next(), 0x55099);
+  ASSERT_TRUE(ctx().barrier().is_ok());  // every send is out; no receive is posted yet
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  bool standard_done = false;
+  while (std::chrono::steady_clock::now() < until) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      ASSERT_FALSE(sends[k].test()) << sizes[k] << " B: complete before its receive was posted";
+    }
+    standard_done = standard_done || standard.test();
+  }
+  EXPECT_TRUE(standard_done) << "an eager standard send waited for its receive";
+  ASSERT_TRUE(ctx().barrier().is_ok());
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    ASSERT_TRUE(ctx().recv(in[k].data(), in[k].size(), prev(), 0x55000 + k).is_ok());
+    ASSERT_TRUE(sends[k].wait().is_ok()) << sizes[k] << " B";
+    EXPECT_EQ(first_mismatch(in[k], sizes[k], prev(), k), SIZE_MAX) << sizes[k] << " B";
+  }
+  std::vector<std::byte> got(8);
+  ASSERT_TRUE(ctx().recv(got.data(), got.size(), prev(), 0x55099).is_ok());
+  EXPECT_EQ(first_mismatch(got, 8, prev(), 99), SIZE_MAX);
+  // The blocking form, to the next rank, which receives before it sends (rank 0 after).
+  std::vector<std::byte> one = make(64, me(), 7), back(64);
+  if (me() == 0) {
+    ASSERT_TRUE(ctx().ssend(one.data(), one.size(), next(), 0x55100).is_ok());
+    ASSERT_TRUE(ctx().recv(back.data(), back.size(), prev(), 0x55100).is_ok());
+  } else {
+    ASSERT_TRUE(ctx().recv(back.data(), back.size(), prev(), 0x55100).is_ok());
+    ASSERT_TRUE(ctx().ssend(one.data(), one.size(), next(), 0x55100).is_ok());
+  }
+  EXPECT_EQ(first_mismatch(back, 64, prev(), 7), SIZE_MAX);
+}
+
 TEST(MultiProcess, ThousandsOfOutstandingRequests) {
   constexpr int kCount = 5000;
   std::vector<std::uint32_t> in(kCount, 0), out(kCount);

@@ -46,6 +46,40 @@ static void point_to_point(void) {
     free(in);
   }
 
+  /* MPI_Issend of a small message: not complete until the receiver has matched it (MPI_Isend's
+   * of the same size completes alone: eager); MPI_Ssend to a receiver that posts later. */
+  {
+    int out = rank, in = -1, eager = rank + 50, got = -1, done = 0, eager_done = 0;
+    MPI_Request s, e;
+    MPI_Issend(&out, 1, MPI_INT, right, 11, MPI_COMM_WORLD, &s);
+    MPI_Isend(&eager, 1, MPI_INT, right, 12, MPI_COMM_WORLD, &e);
+    MPI_Barrier(MPI_COMM_WORLD); /* every send is out; no receive is posted yet */
+    const double until = MPI_Wtime() + 0.05;
+    int early = 0;
+    while (MPI_Wtime() < until) {
+      if (!done) MPI_Test(&s, &done, MPI_STATUS_IGNORE);
+      if (done) early = 1;
+      if (!eager_done) MPI_Test(&e, &eager_done, MPI_STATUS_IGNORE);
+    }
+    check(!early, "MPI_Issend: not complete before its receive is posted");
+    check(eager_done, "MPI_Isend of 4 bytes: complete without its receive (eager)");
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Recv(&in, 1, MPI_INT, left, 11, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&got, 1, MPI_INT, left, 12, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (!done) MPI_Wait(&s, MPI_STATUS_IGNORE);
+    if (!eager_done) MPI_Wait(&e, MPI_STATUS_IGNORE);
+    check(in == left && got == left + 50, "MPI_Issend/MPI_Isend: data");
+    int one = rank * 3, back = -1;
+    if (rank == 0) {
+      MPI_Ssend(&one, 1, MPI_INT, right, 13, MPI_COMM_WORLD);
+      MPI_Recv(&back, 1, MPI_INT, left, 13, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Recv(&back, 1, MPI_INT, left, 13, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Ssend(&one, 1, MPI_INT, right, 13, MPI_COMM_WORLD);
+    }
+    check(back == left * 3, "MPI_Ssend around the ring");
+  }
+
   /* Wildcards: rank 0 takes one message from each other rank, by any source and any tag. */
   if (rank == 0) {
     int seen = 0;
