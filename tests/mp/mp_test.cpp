@@ -165,7 +165,9 @@ TEST(MultiProcess, ASynchronousSendCompletesOnlyOnceMatched) {
   std::vector<std::byte> got(8);
   ASSERT_TRUE(ctx().recv(got.data(), got.size(), prev(), 0x55099).is_ok());
   EXPECT_EQ(first_mismatch(got, 8, prev(), 99), SIZE_MAX);
-  // The blocking form, to the next rank, which receives before it sends (rank 0 after).
+  // The blocking form, to the next rank, which receives before it sends (rank 0 after); alone,
+  // a synchronous send to itself would wait for a receive it has not posted.
+  if (nranks() == 1) return;
   std::vector<std::byte> one = make(64, me(), 7), back(64);
   if (me() == 0) {
     ASSERT_TRUE(ctx().ssend(one.data(), one.size(), next(), 0x55100).is_ok());
