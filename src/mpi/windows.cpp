@@ -14,8 +14,13 @@ using namespace ferry::mpi;  // NOLINT(google-build-using-namespace): the C func
 
 namespace {
 
-constexpr std::uint64_t kExclusive = std::uint64_t{1} << 62;  // the lock word's writer bit
-constexpr std::uint64_t kLockWord = 0;                        // offsets in the control region
+// A lock word: bits 0-31 count the shared holders (and shared lockers that are backing off), bit
+// 62 says an exclusive holder has it, and bits 32-61 name that holder (its member number + 1), so
+// that a waiter can tell whether the holder died.
+constexpr std::uint64_t kExclusive = std::uint64_t{1} << 62;
+constexpr int kHolderShift = 32;
+constexpr std::uint64_t kHolderMask = (std::uint64_t{1} << 30) - 1;
+constexpr std::uint64_t kLockWord = 0;  // offsets in the control region
 constexpr std::uint64_t kAccumulateWord = 8;
 constexpr std::size_t kKeySlot = 240;  // bytes per member in the key exchange
 
@@ -115,15 +120,22 @@ ferry::Status atomic(const Window& w, int target, std::uint64_t offset, ferry::A
   return r.wait();
 }
 
-// Takes `target`'s word at `offset` as a lock: exclusive (0 -> kExclusive) or shared (a count
-// beside the writer bit).
+// What an exclusive lock by member `me` writes in the word (and takes away again).
+std::uint64_t exclusive_by(int me) {
+  return kExclusive | static_cast<std::uint64_t>(me + 1) << kHolderShift;
+}
+
+// Takes `target`'s word at `offset` as a lock: exclusive (0 -> exclusive_by(me)) or shared (a
+// count beside the writer bit). Gives up where the exclusive holder died, or, waiting for shared
+// holders (which the word does not name), where any member died.
 ferry::Status acquire(const Window& w, int target, std::uint64_t offset, bool exclusive) {
   Runtime& rt = Runtime::get();
+  const ferry::Communicator& comm = rt.comm(w.comm)->coll;
   for (int attempt = 0;; ++attempt) {
     std::uint64_t old = 0;
     if (exclusive) {
-      if (ferry::Status s =
-              atomic(w, target, offset, ferry::AtomicOp::kCompareSwap, kExclusive, &old, 0);
+      if (ferry::Status s = atomic(w, target, offset, ferry::AtomicOp::kCompareSwap,
+                                   exclusive_by(comm.rank()), &old, 0);
           !s.is_ok() || old == 0) {
         return s;
       }
@@ -139,21 +151,34 @@ ferry::Status acquire(const Window& w, int target, std::uint64_t offset, bool ex
       }
     }
     if (attempt > 16) rt.context->progress();
-    // A member that died may hold the word, and would never let it go: give up, as the
-    // communicator's other calls do after a death.
+    // A member that died holding the word would never let it go.
     if (attempt % 64 == 63) {
-      if (const std::vector<int> failed = rt.comm(w.comm)->coll.failed_ranks(); !failed.empty()) {
+      const std::vector<int> failed = comm.failed_ranks();
+      if (failed.empty()) continue;
+      if ((old & kExclusive) != 0) {
+        const int holder = static_cast<int>(old >> kHolderShift & kHolderMask) - 1;
+        if (std::find(failed.begin(), failed.end(), holder) != failed.end()) {
+          return ferry::Status(ferry::Code::kPeerFailed,
+                               "member " + std::to_string(holder) +
+                                   " of the window died holding the exclusive lock on member " +
+                                   std::to_string(target));
+        }
+      } else {
         return ferry::Status(ferry::Code::kPeerFailed,
                              "member " + std::to_string(failed.front()) +
-                                 " of the window died; a lock word it may hold is never let go");
+                                 " of the window died, and the lock on member " +
+                                 std::to_string(target) +
+                                 " has shared holders that may include it (never let go)");
       }
     }
   }
 }
 
+// An exclusive holder takes its own bits away (not a swap to 0: a shared locker backing off may
+// have its count in the word for a moment, and takes it away after).
 ferry::Status release(const Window& w, int target, std::uint64_t offset, bool exclusive) {
-  return exclusive ? atomic(w, target, offset, ferry::AtomicOp::kSwap, 0, nullptr)
-                   : atomic(w, target, offset, ferry::AtomicOp::kAdd, ~std::uint64_t{0}, nullptr);
+  const std::uint64_t mine = exclusive ? exclusive_by(Runtime::get().comm(w.comm)->rank()) : 1;
+  return atomic(w, target, offset, ferry::AtomicOp::kAdd, ~mine + 1, nullptr);
 }
 
 // out = out (op) in, for `count` elements of T.

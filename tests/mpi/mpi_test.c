@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int rank, size, checks, failures;
 
@@ -455,6 +456,46 @@ static int count_delete(MPI_Comm comm, int keyval, void* value, void* extra) {
 
 /* Attributes: the predefined MPI_TAG_UB, a key's value copied by MPI_Comm_dup (MPI_COMM_DUP_FN)
  * and deleted (its delete function) by MPI_Comm_free and MPI_Comm_delete_attr. */
+/* Exclusive and shared locks on one member at once: even ranks take it exclusive and bump a
+ * counter there by a get and a put (not atomic: only the lock keeps every bump), odd ranks take it
+ * shared and read. Every bump must count and no locker may wait for ever. (An exclusive unlock
+ * once swapped the lock word to 0 while a shared locker backing off still had its 1 in it; the
+ * word then ended at all ones and every later lock waited for ever.) */
+static void lock_contention(void) {
+  long* counter = NULL;
+  MPI_Win win;
+  MPI_Win_allocate(sizeof(long), sizeof(long), MPI_INFO_NULL, MPI_COMM_WORLD, &counter, &win);
+  *counter = 0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  int bumps = 0;
+  for (int i = 0; i < 3000; ++i) {
+    long v = -1;
+    if (rank % 2 == 0) {
+      MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+      MPI_Get(&v, 1, MPI_LONG, 0, 0, 1, MPI_LONG, win);
+      MPI_Win_flush(0, win);
+      v += 1;
+      MPI_Put(&v, 1, MPI_LONG, 0, 0, 1, MPI_LONG, win);
+      MPI_Win_unlock(0, win);
+      ++bumps;
+    } else {
+      MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, win);
+      MPI_Get(&v, 1, MPI_LONG, 0, 0, 1, MPI_LONG, win);
+      MPI_Win_unlock(0, win);
+    }
+  }
+  int total = 0;
+  MPI_Allreduce(&bumps, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) {
+    long v = -1;
+    MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+    MPI_Get(&v, 1, MPI_LONG, 0, 0, 1, MPI_LONG, win);
+    MPI_Win_unlock(0, win);
+    check(v == total, "exclusive locks beside shared ones: every bump counted");
+  }
+  MPI_Win_free(&win);
+}
+
 static void attributes(void) {
   int* ub = NULL;
   int flag = 0;
@@ -538,18 +579,41 @@ int main(int argc, char** argv) {
   check(flag == 1 && provided == MPI_THREAD_FUNNELED, "MPI_Init_thread");
   if (argc > 1 && strcmp(argv[1], "lock-holder-dies") == 0) {
     /* Rank 1 takes rank 0's window lock and is killed holding it: rank 0's own lock attempt
-     * fails with MPIX_ERR_PROC_FAILED instead of waiting for ever. */
+     * fails with MPIX_ERR_PROC_FAILED instead of waiting for ever. With 3 ranks, rank 2 dies
+     * first, holding nothing, and rank 0's lock waits for rank 1's unlock (1.5 s later) and
+     * takes it: a death elsewhere in the window does not fail it. */
     int* mem = NULL;
     MPI_Win win;
     MPI_Win_allocate(sizeof(int), sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &mem, &win);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     int token = 0;
+    if (rank == 2) {
+      MPI_Send(&token, 1, MPI_INT, 0, 2, MPI_COMM_WORLD);
+      raise(SIGKILL);
+    }
     if (rank == 1) {
+      if (size >= 3) {
+        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+        MPI_Send(&token, 1, MPI_INT, 0, 1, MPI_COMM_WORLD);
+        usleep(1500000);
+        MPI_Win_unlock(0, win);
+        MPI_Recv(&token, 1, MPI_INT, 0, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      }
       MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
       MPI_Send(&token, 1, MPI_INT, 0, 1, MPI_COMM_WORLD);
       raise(SIGKILL);
     }
     if (rank == 0) {
+      if (size >= 3) {
+        MPI_Recv(&token, 1, MPI_INT, 2, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(&token, 1, MPI_INT, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        const int e = MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+        check(e == MPI_SUCCESS, "a lock held by a live rank, another rank dead: taken");
+        if (e == MPI_SUCCESS) MPI_Win_unlock(0, win);
+        printf("rank 0: lock held by a live rank while another died: %s\n",
+               e == MPI_SUCCESS ? "taken once let go" : "failed");
+        MPI_Send(&token, 1, MPI_INT, 1, 3, MPI_COMM_WORLD);
+      }
       MPI_Recv(&token, 1, MPI_INT, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       const int e = MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
       check(error_class(e) == MPIX_ERR_PROC_FAILED, "a lock held by a dead rank: PROC_FAILED");
@@ -569,6 +633,7 @@ int main(int argc, char** argv) {
   collectives(MPI_COMM_WORLD);
   persistent_and_v();
   one_sided();
+  lock_contention();
   attributes();
   communicators();
   not_built();
