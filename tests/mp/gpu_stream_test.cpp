@@ -984,6 +984,7 @@ int never_arrives(Context& ctx, bool p2p) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach the log even where the job is killed
   std::string why;
   ferry::g_cuda = ferry::cuda::driver(&why);
   if (ferry::g_cuda == nullptr) {
