@@ -447,15 +447,6 @@ static void one_sided(void) {
   MPI_Win_free(&wp);
 }
 
-static int deleted;
-static int count_delete(MPI_Comm comm, int keyval, void* value, void* extra) {
-  (void)comm, (void)keyval, (void)extra;
-  deleted += *(int*)value;
-  return MPI_SUCCESS;
-}
-
-/* Attributes: the predefined MPI_TAG_UB, a key's value copied by MPI_Comm_dup (MPI_COMM_DUP_FN)
- * and deleted (its delete function) by MPI_Comm_free and MPI_Comm_delete_attr. */
 /* Exclusive and shared locks on one member at once: even ranks take it exclusive and bump a
  * counter there by a get and a put (not atomic: only the lock keeps every bump), odd ranks take it
  * shared and read. Every bump must count and no locker may wait for ever. (An exclusive unlock
@@ -496,6 +487,15 @@ static void lock_contention(void) {
   MPI_Win_free(&win);
 }
 
+static int deleted;
+static int count_delete(MPI_Comm comm, int keyval, void* value, void* extra) {
+  (void)comm, (void)keyval, (void)extra;
+  deleted += *(int*)value;
+  return MPI_SUCCESS;
+}
+
+/* Attributes: the predefined MPI_TAG_UB, a key's value copied by MPI_Comm_dup (MPI_COMM_DUP_FN)
+ * and deleted (its delete function) by MPI_Comm_free and MPI_Comm_delete_attr. */
 static void attributes(void) {
   int* ub = NULL;
   int flag = 0;
