@@ -144,6 +144,13 @@ for step in $steps; do
           | awk 'NR <= 40'
         echo "exit ${PIPESTATUS[0]}"
       done
+      # Send/recv through the kernels' bulk ring with ferry's thread kept idle: their launches
+      # must release the streams themselves (a receive into host memory must wait).
+      echo "--- thread-idle FERRY_TEST_STREAM_THREAD_IDLE=1 FERRY_COLL_DEVICE_SHARED_GPU=1"
+      FERRY_TEST_STREAM_THREAD_IDLE=1 FERRY_COLL_DEVICE_SHARED_GPU=1 "$bin/ferryrun" --timeout 120 \
+        -n 2 "$bin/ferry_gpu_stream_tests" thread-idle 2>&1 | tee "$out/gpu_thread_idle.log" \
+        | grep -E "^rank|error|warn" | awk 'NR <= 20'
+      echo "exit ${PIPESTATUS[0]}"
       for mode in stream-death graph-death p2p-graph-death broadcast-graph-death never-arrives \
           p2p-never-arrives; do
         for kernel in 16m 0; do

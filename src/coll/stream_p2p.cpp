@@ -352,7 +352,7 @@ Status StreamP2p::prepare_staging(const std::vector<int>& ranks, int device) {
 
 Status StreamP2p::enqueue(CudaStream stream,
                           std::span<const std::shared_ptr<proto::DeviceWork>> work,
-                          std::vector<proto::Start>* thread) {
+                          std::vector<proto::Start>* thread, const proto::TakeRelease& take) {
   proto::Engine* engine = twin_.engine();
   cuda::Cuda* gpu = engine->cuda();
   // The set-up's CUDA calls are legal while this thread's stream captures a graph.
@@ -392,7 +392,12 @@ Status StreamP2p::enqueue(CudaStream stream,
   std::map<int, int> bounces;
   std::uint64_t timeout_ns = 0;
   if (twin_.timeout() > 0) timeout_ns = static_cast<std::uint64_t>(twin_.timeout() * 1e9);
-  auto flush = [&]() -> Status {
+  // Whether the group's one launch may release the stream itself (proto::Release): only verdicts
+  // can give ferry's thread work, and there is one.
+  bool releasable = static_cast<bool>(take);
+  bool verdict_work = false;
+  int launched = 0;
+  auto flush = [&](bool last) -> Status {
     if (wave.empty()) return Status();
     for (std::size_t i = 0; i < wave.size(); ++i) {
       wave[i].total =
@@ -401,8 +406,16 @@ Status StreamP2p::enqueue(CudaStream stream,
     for (const Copy& c : copies) {
       if (Status s = gpu->copy_on_stream(stream, info.device, c.to, c.from, c.bytes); !s) return s;
     }
-    Status s =
-        gpu->p2p_on_stream(stream, info.device, wave, ring_, words_view_, timeout_ns, scratch_);
+    cuda::Cuda::P2pRelease release;
+    const bool releasing = last && launched == 0 && releasable && verdict_work;
+    if (releasing) {
+      proto::Release words;
+      if (Status s = take(&words); !s) return s;
+      release = cuda::Cuda::P2pRelease{words.ready, words.done, words.value, words.reset};
+    }
+    ++launched;
+    Status s = gpu->p2p_on_stream(stream, info.device, wave, ring_, words_view_, timeout_ns,
+                                  scratch_, releasing ? &release : nullptr);
     wave.clear();
     wave_keys.clear();
     wave_bulk.clear();
@@ -518,6 +531,7 @@ Status StreamP2p::enqueue(CudaStream stream,
     Pair* pair = pair_of[i];
     if (!pair->kernel) {
       (*thread)[i] = by_thread(engine, w.sending, w.buffer, w.bytes, rank, message_tag(twin_));
+      releasable = false;
       continue;
     }
     if (pair->device != info.device) {
@@ -531,7 +545,7 @@ Status StreamP2p::enqueue(CudaStream stream,
     const std::pair<int, bool> key(w.peer, w.sending);
     if (wave.size() == cuda::Cuda::kP2pMaxOps ||
         (bounced && wave_bounces[w.peer] == cuda::Cuda::kP2pSlots)) {
-      if (Status s = flush(); !s) return s;
+      if (Status s = flush(false); !s) return s;
     }
     cuda::Cuda::P2pOp op;
     op.index = static_cast<int>(std::count(wave_keys.begin(), wave_keys.end(), key));
@@ -564,9 +578,11 @@ Status StreamP2p::enqueue(CudaStream stream,
         op.verdict = static_cast<std::byte*>(pair->host_view) + offset;
         (*thread)[i] = after_verdict(engine, pair->host + offset / sizeof(unsigned), true, true,
                                      nullptr, w.buffer, w.bytes, rank, message_tag(twin_));
+        verdict_work = true;
       } else {
         op.kind = OpKind::kSendHeader;
         (*thread)[i] = by_thread(engine, true, w.buffer, w.bytes, rank, message_tag(twin_));
+        releasable = false;
       }
     } else {
       op.kind = OpKind::kReceive;
@@ -591,12 +607,15 @@ Status StreamP2p::enqueue(CudaStream stream,
         unsigned* verdict = pair->host + offset / sizeof(unsigned);
         (*thread)[i] = after_verdict(engine, verdict, false, direct, host_bounce, w.buffer, w.bytes,
                                      rank, message_tag(twin_));
+        // Into host memory the thread always has work (a copy from the bounce, or the data).
+        verdict_work = true;
+        releasable = releasable && direct;
       }
     }
     wave.push_back(op);
     wave_keys.push_back(key);
   }
-  return flush();
+  return flush(true);
 }
 
 Status StreamP2p::watch() {

@@ -20,8 +20,10 @@
 // (the host path). A receive that can take any size, or whose buffer the kernel cannot write,
 // reads the header in a kernel and leaves ferry's thread a verdict: the data came (inline into a
 // host buffer: copied from a bounce there), or comes by the thread; a send through the ring
-// likewise. A send from memory the kernel cannot read is copied into device memory on the stream
-// first where it fits inline.
+// likewise. Where a group is one launch and only verdicts may give the thread work, the launch
+// starts the thread only where one does, and else releases the stream itself (proto::Release):
+// device buffers through the ring need no host in the loop. A send from memory the kernel cannot
+// read is copied into device memory on the stream first where it fits inline.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +55,7 @@ class StreamP2p final : public proto::Fuser {
   static std::shared_ptr<proto::DeviceWork> work(std::shared_ptr<Group> twin, bool sending,
                                                  void* buffer, std::size_t bytes, int peer);
   Status enqueue(CudaStream stream, std::span<const std::shared_ptr<proto::DeviceWork>> work,
-                 std::vector<proto::Start>* thread) override;
+                 std::vector<proto::Start>* thread, const proto::TakeRelease& take) override;
   // Asked by ferry's stream thread about every millisecond (engine lock held), as
   // DeviceOneShot::watch: stops the kernels where a member failed or the communicator was revoked,
   // and says why they are not valid (that, a size mismatch, a timeout), else ok.

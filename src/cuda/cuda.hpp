@@ -276,10 +276,18 @@ class Cuda {
   // One launch of up to kP2pMaxOps ops on `stream` (of `device`'s context): every op runs at
   // once. `words`: the communicator's stop words (as OneShot::words); `scratch`:
   // kP2pScratchBytes of device memory, zeroed before the first launch.
+  // `release`, where given, is the launch's own hand-off (proto::Release): its last block writes
+  // `value` to `ready` where an op's verdict leaves ferry's thread work, else to `done`.
   static constexpr std::size_t kP2pScratchBytes = 512;
+  struct P2pRelease {
+    void* ready = nullptr;  // device views of host words
+    void* done = nullptr;
+    std::uint32_t value = 0;
+    bool reset = false;  // clear done's low word first (a graph's)
+  };
   virtual Status p2p_on_stream(void* stream, int device, std::span<const P2pOp> ops,
                                const P2pRing& ring, void* words, std::uint64_t timeout_ns,
-                               void* scratch) = 0;
+                               void* scratch, const P2pRelease* release) = 0;
   // The resident one-shot kernel (kernels.cu, ferry_allreduce_resident): one block that stays on
   // the GPU between one communicator's calls of one block (data up to its block_bytes), so such a
   // call costs no launch. resident_open makes its mailbox and stream (nothing runs yet; `shape`
@@ -314,6 +322,9 @@ class Cuda {
   // every wait on it, for good.
   virtual Status enqueue_handoff(void* stream, void* start, void* done, std::uint32_t value,
                                  bool reset) = 0;
+  // The hand-off's wait alone, where a kernel before it writes `start` or `done` itself
+  // (proto::Release): until the 64 bits at `done` are at least `value`.
+  virtual Status enqueue_wait(void* stream, void* done, std::uint32_t value) = 0;
   // A copy on `stream` (of `device`'s context) after the work already there: any memory CUDA
   // can copy (pageable host memory makes the call wait for the stream, and a capture refuses it).
   virtual Status copy_on_stream(void* stream, int device, void* dst, const void* src,

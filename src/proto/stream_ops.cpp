@@ -40,6 +40,7 @@ struct StreamOps::Slot {
   std::uint32_t* words = nullptr;  // the same, for the proxy (pages_ may grow meanwhile)
   std::uint32_t value = 0;         // what its stream writes to start it (1 for a graph's)
   bool persistent = false;         // captured in a graph: runs at every replay
+  bool by_kernel = false;          // a Fuser's kernel writes "ready" or "done" (Release)
   std::atomic<bool> graph_gone{false};
   std::vector<Pending> work;
   std::vector<Request> running;
@@ -48,7 +49,8 @@ struct StreamOps::Slot {
   Clock::time_point deadline;
 };
 
-StreamOps::StreamOps(proto::Engine& engine) : engine_(engine) {}
+StreamOps::StreamOps(proto::Engine& engine)
+    : engine_(engine), thread_idle_(engine.config().get_bool(util::Var::kTestStreamThreadIdle)) {}
 
 StreamOps::~StreamOps() { stop(); }
 
@@ -87,7 +89,7 @@ Status StreamOps::enqueue_pending(Pending pending) {
   return submit(stream, std::move(one));
 }
 
-Status StreamOps::fuse(CudaStream stream, std::vector<Pending>* work) {
+Status StreamOps::fuse(CudaStream stream, std::vector<Pending>* work, const TakeRelease& take) {
   std::vector<Fuser*> fusers;
   for (const Pending& p : *work) {
     if (p.fuser != nullptr && std::find(fusers.begin(), fusers.end(), p.fuser) == fusers.end()) {
@@ -100,7 +102,7 @@ Status StreamOps::fuse(CudaStream stream, std::vector<Pending>* work) {
       if (p.fuser == fuser) mine.push_back(p.device);
     }
     std::vector<Start> thread;
-    if (Status s = fuser->enqueue(stream, mine, &thread); !s) return s;
+    if (Status s = fuser->enqueue(stream, mine, &thread, take); !s) return s;
     std::size_t next = 0;
     for (Pending& p : *work) {
       if (p.fuser != fuser) continue;
@@ -206,31 +208,7 @@ void StreamOps::graph_released(void* arg) {
   delete slot;
 }
 
-Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
-  const std::string what = work.front().what;  // work moves into the slot
-  if (!engine_.waiting().threaded()) {
-    return Status(Code::kUnsupported,
-                  what +
-                      " on a CUDA stream: stream operations are run by a thread of ferry's, "
-                      "which FERRY_THREADS=single rules out (use multi)");
-  }
-  cuda::Cuda* gpu = engine_.cuda();
-  if (gpu == nullptr) {
-    return Status(Code::kUnsupported,
-                  what + " on a CUDA stream: this process has no CUDA (ferry-info says why)");
-  }
-  // Kernels first (a group's sends and receives between GPUs), then ferry's thread for the rest.
-  if (Status s = fuse(stream, &work); !s) return Status(s.code(), what + ": " + s.message());
-  if (work.empty()) return Status::ok();
-  // ferry's own CUDA calls here (host memory for the words) are legal while this thread
-  // captures.
-  cuda::RelaxedCapture relaxed(gpu);
-  cuda::Cuda::StreamInfo info;
-  if (Status s = gpu->stream_info(stream, &info); !s) {
-    return Status(s.code(), what + " on a CUDA stream: " + s.message());
-  }
-  auto slot = std::make_shared<Slot>();
-  slot->persistent = info.graph != nullptr;
+Status StreamOps::hold_words(int device, Slot& slot, std::byte** view) {
   // At most kDepth hand-offs wait at once. A thread that enqueues on a full stream blocks in
   // CUDA holding the driver's lock, which the proxy's own CUDA calls then wait for (two H100s:
   // 10,000 allreduces enqueued back to back stopped at the first); this thread waits here
@@ -245,10 +223,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
     if (!flushing_.load()) break;
     outstanding_.fetch_sub(1);
   }
-  slot->work = std::move(work);
-  // No lock is held while calling CUDA on the application's stream: a full stream blocks the
-  // call until the work before it, this Context's hand-offs included, has drained.
-  std::byte* view = nullptr;
+  cuda::Cuda* gpu = engine_.cuda();
   Status taken;
   {
     // The engine's lock keeps the CUDA module's state whole (the proxy uses it too). From the
@@ -257,27 +232,105 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
     // later, in the proxy, may wait for the streams to drain).
     auto entry = engine_.enter();
     if (!deferring_.exchange(true)) gpu->defer_unmaps(true);
-    static_cast<void>(gpu->kernels_missing(info.device));
-    taken = take_words(info.device, *slot, &view);
+    static_cast<void>(gpu->kernels_missing(device));
+    taken = take_words(device, slot, view);
   }
-  if (Status s = taken; !s) {
-    outstanding_.fetch_sub(1);
+  if (!taken) outstanding_.fetch_sub(1);
+  return taken;
+}
+
+void StreamOps::drop_words(Slot& slot) {
+  // release_words counts a graph's slot as the proxy's: this one never got there.
+  if (slot.persistent) outstanding_.fetch_sub(1);
+  release_words(slot);
+}
+
+Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
+  const std::string what = work.front().what;  // work moves into the slot
+  if (!engine_.waiting().threaded()) {
+    return Status(Code::kUnsupported,
+                  what +
+                      " on a CUDA stream: stream operations are run by a thread of ferry's, "
+                      "which FERRY_THREADS=single rules out (use multi)");
+  }
+  cuda::Cuda* gpu = engine_.cuda();
+  if (gpu == nullptr) {
+    return Status(Code::kUnsupported,
+                  what + " on a CUDA stream: this process has no CUDA (ferry-info says why)");
+  }
+  // ferry's own CUDA calls here (host memory for the words) are legal while this thread
+  // captures.
+  cuda::RelaxedCapture relaxed(gpu);
+  cuda::Cuda::StreamInfo info;
+  std::shared_ptr<Slot> slot;
+  std::byte* view = nullptr;
+  // A group all of one Fuser's may leave its hand-off to the Fuser's last kernel, which releases
+  // the stream itself where ferry's thread has nothing to do (Release).
+  TakeRelease take;
+  if (std::all_of(work.begin(), work.end(), [&](const Pending& p) {
+        return p.fuser != nullptr && p.fuser == work.front().fuser;
+      })) {
+    take = [&](Release* release) -> Status {
+      if (slot != nullptr) return Status(Code::kInvalidArgument, "a second release taken");
+      if (Status s = gpu->stream_info(stream, &info); !s) return s;
+      auto fresh = std::make_shared<Slot>();
+      fresh->persistent = info.graph != nullptr;
+      fresh->by_kernel = true;
+      if (Status s = hold_words(info.device, *fresh, &view); !s) return s;
+      slot = std::move(fresh);
+      release->ready = view;
+      release->done = view + 8;
+      release->value = slot->value;
+      release->reset = slot->persistent;
+      return Status::ok();
+    };
+  }
+  // Kernels first (a group's sends and receives between GPUs), then ferry's thread for the rest.
+  if (Status s = fuse(stream, &work, take); !s) {
+    // A Fuser takes the words just before its last launch, which is what failed if anything
+    // after it did: no kernel writes them.
+    if (slot != nullptr) drop_words(*slot);
     return Status(s.code(), what + ": " + s.message());
   }
+  if (work.empty()) {
+    if (slot != nullptr) drop_words(*slot);
+    return Status::ok();
+  }
+  if (slot == nullptr) {
+    if (Status s = gpu->stream_info(stream, &info); !s) {
+      return Status(s.code(), what + " on a CUDA stream: " + s.message());
+    }
+    slot = std::make_shared<Slot>();
+    slot->persistent = info.graph != nullptr;
+    if (Status s = hold_words(info.device, *slot, &view); !s) {
+      return Status(s.code(), what + ": " + s.message());
+    }
+  }
+  slot->work = std::move(work);
+  // No lock is held while calling CUDA on the application's stream: a full stream blocks the
+  // call until the work before it, this Context's hand-offs included, has drained.
   if (slot->persistent) {
     auto* held = new std::shared_ptr<Slot>(slot);
     if (Status s = gpu->retain_with_graph(info.graph, &StreamOps::graph_released, held); !s) {
-      release_words(*slot);
-      outstanding_.fetch_sub(1);
+      if (slot->by_kernel) {
+        // The captured kernel writes the words at every replay: they stay taken.
+        outstanding_.fetch_sub(1);
+        FERRY_LOG(kWarn, "%s: its graph's hand-off words stay taken", s.message().c_str());
+      } else {
+        drop_words(*slot);
+      }
       return Status(s.code(), what + " captured in a graph: " + s.message());
     }
   }
-  Status handed = gpu->enqueue_handoff(stream, view, view + 8, slot->value, slot->persistent);
-  if (!handed && !slot->persistent) {
+  Status handed = slot->by_kernel
+                      ? gpu->enqueue_wait(stream, view + 8, slot->value)
+                      : gpu->enqueue_handoff(stream, view, view + 8, slot->value, slot->persistent);
+  if (!handed && !slot->persistent && !slot->by_kernel) {
     release_words(*slot);
     return Status(handed.code(), what + ": " + handed.message());
   }
-  // A graph's slot stays with the proxy until the graph goes, even where its hand-off failed.
+  // A graph's slot stays with the proxy until the graph goes, even where its hand-off failed;
+  // so does one whose kernel writes its words.
   std::lock_guard lock(mutex_);
   if (slot->persistent) outstanding_.fetch_sub(1);
   submitted_.push_back(std::move(slot));
@@ -287,7 +340,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
 
 bool StreamOps::start_if_reached(Slot& slot) {
   std::uint32_t* w = slot.words;
-  if (__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) != slot.value) return false;
+  if (thread_idle_ || __atomic_load_n(&w[0], __ATOMIC_ACQUIRE) != slot.value) return false;
   // A replay writes 1 again only after this one's "done", so clearing it here loses nothing.
   if (slot.persistent) __atomic_store_n(&w[0], 0u, __ATOMIC_RELAXED);
   slot.reached = true;
@@ -355,7 +408,10 @@ void StreamOps::loop() {
       Slot& s = **it;
       if (!s.in_flight) {
         if (!start_if_reached(s)) {
-          if (s.persistent && s.graph_gone.load(std::memory_order_acquire)) {
+          // A kernel that found nothing for ferry's thread released its stream itself (Release).
+          const bool released = s.by_kernel && !s.persistent &&
+                                __atomic_load_n(&s.words[2], __ATOMIC_ACQUIRE) == s.value;
+          if (released || (s.persistent && s.graph_gone.load(std::memory_order_acquire))) {
             release_words(s);
             it = slots_.erase(it);
             continue;
@@ -486,7 +542,8 @@ void StreamOps::stop() {
     s->running.clear();
     if (s->persistent && !s->graph_gone.load(std::memory_order_acquire)) ++graphs;
     if (!s->persistent && !s->reached &&
-        __atomic_load_n(&s->words[0], __ATOMIC_ACQUIRE) != s->value) {
+        __atomic_load_n(&s->words[0], __ATOMIC_ACQUIRE) != s->value &&
+        (!s->by_kernel || __atomic_load_n(&s->words[2], __ATOMIC_ACQUIRE) != s->value)) {
       ++unreached;
     }
   }

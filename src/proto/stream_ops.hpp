@@ -7,8 +7,10 @@
 // write of a host word that says "the buffers are ready", then a wait until another host word
 // says "done". ferry's proxy thread watches the words, starts the operations (the Context's own
 // non-blocking calls, so every path and fallback of the host-synchronous ones applies), advances
-// them and writes "done" when they end, failed or not: the stream is always released. A failure
-// becomes the Context's asynchronous error (Context::async_error, and the next stream call). A
+// them and writes "done" when they end, failed or not: the stream is always released. (A group of
+// kernels whose thread work depends on what they find writes "ready" or "done" itself: Release.)
+// A failure becomes the Context's asynchronous error (Context::async_error, and the next stream
+// call). A
 // captured hand-off keeps its words as long as its graph lives (a CUDA user object tells when it
 // goes), and each replay starts its operations again with the arguments of the capture.
 //
@@ -47,14 +49,27 @@ class DeviceWork {
  public:
   virtual ~DeviceWork() = default;
 };
+// A hand-off whose ready or done word the Fuser's last kernel writes itself: "ready" where ferry's
+// thread must still run (what the kernel found says so), else "done", so that the stream goes on
+// with no host round trip. The words are device views of host memory.
+struct Release {
+  void* ready = nullptr;
+  void* done = nullptr;
+  std::uint32_t value = 0;
+  bool reset = false;  // a graph's: the kernel clears done's low word before anything else
+};
+// Takes the hand-off's words for a Release (StreamOps offers one where a group is all one Fuser's).
+using TakeRelease = std::function<Status(Release*)>;
 class Fuser {
  public:
   virtual ~Fuser() = default;
   // Enqueues on `stream` the kernels of `work` (this Fuser's operations of one group, in their
   // order), with no lock held, and sets (*thread)[i] to what ferry's thread must still start for
-  // work[i] after them (empty: nothing).
+  // work[i] after them (empty: nothing). Where `take` is given and the thread may have nothing to
+  // do, the Fuser may call it once, before its last kernel, and let that kernel release the
+  // stream (Release): then ferry's thread runs the starts only when the kernel says so.
   virtual Status enqueue(CudaStream stream, std::span<const std::shared_ptr<DeviceWork>> work,
-                         std::vector<Start>* thread) = 0;
+                         std::vector<Start>* thread, const TakeRelease& take) = 0;
 };
 
 class StreamOps {
@@ -110,11 +125,16 @@ class StreamOps {
   // Takes a pair of words for `slot` (its index, value and words; *view is the GPUs' address of
   // them); a page of them is made on `device` where none is free.
   Status take_words(int device, Slot& slot, std::byte** view);
+  // Waits until fewer than kDepth hand-offs wait, then takes words for `slot` (persistent
+  // already set), counted in outstanding_; gives them back where it fails.
+  Status hold_words(int device, Slot& slot, std::byte** view);
+  // Gives back the words of a slot that hold_words took and no stream uses.
+  void drop_words(Slot& slot);
   // enqueue's part: kept for the group, or submitted.
   Status enqueue_pending(Pending pending);
   Status submit(CudaStream stream, std::vector<Pending> work);
   // Enqueues the Fusers' kernels of `work` and leaves in it what ferry's thread starts.
-  Status fuse(CudaStream stream, std::vector<Pending>* work);
+  Status fuse(CudaStream stream, std::vector<Pending>* work, const TakeRelease& take);
   void fail(const Status& status);
   void loop();
   // Starts a slot's operations where its stream has reached them; true when it did.
@@ -150,6 +170,7 @@ class StreamOps {
   std::atomic<bool> stopping_{false};
   std::thread proxy_;
   bool stopped_ = false;
+  bool thread_idle_;              // FERRY_TEST_STREAM_THREAD_IDLE
   std::map<int, Watch> watches_;  // guarded by the engine's lock
   int next_watch_ = 0;
   std::atomic<bool> watching_{false};

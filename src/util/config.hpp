@@ -163,6 +163,9 @@ enum class VarType { kBool, kInt, kSize, kSeconds, kEnum, kList, kString };
     "test fault: opening a peer's CUDA IPC handle fails, as a refusing driver would")              \
   X(kTestCollAreaFail, "FERRY_TEST_COLL_AREA_FAIL", kBool, "0", 0, 0, "",                          \
     "test fault: member 0 cannot create a communicator's shared area, as with a full /dev/shm")    \
+  X(kTestStreamThreadIdle, "FERRY_TEST_STREAM_THREAD_IDLE", kBool, "0", 0, 0, "",                  \
+    "test fault: ferry's stream thread starts no hand-off, so a stream that needs it waits until " \
+    "the Context's end")                                                                           \
   X(kRank, "FERRY_RANK", kInt, "-1", -1, 1 << 24, "", "this process's rank (set by ferryrun)")     \
   X(kSize, "FERRY_SIZE", kInt, "0", 0, 1 << 24, "", "ranks in the job (set by ferryrun)")          \
   X(kLocalRank, "FERRY_LOCAL_RANK", kInt, "-1", -1, 1 << 24, "",                                   \

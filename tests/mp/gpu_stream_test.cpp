@@ -8,7 +8,8 @@
 // group, or, `broadcast-graph-death`, of a 4 MiB broadcast) wait for it, and they must be released
 // with the error in Context::async_error within seconds. `never-arrives` and `p2p-never-arrives`
 // (FERRY_TIMEOUT set): rank 0's allreduce (or receive) has no partner, and its stream is released
-// with kTimeout.
+// with kTimeout. `thread-idle`: send/recv through the kernels' bulk ring needs no thread of
+// ferry's (thread_idle below).
 // Without a GPU it exits 77 (CTest: skipped) and says why.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -979,6 +980,94 @@ int never_arrives(Context& ctx, bool p2p) {
              : 1;
 }
 
+// `thread-idle` (FERRY_TEST_STREAM_THREAD_IDLE=1: ferry's stream thread starts no hand-off; the
+// members' send/recv must take the kernels: GPUs of their own, or FERRY_COLL_DEVICE_SHARED_GPU=1).
+// Send/recv groups of device buffers past the inline limit go through the bulk ring, and their
+// launch releases the stream itself (proto::Release): back-to-back groups and graph replays of 1
+// and 4 MiB end, their data right, without the thread. Then, to show that the thread is idle
+// indeed, a 1 MiB receive into page-locked host memory (the thread copies it) keeps its stream
+// waiting; the Context's end releases it.
+int thread_idle(Context& ctx) {
+  Communicator world = ctx.world();
+  const int n = world.size();
+  const int next = (world.rank() + 1) % n;
+  const int previous = (world.rank() + n - 1) % n;
+  using Clock = std::chrono::steady_clock;
+  auto ended_within = [](std::chrono::seconds limit) {
+    const auto until = Clock::now() + limit;
+    for (;;) {
+      const CUresult r = g_cuda->cuStreamQuery(g_stream);
+      if (r == CUDA_SUCCESS) return true;
+      if (r != CUDA_ERROR_NOT_READY) check(r, "cuStreamQuery");
+      if (Clock::now() > until) return false;
+      ::usleep(1000);
+    }
+  };
+  int failures = 0;
+  for (std::size_t bytes : {std::size_t{1} << 20, std::size_t{4} << 20}) {
+    Device a(bytes), b(bytes);
+    check(g_cuda->cuMemsetD8(a.p, value_of(0, world.rank()), bytes), "fill");
+    check(g_cuda->cuStreamSynchronize(nullptr), "fill");
+    auto group = [&] {
+      ctx.group_start();
+      Status s = world.send(a.get(), bytes, next, g_stream);
+      if (s.is_ok()) s = world.recv(b.get(), bytes, previous, g_stream);
+      const Status ended = ctx.group_end();
+      check(g_cuda->cuMemcpyAsync(a.p, b.p, bytes, g_stream), "copy back");
+      return s.is_ok() ? ended : s;
+    };
+    constexpr int kBackToBack = 10;
+    constexpr int kReplays = 50;
+    Status enqueued;
+    for (int i = 0; i < kBackToBack && enqueued.is_ok(); ++i) enqueued = group();
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    check(g_cuda->cuStreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "begin capture");
+    if (enqueued.is_ok()) enqueued = group();
+    check(g_cuda->cuStreamEndCapture(g_stream, &graph), "end capture");
+    check(g_cuda->cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+    for (int i = 0; i < kReplays; ++i) check(g_cuda->cuGraphLaunch(exec, g_stream), "launch");
+    const bool ended = ended_within(std::chrono::seconds(60));
+    int wrong = -1;
+    if (ended) {
+      check(g_cuda->cuGraphExecDestroy(exec), "destroy exec");
+      check(g_cuda->cuGraphDestroy(graph), "destroy graph");
+      std::vector<std::uint8_t> host(bytes);
+      check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()), a.p, bytes), "read");
+      const int origin = ((world.rank() - kBackToBack - kReplays) % n + n) % n;
+      wrong = 0;
+      for (std::uint8_t x : host) wrong += x != value_of(0, origin);
+    }
+    const bool ok = enqueued.is_ok() && ended && wrong == 0 && ctx.async_error().is_ok();
+    std::printf(
+        "rank %d: %zu B send/recv groups, %d back to back and %d graph replays with ferry's "
+        "thread idle: enqueued %s, stream %s, %d bytes wrong, async error %s: %s\n",
+        world.rank(), bytes, kBackToBack, kReplays, enqueued.to_string().c_str(),
+        ended ? "ended" : "still waits after 60 s", wrong, ctx.async_error().to_string().c_str(),
+        ok ? "ok" : "FAILED");
+    failures += ok ? 0 : 1;
+    if (!ended) return 1;  // the buffers stay: the stream still uses them
+  }
+  if (!world.barrier().is_ok()) return 1;
+  // The control: a receive into host memory needs the thread, so its stream waits.
+  constexpr std::size_t kBytes = 1 << 20;
+  // The stream may use them until the process ends: they stay.
+  auto* send_buffer = new Device(kBytes);
+  auto* receive_buffer = new Pinned(kBytes);
+  ctx.group_start();
+  Status s = world.send(send_buffer->get(), kBytes, next, g_stream);
+  if (s.is_ok()) s = world.recv(receive_buffer->data, kBytes, previous, g_stream);
+  const Status grouped = ctx.group_end();
+  const bool waits = !ended_within(std::chrono::seconds(2));
+  std::printf(
+      "rank %d: a 1 MiB receive into host memory with ferry's thread idle: enqueued %s, "
+      "stream %s: %s\n",
+      world.rank(), (s.is_ok() ? grouped : s).to_string().c_str(),
+      waits ? "waits (as it must)" : "ended", waits ? "ok" : "FAILED");
+  failures += waits && s.is_ok() && grouped.is_ok() ? 0 : 1;
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace ferry
 
@@ -1015,6 +1104,8 @@ int main(int argc, char** argv) {
       result = ferry::never_arrives(ctx, false);
     } else if (argc > 1 && std::string(argv[1]) == "p2p-never-arrives") {
       result = ferry::never_arrives(ctx, true);
+    } else if (argc > 1 && std::string(argv[1]) == "thread-idle") {
+      result = ferry::thread_idle(ctx);
     } else {
       result = RUN_ALL_TESTS();
     }

@@ -92,8 +92,9 @@ class CudaImpl final : public Cuda {
     return launches_.collective_on_stream(stream, ordinal, call);
   }
   Status p2p_on_stream(void* stream, int ordinal, std::span<const P2pOp> ops, const P2pRing& ring,
-                       void* words, std::uint64_t timeout_ns, void* scratch) override {
-    return launches_.p2p_on_stream(stream, ordinal, ops, ring, words, timeout_ns, scratch);
+                       void* words, std::uint64_t timeout_ns, void* scratch,
+                       const P2pRelease* release) override {
+    return launches_.p2p_on_stream(stream, ordinal, ops, ring, words, timeout_ns, scratch, release);
   }
   Status resident_open(int ordinal, const OneShot& shape, std::uint64_t idle_us, int* id) override {
     return residents_.open(ordinal, shape, idle_us, id);
@@ -114,6 +115,9 @@ class CudaImpl final : public Cuda {
   Status enqueue_handoff(void* stream, void* start, void* done, std::uint32_t value,
                          bool reset) override {
     return streams::handoff(d_, static_cast<CUstream>(stream), start, done, value, reset);
+  }
+  Status enqueue_wait(void* stream, void* done, std::uint32_t value) override {
+    return streams::wait(d_, static_cast<CUstream>(stream), done, value);
   }
   Status copy_on_stream(void* stream, int ordinal, void* dst, const void* src,
                         std::size_t bytes) override {

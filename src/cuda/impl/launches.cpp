@@ -291,12 +291,20 @@ struct P2pArgs {
   int after;
 };
 static_assert(sizeof(P2pArgs) == 88);
+// kernels/p2p.cuh's P2pRelease.
+struct P2pReleaseArgs {
+  void* ready;
+  void* done;
+  unsigned value;
+  int reset;
+};
+static_assert(sizeof(P2pReleaseArgs) == 24);
 
 }  // namespace
 
 Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops,
                                const Cuda::P2pRing& ring, void* words, std::uint64_t timeout_ns,
-                               void* scratch) {
+                               void* scratch, const Cuda::P2pRelease* release) {
   Device& dev = devices_.get(ordinal);
   const std::string why = missing(ordinal);  // loads the module on first use
   if (dev.p2p == nullptr) {
@@ -344,7 +352,12 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
   void* launches = scratch;
   unsigned long long chunk = ring.chunk;
   int places = ring.places;
-  void* params[] = {args.data(), &count, &words, &timeout, &launches, &chunk, &places};
+  P2pReleaseArgs hand_off{nullptr, nullptr, 0, 0};
+  if (release != nullptr) {
+    hand_off =
+        P2pReleaseArgs{release->ready, release->done, release->value, release->reset ? 1 : 0};
+  }
+  void* params[] = {args.data(), &count, &words, &timeout, &launches, &chunk, &places, &hand_off};
   // Parameters are copied at every launch: up to two ops (a send and a receive) by the small form.
   CUfunction function = ops.size() <= 2 ? dev.p2p_2 : dev.p2p;
   const CUresult result = d_->cuLaunchKernel(function, static_cast<unsigned>(blocks), 1, 1, 512, 1,

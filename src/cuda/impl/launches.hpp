@@ -22,7 +22,7 @@ class Launches {
   Status collective_on_stream(void* stream, int ordinal, const Cuda::OneShot& call);
   Status p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops,
                        const Cuda::P2pRing& ring, void* words, std::uint64_t timeout_ns,
-                       void* scratch);
+                       void* scratch, const Cuda::P2pRelease* release);
 
  private:
   Devices& devices_;

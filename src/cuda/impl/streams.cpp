@@ -59,7 +59,12 @@ Status handoff(const Driver* d, CUstream stream, void* start, void* done, std::u
       r != CUDA_SUCCESS) {
     return driver_error("cuStreamWriteValue32 (on the application's stream)", r);
   }
-  if (CUresult r = d->cuStreamWaitValue64(stream, done_word, value, CU_STREAM_WAIT_VALUE_GEQ);
+  return wait(d, stream, done, value);
+}
+
+Status wait(const Driver* d, CUstream stream, void* done, std::uint32_t value) {
+  if (CUresult r = d->cuStreamWaitValue64(stream, reinterpret_cast<CUdeviceptr>(done), value,
+                                          CU_STREAM_WAIT_VALUE_GEQ);
       r != CUDA_SUCCESS) {
     return driver_error("cuStreamWaitValue64 (on the application's stream)", r);
   }

@@ -15,6 +15,7 @@ namespace ferry::cuda::streams {
 Status info(const Driver* d, CUstream stream, Cuda::StreamInfo* info);
 Status handoff(const Driver* d, CUstream stream, void* start, void* done, std::uint32_t value,
                bool reset);
+Status wait(const Driver* d, CUstream stream, void* done, std::uint32_t value);
 Status retain(const Driver* d, CUgraph graph, void (*release)(void*), void* arg);
 Status copy(const Driver* d, CUstream stream, void* dst, const void* src, std::size_t bytes);
 // Sets the calling thread's capture mode (-1: relaxed) and returns the one it had.

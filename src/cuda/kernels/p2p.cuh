@@ -62,6 +62,20 @@ struct P2pOp {
   int after;                    // the launch's op that takes the ring before this one, or -1
 };
 
+// The hand-off a launch may write itself (proto::Release): where ferry's thread has work after it
+// (an op's verdict says its data comes by the thread, or sits in a host bounce), the launch's last
+// block writes `value` to *ready, which starts the thread; else to *done, which lets the stream go
+// on with no host in the loop. `reset` (a graph's): block 0 first clears *done, which the last
+// replay's completion set. No hand-off where done is null.
+struct P2pRelease {
+  unsigned* ready;
+  unsigned* done;
+  unsigned value;
+  int reset;
+};
+// launches[kP2pThreadWord]: set by an op whose verdict leaves ferry's thread work.
+constexpr int kP2pThreadWord = 96;
+
 // A launch's ops (kernel parameters are copied at every launch: a group of two, the common case,
 // takes the small form).
 template <int kCapacity>
@@ -163,7 +177,7 @@ template <int kCapacity>
 __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int count,
                                            volatile unsigned* words, unsigned long long timeout_ns,
                                            unsigned* launches, unsigned long long chunk,
-                                           int places) {
+                                           int places, const P2pRelease& release) {
   int o = 0;
   while (o + 1 < count && ops.op[o + 1].first_block <= static_cast<int>(blockIdx.x)) ++o;
   const P2pOp& op = ops.op[o];
@@ -177,6 +191,9 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
   if (threadIdx.x == 0) {
     sequence = *reinterpret_cast<volatile unsigned long long*>(op.counter) + op.index + 1;
     stopped = 0;
+    if (blockIdx.x == 0 && release.reset != 0) {
+      *reinterpret_cast<volatile unsigned*>(release.done) = 0;
+    }
   }
   __syncthreads();
   const unsigned long long deadline = timeout_ns != 0 ? now_ns() + timeout_ns : 0;
@@ -225,6 +242,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
         }
         if (block == 0 && answer != 0) {
           reinterpret_cast<volatile unsigned*>(op.verdict)[0] = static_cast<unsigned>(answer);
+          if (answer == 2) reinterpret_cast<volatile unsigned*>(launches)[kP2pThreadWord] = 1;
         }
       }
       __syncthreads();
@@ -310,7 +328,11 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
           verdict[1] = static_cast<unsigned>(size);
           verdict[2] = static_cast<unsigned>(size >> 32);
           __threadfence_system();
-          verdict[0] = inline_data ? 1u : bulk != 0 ? bulk : 2u;
+          const unsigned mode = inline_data ? 1u : bulk != 0 ? bulk : 2u;
+          verdict[0] = mode;
+          if (mode != 1 || op.direct == 0) {
+            reinterpret_cast<volatile unsigned*>(launches)[kP2pThreadWord] = 1;
+          }
         }
         *reinterpret_cast<volatile unsigned long long*>(op.free + sequence % kP2pSlots) = sequence;
         reinterpret_cast<volatile unsigned*>(ended)[o] = 1;
@@ -318,9 +340,14 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
     }
   }
   // The launch's last block raises every op's counter: each block read its counter before.
+  // Then the hand-off, where the launch has one (P2pRelease).
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    if (release.done != nullptr) {
+      __threadfence_system();
+    } else {
+      __threadfence();
+    }
     if (atomicAdd(launches, 1u) == gridDim.x - 1) {
       *launches = 0;
       for (int k = 0; k < count; ++k) {
@@ -330,6 +357,22 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
           *counter = *counter + ops.op[k].total;
         }
       }
+      if (release.done != nullptr) {
+        auto* thread = reinterpret_cast<volatile unsigned*>(launches) + kP2pThreadWord;
+        const bool by_thread = *thread != 0;
+        *thread = 0;
+        if (!by_thread) {
+          // Nobody reads this launch's verdicts: none stays for a later launch's thread.
+          for (int k = 0; k < count; ++k) {
+            if (ops.op[k].verdict != nullptr) {
+              reinterpret_cast<volatile unsigned*>(ops.op[k].verdict)[0] = 0;
+            }
+          }
+        }
+        __threadfence_system();
+        *reinterpret_cast<volatile unsigned*>(by_thread ? release.ready : release.done) =
+            release.value;
+      }
       __threadfence();
     }
   }
@@ -338,13 +381,13 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
 extern "C" __global__ void __launch_bounds__(512)
     ferry_p2p_on_stream(P2pOps<kP2pMaxOps> ops, int count, volatile unsigned* words,
                         unsigned long long timeout_ns, unsigned* launches,
-                        unsigned long long chunk, int places) {
-  p2p_launch(ops, count, words, timeout_ns, launches, chunk, places);
+                        unsigned long long chunk, int places, P2pRelease release) {
+  p2p_launch(ops, count, words, timeout_ns, launches, chunk, places, release);
 }
 
 extern "C" __global__ void __launch_bounds__(512)
     ferry_p2p_on_stream_2(P2pOps<2> ops, int count, volatile unsigned* words,
                           unsigned long long timeout_ns, unsigned* launches,
-                          unsigned long long chunk, int places) {
-  p2p_launch(ops, count, words, timeout_ns, launches, chunk, places);
+                          unsigned long long chunk, int places, P2pRelease release) {
+  p2p_launch(ops, count, words, timeout_ns, launches, chunk, places, release);
 }
