@@ -491,7 +491,12 @@ std::string StreamOps::describe_stall(Clock::duration quiet) const {
     } else {
       out += " waits for its stream to reach it (ready word " +
              std::to_string(__atomic_load_n(&s->words[0], __ATOMIC_ACQUIRE)) + ", wanted " +
-             std::to_string(s->value) + ");";
+             std::to_string(s->value) +
+             (s->by_kernel ? ", done word " +
+                                 std::to_string(__atomic_load_n(&s->words[2], __ATOMIC_ACQUIRE)) +
+                                 " written by its kernel"
+                           : std::string()) +
+             ");";
     }
   }
   return out;

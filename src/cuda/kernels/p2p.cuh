@@ -73,7 +73,8 @@ struct P2pRelease {
   unsigned value;
   int reset;
 };
-// launches[kP2pThreadWord]: set by an op whose verdict leaves ferry's thread work.
+// launches[kP2pThreadWord]: set, in a launch with a Release, by an op whose verdict leaves
+// ferry's thread work.
 constexpr int kP2pThreadWord = 96;
 
 // A launch's ops (kernel parameters are copied at every launch: a group of two, the common case,
@@ -242,7 +243,9 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
         }
         if (block == 0 && answer != 0) {
           reinterpret_cast<volatile unsigned*>(op.verdict)[0] = static_cast<unsigned>(answer);
-          if (answer == 2) reinterpret_cast<volatile unsigned*>(launches)[kP2pThreadWord] = 1;
+          if (answer == 2 && release.done != nullptr) {
+            reinterpret_cast<volatile unsigned*>(launches)[kP2pThreadWord] = 1;
+          }
         }
       }
       __syncthreads();
@@ -330,7 +333,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
           __threadfence_system();
           const unsigned mode = inline_data ? 1u : bulk != 0 ? bulk : 2u;
           verdict[0] = mode;
-          if (mode != 1 || op.direct == 0) {
+          if (release.done != nullptr && (mode != 1 || op.direct == 0)) {
             reinterpret_cast<volatile unsigned*>(launches)[kP2pThreadWord] = 1;
           }
         }
