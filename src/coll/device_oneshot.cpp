@@ -35,9 +35,15 @@ DeviceOneShot::~DeviceOneShot() {
   // (a Communicator may outlive it, as a global one does: the engine's teardown then released
   // that state); a Communicator may go on any thread.
   if (!state_ || group_.detached()) return;
-  auto entry = group_.engine()->enter();
-  group_.engine()->cancel_teardown(this);
-  release();
+  proto::Engine* engine = group_.engine();
+  auto entry = engine->enter();
+  engine->cancel_teardown(this);
+  // The kernels stop now; the memory goes where no stream waits for ferry's thread (as
+  // StreamP2p's: a free waits for the GPU's work, and such a stream's for the engine's lock).
+  stop_kernels();
+  cuda::Cuda* gpu = engine->cuda();
+  std::shared_ptr<State> held(std::move(state_));
+  engine->streams().release_when_idle([gpu, held] { free_state(gpu, *held); });
 }
 
 bool DeviceOneShot::ready(int device, std::size_t count, DataType type) {
@@ -241,13 +247,20 @@ void DeviceOneShot::prepare_resident() {
 
 void DeviceOneShot::release() {
   if (!state_) return;
+  stop_kernels();
+  free_state(group_.engine()->cuda(), *state_);
+}
+
+void DeviceOneShot::stop_kernels() {
   State& o = *state_;
-  cuda::Cuda* gpu = group_.engine()->cuda();
   // A kernel of a collective that was never completed (its Request dropped) stops waiting for
   // its peers before its memory goes.
   if (o.words != nullptr) __atomic_store_n(&o.words[0], 1u, __ATOMIC_RELEASE);
   if (o.watch >= 0) group_.engine()->streams().unwatch(o.watch);
   o.watch = -1;
+}
+
+void DeviceOneShot::free_state(cuda::Cuda* gpu, State& o) {
   if (o.counters != nullptr) gpu->release(o.device, o.counters);
   o.counters = nullptr;
   for (const auto& [memory, size] : o.staging) gpu->release(o.device, memory);

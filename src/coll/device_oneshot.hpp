@@ -134,6 +134,10 @@ class DeviceOneShot {
   void prepare_resident();
   Status watched_failure();
   void release();
+  // release's two halves: the kernels stop waiting for their peers and are no longer watched;
+  // then the state's memory goes.
+  void stop_kernels();
+  static void free_state(cuda::Cuda* gpu, State& o);
 
   Group& group_;
   bool on_stream_;     // a kernel twin's (see above)

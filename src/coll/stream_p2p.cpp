@@ -88,9 +88,29 @@ StreamP2p::~StreamP2p() {
   // Only one with device state touches the engine here, and only while its Context lives (the
   // engine's teardown released that state otherwise).
   if ((device_ < 0 && pairs_.empty()) || twin_.detached()) return;
-  auto entry = twin_.engine()->enter();
-  twin_.engine()->cancel_teardown(this);
-  release_all();
+  proto::Engine* engine = twin_.engine();
+  auto entry = engine->enter();
+  engine->cancel_teardown(this);
+  // Its kernels stop waiting for their peers now. Its memory goes where no stream waits for
+  // ferry's thread: a free waits until the GPU's work has ended, and a stream waiting for the
+  // thread (of any communicator) ends only once the thread, which needs the engine's lock held
+  // here, has run its hand-off.
+  stop();
+  if (watch_ >= 0) engine->streams().unwatch(watch_);
+  watch_ = -1;
+  struct Held {
+    std::vector<std::pair<int, Pair>> pairs;  // with the peer's rank
+    void* scratch;
+    int device;
+  };
+  auto held = std::make_shared<Held>(Held{{}, std::exchange(scratch_, nullptr), device_});
+  for (auto& [peer, pair] : pairs_) held->pairs.emplace_back(twin_.member(peer), pair);
+  pairs_.clear();
+  cuda::Cuda* gpu = engine->cuda();
+  engine->streams().release_when_idle([gpu, held] {
+    for (auto& [rank, pair] : held->pairs) free_pair(gpu, rank, pair);
+    if (held->scratch != nullptr) gpu->release(held->device, held->scratch);
+  });
 }
 
 std::shared_ptr<proto::DeviceWork> StreamP2p::work(std::shared_ptr<Group> twin, bool sending,
@@ -173,12 +193,13 @@ bool StreamP2p::prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* 
 }
 
 void StreamP2p::release(Pair& pair) {
-  cuda::Cuda* gpu = twin_.engine()->cuda();
-  if (pair.peer_inbox != nullptr) {
-    const auto it = std::find_if(pairs_.begin(), pairs_.end(),
-                                 [&](const auto& entry) { return &entry.second == &pair; });
-    if (it != pairs_.end()) gpu->unpin(twin_.member(it->first), pair.device, pair.peer_key);
-  }
+  const auto it = std::find_if(pairs_.begin(), pairs_.end(),
+                               [&](const auto& entry) { return &entry.second == &pair; });
+  free_pair(twin_.engine()->cuda(), it != pairs_.end() ? twin_.member(it->first) : -1, pair);
+}
+
+void StreamP2p::free_pair(cuda::Cuda* gpu, int rank, Pair& pair) {
+  if (pair.peer_inbox != nullptr && rank >= 0) gpu->unpin(rank, pair.device, pair.peer_key);
   pair.peer_inbox = nullptr;
   for (void** p : {&pair.inbox, &pair.counters, &pair.bounce}) {
     if (*p != nullptr) gpu->release(pair.device, *p);

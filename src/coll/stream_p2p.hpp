@@ -87,6 +87,8 @@ class StreamP2p final : public proto::Fuser {
   // This side's part of a pair: its memory and key; false (with *why) where it cannot.
   bool prepare(Pair& pair, int device, cuda::IpcKey* key, std::string* why);
   void release(Pair& pair);
+  // Frees a pair's memory and unpins the peer's inbox (member `rank`'s).
+  static void free_pair(cuda::Cuda* gpu, int rank, Pair& pair);
   // Common state on first use: stop words and scratch on `device`.
   Status prepare_common(int device);
   void release_all();

@@ -456,22 +456,43 @@ void StreamOps::loop() {
   }
 }
 
-// IPC mappings the cache would have closed are closed here, where no stream can wait for the
-// proxy: no hand-off is known (graphs' included), and none starts until this ends.
+// IPC mappings the cache would have closed are closed here, and release_when_idle's work run,
+// where no stream can wait for the proxy: no hand-off is known (graphs' included), and none
+// starts until this ends.
 void StreamOps::flush_unmaps() {
   cuda::Cuda* gpu = engine_.cuda();
-  if (gpu->deferred_unmaps() == 0) return;
+  if (gpu->deferred_unmaps() == 0 && idle_pending_.load() == 0) return;
   flushing_.store(true);
   bool idle = outstanding_.load() == 0;
+  std::vector<std::function<void()>> releases;
   if (idle) {
     std::lock_guard lock(mutex_);
     idle = submitted_.empty();
+    if (idle) {
+      releases.swap(idle_work_);
+      idle_pending_.store(0);
+    }
   }
   if (idle) {
     auto entry = engine_.enter();
     gpu->close_deferred();
+    for (auto& release : releases) release();
   }
   flushing_.store(false);
+}
+
+void StreamOps::release_when_idle(std::function<void()> release) {
+  {
+    std::lock_guard lock(mutex_);
+    // Every word pair free: no stream waits on one (a thread about to take one waits for the
+    // engine's lock, which the caller holds).
+    if (!stopped_ && free_words_.size() != pages_.size() * kPairsPerPage) {
+      idle_work_.push_back(std::move(release));
+      idle_pending_.fetch_add(1);
+      return;
+    }
+  }
+  release();
 }
 
 std::string StreamOps::describe_stall(Clock::duration quiet) const {
@@ -562,6 +583,16 @@ void StreamOps::stop() {
     gpu->defer_unmaps(false);
     gpu->close_deferred();
   }
+  // release_when_idle's work goes with the engine's teardown, which runs once the progress
+  // thread stopped, as the communicators' own.
+  for (auto& release : std::exchange(idle_work_, {})) {
+    auto* held = new std::function<void()>(std::move(release));
+    engine_.at_teardown(held, [held] {
+      (*held)();
+      delete held;
+    });
+  }
+  idle_pending_.store(0);
   if (unreached > 0) {
     FERRY_LOG(kWarn,
               "finalize: %zu stream operation(s) not yet reached by their streams: the streams "

@@ -107,6 +107,11 @@ class StreamOps {
   using Watch = std::function<Status()>;
   int watch(Watch check);
   void unwatch(int id);
+  // Runs `release` (frees of CUDA memory, which wait until the GPU's work has ended) where no
+  // stream can be waiting for this proxy: at once where no hand-off holds words, else in the
+  // proxy once none does (a graph's hold them until it goes), or in stop after every wait was
+  // released. Called with the engine's lock held; `release` runs with it held.
+  void release_when_idle(std::function<void()> release);
 
  private:
   struct Slot;
@@ -164,9 +169,11 @@ class StreamOps {
   mutable std::mutex error_mutex_;
   Status error_;
   std::atomic<bool> failed_{false};
-  std::atomic<int> outstanding_{0};     // hand-offs enqueued and not ended, graphs' aside
-  std::atomic<bool> flushing_{false};   // flush_unmaps is closing mappings
-  std::atomic<bool> deferring_{false};  // the IPC cache defers its closes
+  std::atomic<int> outstanding_{0};               // hand-offs enqueued and not ended, graphs' aside
+  std::atomic<bool> flushing_{false};             // flush_unmaps is closing mappings
+  std::vector<std::function<void()>> idle_work_;  // release_when_idle's; guarded by mutex_
+  std::atomic<std::size_t> idle_pending_{0};      // idle_work_.size()
+  std::atomic<bool> deferring_{false};            // the IPC cache defers its closes
   std::atomic<bool> stopping_{false};
   std::thread proxy_;
   bool stopped_ = false;

@@ -986,7 +986,8 @@ int never_arrives(Context& ctx, bool p2p) {
 // launch releases the stream itself (proto::Release): back-to-back groups and graph replays of 1
 // and 4 MiB end, their data right, without the thread. Then, to show that the thread is idle
 // indeed, a 1 MiB receive into page-locked host memory (the thread copies it) keeps its stream
-// waiting; the Context's end releases it.
+// waiting; the communicator's end must not wait for it (its memory goes once no stream waits for
+// the thread), and the Context's end releases it.
 int thread_idle(Context& ctx) {
   Communicator world = ctx.world();
   const int n = world.size();
