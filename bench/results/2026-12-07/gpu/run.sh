@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU, two ranks sharing it; binaries from `bench/gpu_run.sh pack build`, carried as .devbin.
-#   bash bench/results/2026-12-07/gpu/run.sh main|sanitizer
+#   bash bench/results/2026-12-07/gpu/run.sh main|rest|sanitizer
 # Ran once (main, one H100) at b7ee9cd, which added the `thread-idle` mode of
 # ferry_gpu_stream_tests and was taken back (thread_idle.txt: the job stopped at its limit); the
 # other outputs here are of that run. sanitizer did not run (no machine lent again).
@@ -17,11 +17,14 @@ mkdir -p $o "$OUT"
 nvidia-smi -L > $o/gpus.txt
 F="Stream.GraphReplaysSendRecv:Stream.SendRecvGroupVerdictsOutliveTheirLaunch:Stream.SendRecvToItself:Stream.SendRecvHostBuffersSizesAndWaves"
 case ${1:-main} in
-  main)
+  main|rest)
+    # rest: all but thread-idle (which ../gpu2/run.sh runs its own way).
     export FERRY_COLL_DEVICE_SHARED_GPU=1
-    FERRY_TEST_STREAM_THREAD_IDLE=1 timeout 130 $B/ferryrun --timeout 120 -n 2 \
-      $B/ferry_gpu_stream_tests thread-idle > $o/thread_idle.txt 2>&1
-    echo "exit $?" >> $o/thread_idle.txt
+    if [ "${1:-main}" = main ]; then
+      FERRY_TEST_STREAM_THREAD_IDLE=1 timeout 130 $B/ferryrun --timeout 120 -n 2 \
+        $B/ferry_gpu_stream_tests thread-idle > $o/thread_idle.txt 2>&1
+      echo "exit $?" >> $o/thread_idle.txt
+    fi
     timeout 200 $B/ferryrun --timeout 190 -n 2 $B/ferry_gpu_stream_tests --gtest_filter="$F" \
       > $o/shared_p2p.txt 2>&1
     echo "exit $?" >> $o/shared_p2p.txt

@@ -3,14 +3,14 @@
 #   bash bench/results/2026-12-07/gpu2/run.sh
 # The send/recv launches that release their streams themselves (FERRY_COLL_DEVICE_SHARED_GPU=1
 # keeps the send/recv kernels on a shared GPU): `thread-idle` with info logs and the ranks'
-# stacks (cuda-gdb: and the kernels on the GPU) where it has not ended after 40 s; the send/recv tests; a peer killed during graph
-# replays; a receive that never matches; then the whole stream suite with the defaults.
+# stacks (cuda-gdb: and the kernels on the GPU) where it has not ended after 40 s; then
+# ../gpu/run.sh's other checks (the send/recv tests, a peer killed during graph replays, a
+# receive that never matches, the whole stream suite with the defaults).
 set -u
 export LD_LIBRARY_PATH=$PWD/.devbin/lib:${LD_LIBRARY_PATH:-}
 B=$PWD/.devbin/bin
 o=/tmp/o
 mkdir -p $o "$OUT"
-nvidia-smi -L > $o/gpus.txt
 export FERRY_COLL_DEVICE_SHARED_GPU=1
 FERRY_LOG_LEVEL=info FERRY_TEST_STREAM_THREAD_IDLE=1 $B/ferryrun --timeout 60 -n 2 \
   $B/ferry_gpu_stream_tests thread-idle > $o/thread_idle.txt 2>&1 &
@@ -31,19 +31,11 @@ if kill -0 $job 2>/dev/null; then
 fi
 wait $job
 echo "exit $?" >> $o/thread_idle.txt
-F="Stream.GraphReplaysSendRecv:Stream.SendRecvGroupVerdictsOutliveTheirLaunch:Stream.SendRecvToItself:Stream.SendRecvHostBuffersSizesAndWaves"
-timeout 200 $B/ferryrun --timeout 190 -n 2 $B/ferry_gpu_stream_tests --gtest_filter="$F" \
-  > $o/shared_p2p.txt 2>&1
-echo "exit $?" >> $o/shared_p2p.txt
-for mode in p2p-graph-death p2p-never-arrives; do
-  FERRY_TIMEOUT=$([ $mode = p2p-never-arrives ] && echo 1 || echo 0) timeout 70 \
-    $B/ferryrun --timeout 60 --keep-going -n 2 $B/ferry_gpu_stream_tests $mode \
-    > $o/shared_$mode.txt 2>&1
-  echo "exit $?" >> $o/shared_$mode.txt
-done
 unset FERRY_COLL_DEVICE_SHARED_GPU
-timeout 230 $B/ferryrun --timeout 220 -n 2 $B/ferry_gpu_stream_tests > $o/stream_default.txt 2>&1
-echo "exit $?" >> $o/stream_default.txt
+# The send/recv tests on the shared GPU, a peer killed during graph replays, a receive that never
+# matches, the whole stream suite with the defaults: as the first run's (its outputs under /tmp/o
+# too, and its own summary under $OUT).
+bash "$(dirname "$0")/../gpu/run.sh" rest > /dev/null
 for f in $o/*.txt; do
   echo "===== $(basename $f)"
   if [ "$(basename $f)" = stacks.txt ]; then head -200 $f; continue; fi
