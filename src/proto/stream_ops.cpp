@@ -245,6 +245,21 @@ void StreamOps::drop_words(Slot& slot) {
   release_words(slot);
 }
 
+Status StreamOps::open_slot(CudaStream stream, bool by_kernel, void** graph,
+                            std::shared_ptr<Slot>* slot, std::byte** view) {
+  cuda::Cuda::StreamInfo info;
+  if (Status s = engine_.cuda()->stream_info(stream, &info); !s) {
+    return Status(s.code(), "its CUDA stream: " + s.message());
+  }
+  auto fresh = std::make_shared<Slot>();
+  fresh->persistent = info.graph != nullptr;
+  fresh->by_kernel = by_kernel;
+  if (Status s = hold_words(info.device, *fresh, view); !s) return s;
+  *graph = info.graph;
+  *slot = std::move(fresh);
+  return Status::ok();
+}
+
 Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
   const std::string what = work.front().what;  // work moves into the slot
   if (!engine_.waiting().threaded()) {
@@ -261,7 +276,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
   // ferry's own CUDA calls here (host memory for the words) are legal while this thread
   // captures.
   cuda::RelaxedCapture relaxed(gpu);
-  cuda::Cuda::StreamInfo info;
+  void* graph = nullptr;  // the graph the stream captures into, if it does
   std::shared_ptr<Slot> slot;
   std::byte* view = nullptr;
   // A group all of one Fuser's may leave its hand-off to the Fuser's last kernel, which releases
@@ -272,12 +287,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
       })) {
     take = [&](Release* release) -> Status {
       if (slot != nullptr) return Status(Code::kInvalidArgument, "a second release taken");
-      if (Status s = gpu->stream_info(stream, &info); !s) return s;
-      auto fresh = std::make_shared<Slot>();
-      fresh->persistent = info.graph != nullptr;
-      fresh->by_kernel = true;
-      if (Status s = hold_words(info.device, *fresh, &view); !s) return s;
-      slot = std::move(fresh);
+      if (Status s = open_slot(stream, /*by_kernel=*/true, &graph, &slot, &view); !s) return s;
       release->ready = view;
       release->done = view + 8;
       release->value = slot->value;
@@ -297,12 +307,7 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
     return Status::ok();
   }
   if (slot == nullptr) {
-    if (Status s = gpu->stream_info(stream, &info); !s) {
-      return Status(s.code(), what + " on a CUDA stream: " + s.message());
-    }
-    slot = std::make_shared<Slot>();
-    slot->persistent = info.graph != nullptr;
-    if (Status s = hold_words(info.device, *slot, &view); !s) {
+    if (Status s = open_slot(stream, /*by_kernel=*/false, &graph, &slot, &view); !s) {
       return Status(s.code(), what + ": " + s.message());
     }
   }
@@ -311,10 +316,15 @@ Status StreamOps::submit(CudaStream stream, std::vector<Pending> work) {
   // call until the work before it, this Context's hand-offs included, has drained.
   if (slot->persistent) {
     auto* held = new std::shared_ptr<Slot>(slot);
-    if (Status s = gpu->retain_with_graph(info.graph, &StreamOps::graph_released, held); !s) {
+    if (Status s = gpu->retain_with_graph(graph, &StreamOps::graph_released, held); !s) {
       if (slot->by_kernel) {
-        // The captured kernel writes the words at every replay: they stay taken.
+        // The captured kernel writes the words at every replay: they stay taken, and no stream
+        // waits on them (release_when_idle counts them as free).
         outstanding_.fetch_sub(1);
+        {
+          std::lock_guard lock(mutex_);
+          ++abandoned_words_;
+        }
         FERRY_LOG(kWarn, "%s: its graph's hand-off words stay taken", s.message().c_str());
       } else {
         drop_words(*slot);
@@ -486,7 +496,7 @@ void StreamOps::release_when_idle(std::function<void()> release) {
     std::lock_guard lock(mutex_);
     // Every word pair free: no stream waits on one (a thread about to take one waits for the
     // engine's lock, which the caller holds).
-    if (!stopped_ && free_words_.size() != pages_.size() * kPairsPerPage) {
+    if (!stopped_ && free_words_.size() + abandoned_words_ != pages_.size() * kPairsPerPage) {
       idle_work_.push_back(std::move(release));
       idle_pending_.fetch_add(1);
       return;
@@ -599,7 +609,7 @@ void StreamOps::stop() {
               "will pass them without communicating",
               unreached);
   }
-  if (graphs > 0 || unreached > 0) {
+  if (graphs > 0 || unreached > 0 || abandoned_words_ > 0) {
     // Their streams or graphs still write and read the words: they stay (a few KiB).
     if (graphs > 0) {
       FERRY_LOG(kInfo,

@@ -133,6 +133,10 @@ class StreamOps {
   // Waits until fewer than kDepth hand-offs wait, then takes words for `slot` (persistent
   // already set), counted in outstanding_; gives them back where it fails.
   Status hold_words(int device, Slot& slot, std::byte** view);
+  // A new slot for a hand-off on `stream`, its words held (hold_words); *graph is the graph the
+  // stream captures into, or null.
+  Status open_slot(CudaStream stream, bool by_kernel, void** graph, std::shared_ptr<Slot>* slot,
+                   std::byte** view);
   // Gives back the words of a slot that hold_words took and no stream uses.
   void drop_words(Slot& slot);
   // enqueue's part: kept for the group, or submitted.
@@ -163,6 +167,9 @@ class StreamOps {
   std::vector<Page> pages_;                 // guarded by mutex_ (the proxy keeps pointers)
   std::vector<std::uint32_t> free_words_;   // guarded by mutex_
   std::vector<std::uint32_t> generation_;   // per word pair, guarded by mutex_
+  // Word pairs a graph's kernel writes whose graph ferry could not follow (retain_with_graph
+  // failed): never free again, and no stream waits on them. Guarded by mutex_.
+  std::size_t abandoned_words_ = 0;
   std::list<std::shared_ptr<Slot>> slots_;  // the proxy's
   std::vector<Pending> group_;              // guarded by mutex_
   int group_depth_ = 0;                     // guarded by mutex_
