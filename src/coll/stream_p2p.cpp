@@ -101,15 +101,21 @@ StreamP2p::~StreamP2p() {
   struct Held {
     std::vector<std::pair<int, Pair>> pairs;  // with the peer's rank
     void* scratch;
+    unsigned* words;
     int device;
   };
-  auto held = std::make_shared<Held>(Held{{}, std::exchange(scratch_, nullptr), device_});
+  auto held = std::make_shared<Held>(
+      Held{{}, std::exchange(scratch_, nullptr), std::exchange(words_, nullptr), device_});
   for (auto& [peer, pair] : pairs_) held->pairs.emplace_back(twin_.member(peer), pair);
   pairs_.clear();
   cuda::Cuda* gpu = engine->cuda();
   engine->streams().release_when_idle([gpu, held] {
     for (auto& [rank, pair] : held->pairs) free_pair(gpu, rank, pair);
     if (held->scratch != nullptr) gpu->release(held->device, held->scratch);
+    // The stop words last: the frees before waited for this communicator's kernels, which read
+    // them until they stop (a communicator made and dropped per step held a page of pinned
+    // memory each until the process ended).
+    if (held->words != nullptr) gpu->unmap_host(held->device, held->words);
   });
 }
 

@@ -85,6 +85,7 @@ Status retain(const Driver* d, CUgraph graph, void (*release)(void*), void* arg)
   if (CUresult r =
           d->cuUserObjectCreate(&object, arg, release, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
       r != CUDA_SUCCESS) {
+    release(arg);  // as where the graph refuses it: the caller's hold goes either way
     return driver_error("cuUserObjectCreate", r);
   }
   // The graph takes our reference: release runs when the graph and its instantiations are gone.
