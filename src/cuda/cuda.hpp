@@ -50,6 +50,11 @@ class Cuda {
   // Null, with *why set, when CUDA cannot be used (not built in, no driver, no device,
   // FERRY_CUDA=0). Throws nothing.
   static std::unique_ptr<Cuda> create(const util::Config& config, std::string* why);
+  // Tests on machines without a GPU: while a factory is set, create returns what it makes (a
+  // stand-in of host memory and threads, tests/helpers/fake_cuda.hpp) whatever the driver. Set
+  // before the first Context.
+  using Factory = std::unique_ptr<Cuda> (*)();
+  static void set_factory_for_tests(Factory factory);
   virtual ~Cuda() = default;
 
   // One driver query (cuPointerGetAttributes): bench/cuda_probe measured 87 ns for device and
@@ -356,6 +361,10 @@ class Cuda {
   // before the first one is used.
   [[nodiscard]] virtual std::string completion() const = 0;
   [[nodiscard]] virtual std::size_t cached_mappings() const = 0;
+
+ private:
+  // create's driver-backed part (impl/cuda.cpp, or none.cpp in a build without CUDA's headers).
+  static std::unique_ptr<Cuda> create_driver(const util::Config& config, std::string* why);
 };
 
 // For its scope, lets the calling thread make any CUDA call while other threads (or its own

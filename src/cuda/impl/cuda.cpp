@@ -400,7 +400,7 @@ void CudaImpl::unregister_host(void* pointer) {
 
 }  // namespace
 
-std::unique_ptr<Cuda> Cuda::create(const util::Config& config, std::string* why) {
+std::unique_ptr<Cuda> Cuda::create_driver(const util::Config& config, std::string* why) {
   const std::string mode = config.get_string(util::Var::kCuda);
   if (mode == "off") {
     *why = "FERRY_CUDA=off";
