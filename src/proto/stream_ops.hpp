@@ -164,9 +164,9 @@ class StreamOps {
   // Slots handed over by enqueueing threads; the proxy moves them to its own list.
   std::mutex mutex_;
   std::vector<std::shared_ptr<Slot>> submitted_;
-  std::vector<Page> pages_;                 // guarded by mutex_ (the proxy keeps pointers)
-  std::vector<std::uint32_t> free_words_;   // guarded by mutex_
-  std::vector<std::uint32_t> generation_;   // per word pair, guarded by mutex_
+  std::vector<Page> pages_;                // guarded by mutex_ (the proxy keeps pointers)
+  std::vector<std::uint32_t> free_words_;  // guarded by mutex_
+  std::vector<std::uint32_t> generation_;  // per word pair, guarded by mutex_
   // Word pairs a graph's kernel writes whose graph ferry could not follow (retain_with_graph
   // failed): never free again, and no stream waits on them. Guarded by mutex_.
   std::size_t abandoned_words_ = 0;
