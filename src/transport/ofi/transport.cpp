@@ -410,7 +410,10 @@ void OfiTransport::peer_failed(int peer, const std::string& why) {
   state.failed = true;
   state.why = why;
   // Let the provider drop what it holds for the peer (sends stuck on it complete in error).
-  if (state.connected) fi_av_remove(av_, &state.address, 1, 0);
+  // Not shm's: its removal unmaps the peer's region, which a send still in flight to the peer
+  // reads when the next fi_cq_read progresses it (a SIGSEGV in libfabric 1.17). Its sends to a
+  // dead peer stay pending; nothing waits for them (delivered() passes over failed peers).
+  if (state.connected && protocol_ != FI_PROTO_SHM) fi_av_remove(av_, &state.address, 1, 0);
   // Nothing is called back from here (this may run inside an engine's send): check_peers ends
   // the peer's direct transfers when it reports the failure.
 }
