@@ -138,6 +138,15 @@ void Engine::finalize() {
               "matched them)",
               dropped);
   }
+  // A peer waiting for a message this rank never sent would wait in its receive while this rank
+  // waits for it below (its own sends, then the barrier): each peer learns, behind everything
+  // this rank sent it, that nothing more comes (kAmBye), and such receives end (kCanceled).
+  for (int r = 0; r < size_; ++r) {
+    const Link& link = links_.link(r);
+    if (r != rank_ && !link.failed && link.endpoint != nullptr) {
+      links_.send_control(r, kAmBye, as_bytes(ByeHeader{0}));
+    }
+  }
   int idle = 0;
   while ((links_.queued() || requests_.sends() > 0) && Clock::now() < deadline) {
     waiting_.step(&idle);

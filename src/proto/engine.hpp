@@ -156,6 +156,8 @@ class Engine final : public transport::AmHandler {
   // Tells the ranks of other nodes that `dead`, of this node, exited (kAmPeerDead).
   void tell_other_nodes(int dead);
   void on_peer_dead(int source, std::span<const std::byte> data);
+  // kAmBye: the sender finalized; receives that wait for it end (Messages::peer_departed).
+  void on_bye(int source, std::span<const std::byte> data);
   std::vector<std::pair<int, int>> reported_dead_;  // (rank, by whom), for look_for_failures
 
   std::shared_ptr<Engine*> handle_;

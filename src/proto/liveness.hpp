@@ -22,6 +22,9 @@ class Liveness {
   void connected(int rank);
   // Records `rank`'s death; false if it was already recorded (nothing more to do).
   bool record_failure(Link* link, int rank, const std::string& why);
+  // Records that `rank` finalized: alive, but nothing not already here will come from it. False
+  // where it is known already, or dead.
+  bool record_departure(Link* link, int rank);
 
   // Why `rank` can no longer be reached (it died), or null.
   [[nodiscard]] const std::string* failure(int rank) const {
@@ -33,17 +36,22 @@ class Liveness {
   [[nodiscard]] std::uint64_t failure_order(int rank) const {
     return links_[static_cast<std::size_t>(rank)].failure_order;
   }
-  // No message not already here can come from `source` any more: it failed, cannot be reached
-  // or is no rank (kAnySource: no other rank is left). Never this rank itself.
+  // No message not already here can come from `source` any more: it failed, finalized, cannot be
+  // reached or is no rank (kAnySource: no other rank is left). Never this rank itself.
   [[nodiscard]] bool none_can_come(int source) const;
+  // The failure of a receive from `source`, for which none_can_come: kPeerFailed (it died),
+  // kCanceled (it finalized) or kUnsupported (unreachable), with why.
+  [[nodiscard]] Status cannot_come(int source) const;
   // The failure of a receive from any source once no other rank is left.
   [[nodiscard]] Status no_one_left() const;
+  // Why nothing more comes from `rank`: it died, finalized, or no transport reaches it.
+  [[nodiscard]] std::string reason(int rank) const;
 
  private:
   const std::vector<Link>& links_;
   int rank_ = -1;
-  // Other ranks that have an endpoint and have not failed: at 0 no one is left to match a receive
-  // from any source but this rank itself.
+  // Other ranks that have an endpoint and have neither failed nor finalized: at 0 no one is left
+  // to match a receive from any source but this rank itself.
   int others_left_ = 0;
   int last_failed_ = -1;  // the rank whose failure was seen last
   std::uint64_t failures_seen_ = 0;

@@ -74,6 +74,19 @@ bool Messages::on_am(std::uint8_t id, int source, std::span<const std::byte> dat
   }
 }
 
+void Messages::peer_departed(int rank) {
+  const Status status = engine_.liveness().cannot_come(rank);
+  const bool none_left = engine_.liveness().none_can_come(kAnySource);
+  for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
+    const RequestSlot& slot = requests_[i];
+    if (slot.state == RequestState::kPosted &&
+        (slot.peer == rank || (slot.peer == kAnySource && none_left))) {
+      matcher_.remove_posted(i);
+      engine_.complete(i, slot.peer == rank ? status : engine_.liveness().no_one_left());
+    }
+  }
+}
+
 void Messages::peer_failed(int rank, const Status& status) {
   const bool none_left = engine_.liveness().none_can_come(kAnySource);
   const Status any_source = none_left ? engine_.liveness().no_one_left() : Status();
@@ -303,14 +316,11 @@ std::uint32_t Messages::post_recv(void* buffer, std::size_t capacity, int source
     if (memory.pinned) slot.gpu.pinned_device = engine_.cuda()->bounce_device(memory);
   }
   std::optional<Unexpected> message = matcher_.take_unexpected(source, tag, mask);
-  const Link* from = source != kAnySource ? &engine_.links().link(source) : nullptr;
   if (!message && engine_.liveness().none_can_come(source)) {
-    // A dead or unreachable rank (for kAnySource: every other one) will send nothing: fail now
-    // rather than wait forever.
-    engine_.complete(index,
-                     from != nullptr
-                         ? Status(from->failed ? Code::kPeerFailed : Code::kUnsupported, from->why)
-                         : engine_.liveness().no_one_left());
+    // A dead, finalized or unreachable rank (for kAnySource: every other one) will send nothing:
+    // fail now rather than wait forever.
+    engine_.complete(index, source != kAnySource ? engine_.liveness().cannot_come(source)
+                                                 : engine_.liveness().no_one_left());
   } else if (!message) {
     slot.state = RequestState::kPosted;
     matcher_.post({source, tag, mask, index});

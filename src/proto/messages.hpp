@@ -76,6 +76,10 @@ class Messages {
   // `rank` failed: receives posted for it (and, with no other rank left, from any source) end,
   // and its announcements are dropped.
   void peer_failed(int rank, const Status& status);
+  // `rank` finalized (kAmBye, after all it sent here): receives posted for it that nothing
+  // matched end (and, with no other rank left, those from any source). What it announced stays
+  // for the receives that come.
+  void peer_departed(int rank);
 
   // For the device paths: matching, and the CTS check.
   std::optional<std::uint32_t> match_posted(int source, Tag tag) {

@@ -125,6 +125,16 @@ void Engine::on_peer_dead(int source, std::span<const std::byte> data) {
   progress_calls_ = kCheckPeersEvery;
 }
 
+void Engine::on_bye(int source, std::span<const std::byte> data) {
+  ByeHeader header{};
+  if (data.size() != sizeof(header) || !decode(data, &header)) {
+    return protocol_error(source, "finalize notice of the wrong size");
+  }
+  if (!liveness_.record_departure(&links_.link(source), source)) return;
+  FERRY_LOG(kDebug, "rank %d finalized: receives from it that nothing matched end", source);
+  messages_->peer_departed(source);
+}
+
 void Engine::peer_failed(int rank, const std::string& why) {
   if (!liveness_.record_failure(&links_.link(rank), rank, why)) return;
   FERRY_LOG(kWarn, "%s: failing the operations that involve it", why.c_str());
@@ -183,6 +193,7 @@ void Engine::on_am(std::uint8_t id, int source, std::span<const std::byte> data)
   if (id == kAmCtsChunked) return chunked_->on_cts(source, data);
   if (id == kAmRevoke) return revocations_.on_am(source, data);
   if (id == kAmPeerDead) return on_peer_dead(source, data);
+  if (id == kAmBye) return on_bye(source, data);
   if (!device_->on_am(id, source, data) && !rma_->on_am(id, source, data)) {
     protocol_error(source, "unknown active message id");
   }

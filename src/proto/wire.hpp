@@ -50,6 +50,8 @@ enum AmId : std::uint8_t {
   kAmCtsSplit = 27,  // CtsSplitHeader: the receiver reads the head; the sender may write the tail
   kAmTailWritten =
       28,  // TailWrittenHeader: the sender claimed the tail and wrote it (or could not)
+  // The sender's Context is ending (Engine::finalize): after everything it sent, nothing more.
+  kAmBye = 29,  // ByeHeader
 };
 
 // RtsHeader::address of a message in device memory sent to a peer that shares no memory with us
@@ -231,6 +233,10 @@ struct RevokeHeader {
 struct PeerDeadHeader {
   std::int32_t rank;
   std::int32_t reserved;
+};
+
+struct ByeHeader {
+  std::uint64_t reserved;
 };
 
 template <typename H>

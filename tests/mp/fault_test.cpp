@@ -107,6 +107,36 @@ int around_init(const std::string& mode) {
                 s.to_string().c_str());
     return told ? 0 : 1;
   }
+  if (mode == "never-sent") {
+    // Rank 1 sends rank 0 an eager and a rendezvous message, then ends its Context. Rank 0, which
+    // waits until rank 1's notice is there, still receives both (they came before it), and a
+    // receive of a message rank 1 never sent ends kCanceled instead of waiting while rank 1 waits
+    // for it in finalize; so does a receive posted after.
+    std::vector<char> big(1 << 20, 'n');  // outlives the Context, whose finalize still sends it
+    ferry::Context ctx = ferry::Context::init();
+    if (ctx.rank() == 1) {
+      ferry::Request small = ctx.isend(big.data(), 8, 0, 1);
+      ferry::Request large = ctx.isend(big.data(), big.size(), 0, 2);
+      return 0;  // the Context ends here, the rendezvous send still waiting for rank 0
+    }
+    ::usleep(300000);
+    std::vector<char> got(big.size(), 0);
+    const ferry::Status a = ctx.recv(got.data(), 8, 1, 1);
+    const ferry::Status b = ctx.recv(got.data(), got.size(), 1, 2);
+    const bool data = a.is_ok() && b.is_ok() && got == big;
+    const auto start = Clock::now();
+    int x = 0;
+    const ferry::Status c = ctx.recv(&x, sizeof(x), 1, 3);
+    const ferry::Status d = ctx.irecv(&x, sizeof(x), 1, 4).wait();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const bool ended = c.code() == ferry::Code::kCanceled && d.code() == ferry::Code::kCanceled &&
+                       c.message().find("finalized") != std::string::npos;
+    std::printf(
+        "rank 0: what rank 1 sent before it finalized %s; a receive of what it never "
+        "sent %s after %.0f ms: %s\n",
+        data ? "received" : "LOST", ended ? "ended" : "FAIL", ms, c.to_string().c_str());
+    return data && ended ? 0 : 1;
+  }
   return -1;
 }
 

@@ -191,6 +191,10 @@ expect "a rank that exits 0 without finalizing fails the job (--keep-going)" 1 2
 # well inside ferryrun's --timeout, and the announced send ends with kCanceled.
 expect "a send nobody receives does not hold finalize" 0 1 "unreceived send ended" \
   -- --timeout 15 -n 2 "$program" unreceived
+# A receive of a message its sender never sent, the sender finalizing: the receive ends (both
+# would wait for ever, the receiver in its receive and the sender in finalize's barrier).
+expect "a receive whose sender finalized without sending it ends" 0 1 \
+  "received; a receive of what it never sent ended" -- --timeout 15 -n 2 "$program" never-sent
 expect "a rank that left the store is named as the cause when its peers exit first" 137 1 \
   "rank 1 (pid [0-9]*) was killed by signal 9" -- -n 3 "$program" late-death
 if [ "$with_ofi" = ofi ]; then

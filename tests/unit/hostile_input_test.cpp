@@ -66,6 +66,9 @@ TEST(HostileInput, ProtocolEngineDropsMalformedAndForgedMessages) {
   engine->on_am(proto::kAmTailWritten, 0, message(proto::TailWrittenHeader{posted_id, 0, 0}));
   engine->on_am(proto::kAmTailWritten, 0, message(proto::TailWrittenHeader{~0ull, 0, 0}));
   engine->on_am(proto::kAmTailWritten, 0, junk);
+  // "Finalized", short and from this rank itself: the receive from it stays posted.
+  engine->on_am(proto::kAmBye, 0, junk);
+  engine->on_am(proto::kAmBye, 0, message(proto::ByeHeader{0}));
   for (std::byte b : buffer) ASSERT_EQ(b, std::byte{0}) << "a forged fragment was written";
   EXPECT_FALSE(posted.test());
 

@@ -70,6 +70,31 @@ TEST(Liveness, AReceiveFromAnySourceFailsOnceNoOtherRankIsLeftAndSaysWhy) {
   EXPECT_NE(why.message().find("rank 1 (pid 6) was killed"), std::string::npos) << why.message();
 }
 
+TEST(Liveness, AFinalizedRankSendsNothingMoreAndDyingAfterCountsOnce) {
+  std::vector<Link> job = links(3);
+  Liveness liveness(job);
+  liveness.connected(0);
+  EXPECT_FALSE(liveness.record_departure(&job[0], 0));  // never this rank
+  ASSERT_TRUE(liveness.record_departure(&job[1], 1));
+  EXPECT_FALSE(liveness.record_departure(&job[1], 1));
+  EXPECT_TRUE(liveness.none_can_come(1));
+  EXPECT_EQ(liveness.failure(1), nullptr);  // alive: not a failure
+  const Status from_one = liveness.cannot_come(1);
+  EXPECT_EQ(from_one.code(), Code::kCanceled);
+  EXPECT_NE(from_one.message().find("rank 1 finalized"), std::string::npos) << from_one.message();
+  EXPECT_FALSE(liveness.none_can_come(kAnySource));  // rank 2 may still send
+  // Rank 1 dies after finalizing: a failure now, and not one more rank gone.
+  ASSERT_TRUE(liveness.record_failure(&job[1], 1, "rank 1 exited"));
+  EXPECT_EQ(liveness.cannot_come(1).code(), Code::kPeerFailed);
+  EXPECT_FALSE(liveness.none_can_come(kAnySource));
+  ASSERT_TRUE(liveness.record_departure(&job[2], 2));
+  EXPECT_TRUE(liveness.none_can_come(kAnySource));
+  const Status why = liveness.no_one_left();
+  EXPECT_EQ(why.code(), Code::kPeerFailed);
+  EXPECT_NE(why.message().find("1 failed, 1 finalized, 0 unreachable"), std::string::npos)
+      << why.message();
+}
+
 TEST(Liveness, WithOnlyUnreachableRanksTheReceiveIsUnsupported) {
   std::vector<Link> job = links(3, {1, 2});
   Liveness liveness(job);
