@@ -270,11 +270,11 @@ int complete_request(PendingRequest& r, MPI_Status* status, bool test) {
     if (!r.packed.empty() && (s.is_ok() || s.code() == ferry::Code::kTruncated)) {
       unpack(*rt.type(r.type), r.packed.data(), std::min(info.bytes, r.packed.size()), r.user);
     }
-    const int error = rt.fail(r.comm, "MPI_Recv", s);
+    const bool canceled = s.code() == ferry::Code::kCanceled && r.cancel_requested;
+    r.cancel_requested = false;
+    const int error = canceled ? MPI_SUCCESS : rt.fail(r.comm, "MPI_Recv", s);
     fill_status(status, member(rt.comm(r.comm), info.source), mpi_tag(info.tag), error, info.bytes);
-    if (status != MPI_STATUS_IGNORE && s.code() == ferry::Code::kCanceled) {
-      status->ferry_cancelled = 1;
-    }
+    if (status != MPI_STATUS_IGNORE && canceled) status->ferry_cancelled = 1;
     return error;
   }
   if (s.is_ok() && r.after) r.after();
@@ -980,7 +980,10 @@ int MPI_Cancel(MPI_Request* request) {
   if (*request == MPI_REQUEST_NULL) return MPI_SUCCESS;
   PendingRequest& r = rt.requests[static_cast<std::size_t>(*request)];
   // A receive that has not matched is canceled; sends are not (MPI lets a cancel fail).
-  if (r.kind == PendingRequest::kRecv) r.request.cancel();
+  if (r.kind == PendingRequest::kRecv) {
+    r.cancel_requested = true;
+    r.request.cancel();
+  }
   return MPI_SUCCESS;
 }
 

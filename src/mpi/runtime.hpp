@@ -78,6 +78,9 @@ struct PendingRequest {
   bool synchronous = false;  // MPI_Issend: completes once matched (Context::issend)
   bool active = false;       // persistent: started and not yet completed
   bool live = false;
+  // MPI_Cancel was called: a receive that ends kCanceled then completes as canceled (MPI_SUCCESS,
+  // MPI_Test_cancelled true); one that ends so by itself (its sender finalized) fails.
+  bool cancel_requested = false;
 };
 
 class Runtime {

@@ -27,6 +27,25 @@ static int error_class(int code) {
 
 static void point_to_point(void) {
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  {
+    /* A receive canceled before it matched completes, canceled, without an error (the default
+     * handler is fatal: an error would end the job); one that matched is not canceled. */
+    int x = 0, flag = -1;
+    MPI_Request r;
+    MPI_Status st;
+    MPI_Irecv(&x, 1, MPI_INT, MPI_ANY_SOURCE, 99, MPI_COMM_WORLD, &r);
+    MPI_Cancel(&r);
+    const int e = MPI_Wait(&r, &st);
+    MPI_Test_cancelled(&st, &flag);
+    check(e == MPI_SUCCESS && flag == 1 && r == MPI_REQUEST_NULL, "MPI_Cancel of a receive");
+    int y = rank;
+    MPI_Irecv(&x, 1, MPI_INT, left, 98, MPI_COMM_WORLD, &r);
+    MPI_Send(&y, 1, MPI_INT, right, 98, MPI_COMM_WORLD);
+    MPI_Wait(&r, &st);
+    MPI_Cancel(&r); /* MPI_REQUEST_NULL: nothing */
+    MPI_Test_cancelled(&st, &flag);
+    check(flag == 0 && x == left, "a matched receive is not canceled");
+  }
   const int counts[] = {0, 1, 1000, 300000}; /* eager and rendezvous */
   for (int i = 0; i < 4; ++i) {
     const int n = counts[i];
