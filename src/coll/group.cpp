@@ -63,6 +63,19 @@ std::string Group::peer_label(int m) const {
   return "member " + std::to_string(m) + " (rank " + std::to_string(member(m)) + ")";
 }
 
+int Group::first_departed() const {
+  int first = -1;
+  std::uint64_t earliest = 0;
+  for (int m = 0; m < size(); ++m) {
+    const std::uint64_t order = engine_->liveness().departure_order(member(m));
+    if (order != 0 && (first < 0 || order < earliest)) {
+      first = m;
+      earliest = order;
+    }
+  }
+  return first;
+}
+
 std::shared_ptr<Group> Group::world(proto::Engine* engine) {
   std::vector<int> members(static_cast<std::size_t>(engine->size()));
   for (std::size_t i = 0; i < members.size(); ++i) members[i] = static_cast<int>(i);

@@ -271,14 +271,29 @@ class NodeCollectives::Call {
           return s;
         }
       }
-      return Status(Code::kPeerFailed,
-                    what() + ": " + g_.peer_label(m) +
-                        " failed a collective of this communicator and stopped using the area");
+      const std::string stopped =
+          g_.peer_label(m) + " failed a collective of this communicator and stopped using the area";
+      if (const int gone = g_.first_departed(); gone >= 0 && gone != g_.rank()) {
+        return Status(Code::kCanceled, what() + ": " + g_.peer_label(gone) +
+                                           " finalized (its Context ended) without joining it (" +
+                                           stopped + ")");
+      }
+      return Status(Code::kPeerFailed, what() + ": " + stopped);
     }
     g_.engine()->waiting().spin_step(&idle_);
     if ((polls_ & 1023) != 0) return Status();
     if (const std::string* why = g_.engine()->liveness().failure(g_.member(m))) {
       return Status(Code::kPeerFailed, what() + ": " + g_.peer_label(m) + " is gone: " + *why);
+    }
+    if (g_.engine()->liveness().departed(g_.member(m))) {
+      // What it wrote before it finalized is in the area before its notice came: the caller
+      // looks at the word once more after the notice was seen, and only then is it missing.
+      if (departed_ == m) {
+        return Status(Code::kCanceled, what() + ": " + g_.peer_label(m) +
+                                           " finalized (its Context ended) without joining it");
+      }
+      departed_ = m;
+      polls_ |= 1023;  // the next wait for it looks again
     }
     if (g_.timeout() > 0 && util::Clock::now() >= deadline_) {
       // Not arrived: the members that have not posted this call (else the one waited for,
@@ -313,6 +328,7 @@ class NodeCollectives::Call {
   std::uint32_t step_mask_ = g_.engine()->waiting().yields_at_once() ? 0 : 7;
   bool posted_ = false;
   int waiting_for_ = 0;  // the member the last wait was for
+  int departed_ = -1;    // a member whose finalize notice a wait saw (then one more look)
   proto::Waiting::Note note_;
 };
 

@@ -176,6 +176,11 @@ Execution::State Execution::poll(Status* failure) {
       // A member died: that is the cause wherever the failure showed (a live member that gave
       // up on its part because of it withdrew what it sent here: kCanceled).
       *failure = std::move(dead);
+    } else if (Status gone = member_departure(where + s.message(), f.action.member);
+               !gone.is_ok()) {
+      // A member finalized without joining: the cause, also where a live member gave up
+      // because of it.
+      *failure = std::move(gone);
     } else if (s.code() != Code::kPeerFailed && blame_by_ == Clock::time_point{}) {
       // No death seen yet, though a live member may have given up because of one: deaths are
       // seen within milliseconds on a node and within keepalives across nodes, so look a while
@@ -208,6 +213,15 @@ Execution::State Execution::poll(Status* failure) {
     }
   }
   return State::kRunning;
+}
+
+Status Execution::member_departure(const std::string& context, int peer) const {
+  const int first = group_->first_departed();
+  if (first < 0) return Status();
+  if (first == peer) return Status(Code::kCanceled, context);  // it says so already
+  return Status(Code::kCanceled, what() + " failed: " + peer_name(first) +
+                                     " finalized (its Context ended) without joining it (" +
+                                     context + ")");
 }
 
 Status Execution::member_death(const std::string& context, bool ask_transports) {

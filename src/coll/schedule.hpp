@@ -121,6 +121,9 @@ class Execution : public Plan {
   // Cancels unmatched receives, withdraws unsent data and waits for matched transfers, so that
   // nothing touches the caller's buffers afterwards.
   void withdraw();
+  // kCanceled naming the member that finalized first (it joins no more calls), with `context`
+  // (where the failure showed, on a transfer with `peer`), or ok when none finalized.
+  [[nodiscard]] Status member_departure(const std::string& context, int peer) const;
   // kPeerFailed naming the member that died first, with `context` (where the failure showed),
   // or ok when no member is known dead (`ask_transports`: after asking the transports now).
   Status member_death(const std::string& context, bool ask_transports);

@@ -24,6 +24,7 @@ bool Liveness::record_failure(Link* link, int rank, const std::string& why) {
 bool Liveness::record_departure(Link* link, int rank) {
   if (link->failed || link->departed || link->endpoint == nullptr || rank == rank_) return false;
   link->departed = true;
+  link->departure_order = ++departures_seen_;
   --others_left_;
   return true;
 }

@@ -31,6 +31,16 @@ class Liveness {
     const Link& link = links_[static_cast<std::size_t>(rank)];
     return link.failed ? &link.why : nullptr;
   }
+  // `rank` finalized (kAmBye): alive, but it sends nothing more and joins no more calls.
+  [[nodiscard]] bool departed(int rank) const {
+    const Link& link = links_[static_cast<std::size_t>(rank)];
+    return link.departed && !link.failed;
+  }
+  // When `rank`'s finalize notice came, among those seen here (1 the first); 0 while departed()
+  // is false.
+  [[nodiscard]] std::uint64_t departure_order(int rank) const {
+    return departed(rank) ? links_[static_cast<std::size_t>(rank)].departure_order : 0;
+  }
   // When `rank`'s death was seen, as an order among the deaths seen here (1 the first); 0 while
   // it is alive. Whoever died first is the cause of what failed after.
   [[nodiscard]] std::uint64_t failure_order(int rank) const {
@@ -55,6 +65,7 @@ class Liveness {
   int others_left_ = 0;
   int last_failed_ = -1;  // the rank whose failure was seen last
   std::uint64_t failures_seen_ = 0;
+  std::uint64_t departures_seen_ = 0;
 };
 
 }  // namespace ferry::proto

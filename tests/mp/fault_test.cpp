@@ -137,6 +137,40 @@ int around_init(const std::string& mode) {
         data ? "received" : "LOST", ended ? "ended" : "FAIL", ms, c.to_string().c_str());
     return data && ended ? 0 : 1;
   }
+  if (mode == "never-joins") {
+    // After a barrier together, the last rank ends its Context while the others enter collectives
+    // it never joins: a barrier and a small allreduce (through the node's shared area) and a
+    // large one (by messages). Each ends with an error naming it instead of waiting while it
+    // waits for them in finalize.
+    ferry::Context ctx = ferry::Context::init();
+    ferry::Communicator world = ctx.world();
+    std::vector<std::int64_t> data(1 << 18, 1);
+    if (!world.barrier().is_ok()) return 1;  // the area is set up
+    const int leaver = ctx.size() - 1;
+    if (ctx.rank() == leaver) return 0;
+    ::usleep(300000);
+    const auto start = Clock::now();
+    auto ms = [&start] {
+      return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    };
+    const ferry::Status a = world.barrier();
+    const double a_ms = ms();
+    const ferry::Status b = world.allreduce(data.data(), data.data(), 1, ferry::DataType::kInt64,
+                                            ferry::ReduceOp::kSum);
+    const double b_ms = ms();
+    const ferry::Status c = world.allreduce(data.data(), data.data(), data.size(),
+                                            ferry::DataType::kInt64, ferry::ReduceOp::kSum);
+    const std::string name = "rank " + std::to_string(leaver);
+    bool named = true;
+    for (auto [s, at] : {std::pair{&a, a_ms}, std::pair{&b, b_ms}, std::pair{&c, ms()}}) {
+      std::printf("rank %d at %.0f ms: %s\n", ctx.rank(), at, s->to_string().c_str());
+      named = named && !s->is_ok() && s->message().find(name) != std::string::npos &&
+              s->message().find("finalized") != std::string::npos;
+    }
+    std::printf("rank %d: collectives rank %d never joined %s after %.0f ms\n", ctx.rank(), leaver,
+                named ? "ended" : "FAIL", ms());
+    return named ? 0 : 1;
+  }
   return -1;
 }
 

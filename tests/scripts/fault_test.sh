@@ -195,6 +195,13 @@ expect "a send nobody receives does not hold finalize" 0 1 "unreceived send ende
 # would wait for ever, the receiver in its receive and the sender in finalize's barrier).
 expect "a receive whose sender finalized without sending it ends" 0 1 \
   "received; a receive of what it never sent ended" -- --timeout 15 -n 2 "$program" never-sent
+# The same for collectives: a barrier and a small allreduce through the node's area, a large one by
+# messages, on the ranks that stay, once the last rank ended its Context instead of joining; with 3
+# ranks a survivor that gave up first finalizes too, and the other still names the first to go.
+for n in 2 3; do
+  expect "collectives a rank never joins end when it finalizes ($n ranks)" 0 $((n - 1)) \
+    "collectives rank $((n - 1)) never joined ended" -- --timeout 15 -n $n "$program" never-joins
+done
 expect "a rank that left the store is named as the cause when its peers exit first" 137 1 \
   "rank 1 (pid [0-9]*) was killed by signal 9" -- -n 3 "$program" late-death
 if [ "$with_ofi" = ofi ]; then
