@@ -111,7 +111,7 @@ int around_init(const std::string& mode) {
     // Rank 1 sends rank 0 an eager and a rendezvous message, then ends its Context. Rank 0, which
     // waits until rank 1's notice is there, still receives both (they came before it), and a
     // receive of a message rank 1 never sent ends kCanceled instead of waiting while rank 1 waits
-    // for it in finalize; so does a receive posted after.
+    // for it in finalize; so does a receive posted after, and a probe returns source -1.
     std::vector<char> big(1 << 20, 'n');  // outlives the Context, whose finalize still sends it
     ferry::Context ctx = ferry::Context::init();
     if (ctx.rank() == 1) {
@@ -128,9 +128,10 @@ int around_init(const std::string& mode) {
     int x = 0;
     const ferry::Status c = ctx.recv(&x, sizeof(x), 1, 3);
     const ferry::Status d = ctx.irecv(&x, sizeof(x), 1, 4).wait();
+    const ferry::MessageInfo probed = ctx.probe(1, 5);  // source -1: none can come
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     const bool ended = c.code() == ferry::Code::kCanceled && d.code() == ferry::Code::kCanceled &&
-                       c.message().find("finalized") != std::string::npos;
+                       c.message().find("finalized") != std::string::npos && probed.source == -1;
     std::printf(
         "rank 0: what rank 1 sent before it finalized %s; a receive of what it never "
         "sent %s after %.0f ms: %s\n",
