@@ -159,6 +159,13 @@ void StreamOps::fail(const Status& status) {
   FERRY_LOG(kWarn, "%s (the Context's asynchronous error now)", status.message().c_str());
 }
 
+void StreamOps::keep_for_good(std::vector<Page> pages) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<Page>();  // never destroyed, never freed
+  std::lock_guard lock(mutex);
+  kept->insert(kept->end(), pages.begin(), pages.end());
+}
+
 Status StreamOps::take_words(int device, Slot& slot, std::byte** view) {
   std::unique_lock lock(mutex_);
   if (stopped_) return Status(Code::kInvalidArgument, "the Context is finalized");
@@ -570,8 +577,10 @@ void StreamOps::stop() {
   submitted_.clear();
   std::size_t unreached = 0;
   std::size_t graphs = 0;
+  std::size_t running = 0;  // streams waiting at a hand-off that the words below release
   for (auto& s : slots_) {
     if (s->in_flight) {
+      ++running;
       fail(Status(Code::kInvalidArgument,
                   "stream " + s->work.front().what + ": the Context was finalized while it ran"));
     }
@@ -609,8 +618,10 @@ void StreamOps::stop() {
               "will pass them without communicating",
               unreached);
   }
-  if (graphs > 0 || unreached > 0 || abandoned_words_ > 0) {
-    // Their streams or graphs still write and read the words: they stay (a few KiB).
+  if (graphs > 0 || unreached > 0 || running > 0 || abandoned_words_ > 0) {
+    // Their streams or graphs still write and read the words (a stream released just now may
+    // not have read them yet): they stay (a few KiB).
+    keep_for_good(std::exchange(pages_, {}));
     if (graphs > 0) {
       FERRY_LOG(kInfo,
                 "finalize: %zu captured stream operation(s) outlive the Context: their graphs "

@@ -120,6 +120,9 @@ class StreamOps {
     void* view = nullptr;  // the same, as the GPUs see it
     int device = -1;
   };
+  // Pages of words that streams or graphs may still read after their Context ended: kept for
+  // the life of the process, where they stay reachable (a few KiB per such Context).
+  static void keep_for_good(std::vector<Page> pages);
   struct Pending {
     CudaStream stream;
     Start start;
