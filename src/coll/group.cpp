@@ -63,6 +63,10 @@ std::string Group::peer_label(int m) const {
   return "member " + std::to_string(m) + " (rank " + std::to_string(member(m)) + ")";
 }
 
+std::string Group::departed_label(int m) const {
+  return peer_label(m) + " finalized (its Context ended) without joining it";
+}
+
 int Group::first_departed() const {
   int first = -1;
   std::uint64_t earliest = 0;

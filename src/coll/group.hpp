@@ -96,6 +96,8 @@ class Group : public std::enable_shared_from_this<Group> {
   [[nodiscard]] std::string peer_label(int m) const;
   // The member whose finalize notice came first (it joins no more calls), or -1.
   [[nodiscard]] int first_departed() const;
+  // "member 2 (rank 5) finalized (its Context ended) without joining it", for messages.
+  [[nodiscard]] std::string departed_label(int m) const;
 
   // Null for Communicator::kUndefined. Throws ferry::Error.
   std::shared_ptr<Group> split(int color, int key);

@@ -274,9 +274,8 @@ class NodeCollectives::Call {
       const std::string stopped =
           g_.peer_label(m) + " failed a collective of this communicator and stopped using the area";
       if (const int gone = g_.first_departed(); gone >= 0 && gone != g_.rank()) {
-        return Status(Code::kCanceled, what() + ": " + g_.peer_label(gone) +
-                                           " finalized (its Context ended) without joining it (" +
-                                           stopped + ")");
+        return Status(Code::kCanceled,
+                      what() + ": " + g_.departed_label(gone) + " (" + stopped + ")");
       }
       return Status(Code::kPeerFailed, what() + ": " + stopped);
     }
@@ -289,8 +288,7 @@ class NodeCollectives::Call {
       // What it wrote before it finalized is in the area before its notice came: the caller
       // looks at the word once more after the notice was seen, and only then is it missing.
       if (departed_ == m) {
-        return Status(Code::kCanceled, what() + ": " + g_.peer_label(m) +
-                                           " finalized (its Context ended) without joining it");
+        return Status(Code::kCanceled, what() + ": " + g_.departed_label(m));
       }
       departed_ = m;
       polls_ |= 1023;  // the next wait for it looks again

@@ -219,9 +219,8 @@ Status Execution::member_departure(const std::string& context, int peer) const {
   const int first = group_->first_departed();
   if (first < 0) return Status();
   if (first == peer) return Status(Code::kCanceled, context);  // it says so already
-  return Status(Code::kCanceled, what() + " failed: " + peer_name(first) +
-                                     " finalized (its Context ended) without joining it (" +
-                                     context + ")");
+  return Status(Code::kCanceled,
+                what() + " failed: " + group_->departed_label(first) + " (" + context + ")");
 }
 
 Status Execution::member_death(const std::string& context, bool ask_transports) {

@@ -57,11 +57,12 @@ struct Link {
   bool direct_failed = false;         // a direct receive could not be posted: pipeline from now on
   bool read_failed = false;           // a one-sided read failed: clear-to-send from now on
   bool failed = false;                // the peer died: everything involving it fails with `why`
-  bool departed = false;  // the peer finalized (kAmBye): it sends nothing more (`why` says so)
   std::uint64_t failure_order = 0;    // Liveness::failure_order
-  std::uint64_t departure_order = 0;  // Liveness::departure_order
-  bool shares_memory = false;         // self or shm: device data can go by CUDA IPC or staging ring
-  std::deque<Pending> pending;        // in order; nothing bypasses it
+  // Nonzero once the peer finalized (kAmBye): it sends nothing more. Liveness::departure_order.
+  std::uint64_t departure_order = 0;
+  [[nodiscard]] bool departed() const { return departure_order != 0; }
+  bool shares_memory = false;   // self or shm: device data can go by CUDA IPC or staging ring
+  std::deque<Pending> pending;  // in order; nothing bypasses it
 };
 // A copy in flight on a CUDA stream, polled by progress.
 struct DeviceOp {

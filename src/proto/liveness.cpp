@@ -16,14 +16,13 @@ bool Liveness::record_failure(Link* link, int rank, const std::string& why) {
   link->failed = true;
   link->failure_order = ++failures_seen_;
   link->why = why;
-  if (link->endpoint != nullptr && rank != rank_ && !link->departed) --others_left_;
+  if (link->endpoint != nullptr && rank != rank_ && !link->departed()) --others_left_;
   last_failed_ = rank;
   return true;
 }
 
 bool Liveness::record_departure(Link* link, int rank) {
-  if (link->failed || link->departed || link->endpoint == nullptr || rank == rank_) return false;
-  link->departed = true;
+  if (link->failed || link->departed() || link->endpoint == nullptr || rank == rank_) return false;
   link->departure_order = ++departures_seen_;
   --others_left_;
   return true;
@@ -31,7 +30,7 @@ bool Liveness::record_departure(Link* link, int rank) {
 
 std::string Liveness::reason(int rank) const {
   const Link& link = links_[static_cast<std::size_t>(rank)];
-  if (link.departed && !link.failed) {
+  if (link.departed() && !link.failed) {
     return "rank " + std::to_string(rank) +
            " finalized (its Context ended) without sending a message this receive matches";
   }
@@ -43,9 +42,9 @@ Status Liveness::cannot_come(int source) const {
     return Status(Code::kInvalidArgument, "no rank " + std::to_string(source));
   }
   const Link& link = links_[static_cast<std::size_t>(source)];
-  const Code code = link.failed     ? Code::kPeerFailed
-                    : link.departed ? Code::kCanceled
-                                    : Code::kUnsupported;
+  const Code code = link.failed       ? Code::kPeerFailed
+                    : link.departed() ? Code::kCanceled
+                                      : Code::kUnsupported;
   return Status(code, reason(source));
 }
 
@@ -54,7 +53,7 @@ bool Liveness::none_can_come(int source) const {
   if (source == kAnySource) return others_left_ == 0 && size > 1;
   if (source < 0 || source >= size) return true;
   const Link& link = links_[static_cast<std::size_t>(source)];
-  return source != rank_ && (link.failed || link.departed || link.endpoint == nullptr);
+  return source != rank_ && (link.failed || link.departed() || link.endpoint == nullptr);
 }
 
 Status Liveness::no_one_left() const {
@@ -63,10 +62,10 @@ Status Liveness::no_one_left() const {
   for (std::size_t r = 0; r < links_.size(); ++r) {
     const Link& link = links_[r];
     if (static_cast<int>(r) == rank_ ||
-        (!link.failed && !link.departed && link.endpoint != nullptr)) {
+        (!link.failed && !link.departed() && link.endpoint != nullptr)) {
       continue;
     }
-    ++(link.failed ? failed : link.departed ? finalized : unreachable);
+    ++(link.failed ? failed : link.departed() ? finalized : unreachable);
     if (example < 0) example = static_cast<int>(r);
   }
   // The last failure seen, else the first finalized or unreachable rank.

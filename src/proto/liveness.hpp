@@ -34,12 +34,13 @@ class Liveness {
   // `rank` finalized (kAmBye): alive, but it sends nothing more and joins no more calls.
   [[nodiscard]] bool departed(int rank) const {
     const Link& link = links_[static_cast<std::size_t>(rank)];
-    return link.departed && !link.failed;
+    return link.departed() && !link.failed;
   }
   // When `rank`'s finalize notice came, among those seen here (1 the first); 0 while departed()
   // is false.
   [[nodiscard]] std::uint64_t departure_order(int rank) const {
-    return departed(rank) ? links_[static_cast<std::size_t>(rank)].departure_order : 0;
+    const Link& link = links_[static_cast<std::size_t>(rank)];
+    return link.failed ? 0 : link.departure_order;
   }
   // When `rank`'s death was seen, as an order among the deaths seen here (1 the first); 0 while
   // it is alive. Whoever died first is the cause of what failed after.

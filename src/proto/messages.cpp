@@ -74,20 +74,7 @@ bool Messages::on_am(std::uint8_t id, int source, std::span<const std::byte> dat
   }
 }
 
-void Messages::peer_departed(int rank) {
-  const Status status = engine_.liveness().cannot_come(rank);
-  const bool none_left = engine_.liveness().none_can_come(kAnySource);
-  for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
-    const RequestSlot& slot = requests_[i];
-    if (slot.state == RequestState::kPosted &&
-        (slot.peer == rank || (slot.peer == kAnySource && none_left))) {
-      matcher_.remove_posted(i);
-      engine_.complete(i, slot.peer == rank ? status : engine_.liveness().no_one_left());
-    }
-  }
-}
-
-void Messages::peer_failed(int rank, const Status& status) {
+void Messages::end_posted_receives(int rank, const Status& status) {
   const bool none_left = engine_.liveness().none_can_come(kAnySource);
   const Status any_source = none_left ? engine_.liveness().no_one_left() : Status();
   for (std::uint32_t i = 0; i < requests_.capacity(); ++i) {
@@ -98,6 +85,14 @@ void Messages::peer_failed(int rank, const Status& status) {
       engine_.complete(i, slot.peer == rank ? status : any_source);
     }
   }
+}
+
+void Messages::peer_departed(int rank) {
+  end_posted_receives(rank, engine_.liveness().cannot_come(rank));
+}
+
+void Messages::peer_failed(int rank, const Status& status) {
+  end_posted_receives(rank, status);
   matcher_.drop_rendezvous_from(rank);
   // Receives whose tail it was writing: no write can come any more; the engine fails them next.
   Link& link = engine_.links().link(rank);

@@ -104,6 +104,9 @@ class Messages {
   [[nodiscard]] std::size_t never_matched() const { return never_matched_; }
 
  private:
+  // Ends the receives posted for `rank` that nothing matched with `status`, and, where no other
+  // rank is left, those from any source (Liveness::no_one_left).
+  void end_posted_receives(int rank, const Status& status);
   // An eager message straight to the peer's transport (kWouldBlock: it is full).
   Status send_eager(Link& peer, const void* buffer, std::size_t bytes, Tag tag);
   // isend's part for a buffer CUDA knows: device memory goes by the device path where the peer
