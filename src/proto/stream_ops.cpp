@@ -191,6 +191,11 @@ Status StreamOps::take_words(int device, Slot& slot, std::byte** view) {
   generation = slot.persistent ? 1 : (generation + 1 == 0 ? 2 : generation + 1);
   slot.value = generation;
   slot.words = word(slot.index);
+  // A graph's value is always 1, which an earlier hand-off on these words may have left in
+  // "ready": the proxy would start the captured call before any replay reached it (found with a
+  // collective captured after a stream call of the same stream: every replay reduced the wrong
+  // data). No stream writes "ready" of words that are free.
+  if (slot.persistent) __atomic_store_n(&slot.words[0], 0u, __ATOMIC_RELAXED);
   const Page& page = pages_[slot.index / kPairsPerPage];
   *view = static_cast<std::byte*>(page.view) + (slot.index % kPairsPerPage) * kPairBytes;
   return Status::ok();
@@ -571,6 +576,10 @@ void StreamOps::stop() {
   if (stopped_) return;
   stopping_.store(true, std::memory_order_release);
   if (proxy_.joinable()) proxy_.join();
+  // The slots go after the lock: an operation may hold the last reference to its communicator,
+  // whose end hands its device memory to release_when_idle, which takes the lock (a captured
+  // collective whose graph and communicator had both gone waited for ever in the Context's end).
+  decltype(slots_) gone;
   std::lock_guard lock(mutex_);
   stopped_ = true;
   for (auto& s : submitted_) slots_.push_back(std::move(s));
@@ -592,7 +601,7 @@ void StreamOps::stop() {
       ++unreached;
     }
   }
-  slots_.clear();
+  gone.swap(slots_);
   // Every wait on these words passes from now on, so no stream (or replay) waits for a proxy that
   // is gone.
   for (std::uint32_t i = 0; i < pages_.size() * kPairsPerPage; ++i) {

@@ -187,6 +187,46 @@ TEST(FakeStream, GraphReplaysCommunicateAgain) {
   EXPECT_TRUE(ctx().async_error().is_ok()) << ctx().async_error().to_string();
 }
 
+// A collective captured with the work that fills its buffer and the work that checks it, replayed
+// 30 times: each replay reduces what that replay filled in, on both members.
+TEST(FakeStream, GraphReplaysOfACollectiveReduceEachReplaysData) {
+  Communicator world = ctx().world();
+  FakeStream stream;
+  std::vector<std::uint32_t> data(64);
+  std::atomic<int> replay{0};
+  std::atomic<int> wrong{0};
+  // First a call of the stream's own, whose words the captured call may take next.
+  ASSERT_TRUE(world
+                  .allreduce(data.data(), data.data(), data.size(), DataType::kUint32,
+                             ReduceOp::kSum, stream.handle())
+                  .is_ok());
+  stream.synchronize();
+  stream.begin_capture();
+  stream.enqueue([&] {
+    for (std::size_t k = 0; k < data.size(); ++k) data[k] = pattern(replay.load() * 2 + me(), k);
+  });
+  Status s = world.allreduce(data.data(), data.data(), data.size(), DataType::kUint32,
+                             ReduceOp::kSum, stream.handle());
+  stream.enqueue([&] {
+    const int r = replay.load();
+    for (std::size_t k = 0; k < data.size(); ++k) {
+      if (data[k] != pattern(r * 2, k) + pattern(r * 2 + 1, k)) {
+        wrong.fetch_add(1);
+        break;
+      }
+    }
+    replay.fetch_add(1);
+  });
+  std::unique_ptr<FakeGraph> graph = stream.end_capture();
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  for (int r = 0; r < 30; ++r) graph->launch(stream);
+  stream.synchronize();
+  EXPECT_EQ(replay.load(), 30);
+  EXPECT_EQ(wrong.load(), 0);
+  graph.reset();
+  EXPECT_TRUE(ctx().async_error().is_ok()) << ctx().async_error().to_string();
+}
+
 // Where the graph refuses ferry's hold on it, the captured call fails, saying so, and leaves
 // nothing behind: no asynchronous error, and the next calls work.
 TEST(FakeStream, AGraphThatRefusesItsHoldFailsTheCall) {
