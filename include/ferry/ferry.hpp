@@ -566,6 +566,7 @@ class Communicator {
 
  private:
   friend class Context;
+  friend struct CommunicatorAccess;  // the library's other front ends (src/api/access.hpp)
   explicit Communicator(std::shared_ptr<coll::Group> group) : group_(std::move(group)) {}
   std::shared_ptr<coll::Group> group_;
 };

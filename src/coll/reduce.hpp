@@ -29,6 +29,14 @@ Status check_reduction(DataType type, ReduceOp op);
 void reduce_to(void* out, const void* a, const void* b, std::size_t count, DataType type,
                ReduceOp op);
 
+// out[i] = in[i] * factor, multiplied as kProd combines two elements (factor: one element of
+// `type`); out may be in. NCCL's pre-multiplied sums (ncclRedOpCreatePreMulSum, and ncclAvg of a
+// float type: a factor of 1/n) scale each member's input so.
+void multiply_to(void* out, const void* in, std::size_t count, DataType type, const void* factor);
+// out[i] = in[i] / divisor, truncated toward zero, for an integer type (others: nothing); out may
+// be in. divisor > 0. ncclAvg of an integer type: the sum, divided by the member count.
+void divide_to(void* out, const void* in, std::size_t count, DataType type, std::uint64_t divisor);
+
 // IEEE binary16 <-> binary32 in portable bit manipulation, so no F16C or _Float16 is needed.
 // Widening is exact (subnormals, signed zeros and infinities included) and quiets a signaling NaN
 // as F16C's vcvtph2ps does. Narrowing rounds to nearest even: values from 65520 up become

@@ -334,6 +334,18 @@ class Cuda {
   // can copy (pageable host memory makes the call wait for the stream, and a capture refuses it).
   virtual Status copy_on_stream(void* stream, int device, void* dst, const void* src,
                                 std::size_t bytes) = 0;
+  // Element-wise on `stream` (of `device`'s context) after the work already there: out = in *
+  // factor, or, for an integer type where `divisor` is not 0, out = in / divisor truncated toward
+  // zero (coll::multiply_to and divide_to on the GPU). The factor is one element of `type`, read
+  // from `device_factor` when the work runs where that is not null, else the low bytes of
+  // `factor_bits`. out may be in. For NCCL's ncclAvg and pre-multiplied sums (src/nccl).
+  struct Scale {
+    const void* device_factor = nullptr;
+    std::uint64_t factor_bits = 0;
+    std::uint64_t divisor = 0;
+  };
+  virtual Status scale_on_stream(void* stream, int device, void* out, const void* in,
+                                 std::size_t count, DataType type, const Scale& scale) = 0;
   // Calls release(arg) once `graph` and every instantiation of it are destroyed (on a thread of
   // the driver's; it must not call CUDA), or at once where the graph could not take it.
   virtual Status retain_with_graph(void* graph, void (*release)(void*), void* arg) = 0;

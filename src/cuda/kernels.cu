@@ -25,6 +25,59 @@ extern "C" __global__ void __launch_bounds__(512)
   });
 }
 
+// out = in * factor as kProd multiplies (factor one element of `type`: read from `device_factor`
+// where that is not null, else the low bytes of `factor_bits`), or, for an integer type where
+// `divisor` is not 0, out = in / divisor truncated toward zero (Cuda::scale_on_stream: NCCL's
+// ncclAvg and pre-multiplied sums). Each thread reads its elements before writing them, so out may
+// be in; where both are 16-byte aligned the body goes in 16-byte loads and stores.
+extern "C" __global__ void __launch_bounds__(512)
+    ferry_scale(void* out_buffer, const void* in_buffer, unsigned long long count, int type,
+                const void* device_factor, unsigned long long factor_bits,
+                unsigned long long divisor) {
+  with_element(type, [&](auto element, bool integer) {
+    using E = decltype(element);
+    using T = typename E::Storage;
+    T factor;
+    if (device_factor != nullptr) {
+      factor = *static_cast<const T*>(device_factor);
+    } else {
+      memcpy(&factor, &factor_bits, sizeof(T));  // little-endian: the low bytes
+    }
+    auto apply = [&](T x) -> T {
+      if (divisor == 0 || !integer) return E::template combine<kProd>(x, factor);
+      if constexpr (std::is_integral<T>::value) {
+        // In 64 bits of T's signedness: a divisor above T's range is still exact. (float16 and
+        // bfloat16 are stored as uint16 but are not integers: never here.)
+        if constexpr (std::is_signed<T>::value) {
+          return static_cast<T>(static_cast<long long>(x) / static_cast<long long>(divisor));
+        } else {
+          return static_cast<T>(static_cast<unsigned long long>(x) / divisor);
+        }
+      }
+      return x;
+    };
+    constexpr std::size_t kVector = 16 / sizeof(T);
+    auto* out = static_cast<T*>(out_buffer);
+    const auto* in = static_cast<const T*>(in_buffer);
+    const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    const bool aligned =
+        ((reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(in)) & 15) == 0;
+    const std::size_t vectors = aligned ? count / kVector : 0;
+    for (std::size_t v = first; v < vectors; v += stride) {
+      union Lanes {
+        uint4 whole;
+        T item[kVector];
+      } x;
+      x.whole = reinterpret_cast<const uint4*>(in)[v];
+#pragma unroll
+      for (std::size_t j = 0; j < kVector; ++j) x.item[j] = apply(x.item[j]);
+      reinterpret_cast<uint4*>(out)[v] = x.whole;
+    }
+    for (std::size_t i = vectors * kVector + first; i < count; i += stride) out[i] = apply(in[i]);
+  });
+}
+
 // dst = src over `bytes` bytes of device memory (either may be a peer's IPC mapping): the copy
 // engine's work done by the SMs, where the engine's start-up per copy shows
 // (FERRY_CUDA_IPC_KERNEL_COPY).

@@ -7,13 +7,17 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "api/access.hpp"
 #include "cuda/driver.hpp"
 #include "nccl/state.hpp"
+#include "proto/engine.hpp"
 
 using ferry::Communicator;
 using ferry::Status;
@@ -62,10 +66,14 @@ ncclResult_t check_config(const ncclConfig_t* config, const char* what, bool* bl
 }
 
 // An operation made inside a group: run at the group's end, by a thread of its rank's.
+// What an operation leaves to do once it is enqueued (an integer ncclAvg's division): inside a
+// group, after the group's end enqueued it.
+using Afterwards = std::function<Status()>;
+
 struct Deferred {
   ncclComm_t comm;
   const char* what;
-  std::function<Status(Communicator&)> call;
+  std::function<Status(Communicator&, Afterwards*)> call;
   CUcontext context;  // current when it was made (the legacy stream is that context's)
 };
 
@@ -99,10 +107,70 @@ void settle(ncclComm_t comm) {
   if (comm->init_thread.joinable()) comm->init_thread.join();
 }
 
+// The GPU of `comm`'s Context, or why there is none.
+Status gpu_of(ncclComm_t comm, ferry::cuda::Cuda** gpu) {
+  ferry::coll::Group* group = ferry::CommunicatorAccess::group(comm->comm);
+  if (group == nullptr || group->detached()) {
+    return Status(ferry::Code::kInvalidArgument, "the communicator's Context has ended");
+  }
+  *gpu = group->engine()->cuda();
+  if (*gpu == nullptr) {
+    return Status(ferry::Code::kUnsupported,
+                  "this rank has no CUDA driver (the operation needs a stream to go on)");
+  }
+  return Status();
+}
+
+// The device `comm`'s work goes on (the one current at its init; 0 where none was).
+int device_of(ncclComm_t comm) { return std::max(comm->device, 0); }
+
+// `scale` of `count` elements of `type` from `in` to `out`, on `stream` after what is there.
+Status scale_on(ncclComm_t comm, cudaStream_t stream, void* out, const void* in, std::size_t count,
+                ferry::DataType type, const ferry::cuda::Cuda::Scale& scale) {
+  ferry::cuda::Cuda* gpu = nullptr;
+  if (Status s = gpu_of(comm, &gpu); !s) return s;
+  return gpu->scale_on_stream(reinterpret_cast<void*>(stream), device_of(comm), out, in, count,
+                              type, scale);
+}
+
+// Device memory of at least `bytes` for operations of `comm` on `stream` (ncclComm::scratch): the
+// largest it has for that stream, else a new one of at least twice that (the older ones stay:
+// what is enqueued, or captured, may still use them).
+Status scratch_for(ncclComm_t comm, cudaStream_t stream, std::size_t bytes, void** out) {
+  std::lock_guard guard(process().lock);
+  std::size_t largest = 0;
+  for (const ncclComm::Scratch& s : comm->scratch) {
+    if (s.stream != stream || s.bytes < largest) continue;
+    largest = s.bytes;
+    *out = s.memory;
+  }
+  if (largest >= bytes) return Status();
+  ferry::cuda::Cuda* gpu = nullptr;
+  if (Status s = gpu_of(comm, &gpu); !s) return s;
+  const std::size_t size = std::max(bytes, 2 * largest);
+  const int mode = gpu->relax_capture();  // an allocation is no stream work: allowed in a capture
+  Status s = gpu->allocate(device_of(comm), size, out);
+  gpu->restore_capture(mode);
+  if (!s) return s;
+  comm->scratch.push_back({stream, *out, size});
+  return Status();
+}
+
+// The scratch memory goes with its communicator (a free waits for the GPU's work on it).
+void free_scratch(ncclComm_t comm) {
+  if (comm->scratch.empty()) return;
+  ferry::cuda::Cuda* gpu = nullptr;
+  if (gpu_of(comm, &gpu).is_ok()) {
+    for (const ncclComm::Scratch& s : comm->scratch) gpu->release(device_of(comm), s.memory);
+  }
+  comm->scratch.clear();
+}
+
 // Lets a communicator go. Once no communicator of the job is left in this process, its ranks'
 // Contexts finalize, side by side (they wait for each other). Takes the process lock.
 void release(ncclComm_t comm) {
   settle(comm);
+  free_scratch(comm);
   auto& p = process();
   std::vector<Rank*> finished;
   {
@@ -284,26 +352,40 @@ ncclResult_t operation(const char* what, Traced traced, ncclComm_t comm, ncclDat
                       static_cast<int>(type), static_cast<void*>(traced.stream),
                       t_group.depth > 0 ? ", in a group" : "");
   }
+  auto run = [call, ferry_type](Communicator& c, Afterwards* after) {
+    if constexpr (std::is_invocable_v<Call, Communicator&, ferry::DataType, Afterwards*>) {
+      return call(c, ferry_type, after);
+    } else {
+      return call(c, ferry_type);
+    }
+  };
   if (t_group.depth > 0) {
-    t_group.operations.push_back(
-        {comm, what, [call, ferry_type](Communicator& c) { return call(c, ferry_type); },
-         current_context()});
+    t_group.operations.push_back({comm, what, run, current_context()});
     return ncclSuccess;
   }
-  Status s = call(comm->comm, ferry_type);
+  Afterwards after;
+  Status s = run(comm->comm, &after);
+  if (s.is_ok() && after) s = after();
   return s.is_ok() ? ncclSuccess : failed(what, s);
 }
 
+// A reduction: operation() with NCCL's op as ferry runs it (ncclAvg and pre-multiplied sums: the
+// scaling around ferry's sum, Reduction).
 template <typename Call>
 ncclResult_t reduction(const char* what, Traced traced, ncclComm_t comm, ncclDataType_t type,
                        ncclRedOp_t op, Call call) {
-  ferry::ReduceOp ferry_op{};
-  if (comm != nullptr) {
-    if (ncclResult_t r = ferry::nccl::to_ferry(op, &ferry_op); r != ncclSuccess) return r;
+  if (comm == nullptr) return fail(ncclInvalidArgument, std::string(what) + ": comm is NULL");
+  ferry::DataType checked{};
+  if (ncclResult_t r = ferry::nccl::to_ferry(type, &checked); r != ncclSuccess) return r;
+  if (ncclResult_t r = usable(what, comm); r != ncclSuccess) return r;
+  ferry::nccl::Reduction how;
+  if (ncclResult_t r = ferry::nccl::to_ferry(op, type, *comm, &how); r != ncclSuccess) {
+    return fail(r, std::string(what) + ": " + ferry::nccl::last_error());
   }
-  return operation(what, traced, comm, type, [call, ferry_op](Communicator& c, ferry::DataType t) {
-    return call(c, t, ferry_op);
-  });
+  return operation(what, traced, comm, type,
+                   [call, how](Communicator& c, ferry::DataType t, Afterwards* after) {
+                     return call(c, t, how, after);
+                   });
 }
 
 // A registration or window handle goes (it was made by `new char`).
@@ -659,26 +741,74 @@ ncclResult_t pncclMemFree(void* pointer) {
   return ncclSuccess;
 }
 
-ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t,
-                                       ncclScalarResidence_t, ncclComm_t) {
-  if (op == nullptr) return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: op is NULL");
-  return fail(ncclInvalidUsage,
-              "ncclRedOpCreatePreMulSum: pre-multiplied sums are not built in ferry's NCCL yet");
+ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
+                                       ncclScalarResidence_t residence, ncclComm_t comm) {
+  const char* what = "ncclRedOpCreatePreMulSum";
+  if (op == nullptr || scalar == nullptr) {
+    return fail(ncclInvalidArgument, std::string(what) + ": op or scalar is NULL");
+  }
+  if (ncclResult_t r = usable(what, comm); r != ncclSuccess) return r;
+  ferry::DataType t{};
+  if (ncclResult_t r = ferry::nccl::to_ferry(type, &t); r != ncclSuccess) return r;
+  if (type == ncclFloat8e4m3 || type == ncclFloat8e5m2) {
+    return fail(ncclInvalidUsage, std::string(what) +
+                                      ": reductions of the 8-bit float types are not built in "
+                                      "ferry's NCCL yet");
+  }
+  ferry::nccl::PreMulSum made{type, nullptr, 0};
+  if (residence == ncclScalarHostImmediate) {
+    std::memcpy(&made.bits, scalar, ferry::size_of(t));
+  } else if (residence == ncclScalarDevice) {
+    made.device = scalar;
+  } else {
+    return fail(ncclInvalidArgument, std::string(what) + ": residence " +
+                                         std::to_string(static_cast<int>(residence)) +
+                                         " is no ncclScalarResidence_t");
+  }
+  std::lock_guard guard(process().lock);
+  int value = ncclNumOps;  // the lowest free one
+  while (comm->premul_sums.count(value) != 0) ++value;
+  comm->premul_sums.emplace(value, made);
+  *op = static_cast<ncclRedOp_t>(value);
+  return ncclSuccess;
 }
 
 ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   if (comm == nullptr) return fail(ncclInvalidArgument, "ncclRedOpDestroy: comm is NULL");
+  std::lock_guard guard(process().lock);
+  if (comm->premul_sums.erase(static_cast<int>(op)) == 1) return ncclSuccess;
   return fail(ncclInvalidArgument,
               "ncclRedOpDestroy: reduction " + std::to_string(static_cast<int>(op)) +
-                  (op < ncclNumOps ? " is built in" : " was not made by ncclRedOpCreatePreMulSum"));
+                  (op < ncclNumOps ? " is built in"
+                                   : " was not made by ncclRedOpCreatePreMulSum on this "
+                                     "communicator (or was destroyed)"));
 }
 
 ncclResult_t pncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return reduction("ncclReduce", {count, stream}, comm, type, op,
-                   [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
-                     return c.reduce(send, recv, count, t, o, root, to_stream(stream));
-                   });
+  return reduction(
+      "ncclReduce", {count, stream}, comm, type, op,
+      [=](Communicator& c, ferry::DataType t, const ferry::nccl::Reduction& how,
+          Afterwards* after) {
+        const bool root_here = c.rank() == root;
+        const void* in = send;
+        if (how.pre_multiply && count > 0) {
+          // Scaled into the root's receive buffer, elsewhere into scratch memory.
+          void* scaled = recv;
+          if (!root_here || recv == nullptr) {
+            if (Status s = scratch_for(comm, stream, count * ferry::size_of(t), &scaled); !s) {
+              return s;
+            }
+          }
+          if (Status s = scale_on(comm, stream, scaled, send, count, t, how.scale); !s) return s;
+          in = scaled;
+        }
+        Status s = c.reduce(in, recv, count, t, how.op, root, to_stream(stream));
+        if (s.is_ok() && how.post_divide && root_here && count > 0) {
+          *after = [=] { return scale_on(comm, stream, recv, recv, count, t, how.scale); };
+        }
+        return s;
+      });
 }
 
 ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
@@ -713,18 +843,49 @@ ncclResult_t pncclBcast(void* buffer, size_t count, ncclDataType_t type, int roo
 ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return reduction("ncclAllReduce", {count, stream}, comm, type, op,
-                   [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
-                     return c.allreduce(send, recv, count, t, o, to_stream(stream));
+                   [=](Communicator& c, ferry::DataType t, const ferry::nccl::Reduction& how,
+                       Afterwards* after) {
+                     const void* in = send;
+                     if (how.pre_multiply && count > 0) {
+                       // Scaled into the receive buffer, then reduced there in place.
+                       if (Status s = scale_on(comm, stream, recv, send, count, t, how.scale); !s)
+                         return s;
+                       in = recv;
+                     }
+                     Status s = c.allreduce(in, recv, count, t, how.op, to_stream(stream));
+                     if (s.is_ok() && how.post_divide && count > 0) {
+                       *after = [=] {
+                         return scale_on(comm, stream, recv, recv, count, t, how.scale);
+                       };
+                     }
+                     return s;
                    });
 }
 
 ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t recv_count,
                                 ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                 cudaStream_t stream) {
-  return reduction("ncclReduceScatter", {recv_count, stream}, comm, type, op,
-                   [=](Communicator& c, ferry::DataType t, ferry::ReduceOp o) {
-                     return c.reduce_scatter(send, recv, recv_count, t, o, to_stream(stream));
-                   });
+  return reduction(
+      "ncclReduceScatter", {recv_count, stream}, comm, type, op,
+      [=](Communicator& c, ferry::DataType t, const ferry::nccl::Reduction& how,
+          Afterwards* after) {
+        const void* in = send;
+        if (how.pre_multiply && recv_count > 0) {
+          // Every member's blocks, scaled into scratch memory.
+          const std::size_t count = recv_count * static_cast<std::size_t>(c.size());
+          void* scaled = nullptr;
+          if (Status s = scratch_for(comm, stream, count * ferry::size_of(t), &scaled); !s) {
+            return s;
+          }
+          if (Status s = scale_on(comm, stream, scaled, send, count, t, how.scale); !s) return s;
+          in = scaled;
+        }
+        Status s = c.reduce_scatter(in, recv, recv_count, t, how.op, to_stream(stream));
+        if (s.is_ok() && how.post_divide && recv_count > 0) {
+          *after = [=] { return scale_on(comm, stream, recv, recv, recv_count, t, how.scale); };
+        }
+        return s;
+      });
 }
 
 ncclResult_t pncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
@@ -820,22 +981,32 @@ ncclResult_t pncclGroupEnd() {
     ferry::Context& context = *ranks[i]->context;
     CUcontext now = i == 0 ? caller : nullptr;
     context.group_start();
+    std::vector<std::pair<const char*, Afterwards>> afters;  // enqueued after the group's end
     for (Deferred& op : group.operations) {
       if (op.comm->owner != ranks[i]) continue;
       if (threads && op.context != nullptr && op.context != now) {
         ferry::cuda::driver()->cuCtxSetCurrent(op.context);  // as the thread that made it
         now = op.context;
       }
-      Status s = op.call(op.comm->comm);
+      Afterwards after;
+      Status s = op.call(op.comm->comm, &after);
       if (!s.is_ok() && results[i] == ncclSuccess) {
         results[i] = failed(op.what, s);
         errors[i] = ferry::nccl::last_error();
       }
+      if (s.is_ok() && after) afters.emplace_back(op.what, std::move(after));
     }
     Status s = context.group_end();
     if (!s.is_ok() && results[i] == ncclSuccess) {
       results[i] = failed("ncclGroupEnd", s);
       errors[i] = ferry::nccl::last_error();
+    }
+    for (auto& [what, after] : afters) {
+      if (!s.is_ok()) break;
+      if (Status a = after(); !a.is_ok() && results[i] == ncclSuccess) {
+        results[i] = failed(what, a);
+        errors[i] = ferry::nccl::last_error();
+      }
     }
   };
   // The first rank's part here, the others' on their workers, side by side.

@@ -9,11 +9,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+
+#include "coll/reduce.hpp"
 
 namespace ferry::nccl {
 namespace {
@@ -274,10 +277,9 @@ ncclResult_t to_ferry(ncclDataType_t type, DataType* out) {
     return ncclSuccess;
   }
   if (type == ncclFloat8e4m3 || type == ncclFloat8e5m2) {
-    return fail(ncclInvalidUsage,
-                std::string("the 8-bit float types (") +
-                    (type == ncclFloat8e4m3 ? "ncclFloat8e4m3" : "ncclFloat8e5m2") +
-                    ") are not built in ferry's NCCL yet");
+    // Moved as bytes; a reduction of them is refused (to_ferry of the op below).
+    *out = DataType::kUint8;
+    return ncclSuccess;
   }
   return fail(ncclInvalidArgument,
               "datatype " + std::to_string(static_cast<int>(type)) + " is no ncclDataType_t");
@@ -297,13 +299,71 @@ ncclResult_t to_ferry(ncclRedOp_t op, ReduceOp* out) {
     case ncclMin:
       *out = ReduceOp::kMin;
       return ncclSuccess;
-    case ncclAvg:
-      return fail(ncclInvalidUsage,
-                  "ncclAvg is not built in ferry's NCCL yet (ncclSum, then divide by the count)");
     default:
       return fail(ncclInvalidArgument, "reduction " + std::to_string(static_cast<int>(op)) +
                                            " is no ncclRedOp_t ferry's NCCL made");
   }
+}
+
+ncclResult_t to_ferry(ncclRedOp_t op, ncclDataType_t type, const ncclComm& comm, Reduction* out) {
+  *out = Reduction{};
+  if (type == ncclFloat8e4m3 || type == ncclFloat8e5m2) {
+    return fail(ncclInvalidUsage,
+                std::string("reductions of the 8-bit float types (") +
+                    (type == ncclFloat8e4m3 ? "ncclFloat8e4m3" : "ncclFloat8e5m2") +
+                    ") are not built in ferry's NCCL yet (they move as bytes: allgather, "
+                    "broadcast, send and receive take them)");
+  }
+  DataType t{};
+  if (ncclResult_t r = to_ferry(type, &t); r != ncclSuccess) return r;
+  if (op == ncclAvg) {
+    // As NCCL: a float average multiplies each input by 1/n (in the type), an integer one
+    // divides the sum by n (truncating).
+    const int n = comm.comm.size();
+    if (t <= DataType::kUint64) {
+      out->post_divide = true;
+      out->scale.divisor = static_cast<std::uint64_t>(n);
+      return ncclSuccess;
+    }
+    out->pre_multiply = true;
+    const float inverse = 1.0f / static_cast<float>(n);
+    switch (t) {
+      case DataType::kFloat16:
+        out->scale.factor_bits = coll::float_to_half(inverse);
+        break;
+      case DataType::kBfloat16:
+        out->scale.factor_bits = coll::float_to_bf16(inverse);
+        break;
+      case DataType::kFloat32:
+        out->scale.factor_bits = std::bit_cast<std::uint32_t>(inverse);
+        break;
+      default:
+        out->scale.factor_bits = std::bit_cast<std::uint64_t>(1.0 / static_cast<double>(n));
+        break;
+    }
+    return ncclSuccess;
+  }
+  if (op >= ncclNumOps) {
+    std::lock_guard guard(process().lock);
+    const auto made = comm.premul_sums.find(static_cast<int>(op));
+    if (made == comm.premul_sums.end()) {
+      return fail(ncclInvalidArgument,
+                  "reduction " + std::to_string(static_cast<int>(op)) +
+                      " is no ncclRedOp_t of this communicator (made by ncclRedOpCreatePreMulSum "
+                      "on another one, or destroyed?)");
+    }
+    if (made->second.type != type) {
+      return fail(ncclInvalidArgument, "reduction " + std::to_string(static_cast<int>(op)) +
+                                           " was made for datatype " +
+                                           std::to_string(static_cast<int>(made->second.type)) +
+                                           ", not " + std::to_string(static_cast<int>(type)));
+    }
+    out->pre_multiply = true;
+    out->scale.device_factor = made->second.device;
+    out->scale.factor_bits = made->second.bits;
+    return ncclSuccess;
+  }
+  return to_ferry(op, &out->op);
 }
 
 }  // namespace ferry::nccl

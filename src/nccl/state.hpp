@@ -12,18 +12,40 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry::nccl {
 struct Rank;
-}
+
+// A reduction ncclRedOpCreatePreMulSum made: each member's input times its scalar, then summed.
+struct PreMulSum {
+  ncclDataType_t type;
+  // The scalar: read at each operation from device memory where `device` (ncclScalarDevice),
+  // else the value at creation (ncclScalarHostImmediate), as the low bytes of `bits`.
+  const void* device;
+  std::uint64_t bits;
+};
+
+// A reduction as ferry runs it: ferry's op, and what ncclAvg or a pre-multiplied sum adds around
+// it (NCCL's own way: a float average multiplies each input by 1/n, an integer one divides the
+// sum by n).
+struct Reduction {
+  ReduceOp op = ReduceOp::kSum;
+  bool pre_multiply = false;  // each member's input times `scale` first
+  bool post_divide = false;   // the result divided by the member count afterwards
+  cuda::Cuda::Scale scale;
+};
+}  // namespace ferry::nccl
 
 // NCCL's handle: a communicator of one rank's Context. One made by ncclCommInitRank inside a group
 // is made at the group's end (`pending` until then).
@@ -35,6 +57,17 @@ struct ncclComm {
   // Revoked by ncclCommRevoke here (a member's revoke reaches the stream operations, whose
   // failure is the async error).
   std::atomic<bool> revoked{false};
+  // ncclRedOpCreatePreMulSum's reductions, by their ncclRedOp_t (ncclNumOps and up).
+  std::map<int, ferry::nccl::PreMulSum> premul_sums;
+  // Device memory a pre-multiplied input goes through where the receive buffer cannot hold it (a
+  // reduce-scatter's, a reduce's), one per stream so that operations on two streams never share
+  // one; kept until the communicator goes (a captured graph keeps using it).
+  struct Scratch {
+    cudaStream_t stream;
+    void* memory;
+    std::size_t bytes;
+  };
+  std::vector<Scratch> scratch;
   std::set<void*> registrations;  // ncclCommRegister's handles
   std::set<void*> windows;        // ncclCommWindowRegister's handles
   struct Pending {
@@ -131,9 +164,11 @@ bool tracing_calls();
 // ncclResetDebugInit: NCCL_DEBUG is read again at the next line.
 void reread_debug();
 
-// NCCL's element types and reductions in ferry's terms; false (and the error kept) for those
-// ferry has not (fp8, ncclAvg, PreMulSum) or that are no value of NCCL's.
+// NCCL's element types and reductions in ferry's terms; an error (kept) for those ferry has not
+// (fp8 reductions) or that are no value of NCCL's.
 ncclResult_t to_ferry(ncclDataType_t type, DataType* out);
 ncclResult_t to_ferry(ncclRedOp_t op, ReduceOp* out);
+// `op` on `type` in `comm` (ncclAvg and its pre-multiplied sums included), or the error kept.
+ncclResult_t to_ferry(ncclRedOp_t op, ncclDataType_t type, const ncclComm& comm, Reduction* out);
 
 }  // namespace ferry::nccl

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "coll/reduce.hpp"
+
 namespace ferry::test {
 namespace {
 
@@ -244,6 +246,21 @@ Status FakeCuda::enqueue_wait(void* stream, void* done, std::uint32_t value) {
 Status FakeCuda::copy_on_stream(void* stream, int /*device*/, void* dst, const void* src,
                                 std::size_t bytes) {
   stream_of(stream).enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return Status();
+}
+
+Status FakeCuda::scale_on_stream(void* stream, int /*device*/, void* out, const void* in,
+                                 std::size_t count, DataType type, const Scale& scale) {
+  stream_of(stream).enqueue([=] {
+    std::uint64_t bits = scale.factor_bits;
+    if (scale.device_factor != nullptr) std::memcpy(&bits, scale.device_factor, size_of(type));
+    const bool integer = type <= DataType::kUint64;
+    if (scale.divisor != 0 && integer) {
+      coll::divide_to(out, in, count, type, scale.divisor);
+    } else {
+      coll::multiply_to(out, in, count, type, &bits);
+    }
+  });
   return Status();
 }
 

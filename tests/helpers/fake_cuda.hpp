@@ -137,6 +137,8 @@ class FakeCuda final : public cuda::Cuda {
   Status enqueue_wait(void* stream, void* done, std::uint32_t value) override;
   Status copy_on_stream(void* stream, int device, void* dst, const void* src,
                         std::size_t bytes) override;
+  Status scale_on_stream(void* stream, int device, void* out, const void* in, std::size_t count,
+                         DataType type, const Scale& scale) override;
   Status retain_with_graph(void* graph, void (*release)(void*), void* arg) override;
   void defer_unmaps(bool /*defer*/) override {}
   void close_deferred() override {}

@@ -124,6 +124,10 @@ class CudaImpl final : public Cuda {
     ScopedContext scope(d_, devices_.get(ordinal).context);
     return streams::copy(d_, static_cast<CUstream>(stream), dst, src, bytes);
   }
+  Status scale_on_stream(void* stream, int ordinal, void* out, const void* in, std::size_t count,
+                         DataType type, const Scale& scale) override {
+    return launches_.scale_on_stream(stream, ordinal, out, in, count, type, scale);
+  }
   Status retain_with_graph(void* graph, void (*release)(void*), void* arg) override {
     return streams::retain(d_, static_cast<CUgraph>(graph), release, arg);
   }

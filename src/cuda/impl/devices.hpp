@@ -101,6 +101,7 @@ struct Device {
   CUfunction mesh_on_stream = nullptr;  // ferry_mesh_on_stream
   CUfunction p2p = nullptr;             // ferry_p2p_on_stream
   CUfunction p2p_2 = nullptr;           // the same for at most two ops
+  CUfunction scale = nullptr;           // ferry_scale
   std::string kernels_error;            // why the module could not be loaded
   int multiprocessors = 0;
   std::unordered_map<void*, std::size_t> sizes;  // allocate()'d, in use

@@ -74,6 +74,9 @@ std::string Launches::missing(int ordinal) {
       dev.p2p = nullptr;  // stream sends and receives go through the proxy
       dev.p2p_2 = nullptr;
     }
+    if (d_->cuModuleGetFunction(&dev.scale, dev.module, "ferry_scale") != CUDA_SUCCESS) {
+      dev.scale = nullptr;  // ncclAvg and pre-multiplied sums are refused
+    }
     d_->cuDeviceGetAttribute(&dev.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                              dev.handle);
   }
@@ -231,6 +234,33 @@ Status Launches::allreduce_oneshot(int ordinal, int lane_index, const Cuda::OneS
       static_cast<std::uint32_t>(ordinal * kLaneSlots) + static_cast<std::uint32_t>(lane_number);
   ticket->sequence = ++lane.issued;
   return Status::ok();
+}
+
+Status Launches::scale_on_stream(void* stream, int ordinal, void* out, const void* in,
+                                 std::size_t count, DataType type, const Cuda::Scale& scale) {
+  Device& dev = devices_.get(ordinal);
+  const std::string why = missing(ordinal);  // loads the module on first use
+  if (dev.scale == nullptr) {
+    return Status(Code::kUnsupported, why.empty() ? "the module has no ferry_scale" : why);
+  }
+  if (count == 0) return Status();
+  ScopedContext scope(d_, dev.context);
+  // One thread per 16 bytes, at most 4 blocks per multiprocessor (the loop strides over more).
+  constexpr unsigned kThreads = 512;
+  const std::size_t work = (count * size_of(type) + 15) / 16;
+  const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 4;
+  const auto blocks =
+      static_cast<unsigned>(std::clamp<std::size_t>((work + kThreads - 1) / kThreads, 1, most));
+  unsigned long long elements = count;
+  int type_number = static_cast<int>(type);
+  const void* device_factor = scale.device_factor;
+  unsigned long long factor_bits = scale.factor_bits;
+  unsigned long long divisor = scale.divisor;
+  void* params[] = {&out, &in, &elements, &type_number, &device_factor, &factor_bits, &divisor};
+  const CUresult result = d_->cuLaunchKernel(dev.scale, blocks, 1, 1, kThreads, 1, 1, 0,
+                                             static_cast<CUstream>(stream), params, nullptr);
+  if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_scale)", result);
+  return Status();
 }
 
 Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::OneShot& call) {

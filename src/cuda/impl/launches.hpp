@@ -20,6 +20,8 @@ class Launches {
                 DataType type, ReduceOp op, Ticket* ticket);
   Status allreduce_oneshot(int ordinal, int lane, const Cuda::OneShot& call, Ticket* ticket);
   Status collective_on_stream(void* stream, int ordinal, const Cuda::OneShot& call);
+  Status scale_on_stream(void* stream, int ordinal, void* out, const void* in, std::size_t count,
+                         DataType type, const Cuda::Scale& scale);
   Status p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::P2pOp> ops,
                        const Cuda::P2pRing& ring, void* words, std::uint64_t timeout_ns,
                        void* scratch, const Cuda::P2pRelease* release);

@@ -1,0 +1,289 @@
+// NCCL's API on ferry with the tests' stand-in CUDA (helpers/fake_cuda.hpp: host memory, streams
+// that are threads), so that what NCCL's operations do on streams runs without a GPU: ncclAvg and
+// pre-multiplied sums (the scaling ferry adds around its sum: before, and for an integer average
+// after, inside groups too), their ops' life (made per communicator, destroyed, used with the
+// wrong type), a device-resident scalar read when the operation runs (changed between two graph
+// replays), and the 8-bit float types moved as bytes. Built from the library's sources (its
+// objects), since the shared library exports NCCL's names only; each test forks its ranks.
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../helpers/fake_cuda.hpp"
+
+namespace {
+
+using ferry::test::FakeCuda;
+using ferry::test::FakeStream;
+
+// Inside a forked rank: counts what did not hold, saying which.
+struct Checks {
+  int rank;
+  int failures = 0;
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    ++failures;
+    std::fprintf(stderr, "rank %d: FAIL: %s (last error: %s)\n", rank, what.c_str(),
+                 ncclGetLastError(nullptr));
+  }
+};
+
+// Runs `body` in `n` forked ranks of one job (their communicator made, and destroyed after);
+// true when every one exits 0 within 60 s.
+bool run_ranks(int n, const std::function<void(Checks&, ncclComm_t, int n)>& body) {
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return false;
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(60);  // a hang ends the rank (and fails the test), not the suite
+      Checks checks{r};
+      ncclComm_t comm = nullptr;
+      checks.expect(ncclCommInitRank(&comm, n, id, r) == ncclSuccess, "init");
+      if (comm != nullptr) {
+        body(checks, comm, n);
+        checks.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+      }
+      std::fflush(nullptr);
+      ::_exit(checks.failures == 0 ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  bool all = true;
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok) std::fprintf(stderr, "rank %d ended with status 0x%x\n", r, status);
+    all = all && ok;
+  }
+  return all;
+}
+
+cudaStream_t handle(FakeStream& stream) { return reinterpret_cast<cudaStream_t>(stream.handle()); }
+
+bool last_error_says(const char* words) {
+  return std::strstr(ncclGetLastError(nullptr), words) != nullptr;
+}
+
+// Element i of rank r's input.
+float input(int r, std::size_t i) { return static_cast<float>(r * 100 + static_cast<int>(i % 7)); }
+
+// ncclAvg of floats: each input times 1/n, then summed; of integers: the sum divided by n,
+// truncated toward zero (here -5 + 1 + 1 = -3: -1; 1 + 1 + 1 = 3: 1, where dividing each input
+// first would give 0).
+TEST(NcclFake, AverageOfFloatsAndIntegers) {
+  ASSERT_TRUE(run_ranks(3, [](Checks& c, ncclComm_t comm, int n) {
+    FakeStream stream;
+    constexpr std::size_t kCount = 1000;
+    std::vector<float> send(kCount), recv(kCount, -1.0f);
+    for (std::size_t i = 0; i < kCount; ++i) send[i] = input(c.rank, i);
+    c.expect(ncclAllReduce(send.data(), recv.data(), kCount, ncclFloat, ncclAvg, comm,
+                           handle(stream)) == ncclSuccess,
+             "float allreduce ncclAvg");
+    std::vector<std::int32_t> ints(4, c.rank == 0 ? -5 : 1);
+    c.expect(ncclAllReduce(ints.data(), ints.data(), ints.size(), ncclInt32, ncclAvg, comm,
+                           handle(stream)) == ncclSuccess,
+             "int32 allreduce ncclAvg, in place");
+    stream.synchronize();
+    bool close = true;
+    for (std::size_t i = 0; i < kCount; ++i) {
+      double mean = 0;
+      for (int r = 0; r < n; ++r) mean += input(r, i);
+      mean /= n;
+      close = close && std::fabs(recv[i] - mean) <= 1e-5 * std::fabs(mean) + 1e-6;
+    }
+    c.expect(close, "the float average is the mean of the inputs");
+    c.expect(ints == std::vector<std::int32_t>(4, -1), "the int32 average truncates: -3 / 3");
+    std::vector<std::uint8_t> ones(8, 1), out(8, 9);
+    c.expect(ncclAllReduce(ones.data(), out.data(), ones.size(), ncclUint8, ncclAvg, comm,
+                           handle(stream)) == ncclSuccess,
+             "uint8 ncclAvg");
+    stream.synchronize();
+    c.expect(out == std::vector<std::uint8_t>(8, 1), "the sum divided after: 3 / 3, not 3 * 0");
+
+    // Reduce: only the root's result is divided; reduce-scatter: each member's block.
+    std::vector<std::int64_t> value(2, 10 * (c.rank + 1)), at_root(2, 0);
+    c.expect(ncclReduce(value.data(), at_root.data(), 2, ncclInt64, ncclAvg, 1, comm,
+                        handle(stream)) == ncclSuccess,
+             "int64 reduce ncclAvg");
+    std::vector<double> blocks(static_cast<std::size_t>(n) * 3), mine(3, 0);
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = (c.rank + 1) * 3.0 + double(i);
+    c.expect(ncclReduceScatter(blocks.data(), mine.data(), 3, ncclDouble, ncclAvg, comm,
+                               handle(stream)) == ncclSuccess,
+             "double reduce-scatter ncclAvg");
+    stream.synchronize();
+    if (c.rank == 1) c.expect(at_root == std::vector<std::int64_t>(2, 20), "(10+20+30)/3 at root");
+    bool block_ok = true;
+    for (std::size_t k = 0; k < 3; ++k) {
+      const double expected = 6.0 + double(static_cast<std::size_t>(c.rank) * 3 + k);
+      block_ok = block_ok && std::fabs(mine[k] - expected) < 1e-12;
+    }
+    c.expect(block_ok, "each block the mean of the members' blocks");
+
+    // Half precision: the inputs times 1/3 rounded to binary16 (as NCCL), summed: 3 * 0.3333 of 3.
+    std::vector<std::uint16_t> halves(4, 0x4200);  // 3.0
+    c.expect(ncclAllReduce(halves.data(), halves.data(), halves.size(), ncclFloat16, ncclAvg, comm,
+                           handle(stream)) == ncclSuccess,
+             "float16 ncclAvg");
+    stream.synchronize();
+    c.expect(halves[0] == 0x4200 || halves[0] == 0x41ff || halves[0] == 0x4201,
+             "the float16 average of 3s is 3 (to the last place)");
+  }));
+}
+
+// An integer average inside a group: the division goes after the group's end enqueued the sum.
+TEST(NcclFake, IntegerAverageInAGroupDividesAfterTheSum) {
+  ASSERT_TRUE(run_ranks(2, [](Checks& c, ncclComm_t comm, int) {
+    FakeStream stream;
+    std::vector<std::int32_t> a(16, 3), b(16, 0);
+    std::vector<float> f(16, 1.0f), g(16, 0.0f);
+    c.expect(ncclGroupStart() == ncclSuccess, "group start");
+    c.expect(ncclAllReduce(a.data(), b.data(), a.size(), ncclInt32, ncclAvg, comm,
+                           handle(stream)) == ncclSuccess,
+             "int32 ncclAvg in a group");
+    c.expect(ncclAllReduce(f.data(), g.data(), f.size(), ncclFloat, ncclSum, comm,
+                           handle(stream)) == ncclSuccess,
+             "a float sum beside it");
+    c.expect(ncclGroupEnd() == ncclSuccess, "group end");
+    stream.synchronize();
+    c.expect(b == std::vector<std::int32_t>(16, 3), "(3 + 3) / 2, divided once, after the sum");
+    c.expect(g == std::vector<float>(16, 2.0f), "the sum beside it");
+  }));
+}
+
+// ncclRedOpCreatePreMulSum: a host scalar taken at creation, a device scalar read when the
+// operation runs (a graph replayed after the scalar changed uses the new value), the op's type
+// checked, the op per communicator, destroyed once.
+TEST(NcclFake, PreMultipliedSums) {
+  ASSERT_TRUE(run_ranks(2, [](Checks& c, ncclComm_t comm, int) {
+    FakeStream stream;
+    float host_scalar = static_cast<float>(c.rank + 2);  // 2 and 3
+    ncclRedOp_t by_host{};
+    c.expect(ncclRedOpCreatePreMulSum(&by_host, &host_scalar, ncclFloat, ncclScalarHostImmediate,
+                                      comm) == ncclSuccess,
+             "create with a host scalar");
+    c.expect(by_host >= ncclNumOps, "a value past the built-in ops");
+    host_scalar = 100;  // taken at creation: no effect
+    std::vector<float> x(64, static_cast<float>(c.rank + 1)), y(64, 0);
+    c.expect(ncclAllReduce(x.data(), y.data(), x.size(), ncclFloat, by_host, comm,
+                           handle(stream)) == ncclSuccess,
+             "allreduce with it");
+    std::vector<float> blocks(2 * 5, 1.0f), part(5, 0);
+    c.expect(ncclReduceScatter(blocks.data(), part.data(), 5, ncclFloat, by_host, comm,
+                               handle(stream)) == ncclSuccess,
+             "reduce-scatter with it");
+    stream.synchronize();
+    c.expect(y == std::vector<float>(64, 2 * 1 + 3 * 2.0f), "2 * 1 + 3 * 2");
+    c.expect(part == std::vector<float>(5, 5.0f), "2 + 3 per element");
+    c.expect(blocks == std::vector<float>(10, 1.0f), "the input is left as it was");
+
+    // The wrong type; an op of another communicator; destroyed, then used.
+    std::vector<double> d(4, 1.0);
+    c.expect(ncclAllReduce(d.data(), d.data(), d.size(), ncclDouble, by_host, comm,
+                           handle(stream)) == ncclInvalidArgument &&
+                 last_error_says("was made for datatype"),
+             "an op made for floats refuses doubles");
+    ncclComm_t other = nullptr;
+    c.expect(ncclCommSplit(comm, 0, c.rank, &other, nullptr) == ncclSuccess, "split");
+    if (other != nullptr) {
+      c.expect(ncclAllReduce(x.data(), y.data(), x.size(), ncclFloat, by_host, other,
+                             handle(stream)) == ncclInvalidArgument &&
+                   last_error_says("no ncclRedOp_t of this communicator"),
+               "an op is its communicator's");
+      c.expect(ncclRedOpDestroy(by_host, other) == ncclInvalidArgument, "nor destroyed there");
+      ncclCommDestroy(other);
+    }
+    c.expect(ncclRedOpDestroy(by_host, comm) == ncclSuccess, "destroy");
+    c.expect(ncclRedOpDestroy(by_host, comm) == ncclInvalidArgument, "destroy twice");
+    c.expect(ncclRedOpDestroy(ncclSum, comm) == ncclInvalidArgument && last_error_says("built in"),
+             "a built-in op is not destroyed");
+    c.expect(ncclAllReduce(x.data(), y.data(), x.size(), ncclFloat, by_host, comm,
+                           handle(stream)) == ncclInvalidArgument,
+             "a destroyed op is refused");
+
+    // A scalar in (stand-in) device memory, read when the work runs: captured once, replayed with
+    // the scalar changed between the replays.
+    std::int32_t device_scalar = 1;
+    ncclRedOp_t by_device{};
+    c.expect(ncclRedOpCreatePreMulSum(&by_device, &device_scalar, ncclInt32, ncclScalarDevice,
+                                      comm) == ncclSuccess,
+             "create with a device scalar");
+    std::vector<std::int32_t> in(32, c.rank + 1), out(32, 0);
+    stream.begin_capture();
+    c.expect(ncclAllReduce(in.data(), out.data(), in.size(), ncclInt32, by_device, comm,
+                           handle(stream)) == ncclSuccess,
+             "captured");
+    std::unique_ptr<ferry::test::FakeGraph> graph = stream.end_capture();
+    c.expect(out == std::vector<std::int32_t>(32, 0), "nothing ran while capturing");
+    for (std::int32_t scalar : {1, 5, -2}) {
+      device_scalar = scalar;
+      graph->launch(stream);
+      stream.synchronize();
+      c.expect(out == std::vector<std::int32_t>(32, scalar * (1 + 2)),
+               "replay with scalar " + std::to_string(scalar) + ": " + std::to_string(out[0]) +
+                   " " + std::to_string(out[31]));
+    }
+    graph.reset();
+    c.expect(ncclRedOpDestroy(by_device, comm) == ncclSuccess, "destroy the device op");
+    c.expect(ncclRedOpCreatePreMulSum(nullptr, &device_scalar, ncclInt32, ncclScalarDevice, comm) ==
+                 ncclInvalidArgument,
+             "no op pointer");
+    c.expect(ncclRedOpCreatePreMulSum(&by_device, &device_scalar, ncclInt32,
+                                      static_cast<ncclScalarResidence_t>(7),
+                                      comm) == ncclInvalidArgument,
+             "no such residence");
+  }));
+}
+
+// The 8-bit float types move as bytes (allgather, broadcast, send/recv); reducing them is refused,
+// saying so.
+TEST(NcclFake, EightBitFloatsMoveAsBytes) {
+  ASSERT_TRUE(run_ranks(2, [](Checks& c, ncclComm_t comm, int n) {
+    FakeStream stream;
+    std::vector<std::uint8_t> mine(6, static_cast<std::uint8_t>(0xa0 + c.rank));
+    std::vector<std::uint8_t> all(6 * static_cast<std::size_t>(n), 0);
+    c.expect(ncclAllGather(mine.data(), all.data(), mine.size(), ncclFloat8e4m3, comm,
+                           handle(stream)) == ncclSuccess,
+             "fp8 allgather");
+    std::vector<std::uint8_t> peer(6, 0);
+    c.expect(ncclGroupStart() == ncclSuccess, "group start");
+    c.expect(ncclSend(mine.data(), mine.size(), ncclFloat8e5m2, 1 - c.rank, comm, handle(stream)) ==
+                 ncclSuccess,
+             "fp8 send");
+    c.expect(ncclRecv(peer.data(), peer.size(), ncclFloat8e5m2, 1 - c.rank, comm, handle(stream)) ==
+                 ncclSuccess,
+             "fp8 recv");
+    c.expect(ncclGroupEnd() == ncclSuccess, "group end");
+    stream.synchronize();
+    bool gathered = true;
+    for (std::size_t i = 0; i < all.size(); ++i) gathered = gathered && all[i] == 0xa0 + i / 6;
+    c.expect(gathered, "every member's bytes in order");
+    c.expect(peer == std::vector<std::uint8_t>(6, static_cast<std::uint8_t>(0xa0 + 1 - c.rank)),
+             "the peer's bytes");
+    c.expect(ncclAllReduce(mine.data(), mine.data(), mine.size(), ncclFloat8e4m3, ncclSum, comm,
+                           handle(stream)) == ncclInvalidUsage &&
+                 last_error_says("reductions of the 8-bit float types"),
+             "an fp8 reduction is refused, saying why");
+  }));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ferry::cuda::Cuda::set_factory_for_tests(&FakeCuda::make);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
