@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch's NCCL backend on a libnccl.so.2 (ferry's by LD_PRELOAD, or the one torch ships).
 
-Run on a machine with two GPUs, in a Python with torch:
+Run on a machine with two GPUs (or one, which both ranks share), in a Python with torch:
     python torch_check.py [--ferry LIB] [--rounds N] [check] [ddp] [kill]
 Each part starts two processes of this script (ranks 0 and 1, one GPU each) and prints one
 line per finding; the exit status is 0 only if every part passed.
-  check  all_reduce (sum, max, min, product; five types; 1 to 4 Mi elements), broadcast from
+  check  all_reduce (sum, max, min, product; five types; 1 to 4 Mi elements; avg and
+         pre-multiplied sums), reduce_scatter_tensor avg, broadcast from
          each root, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single,
          send/recv and batch_isend_irecv, barrier: each result compared with gloo's on the
          same inputs (reduce_scatter_tensor and all_to_all_single, which gloo lacks, with the
@@ -79,8 +80,9 @@ def setup():
     import torch
     import torch.distributed as dist
     rank = int(os.environ["RANK"])
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
+    index = rank % torch.cuda.device_count()  # one GPU: both ranks share it
+    torch.cuda.set_device(index)
+    dev = torch.device("cuda", index)
     dist.init_process_group("nccl", device_id=dev)
     return torch, dist, rank, dev
 
@@ -120,6 +122,34 @@ def worker_check():
                 want = x.clone()
                 dist.all_reduce(want, op=op, group=gloo)
                 same("all_reduce %s %s %d" % (name, dtype, n), got, want)
+    # ReduceOp.AVG (ncclAvg) and pre-multiplied sums (FSDP's; a host factor and a device one),
+    # against gloo's sum: with two ranks the factors (1/2, 2) are powers of two, so scaling each
+    # input or the sum agrees to the bit; an integer average truncates the sum.
+    premul = getattr(dist, "_make_nccl_premul_sum", None)
+    for dtype in [torch.float32, torch.bfloat16, torch.int64]:
+        for n in [1, 65536, 1 << 20]:
+            salt += 1
+            x = inputs(rank, n, dtype, salt)
+            total = x.clone()
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=gloo)
+            got = x.to(dev)
+            dist.all_reduce(got, op=dist.ReduceOp.AVG)
+            want = total / 2 if dtype.is_floating_point else torch.div(total, 2,
+                                                                        rounding_mode="trunc")
+            same("all_reduce avg %s %d" % (dtype, n), got, want)
+            if premul is None or not dtype.is_floating_point:
+                continue
+            for name, factor in [("host", 2.0), ("device", torch.tensor([2.0], device=dev))]:
+                got = x.to(dev)
+                dist.all_reduce(got, op=premul(factor))
+                same("all_reduce premul %s %s %d" % (name, dtype, n), got, total * 2)
+        salt += 1
+        every = [inputs(r, 2 * 4096, dtype, salt) for r in range(2)]
+        got = torch.empty(4096, dtype=dtype, device=dev)
+        dist.reduce_scatter_tensor(got, every[rank].to(dev), op=dist.ReduceOp.AVG)
+        both = (every[0] + every[1])[rank * 4096:(rank + 1) * 4096]
+        same("reduce_scatter_tensor avg %s" % dtype, got,
+             both / 2 if dtype.is_floating_point else torch.div(both, 2, rounding_mode="trunc"))
     for n in [1, 4097, 1 << 22]:
         for root in range(2):
             salt += 1
