@@ -818,14 +818,12 @@ ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclData
         // ferry's broadcast is in place: the root's data goes into its receive buffer first, on the
         // same stream, so the broadcast (enqueued after it, also in a group) sends it from there.
         if (c.rank() == root && send != recv && count > 0) {
-          std::string why;
-          const ferry::cuda::Driver* d = ferry::cuda::driver(&why);
-          if (d == nullptr) return Status(ferry::Code::kUnsupported, "no CUDA driver: " + why);
-          const CUresult r = d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(recv),
-                                              reinterpret_cast<CUdeviceptr>(send),
-                                              count * ferry::size_of(t), stream);
-          if (r != CUDA_SUCCESS) {
-            return Status(ferry::Code::kIoError, "cuMemcpyAsync: " + ferry::cuda::error_string(r));
+          ferry::cuda::Cuda* gpu = nullptr;
+          if (Status s = gpu_of(comm, &gpu); !s) return s;
+          if (Status s = gpu->copy_on_stream(reinterpret_cast<void*>(stream), device_of(comm), recv,
+                                             send, count * ferry::size_of(t));
+              !s) {
+            return s;
           }
         }
         return c.broadcast(recv, count, t, root, to_stream(stream));

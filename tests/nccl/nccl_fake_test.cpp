@@ -3,8 +3,10 @@
 // pre-multiplied sums (the scaling ferry adds around its sum: before, and for an integer average
 // after, inside groups too), their ops' life (made per communicator, destroyed, used with the
 // wrong type), a device-resident scalar read when the operation runs (changed between two graph
-// replays), and the 8-bit float types moved as bytes. Built from the library's sources (its
-// objects), since the shared library exports NCCL's names only; each test forks its ranks.
+// replays), the 8-bit float types moved as bytes; and every operation on a stream, alone, in a
+// group, captured and replayed, and two ranks driven by one thread. Built from the library's
+// sources (its objects), since the shared library exports NCCL's names only; each test forks its
+// ranks.
 #include <gtest/gtest.h>
 #include <nccl.h>
 #include <sys/wait.h>
@@ -278,6 +280,184 @@ TEST(NcclFake, EightBitFloatsMoveAsBytes) {
                  last_error_says("reductions of the 8-bit float types"),
              "an fp8 reduction is refused, saying why");
   }));
+}
+
+// Element i of rank r's data for operation `salt`.
+std::int32_t value(int salt, int r, std::size_t i) {
+  return salt * 1000003 + r * 10007 + static_cast<std::int32_t>(i);
+}
+
+std::vector<std::int32_t> filled(int salt, int r, std::size_t count) {
+  std::vector<std::int32_t> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = value(salt, r, i);
+  return v;
+}
+
+// Every operation of NCCL's API on one stream, each alone and then all of them inside one group,
+// the results checked against what every rank's inputs make.
+TEST(NcclFake, EveryOperationOnAStream) {
+  ASSERT_TRUE(run_ranks(3, [](Checks& c, ncclComm_t comm, int n) {
+    FakeStream stream;
+    const cudaStream_t s = handle(stream);
+    const std::size_t kCount = 300;
+    const auto nn = static_cast<std::size_t>(n);
+    for (bool grouped : {false, true}) {
+      const int base = grouped ? 100 : 0;
+      std::vector<std::int32_t> bcast_in = filled(base + 1, c.rank, kCount), bcast_out(kCount, -1);
+      std::vector<std::int32_t> inplace = filled(base + 2, c.rank, kCount);
+      std::vector<std::int32_t> red_in = filled(base + 3, c.rank, kCount), red_out(kCount, -1);
+      std::vector<std::int32_t> ag_in = filled(base + 4, c.rank, kCount), ag_out(nn * kCount, -1);
+      std::vector<std::int32_t> rs_in = filled(base + 5, c.rank, nn * kCount), rs_out(kCount, -1);
+      std::vector<std::int32_t> a2a_in = filled(base + 6, c.rank, nn * kCount),
+                                a2a_out(nn * kCount, -1);
+      std::vector<std::int32_t> ga_in = filled(base + 7, c.rank, kCount), ga_out(nn * kCount, -1);
+      std::vector<std::int32_t> sc_in = filled(base + 8, c.rank, nn * kCount), sc_out(kCount, -1);
+      std::vector<std::int32_t> ring_in = filled(base + 9, c.rank, kCount), ring_out(kCount, -1);
+      const int next = (c.rank + 1) % n;
+      const int prev = (c.rank + n - 1) % n;
+      if (grouped) c.expect(ncclGroupStart() == ncclSuccess, "group start");
+      c.expect(ncclBroadcast(bcast_in.data(), bcast_out.data(), kCount, ncclInt32, 1, comm, s) ==
+                   ncclSuccess,
+               "broadcast");
+      c.expect(ncclBcast(inplace.data(), kCount, ncclInt32, 2, comm, s) == ncclSuccess, "bcast");
+      c.expect(ncclReduce(red_in.data(), red_out.data(), kCount, ncclInt32, ncclSum, 0, comm, s) ==
+                   ncclSuccess,
+               "reduce");
+      c.expect(
+          ncclAllGather(ag_in.data(), ag_out.data(), kCount, ncclInt32, comm, s) == ncclSuccess,
+          "allgather");
+      c.expect(ncclReduceScatter(rs_in.data(), rs_out.data(), kCount, ncclInt32, ncclMax, comm,
+                                 s) == ncclSuccess,
+               "reduce-scatter");
+      c.expect(
+          ncclAlltoAll(a2a_in.data(), a2a_out.data(), kCount, ncclInt32, comm, s) == ncclSuccess,
+          "alltoall");
+      c.expect(
+          ncclGather(ga_in.data(), ga_out.data(), kCount, ncclInt32, 1, comm, s) == ncclSuccess,
+          "gather");
+      c.expect(
+          ncclScatter(sc_in.data(), sc_out.data(), kCount, ncclInt32, 2, comm, s) == ncclSuccess,
+          "scatter");
+      if (!grouped) c.expect(ncclGroupStart() == ncclSuccess, "the ring's group");
+      c.expect(ncclSend(ring_in.data(), kCount, ncclInt32, next, comm, s) == ncclSuccess, "send");
+      c.expect(ncclRecv(ring_out.data(), kCount, ncclInt32, prev, comm, s) == ncclSuccess, "recv");
+      c.expect(ncclGroupEnd() == ncclSuccess, "group end");
+      stream.synchronize();
+      const std::string how = grouped ? " (in a group)" : "";
+      c.expect(bcast_out == filled(base + 1, 1, kCount), "broadcast's data" + how);
+      c.expect(inplace == filled(base + 2, 2, kCount), "bcast's data" + how);
+      if (c.rank == 0) {
+        bool sum = true;
+        for (std::size_t i = 0; i < kCount; ++i) {
+          std::int32_t want = 0;
+          for (int r = 0; r < n; ++r) want += value(base + 3, r, i);
+          sum = sum && red_out[i] == want;
+        }
+        c.expect(sum, "reduce's sum at the root" + how);
+      }
+      bool gathered = true, scattered_max = true, exchanged = true;
+      for (std::size_t b = 0; b < nn; ++b) {
+        for (std::size_t i = 0; i < kCount; ++i) {
+          gathered = gathered && ag_out[b * kCount + i] == value(base + 4, int(b), i);
+          exchanged =
+              exchanged && a2a_out[b * kCount + i] == value(base + 6, int(b), c.rank * kCount + i);
+        }
+      }
+      for (std::size_t i = 0; i < kCount; ++i) {
+        scattered_max = scattered_max && rs_out[i] == value(base + 5, n - 1, c.rank * kCount + i);
+      }
+      c.expect(gathered, "allgather's blocks" + how);
+      c.expect(scattered_max, "reduce-scatter's max" + how);
+      c.expect(exchanged, "alltoall's blocks" + how);
+      if (c.rank == 1) {
+        bool all = true;
+        for (std::size_t b = 0; b < nn; ++b) {
+          for (std::size_t i = 0; i < kCount; ++i) {
+            all = all && ga_out[b * kCount + i] == value(base + 7, int(b), i);
+          }
+        }
+        c.expect(all, "gather's blocks at the root" + how);
+      }
+      bool part = true;
+      for (std::size_t i = 0; i < kCount; ++i) {
+        part = part && sc_out[i] == value(base + 8, 2, c.rank * kCount + i);
+      }
+      c.expect(part, "scatter's block" + how);
+      c.expect(ring_out == filled(base + 9, prev, kCount), "the ring's message" + how);
+    }
+    ncclResult_t async = ncclInternalError;
+    c.expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess,
+             "no async error");
+  }));
+}
+
+// Operations captured in a graph with the work that fills their inputs, replayed: every replay
+// moves that replay's data (an allreduce, an allgather, a broadcast from another root).
+TEST(NcclFake, CapturedOperationsReplay) {
+  ASSERT_TRUE(run_ranks(2, [](Checks& c, ncclComm_t comm, int n) {
+    FakeStream stream;
+    const cudaStream_t s = handle(stream);
+    const std::size_t kCount = 64;
+    std::vector<std::int32_t> in(kCount), sum(kCount), all(2 * kCount), root(kCount);
+    int round = 0;
+    // A call of the stream's own first (the graph's words may be ones it used).
+    c.expect(
+        ncclAllReduce(in.data(), sum.data(), kCount, ncclInt32, ncclSum, comm, s) == ncclSuccess,
+        "a call before the capture");
+    stream.synchronize();
+    stream.begin_capture();
+    stream.enqueue([&] {
+      for (std::size_t i = 0; i < kCount; ++i) in[i] = value(round, c.rank, i);
+      for (std::size_t i = 0; i < kCount; ++i) root[i] = value(round + 50, c.rank, i);
+    });
+    c.expect(
+        ncclAllReduce(in.data(), sum.data(), kCount, ncclInt32, ncclSum, comm, s) == ncclSuccess,
+        "allreduce captured");
+    c.expect(ncclAllGather(in.data(), all.data(), kCount, ncclInt32, comm, s) == ncclSuccess,
+             "allgather captured");
+    c.expect(ncclBcast(root.data(), kCount, ncclInt32, 1, comm, s) == ncclSuccess,
+             "bcast captured");
+    std::unique_ptr<ferry::test::FakeGraph> graph = stream.end_capture();
+    int wrong = 0;
+    for (round = 1; round <= 10; ++round) {
+      graph->launch(stream);
+      stream.synchronize();
+      for (std::size_t i = 0; i < kCount; ++i) {
+        if (sum[i] != value(round, 0, i) + value(round, 1, i) || all[i] != value(round, 0, i) ||
+            all[kCount + i] != value(round, 1, i) || root[i] != value(round + 50, 1, i)) {
+          ++wrong;
+          break;
+        }
+      }
+    }
+    c.expect(wrong == 0, std::to_string(wrong) + " of 10 replays wrong");
+    graph.reset();
+    (void)n;
+  }));
+}
+
+// One thread drives two ranks of a job (nccl-tests' -g 2): ncclCommInitAll, then each rank's
+// operation inside one group, on a stream of its own.
+TEST(NcclFake, OneThreadDrivesTwoRanks) {
+  std::vector<ncclComm_t> comms(2, nullptr);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), 2, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+  FakeStream streams[2];
+  std::vector<std::vector<float>> in{std::vector<float>(1000, 1.5f),
+                                     std::vector<float>(1000, 2.0f)};
+  std::vector<std::vector<float>> out(2, std::vector<float>(1000, 0));
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ncclAllReduce(in[r].data(), out[r].data(), 1000, ncclFloat, ncclAvg, comms[r],
+                              handle(streams[r])),
+                ncclSuccess)
+          << ncclGetLastError(nullptr);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    for (auto& st : streams) st.synchronize();
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(out[r], std::vector<float>(1000, 1.75f)) << "rank " << r;
+  }
+  for (ncclComm_t comm : comms) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 }  // namespace
