@@ -378,8 +378,10 @@ class Context {
   // Context's, not the calling thread's.
   void group_start();
   Status group_end();
-  // The first failure of a stream-ordered operation of this Context (its stream went on, its
-  // results are not valid), or ok. It stays: every later stream call fails with it too.
+  // The first failure of a stream-ordered operation of this Context, on any of its
+  // communicators (its stream went on, its results are not valid), or ok. It stays.
+  // Communicator::async_error is one communicator's, which refuses that communicator's later
+  // stream calls.
   [[nodiscard]] Status async_error() const;
 
   // What each rank of the job waits for now, a line each: "rank 2: waiting 3.20 s: allreduce #4
@@ -537,10 +539,15 @@ class Communicator {
   // graph must not be replayed after its communicator is gone.
   //
   // The return value says whether the call was enqueued (arguments, the stream, and an earlier
-  // failure: Context::async_error). A failure while it runs (a dead member, FERRY_TIMEOUT) does
-  // not stop the stream: the stream goes on, the results are not valid, and Context::async_error
-  // says what happened. The Context's destruction releases every stream still waiting.
+  // failure of this communicator's: async_error). A failure while it runs (a dead member,
+  // FERRY_TIMEOUT) does not stop the stream: the stream goes on, the results are not valid, and
+  // async_error (this communicator's, as ncclCommGetAsyncError) says what happened; from then on
+  // this communicator's stream calls are refused, while others (one shrunk without the dead
+  // member) go on. The Context's destruction releases every stream still waiting.
   Status barrier(CudaStream stream);
+  // The first failure of this communicator's stream operations (or of its kernels, which ferry's
+  // thread watches), or ok; kInvalidArgument for one that is not valid or whose Context ended.
+  [[nodiscard]] Status async_error() const;
   Status broadcast(void* buffer, std::size_t count, DataType type, int root, CudaStream stream);
   Status reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                 int root, CudaStream stream);

@@ -299,8 +299,9 @@ Status enqueue_collective(const std::shared_ptr<coll::Group>& group, CudaStream 
       stream_parts(group, name, &revoked, stream, moves_data);
   if (!revoked.is_ok()) return revoked;
   std::shared_ptr<coll::Group> twin = std::move(parts.first);
+  const std::uint32_t comm = twin->base_id();
   return parts.second->enqueue(
-      stream,
+      comm, stream,
       [twin, build] {
         auto inner = twin->engine()->enter();
         return twin->start([&](coll::Plan& p) { return build(*twin, p); });
@@ -319,10 +320,10 @@ Status alone_on_stream(const std::shared_ptr<coll::Group>& group, CudaStream str
   proto::Engine* engine = group->engine();
   auto entry = engine->enter();
   if (group->revoked()) return group->revoked_status(std::string(name) + " on a stream");
-  if (Status error = engine->streams().async_error(); !error) {
+  if (Status error = engine->streams().async_error(group->base_id()); !error) {
     return Status(error.code(), std::string(name) +
-                                    " on a stream: not enqueued, an earlier stream operation "
-                                    "failed: " +
+                                    " on a stream: not enqueued, an earlier stream operation of "
+                                    "this communicator failed: " +
                                     error.message());
   }
   cuda::Cuda* gpu = engine->cuda();
@@ -435,8 +436,8 @@ Status enqueue_message(const std::shared_ptr<coll::Group>& group, bool sending, 
     p2p = &twin->stream_p2p();
   }
   std::string what = std::string(name) + (sending ? " to " : " from ") + group->peer_label(peer);
-  return streams->enqueue(stream, p2p, coll::StreamP2p::work(twin, sending, buffer, bytes, peer),
-                          what);
+  return streams->enqueue(group->base_id(), stream, p2p,
+                          coll::StreamP2p::work(twin, sending, buffer, bytes, peer), what);
 }
 
 }  // namespace
@@ -552,5 +553,10 @@ Status Communicator::scatter(const void* send, void* recv, std::size_t count, Da
 void Context::group_start() { streams_of(engine_.get()).group_start(); }
 Status Context::group_end() { return streams_of(engine_.get()).group_end(); }
 Status Context::async_error() const { return streams_of(engine_.get()).async_error(); }
+
+Status Communicator::async_error() const {
+  if (Status s = unusable(group_); !s) return s;
+  return streams_of(group_->engine()).async_error(group_->base_id());
+}
 
 }  // namespace ferry

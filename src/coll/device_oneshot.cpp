@@ -220,7 +220,7 @@ Status DeviceOneShot::prepare(int device) {
   FERRY_LOG(kInfo, "collectives: one-shot device allreduce%s ready on cuda:%d (%d members, %zu B)",
             on_stream_ ? " on streams" : "", device, n, bytes_);
   if (on_stream_) {
-    o.watch = group_.engine()->streams().watch([this] { return watch(); });
+    o.watch = group_.engine()->streams().watch(group_.base_id(), [this] { return watch(); });
     return Status();
   }
   prepare_resident();
@@ -475,7 +475,9 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
   {
     auto entry = engine->enter();
     // What the thread's path reports at once.
-    if (group.revoked() || !engine->streams().async_error().is_ok()) return Status();
+    if (group.revoked() || !engine->streams().async_error(group.base_id()).is_ok()) {
+      return Status();
+    }
     std::shared_ptr<Group> twin = group.kernel_twin();
     DeviceOneShot& kernels = twin->oneshot();
     // The set-up's CUDA calls are legal while this thread's stream captures a graph.

@@ -152,7 +152,7 @@ Status StreamP2p::prepare_common(int device) {
     return s;
   }
   if (s = gpu->zero(device, scratch_, cuda::Cuda::kP2pScratchBytes); !s) return s;
-  watch_ = twin_.engine()->streams().watch([this] { return watch(); });
+  watch_ = twin_.engine()->streams().watch(twin_.base_id(), [this] { return watch(); });
   return Status();
 }
 

@@ -642,7 +642,7 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) 
   }
   // Polled often (PyTorch's watchdog thread, every few milliseconds): it reads flags and never
   // takes the engine's lock to drive it, which the threads that wait do.
-  Status s = comm->owner->context->async_error();
+  Status s = comm->comm.async_error();
   if (s.is_ok() && comm->revoked.load()) {
     s = Status(ferry::Code::kRevoked, "the communicator was revoked");
   }

@@ -60,21 +60,24 @@ std::uint32_t* StreamOps::word(std::uint32_t index) const {
                                           (index % kPairsPerPage) * kPairBytes);
 }
 
-Status StreamOps::enqueue(CudaStream stream, Start start, const std::string& what) {
-  return enqueue_pending({stream, std::move(start), what});
+Status StreamOps::enqueue(std::uint32_t comm, CudaStream stream, Start start,
+                          const std::string& what) {
+  return enqueue_pending({comm, stream, std::move(start), what});
 }
 
-Status StreamOps::enqueue(CudaStream stream, Fuser* fuser, std::shared_ptr<DeviceWork> work,
-                          const std::string& what) {
-  return enqueue_pending({stream, Start(), what, fuser, std::move(work)});
+Status StreamOps::enqueue(std::uint32_t comm, CudaStream stream, Fuser* fuser,
+                          std::shared_ptr<DeviceWork> work, const std::string& what) {
+  return enqueue_pending({comm, stream, Start(), what, fuser, std::move(work)});
 }
 
 Status StreamOps::enqueue_pending(Pending pending) {
   if (failed_.load(std::memory_order_acquire)) {
-    Status error = async_error();
-    return Status(
-        error.code(),
-        pending.what + ": not enqueued, an earlier stream operation failed: " + error.message());
+    if (Status error = async_error(pending.comm); !error) {
+      return Status(error.code(), pending.what +
+                                      ": not enqueued, an earlier stream operation of this "
+                                      "communicator failed: " +
+                                      error.message());
+    }
   }
   {
     std::lock_guard lock(mutex_);
@@ -148,15 +151,24 @@ Status StreamOps::async_error() const {
   return error_;
 }
 
-void StreamOps::fail(const Status& status) {
+Status StreamOps::async_error(std::uint32_t comm) const {
   std::lock_guard lock(error_mutex_);
-  if (!error_.is_ok()) {
+  const auto found = comm_errors_.find(comm);
+  return found == comm_errors_.end() ? Status::ok() : found->second;
+}
+
+void StreamOps::fail(std::uint32_t comm, const Status& status) {
+  std::lock_guard lock(error_mutex_);
+  const bool first_of_comm = comm_errors_.emplace(comm, status).second;
+  if (!first_of_comm) {
     FERRY_LOG(kDebug, "%s", status.message().c_str());
     return;
   }
-  error_ = status;
+  const bool first = error_.is_ok();
+  if (first) error_ = status;
   failed_.store(true, std::memory_order_release);
-  FERRY_LOG(kWarn, "%s (the Context's asynchronous error now)", status.message().c_str());
+  FERRY_LOG(kWarn, "%s (communicator %u's asynchronous error now%s)", status.message().c_str(),
+            comm, first ? ", and the Context's" : "");
 }
 
 void StreamOps::keep_for_good(std::vector<Page> pages) {
@@ -377,34 +389,26 @@ bool StreamOps::start_if_reached(Slot& slot) {
 bool StreamOps::advance(Slot& slot) {
   bool done = true;
   for (Request& r : slot.running) done = r.test() && done;
-  Status failure;
-  if (!done) {
-    if (Clock::now() < slot.deadline) return false;
-    // FERRY_TIMEOUT: the stream goes on; a receive that has not matched is withdrawn, and a
-    // collective's kernels stop waiting for their peers.
-    for (std::size_t i = 0; i < slot.running.size(); ++i) {
-      Request& r = slot.running[i];
-      if (r.test()) continue;
+  if (!done && Clock::now() < slot.deadline) return false;
+  // Each operation that failed becomes its communicator's error. Under FERRY_TIMEOUT the stream
+  // goes on: a receive that has not matched is withdrawn, and a collective's kernels stop
+  // waiting for their peers.
+  for (std::size_t i = 0; i < slot.running.size(); ++i) {
+    Request& r = slot.running[i];
+    if (!r.test()) {
       r.cancel();
       {
         auto entry = engine_.enter();
         engine_.operations().abandon(Engine::index_of(r));
       }
-      if (failure.is_ok()) {
-        failure = Status(Code::kTimeout, "stream " + slot.work[i].what +
-                                             " not complete within FERRY_TIMEOUT (" +
-                                             std::to_string(engine_.waiting().timeout()) + " s)");
-      }
+      fail(slot.work[i].comm,
+           Status(Code::kTimeout, "stream " + slot.work[i].what +
+                                      " not complete within FERRY_TIMEOUT (" +
+                                      std::to_string(engine_.waiting().timeout()) + " s)"));
+    } else if (Status s = r.status(); !s) {
+      fail(slot.work[i].comm, Status(s.code(), "stream " + slot.work[i].what + ": " + s.message()));
     }
   }
-  for (std::size_t i = 0; i < slot.running.size() && failure.is_ok(); ++i) {
-    Request& r = slot.running[i];
-    if (!r.test()) continue;
-    if (Status s = r.status(); !s) {
-      failure = Status(s.code(), "stream " + slot.work[i].what + ": " + s.message());
-    }
-  }
-  if (!failure.is_ok()) fail(failure);
   slot.running.clear();
   slot.in_flight = false;
   __atomic_store_n(&slot.words[2], slot.value, __ATOMIC_RELEASE);
@@ -549,9 +553,9 @@ void StreamOps::start_proxy() {
   if (!proxy_.joinable() && !stopping_.load()) proxy_ = std::thread([this] { loop(); });
 }
 
-int StreamOps::watch(Watch check) {
+int StreamOps::watch(std::uint32_t comm, Watch check) {
   const int id = next_watch_++;
-  watches_.emplace(id, std::move(check));
+  watches_.emplace(id, std::make_pair(comm, std::move(check)));
   watching_.store(true, std::memory_order_release);
   std::lock_guard lock(mutex_);
   start_proxy();
@@ -567,8 +571,8 @@ void StreamOps::check_watches() {
   auto entry = engine_.enter();
   engine_.progress();
   engine_.look_for_failures();
-  for (auto& [id, check] : watches_) {
-    if (Status s = check(); !s) fail(s);
+  for (auto& [id, watch] : watches_) {
+    if (Status s = watch.second(); !s) fail(watch.first, s);
   }
 }
 
@@ -590,7 +594,8 @@ void StreamOps::stop() {
   for (auto& s : slots_) {
     if (s->in_flight) {
       ++running;
-      fail(Status(Code::kInvalidArgument,
+      fail(s->work.front().comm,
+           Status(Code::kInvalidArgument,
                   "stream " + s->work.front().what + ": the Context was finalized while it ran"));
     }
     s->running.clear();

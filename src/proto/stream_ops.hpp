@@ -9,10 +9,10 @@
 // non-blocking calls, so every path and fallback of the host-synchronous ones applies), advances
 // them and writes "done" when they end, failed or not: the stream is always released. (A group of
 // kernels whose thread work depends on what they find writes "ready" or "done" itself: Release.)
-// A failure becomes the Context's asynchronous error (Context::async_error, and the next stream
-// call). A
-// captured hand-off keeps its words as long as its graph lives (a CUDA user object tells when it
-// goes), and each replay starts its operations again with the arguments of the capture.
+// A failure becomes its communicator's asynchronous error (Communicator::async_error, and that
+// communicator's next stream call; Context::async_error is the first of any). A captured hand-off
+// keeps its words as long as its graph lives (a CUDA user object tells when it goes), and each
+// replay starts its operations again with the arguments of the capture.
 //
 // Order: the proxy starts the operations in the order their streams reach them, so the stream
 // calls of one communicator go on one stream (or streams ordered among themselves), the same
@@ -83,11 +83,12 @@ class StreamOps {
   // group). `what` names the call in errors ("allreduce"). Fails, enqueueing nothing, where
   // stream operations cannot run here (no CUDA, FERRY_THREADS=single), the stream is not
   // usable, or an earlier stream operation failed (the asynchronous error).
-  Status enqueue(CudaStream stream, Start start, const std::string& what);
+  // `comm` is the communicator's id (Group::base_id), whose asynchronous error a failure becomes.
+  Status enqueue(std::uint32_t comm, CudaStream stream, Start start, const std::string& what);
   // The same for an operation that `fuser` makes into kernels on the stream (and maybe a part
   // for ferry's thread), together with the others of its group.
-  Status enqueue(CudaStream stream, Fuser* fuser, std::shared_ptr<DeviceWork> work,
-                 const std::string& what);
+  Status enqueue(std::uint32_t comm, CudaStream stream, Fuser* fuser,
+                 std::shared_ptr<DeviceWork> work, const std::string& what);
   // Operations enqueued between group_start and the matching group_end start together, after
   // the work before the group on its stream, so that a member's sends and receives to and from
   // each other cannot wait for one another. Groups nest; the outermost group_end enqueues. Every
@@ -96,16 +97,20 @@ class StreamOps {
   Status group_end();
   // The first failure of a stream operation of this Context, or ok. It stays.
   [[nodiscard]] Status async_error() const;
+  // The first failure of a stream operation of communicator `comm` (or of a watch of it), or ok.
+  // It stays, and refuses that communicator's later stream calls; other communicators (one
+  // shrunk without a dead member) go on.
+  [[nodiscard]] Status async_error(std::uint32_t comm) const;
   // Stops the proxy thread and releases every stream waiting for it, now and in later graph
   // replays (the Context's end).
   void stop();
   // Work on the streams that the proxy does not run (the kernels coll/ enqueues there, which wait
   // for their peers by themselves) is watched: the proxy calls `check` about every millisecond,
   // after a pass of the engine's progress, with the engine's lock held; a failure it returns
-  // becomes the asynchronous error. watch starts the proxy. Both are called with the engine's
-  // lock held.
+  // becomes communicator `comm`'s asynchronous error. watch starts the proxy. Both are called
+  // with the engine's lock held.
   using Watch = std::function<Status()>;
-  int watch(Watch check);
+  int watch(std::uint32_t comm, Watch check);
   void unwatch(int id);
   // Runs `release` (frees of CUDA memory, which wait until the GPU's work has ended) where no
   // stream can be waiting for this proxy: at once where no hand-off holds words, else in the
@@ -124,6 +129,7 @@ class StreamOps {
   // the life of the process, where they stay reachable (a few KiB per such Context).
   static void keep_for_good(std::vector<Page> pages);
   struct Pending {
+    std::uint32_t comm;  // the communicator's id (its asynchronous error)
     CudaStream stream;
     Start start;
     std::string what;
@@ -147,7 +153,7 @@ class StreamOps {
   Status submit(CudaStream stream, std::vector<Pending> work);
   // Enqueues the Fusers' kernels of `work` and leaves in it what ferry's thread starts.
   Status fuse(CudaStream stream, std::vector<Pending>* work, const TakeRelease& take);
-  void fail(const Status& status);
+  void fail(std::uint32_t comm, const Status& status);
   void loop();
   // Starts a slot's operations where its stream has reached them; true when it did.
   bool start_if_reached(Slot& slot);
@@ -177,8 +183,9 @@ class StreamOps {
   std::vector<Pending> group_;              // guarded by mutex_
   int group_depth_ = 0;                     // guarded by mutex_
   mutable std::mutex error_mutex_;
-  Status error_;
-  std::atomic<bool> failed_{false};
+  Status error_;                                  // the first of any communicator's
+  std::map<std::uint32_t, Status> comm_errors_;   // the first of each (error_mutex_)
+  std::atomic<bool> failed_{false};               // error_ is set
   std::atomic<int> outstanding_{0};               // hand-offs enqueued and not ended, graphs' aside
   std::atomic<bool> flushing_{false};             // flush_unmaps is closing mappings
   std::vector<std::function<void()>> idle_work_;  // release_when_idle's; guarded by mutex_
@@ -187,8 +194,8 @@ class StreamOps {
   std::atomic<bool> stopping_{false};
   std::thread proxy_;
   bool stopped_ = false;
-  bool thread_idle_;              // FERRY_TEST_STREAM_THREAD_IDLE
-  std::map<int, Watch> watches_;  // guarded by the engine's lock
+  bool thread_idle_;                                        // FERRY_TEST_STREAM_THREAD_IDLE
+  std::map<int, std::pair<std::uint32_t, Watch>> watches_;  // guarded by the engine's lock
   int next_watch_ = 0;
   std::atomic<bool> watching_{false};
 };

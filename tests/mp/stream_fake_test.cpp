@@ -346,7 +346,24 @@ int peer_dies(Context& context) {
       "error %s, %.0f ms after the 20th message\n",
       error.to_string().c_str(), ms_since(start));
   graph.reset();
-  return error.code() == Code::kPeerFailed ? 0 : 1;
+  if (error.code() != Code::kPeerFailed) return 1;
+  // The error is the communicator's: its stream calls are refused, while one shrunk without the
+  // dead member takes them.
+  const Status mine = world.async_error();
+  const Status refused = world.recv(&value, 8, 1, stream.handle());
+  static_cast<void>(world.revoke());
+  Communicator survivors = world.shrink();
+  std::uint64_t in = 42, out = 0;
+  const Status alone =
+      survivors.allreduce(&in, &out, 1, DataType::kUint64, ReduceOp::kSum, stream.handle());
+  stream.synchronize();
+  std::printf("rank 0: the communicator's error %s, its next call %s; the shrunk one's %s (%llu)\n",
+              to_string(mine.code()), to_string(refused.code()), alone.to_string().c_str(),
+              static_cast<unsigned long long>(out));
+  return mine.code() == Code::kPeerFailed && !refused.is_ok() && alone.is_ok() &&
+                 survivors.async_error().is_ok() && out == 42
+             ? 0
+             : 1;
 }
 
 // FERRY_TIMEOUT=1: rank 0's receive from rank 1, which sends nothing, gives up.

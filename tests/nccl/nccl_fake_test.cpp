@@ -9,9 +9,11 @@
 // ranks.
 #include <gtest/gtest.h>
 #include <nccl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -41,8 +43,9 @@ struct Checks {
 };
 
 // Runs `body` in `n` forked ranks of one job (their communicator made, and destroyed after);
-// true when every one exits 0 within 60 s.
-bool run_ranks(int n, const std::function<void(Checks&, ncclComm_t, int n)>& body) {
+// true when every one exits 0 within 60 s (rank `killed`: is killed by SIGKILL).
+bool run_ranks(int n, const std::function<void(Checks&, ncclComm_t, int n)>& body,
+               int killed = -1) {
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) return false;
   std::fflush(nullptr);
@@ -67,7 +70,8 @@ bool run_ranks(int n, const std::function<void(Checks&, ncclComm_t, int n)>& bod
   for (int r = 0; r < n; ++r) {
     int status = 0;
     ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    const bool ok = r == killed ? WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
+                                : WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok) std::fprintf(stderr, "rank %d ended with status 0x%x\n", r, status);
     all = all && ok;
   }
@@ -458,6 +462,63 @@ TEST(NcclFake, OneThreadDrivesTwoRanks) {
     for (int r = 0; r < 2; ++r) EXPECT_EQ(out[r], std::vector<float>(1000, 1.75f)) << "rank " << r;
   }
   for (ncclComm_t comm : comms) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+// A rank killed while the others' operations wait for it on their streams: the survivors'
+// ncclCommGetAsyncError says ncclRemoteError within seconds, their streams go on, they shrink
+// the communicator without it and reduce again, and aborting the old one returns at once.
+TEST(NcclFake, ARankKilledWhileOperationsWait) {
+  ASSERT_TRUE(run_ranks(
+      3,
+      [](Checks& c, ncclComm_t comm, int) {
+        using Clock = std::chrono::steady_clock;
+        FakeStream stream;
+        const cudaStream_t s = handle(stream);
+        std::vector<float> x(256, 1.0f);
+        c.expect(
+            ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm, s) == ncclSuccess,
+            "a first allreduce");
+        stream.synchronize();
+        c.expect(x == std::vector<float>(256, 3.0f), "its sum");
+        if (c.rank == 2) ::raise(SIGKILL);
+        const auto start = Clock::now();
+        c.expect(
+            ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm, s) == ncclSuccess,
+            "an allreduce rank 2 never joins is enqueued");
+        ncclResult_t async = ncclSuccess;
+        while (async == ncclSuccess && Clock::now() - start < std::chrono::seconds(20)) {
+          c.expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "async error query");
+          ::usleep(1000);
+        }
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        c.expect(async == ncclRemoteError,
+                 "the async error is ncclRemoteError (" + std::to_string(async) + ")");
+        c.expect(seconds < 3, "within seconds (" + std::to_string(seconds) + " s)");
+        std::fprintf(stderr, "rank %d: async error %d after %.3f s: %s\n", c.rank, async, seconds,
+                     ncclGetLastError(comm));
+        stream.synchronize();  // released (else the rank's alarm ends it)
+        int dead = 2;
+        ncclComm_t shrunk = nullptr;
+        c.expect(ncclCommShrink(comm, &dead, 1, &shrunk, nullptr, NCCL_SHRINK_ABORT) == ncclSuccess,
+                 "shrink without rank 2");
+        if (shrunk != nullptr) {
+          FakeStream again;
+          std::vector<float> y(256, 2.0f);
+          c.expect(ncclAllReduce(y.data(), y.data(), y.size(), ncclFloat, ncclSum, shrunk,
+                                 handle(again)) == ncclSuccess,
+                   "an allreduce of the two");
+          again.synchronize();
+          c.expect(y == std::vector<float>(256, 4.0f), "its sum");
+          c.expect(ncclCommDestroy(shrunk) == ncclSuccess, "destroy the shrunk one");
+        }
+        const auto abort_start = Clock::now();
+        c.expect(ncclCommAbort(comm) == ncclSuccess, "abort the old one");
+        c.expect(Clock::now() - abort_start < std::chrono::seconds(1),
+                 "abort returns within a second");
+        std::fflush(nullptr);
+        ::_exit(c.failures == 0 ? 0 : 1);  // the communicator is gone: not destroyed again
+      },
+      /*killed=*/2));
 }
 
 }  // namespace
