@@ -91,6 +91,13 @@ ncclResult_t make_unique_id(UniqueId* out) {
       return fail(ncclInvalidArgument, std::string("NCCL_COMM_ID='") + given +
                                            "' is not HOST:PORT (the address rank 0 listens on)");
     }
+    // Every rank may make its id itself from the same NCCL_COMM_ID (as NCCL's ids then are
+    // alike): the job's number comes from the address (FNV-1a), so the ids are the same.
+    std::uint64_t hash = 14695981039346656037ull;
+    for (const char* c = given; *c != '\0'; ++c) {
+      hash = (hash ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    }
+    out->nonce = hash == 0 ? 1 : hash;
     return ncclSuccess;
   }
   out->host = host_address(std::getenv("NCCL_SOCKET_IFNAME"));

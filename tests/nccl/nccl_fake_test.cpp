@@ -7,9 +7,12 @@
 // group, captured and replayed, and two ranks driven by one thread. Built from the library's
 // sources (its objects), since the shared library exports NCCL's names only; each test forks its
 // ranks.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -519,6 +522,52 @@ TEST(NcclFake, ARankKilledWhileOperationsWait) {
         ::_exit(c.failures == 0 ? 0 : 1);  // the communicator is gone: not destroyed again
       },
       /*killed=*/2));
+}
+
+// Each rank makes its own id from the same NCCL_COMM_ID, as a launcher without a channel for the
+// id has them do (NCCL's ids are then alike): they make one job, whose allreduce sums.
+TEST(NcclFake, RanksThatMakeTheirOwnIdsFromNcclCommIdJoin) {
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ::close(probe);
+  const std::string where = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(60);
+      Checks c{r};
+      ::setenv("NCCL_COMM_ID", where.c_str(), 1);
+      ncclUniqueId id;
+      c.expect(ncclGetUniqueId(&id) == ncclSuccess, "each rank's own id");
+      ncclComm_t comm = nullptr;
+      c.expect(ncclCommInitRank(&comm, 3, id, r) == ncclSuccess, "init");
+      if (comm != nullptr) {
+        FakeStream stream;
+        std::vector<std::int32_t> x(4096, r + 1);
+        c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclInt32, ncclSum, comm,
+                               handle(stream)) == ncclSuccess,
+                 "allreduce");
+        stream.synchronize();
+        c.expect(x == std::vector<std::int32_t>(4096, 6), "one job: 1 + 2 + 3");
+        c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+      }
+      std::fflush(nullptr);
+      ::_exit(c.failures == 0 ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status 0x" << std::hex << status;
+  }
 }
 
 }  // namespace

@@ -138,6 +138,9 @@ TEST(NcclApi, NcclCommIdIsReadAsNcclReadsIt) {
   ASSERT_EQ(::setenv("NCCL_COMM_ID", "127.0.0.1:1", 1), 0);
   EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   EXPECT_NE(std::string(id.internal, sizeof(id.internal)).find("127.0.0.1:1"), std::string::npos);
+  ncclUniqueId again;
+  EXPECT_EQ(ncclGetUniqueId(&again), ncclSuccess);
+  EXPECT_EQ(std::memcmp(&id, &again, sizeof(id)), 0) << "one address, one id (as NCCL's)";
   ::unsetenv("NCCL_COMM_ID");
 }
 
