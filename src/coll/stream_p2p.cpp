@@ -10,6 +10,7 @@
 #include "proto/device_path.hpp"
 #include "proto/engine.hpp"
 #include "proto/messages.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace ferry::coll {
@@ -243,6 +244,46 @@ Status StreamP2p::exchange(const std::vector<int>& ranks, const T* out, T* in) {
       requests.push_back(engine->messages().isend(out + i, sizeof(T), ranks[i], setup_tag(twin_)));
       requests.push_back(
           engine->messages().irecv(in + i, sizeof(T), ranks[i], setup_tag(twin_), kFullMask));
+    }
+    // Until every one ends (a dead peer's fail), or the communicator is revoked (a member that
+    // aborted never makes its side: the call waited for ever) or FERRY_TIMEOUT passes: then they
+    // are withdrawn.
+    const double timeout = engine->waiting().timeout();
+    const util::Clock::time_point deadline =
+        timeout > 0 ? util::deadline_after(timeout) : util::Clock::time_point::max();
+    int idle = 0;
+    for (;;) {
+      const bool all = std::all_of(requests.begin(), requests.end(), [&](Request& r) {
+        return engine->requests().done(proto::Engine::index_of(r));
+      });
+      if (all) break;
+      Status stop;
+      if (twin_.revoked()) {
+        stop = twin_.revoked_status("a stream send or receive's first exchange with its peers");
+      } else if (util::Clock::now() >= deadline) {
+        stop = Status(Code::kTimeout,
+                      "a stream send or receive's first exchange with its peers: not complete "
+                      "after FERRY_TIMEOUT (" +
+                          std::to_string(timeout) + " s)");
+      }
+      if (!stop.is_ok()) {
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+          const std::uint32_t index = proto::Engine::index_of(requests[i]);
+          if (engine->requests().done(index)) continue;
+          if (i % 2 == 0) {
+            static_cast<void>(engine->messages().abandon_send(index));
+          } else {
+            engine->messages().withdraw_recv(index);
+          }
+        }
+        for (Request& r : requests) {
+          while (!engine->requests().done(proto::Engine::index_of(r))) {
+            engine->waiting().step(&idle);
+          }
+        }
+        return stop;
+      }
+      engine->waiting().step(&idle);
     }
   }
   return Request::wait_all(requests);

@@ -570,6 +570,101 @@ TEST(NcclFake, RanksThatMakeTheirOwnIdsFromNcclCommIdJoin) {
   }
 }
 
+// A member aborts while another's receive from it waits (the pair's set-up in the call, which
+// waited for ever): the waiting member's communicator fails (revoked) within a second, its
+// stream goes on, and a communicator split off before goes on.
+TEST(NcclFake, AbortReleasesTheOthersWaits) {
+  ASSERT_TRUE(run_ranks(2, [](Checks& c, ncclComm_t comm, int) {
+    using Clock = std::chrono::steady_clock;
+    FakeStream stream;
+    ncclComm_t other = nullptr;
+    c.expect(ncclCommSplit(comm, 0, c.rank, &other, nullptr) == ncclSuccess, "split");
+    std::vector<float> got(16, 0);
+    if (c.rank == 0) {
+      ::usleep(200000);  // rank 1's receive waits
+      const auto start = Clock::now();
+      c.expect(ncclCommAbort(comm) == ncclSuccess, "abort");
+      c.expect(Clock::now() - start < std::chrono::seconds(1), "abort returns within a second");
+    } else {
+      const auto start = Clock::now();
+      // The first receive between the pair waits for rank 0's side of their set-up (it sets up
+      // the pair) inside the call: the revoke ends it there, or, where it got that far, on the
+      // stream.
+      const ncclResult_t r = ncclRecv(got.data(), got.size(), ncclFloat, 0, comm, handle(stream));
+      c.expect(r == ncclSuccess || (r == ncclRemoteError && last_error_says("revoked by rank 0")),
+               "a receive rank 0 never sends: enqueued, or refused naming the revoke");
+      ncclResult_t async = ncclSuccess;
+      while (async == ncclSuccess && Clock::now() - start < std::chrono::seconds(10)) {
+        c.expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "async error query");
+        ::usleep(1000);
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      c.expect(async == ncclRemoteError, "the receive fails (" + std::to_string(async) + ")");
+      c.expect(seconds < 1.5, "within a second of the abort (" + std::to_string(seconds) + " s)");
+      std::fprintf(stderr, "rank 1: async error %d after %.3f s: %s\n", async, seconds,
+                   ncclGetLastError(comm));
+      stream.synchronize();
+      c.expect(ncclCommAbort(comm) == ncclSuccess, "abort here too");
+    }
+    // The communicator split off before is not revoked: both go on with it.
+    if (other != nullptr) {
+      FakeStream again;
+      std::vector<std::int32_t> x(8, c.rank + 1);
+      c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclInt32, ncclSum, other,
+                             handle(again)) == ncclSuccess,
+               "the split communicator's allreduce");
+      again.synchronize();
+      c.expect(x == std::vector<std::int32_t>(8, 3), "its sum");
+      ncclResult_t async = ncclInternalError;
+      c.expect(ncclCommGetAsyncError(other, &async) == ncclSuccess && async == ncclSuccess,
+               "no async error there");
+      c.expect(ncclCommDestroy(other) == ncclSuccess, "destroy it");
+    }
+    std::fflush(nullptr);
+    ::_exit(c.failures == 0 ? 0 : 1);  // the aborted communicator is gone
+  }));
+}
+
+// A non-blocking communicator (config.blocking = 0): init returns ncclInProgress, operations made
+// before it is ready wait for it, and they run.
+TEST(NcclFake, NonBlockingCommunicatorsOperations) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(60);
+      Checks c{r};
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclComm_t comm = nullptr;
+      const ncclResult_t made = ncclCommInitRankConfig(&comm, 2, id, r, &config);
+      c.expect(made == ncclInProgress || made == ncclSuccess, "non-blocking init");
+      FakeStream stream;
+      std::vector<double> x(32, 0.5 * (r + 1));
+      c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclDouble, ncclAvg, comm,
+                             handle(stream)) == ncclSuccess,
+               "an allreduce that waits for the init");
+      stream.synchronize();
+      c.expect(x == std::vector<double>(32, 0.75), "its average");
+      ncclResult_t async = ncclInProgress;
+      c.expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess,
+               "ready, no error");
+      c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+      std::fflush(nullptr);
+      ::_exit(c.failures == 0 ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status 0x" << std::hex << status;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
