@@ -665,6 +665,42 @@ TEST(NcclFake, NonBlockingCommunicatorsOperations) {
   }
 }
 
+// A group of operations on two communicators of a rank (the world and one split off it) and a
+// send/receive to itself, on one stream.
+TEST(NcclFake, AGroupAcrossCommunicatorsAndToItself) {
+  ASSERT_TRUE(run_ranks(3, [](Checks& c, ncclComm_t comm, int) {
+    FakeStream stream;
+    const cudaStream_t s = handle(stream);
+    ncclComm_t pair = nullptr;  // ranks 0 and 1; rank 2 alone
+    c.expect(ncclCommSplit(comm, c.rank < 2 ? 0 : 1, c.rank, &pair, nullptr) == ncclSuccess,
+             "split");
+    std::vector<std::int32_t> a(100, c.rank + 1), b(100, 10 * (c.rank + 1)), mine(50, 7 + c.rank),
+        back(50, 0);
+    c.expect(ncclGroupStart() == ncclSuccess, "group start");
+    c.expect(
+        ncclAllReduce(a.data(), a.data(), a.size(), ncclInt32, ncclSum, comm, s) == ncclSuccess,
+        "the world's allreduce");
+    if (pair != nullptr) {
+      c.expect(
+          ncclAllReduce(b.data(), b.data(), b.size(), ncclInt32, ncclSum, pair, s) == ncclSuccess,
+          "the split one's allreduce");
+    }
+    c.expect(ncclSend(mine.data(), mine.size(), ncclInt32, c.rank, comm, s) == ncclSuccess,
+             "a send to itself");
+    c.expect(ncclRecv(back.data(), back.size(), ncclInt32, c.rank, comm, s) == ncclSuccess,
+             "its receive");
+    const ncclResult_t ended = ncclGroupEnd();
+    c.expect(ended == ncclSuccess, "group end");
+    stream.synchronize();
+    c.expect(a == std::vector<std::int32_t>(100, 6), "the world's sum");
+    if (pair != nullptr) {
+      c.expect(b == std::vector<std::int32_t>(100, 30), "the split one's sum (10 + 20; 30 alone)");
+      ncclCommDestroy(pair);
+    }
+    c.expect(back == mine, "the message to itself");
+  }));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
