@@ -552,11 +552,17 @@ Status Communicator::scatter(const void* send, void* recv, std::size_t count, Da
 
 void Context::group_start() { streams_of(engine_.get()).group_start(); }
 Status Context::group_end() { return streams_of(engine_.get()).group_end(); }
-Status Context::async_error() const { return streams_of(engine_.get()).async_error(); }
+// The errors are read without the engine's lock: they are polled (PyTorch's watchdog, through
+// ncclCommGetAsyncError), also while a thread that holds the lock waits.
+Status Context::async_error() const {
+  const proto::StreamOps* streams = engine_->streams_made();
+  return streams == nullptr ? Status::ok() : streams->async_error();
+}
 
 Status Communicator::async_error() const {
   if (Status s = unusable(group_); !s) return s;
-  return streams_of(group_->engine()).async_error(group_->base_id());
+  const proto::StreamOps* streams = group_->engine()->streams_made();
+  return streams == nullptr ? Status::ok() : streams->async_error(group_->base_id());
 }
 
 }  // namespace ferry

@@ -108,7 +108,10 @@ void Engine::open_links() {
 Engine::~Engine() { shutdown(); }
 
 proto::StreamOps& Engine::streams() {
-  if (!streams_) streams_ = std::make_unique<proto::StreamOps>(*this);
+  if (!streams_) {
+    streams_ = std::make_unique<proto::StreamOps>(*this);
+    streams_made_.store(streams_.get(), std::memory_order_release);
+  }
   return *streams_;
 }
 

@@ -3,6 +3,7 @@
 // what arrives and tells the parts of a peer's death.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -139,6 +140,12 @@ class Engine final : public transport::AmHandler {
   [[nodiscard]] DevicePath& device() { return *device_; }
   // Operations ordered on applications' CUDA streams (proto/stream_ops.hpp), made on first use.
   StreamOps& streams();
+  // The stream operations if streams() made them, else null: without the engine's lock (what
+  // polls their errors, such as PyTorch's watchdog through ncclCommGetAsyncError, must not wait
+  // behind a thread that holds it).
+  [[nodiscard]] StreamOps* streams_made() const {
+    return streams_made_.load(std::memory_order_acquire);
+  }
   [[nodiscard]] ChunkedPath& chunked() { return *chunked_; }
   // FERRY_TEST_CRASH_AT: where this rank dies, if the test names it.
   [[nodiscard]] const util::CrashPoints& crashes() const { return crashes_; }
@@ -189,6 +196,7 @@ class Engine final : public transport::AmHandler {
   util::CrashPoints crashes_;         // FERRY_TEST_CRASH_AT, FERRY_TEST_CRASH_RANK
   std::uint32_t progress_calls_ = 0;  // peers are checked every kCheckPeersEvery calls
   std::unique_ptr<StreamOps> streams_;  // last: its requests go first
+  std::atomic<StreamOps*> streams_made_{nullptr};  // streams_, once made
 };
 
 }  // namespace ferry::proto
