@@ -21,7 +21,11 @@ DeviceOneShot::DeviceOneShot(Group& group, const util::Config& config)
       resident_us_(
           on_stream_ ? 0
                      : static_cast<std::uint64_t>(config.get_int(util::Var::kCollDeviceResident))),
-      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)),
+      // On a stream, kernels also where members share a GPU (slower there than ferry's thread,
+      // which then launches device reductions while the application's stream waits for it: an
+      // application thread in a blocking CUDA call, a tensor's .cpu(), holds the driver's lock
+      // those launches wait for, behind that stream, for ever).
+      shared_gpu_(on_stream_ || config.get_bool(util::Var::kCollDeviceSharedGpu)),
       ll_bytes_(on_stream_ ? config.get_size(util::Var::kStreamLl) : 0) {
   // Each member of a one-shot call pushes its data to the n - 1 others, so the size limit
   // shrinks with the members (and so does the exchange area: 2 * n slots of that size).

@@ -78,8 +78,7 @@ struct StreamP2p::Offer {
 StreamP2p::StreamP2p(Group& twin, const util::Config& config)
     : twin_(twin),
       inline_max_(config.get_bool(util::Var::kCudaIpc) ? config.get_size(util::Var::kStreamP2p)
-                                                       : 0),
-      shared_gpu_(config.get_bool(util::Var::kCollDeviceSharedGpu)) {
+                                                       : 0) {
   ring_.chunk = config.get_size(util::Var::kStreamRingChunk) / 4096 * 4096;
   ring_.places = static_cast<int>(config.get_int(util::Var::kStreamRingPlaces));
   ring_.blocks = static_cast<int>(config.get_int(util::Var::kStreamRingBlocks));
@@ -340,16 +339,12 @@ Status StreamP2p::connect(const std::vector<int>& peers, int device) {
         why[i] = "the peer cannot (its log says why)";
         continue;
       }
-      // Without MPS the kernels of two processes on one GPU take turns by time slices, and a
-      // sender and receiver that wait for each other then cost a slice a call (one H200 shared by
-      // two ranks: 20,000 graph-replayed 8 B send/recv did not end in 60 s). Both sides see the
-      // same two UUIDs, so both decide alike.
-      if (theirs[i].key.uuid == mine[i].key.uuid && !shared_gpu_) {
-        why[i] =
-            "it shares our GPU: kernels that wait for each other take turns there "
-            "(FERRY_COLL_DEVICE_SHARED_GPU=1 keeps them, for MPS)";
-        continue;
-      }
+      // A peer on our GPU takes kernels too. Without MPS the kernels of two processes on one GPU
+      // take turns by time slices, and a sender and receiver that wait for each other cost a
+      // slice a call; but ferry's thread instead would move device data with CUDA calls while
+      // the application's stream waits for it, and an application thread in a blocking CUDA
+      // call (a pageable copy) holds the driver's lock those calls wait for (one H100 shared by
+      // two PyTorch ranks: hung).
       Status s = engine->cuda()->import_ipc(twin_.member(peers[i]), theirs[i].key, device, nullptr,
                                             &pair.peer_inbox);
       if (!s) {

@@ -96,7 +96,6 @@ class StreamP2p final : public proto::Fuser {
 
   Group& twin_;
   std::size_t inline_max_;    // FERRY_STREAM_P2P (0 where CUDA IPC is off)
-  bool shared_gpu_;           // FERRY_COLL_DEVICE_SHARED_GPU: kernels also with a peer on our GPU
   cuda::Cuda::P2pRing ring_;  // FERRY_STREAM_RING_*
   std::map<int, Pair> pairs_;
   int device_ = -1;
