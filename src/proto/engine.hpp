@@ -195,7 +195,7 @@ class Engine final : public transport::AmHandler {
   int progress_all();                 // progress() past its idle poll
   util::CrashPoints crashes_;         // FERRY_TEST_CRASH_AT, FERRY_TEST_CRASH_RANK
   std::uint32_t progress_calls_ = 0;  // peers are checked every kCheckPeersEvery calls
-  std::unique_ptr<StreamOps> streams_;  // last: its requests go first
+  std::unique_ptr<StreamOps> streams_;             // last: its requests go first
   std::atomic<StreamOps*> streams_made_{nullptr};  // streams_, once made
 };
 

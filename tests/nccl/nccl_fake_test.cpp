@@ -27,23 +27,16 @@
 #include <vector>
 
 #include "../helpers/fake_cuda.hpp"
+#include "forked_ranks.hpp"
 
 namespace {
 
 using ferry::test::FakeCuda;
 using ferry::test::FakeStream;
 
-// Inside a forked rank: counts what did not hold, saying which.
-struct Checks {
-  int rank;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (ok) return;
-    ++failures;
-    std::fprintf(stderr, "rank %d: FAIL: %s (last error: %s)\n", rank, what.c_str(),
-                 ncclGetLastError(nullptr));
-  }
-};
+using ferry::test::Checks;
+using ferry::test::fork_ranks;
+using ferry::test::last_error_says;
 
 // Runs `body` in `n` forked ranks of one job (their communicator made, and destroyed after);
 // true when every one exits 0 within 60 s (rank `killed`: is killed by SIGKILL).
@@ -51,41 +44,19 @@ bool run_ranks(int n, const std::function<void(Checks&, ncclComm_t, int n)>& bod
                int killed = -1) {
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) return false;
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(60);  // a hang ends the rank (and fails the test), not the suite
-      Checks checks{r};
-      ncclComm_t comm = nullptr;
-      checks.expect(ncclCommInitRank(&comm, n, id, r) == ncclSuccess, "init");
-      if (comm != nullptr) {
-        body(checks, comm, n);
-        checks.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
-      }
-      std::fflush(nullptr);
-      ::_exit(checks.failures == 0 ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  bool all = true;
-  for (int r = 0; r < n; ++r) {
-    int status = 0;
-    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
-    const bool ok = r == killed ? WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
-                                : WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok) std::fprintf(stderr, "rank %d ended with status 0x%x\n", r, status);
-    all = all && ok;
-  }
-  return all;
+  return fork_ranks(
+      n,
+      [&](Checks& c) {
+        ncclComm_t comm = nullptr;
+        c.expect(ncclCommInitRank(&comm, n, id, c.rank) == ncclSuccess, "init");
+        if (comm == nullptr) return;
+        body(c, comm, n);
+        c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+      },
+      killed);
 }
 
 cudaStream_t handle(FakeStream& stream) { return reinterpret_cast<cudaStream_t>(stream.handle()); }
-
-bool last_error_says(const char* words) {
-  return std::strstr(ncclGetLastError(nullptr), words) != nullptr;
-}
 
 // Element i of rank r's input.
 float input(int r, std::size_t i) { return static_cast<float>(r * 100 + static_cast<int>(i % 7)); }
@@ -536,38 +507,22 @@ TEST(NcclFake, RanksThatMakeTheirOwnIdsFromNcclCommIdJoin) {
   ASSERT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length), 0);
   ::close(probe);
   const std::string where = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 3; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(60);
-      Checks c{r};
-      ::setenv("NCCL_COMM_ID", where.c_str(), 1);
-      ncclUniqueId id;
-      c.expect(ncclGetUniqueId(&id) == ncclSuccess, "each rank's own id");
-      ncclComm_t comm = nullptr;
-      c.expect(ncclCommInitRank(&comm, 3, id, r) == ncclSuccess, "init");
-      if (comm != nullptr) {
-        FakeStream stream;
-        std::vector<std::int32_t> x(4096, r + 1);
-        c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclInt32, ncclSum, comm,
-                               handle(stream)) == ncclSuccess,
-                 "allreduce");
-        stream.synchronize();
-        c.expect(x == std::vector<std::int32_t>(4096, 6), "one job: 1 + 2 + 3");
-        c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
-      }
-      std::fflush(nullptr);
-      ::_exit(c.failures == 0 ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status 0x" << std::hex << status;
-  }
+  EXPECT_TRUE(fork_ranks(3, [&where](Checks& c) {
+    ::setenv("NCCL_COMM_ID", where.c_str(), 1);
+    ncclUniqueId id;
+    c.expect(ncclGetUniqueId(&id) == ncclSuccess, "each rank's own id");
+    ncclComm_t comm = nullptr;
+    c.expect(ncclCommInitRank(&comm, 3, id, c.rank) == ncclSuccess, "init");
+    if (comm == nullptr) return;
+    FakeStream stream;
+    std::vector<std::int32_t> x(4096, c.rank + 1);
+    c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclInt32, ncclSum, comm,
+                           handle(stream)) == ncclSuccess,
+             "allreduce");
+    stream.synchronize();
+    c.expect(x == std::vector<std::int32_t>(4096, 6), "one job: 1 + 2 + 3");
+    c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+  }));
 }
 
 // A member aborts while another's receive from it waits (the pair's set-up in the call, which
@@ -630,39 +585,24 @@ TEST(NcclFake, AbortReleasesTheOthersWaits) {
 TEST(NcclFake, NonBlockingCommunicatorsOperations) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(60);
-      Checks c{r};
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      ncclComm_t comm = nullptr;
-      const ncclResult_t made = ncclCommInitRankConfig(&comm, 2, id, r, &config);
-      c.expect(made == ncclInProgress || made == ncclSuccess, "non-blocking init");
-      FakeStream stream;
-      std::vector<double> x(32, 0.5 * (r + 1));
-      c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclDouble, ncclAvg, comm,
-                             handle(stream)) == ncclSuccess,
-               "an allreduce that waits for the init");
-      stream.synchronize();
-      c.expect(x == std::vector<double>(32, 0.75), "its average");
-      ncclResult_t async = ncclInProgress;
-      c.expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess,
-               "ready, no error");
-      c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
-      std::fflush(nullptr);
-      ::_exit(c.failures == 0 ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status 0x" << std::hex << status;
-  }
+  EXPECT_TRUE(fork_ranks(2, [&id](Checks& c) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    const ncclResult_t made = ncclCommInitRankConfig(&comm, 2, id, c.rank, &config);
+    c.expect(made == ncclInProgress || made == ncclSuccess, "non-blocking init");
+    FakeStream stream;
+    std::vector<double> x(32, 0.5 * (c.rank + 1));
+    c.expect(ncclAllReduce(x.data(), x.data(), x.size(), ncclDouble, ncclAvg, comm,
+                           handle(stream)) == ncclSuccess,
+             "an allreduce that waits for the init");
+    stream.synchronize();
+    c.expect(x == std::vector<double>(32, 0.75), "its average");
+    ncclResult_t async = ncclInProgress;
+    c.expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess,
+             "ready, no error");
+    c.expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+  }));
 }
 
 // A group of operations on two communicators of a rank (the world and one split off it) and a

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "forked_ranks.hpp"
+
 // nccl_device.h's host call (its header needs nvcc); pointers stand for its types.
 extern "C" ncclResult_t ncclDevCommCreate(ncclComm_t, const void*, void*);
 
@@ -23,43 +25,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Inside a forked rank: counts what did not hold, saying which.
-struct Checks {
-  int rank;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (ok) return;
-    ++failures;
-    std::fprintf(stderr, "rank %d: FAIL: %s (last error: %s)\n", rank, what.c_str(),
-                 ncclGetLastError(nullptr));
-  }
-};
+using ferry::test::Checks;
+using ferry::test::last_error_says;
 
-// Runs `body` in `n` forked processes (rank, the ids); true when every one exits 0 within 60 s.
+// Runs `body` in `n` forked ranks (rank, the ids); true when every one exits 0 within 60 s.
 bool run_ranks(int n, const std::vector<ncclUniqueId>& ids,
                const std::function<void(Checks&, int n, const std::vector<ncclUniqueId>&)>& body) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(60);  // a hang ends the rank (and fails the test), not the suite
-      Checks checks{r};
-      body(checks, n, ids);
-      std::fflush(nullptr);
-      ::_exit(checks.failures == 0 ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  bool all = true;
-  for (int r = 0; r < n; ++r) {
-    int status = 0;
-    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok) std::fprintf(stderr, "rank %d ended with status 0x%x\n", r, status);
-    all = all && ok;
-  }
-  return all;
+  return ferry::test::fork_ranks(n, [&](Checks& c) { body(c, n, ids); });
 }
 
 std::vector<ncclUniqueId> make_ids(int count) {
@@ -74,10 +46,6 @@ void reread_nccl_debug() {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   ncclResetDebugInit();
 #pragma GCC diagnostic pop
-}
-
-bool last_error_says(const char* words) {
-  return std::strstr(ncclGetLastError(nullptr), words) != nullptr;
 }
 
 TEST(NcclApi, VersionAndErrorStrings) {

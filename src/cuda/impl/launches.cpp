@@ -114,6 +114,20 @@ Status Launches::copy_device(int ordinal, int lane_index, void* dst, const void*
   return devices_.mark(ordinal, lane_number, ticket);
 }
 
+namespace {
+
+// The element-wise kernels (ferry_reduce, ferry_scale): one thread per 16 bytes of `bytes`, at
+// most 4 blocks per multiprocessor (their loops stride over more).
+constexpr unsigned kElementwiseThreads = 512;
+unsigned elementwise_blocks(const Device& dev, std::size_t bytes) {
+  const std::size_t work = (bytes + 15) / 16;
+  const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 4;
+  return static_cast<unsigned>(
+      std::clamp<std::size_t>((work + kElementwiseThreads - 1) / kElementwiseThreads, 1, most));
+}
+
+}  // namespace
+
 Status Launches::reduce(int ordinal, int lane_index, void* out, const void* a, const void* b,
                         std::size_t count, DataType type, ReduceOp op, Ticket* ticket) {
   static_assert(
@@ -124,18 +138,13 @@ Status Launches::reduce(int ordinal, int lane_index, void* out, const void* a, c
   const auto lane_number = static_cast<std::size_t>(lane_index) % kLanesPerDevice;
   Lane& lane = dev.lanes[lane_number];
   ScopedContext scope(d_, dev.context);
-  // One thread per 16 bytes, at most 4 blocks per multiprocessor (the loop strides over more).
-  constexpr unsigned kThreads = 512;
-  const std::size_t work = (count * size_of(type) + 15) / 16;
-  const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 4;
-  const auto blocks =
-      static_cast<unsigned>(std::clamp<std::size_t>((work + kThreads - 1) / kThreads, 1, most));
+  const unsigned blocks = elementwise_blocks(dev, count * size_of(type));
   unsigned long long elements = count;
   int type_number = static_cast<int>(type);
   int op_number = static_cast<int>(op);
   void* params[] = {&out, &a, &b, &elements, &type_number, &op_number};
-  CUresult result =
-      d_->cuLaunchKernel(dev.reduce, blocks, 1, 1, kThreads, 1, 1, 0, lane.stream, params, nullptr);
+  CUresult result = d_->cuLaunchKernel(dev.reduce, blocks, 1, 1, kElementwiseThreads, 1, 1, 0,
+                                       lane.stream, params, nullptr);
   if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_reduce)", result);
   return devices_.mark(ordinal, lane_number, ticket);
 }
@@ -245,19 +254,14 @@ Status Launches::scale_on_stream(void* stream, int ordinal, void* out, const voi
   }
   if (count == 0) return Status();
   ScopedContext scope(d_, dev.context);
-  // One thread per 16 bytes, at most 4 blocks per multiprocessor (the loop strides over more).
-  constexpr unsigned kThreads = 512;
-  const std::size_t work = (count * size_of(type) + 15) / 16;
-  const std::size_t most = static_cast<std::size_t>(std::max(dev.multiprocessors, 1)) * 4;
-  const auto blocks =
-      static_cast<unsigned>(std::clamp<std::size_t>((work + kThreads - 1) / kThreads, 1, most));
+  const unsigned blocks = elementwise_blocks(dev, count * size_of(type));
   unsigned long long elements = count;
   int type_number = static_cast<int>(type);
   const void* device_factor = scale.device_factor;
   unsigned long long factor_bits = scale.factor_bits;
   unsigned long long divisor = scale.divisor;
   void* params[] = {&out, &in, &elements, &type_number, &device_factor, &factor_bits, &divisor};
-  const CUresult result = d_->cuLaunchKernel(dev.scale, blocks, 1, 1, kThreads, 1, 1, 0,
+  const CUresult result = d_->cuLaunchKernel(dev.scale, blocks, 1, 1, kElementwiseThreads, 1, 1, 0,
                                              static_cast<CUstream>(stream), params, nullptr);
   if (result != CUDA_SUCCESS) return driver_error("cuLaunchKernel(ferry_scale)", result);
   return Status();
