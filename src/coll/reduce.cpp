@@ -91,10 +91,6 @@ bool is_known(ReduceOp op) { return static_cast<unsigned>(op) <= 6; }
 static_assert(static_cast<unsigned>(DataType::kFloat64) == 11);
 static_assert(static_cast<unsigned>(ReduceOp::kBitXor) == 6);
 
-bool is_integer(DataType type) {
-  return static_cast<unsigned>(type) <= static_cast<unsigned>(DataType::kUint64);
-}
-
 bool is_bitwise(ReduceOp op) {
   return op == ReduceOp::kBitAnd || op == ReduceOp::kBitOr || op == ReduceOp::kBitXor;
 }
@@ -264,7 +260,42 @@ void reduce_element(void* out, const void* a, const void* b, std::size_t count, 
   }
 }
 
+// Calls f(Element<...>{}) with the element of `type`.
+template <class F>
+void with_element(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kInt8:
+      return f(Element<std::int8_t>{});
+    case DataType::kInt16:
+      return f(Element<std::int16_t>{});
+    case DataType::kInt32:
+      return f(Element<std::int32_t>{});
+    case DataType::kInt64:
+      return f(Element<std::int64_t>{});
+    case DataType::kUint8:
+      return f(Element<std::uint8_t>{});
+    case DataType::kUint16:
+      return f(Element<std::uint16_t>{});
+    case DataType::kUint32:
+      return f(Element<std::uint32_t>{});
+    case DataType::kUint64:
+      return f(Element<std::uint64_t>{});
+    case DataType::kFloat16:
+      return f(Element<Float16>{});
+    case DataType::kBfloat16:
+      return f(Element<Bfloat16>{});
+    case DataType::kFloat32:
+      return f(Element<float>{});
+    case DataType::kFloat64:
+      return f(Element<double>{});
+  }
+}
+
 }  // namespace
+
+bool is_integer(DataType type) {
+  return static_cast<unsigned>(type) <= static_cast<unsigned>(DataType::kUint64);
+}
 
 Status check_reduction(DataType type, ReduceOp op) {
   if (!is_known(type)) {
@@ -293,114 +324,43 @@ Status check_reduction(DataType type, ReduceOp op) {
 
 void reduce_to(void* out, const void* a, const void* b, std::size_t count, DataType type,
                ReduceOp op) {
-  switch (type) {
-    case DataType::kInt8:
-      return reduce_element<Element<std::int8_t>>(out, a, b, count, op);
-    case DataType::kInt16:
-      return reduce_element<Element<std::int16_t>>(out, a, b, count, op);
-    case DataType::kInt32:
-      return reduce_element<Element<std::int32_t>>(out, a, b, count, op);
-    case DataType::kInt64:
-      return reduce_element<Element<std::int64_t>>(out, a, b, count, op);
-    case DataType::kUint8:
-      return reduce_element<Element<std::uint8_t>>(out, a, b, count, op);
-    case DataType::kUint16:
-      return reduce_element<Element<std::uint16_t>>(out, a, b, count, op);
-    case DataType::kUint32:
-      return reduce_element<Element<std::uint32_t>>(out, a, b, count, op);
-    case DataType::kUint64:
-      return reduce_element<Element<std::uint64_t>>(out, a, b, count, op);
-    case DataType::kFloat16:
-      return reduce_element<Element<Float16>>(out, a, b, count, op);
-    case DataType::kBfloat16:
-      return reduce_element<Element<Bfloat16>>(out, a, b, count, op);
-    case DataType::kFloat32:
-      return reduce_element<Element<float>>(out, a, b, count, op);
-    case DataType::kFloat64:
-      return reduce_element<Element<double>>(out, a, b, count, op);
-  }
+  with_element(type,
+               [&](auto element) { reduce_element<decltype(element)>(out, a, b, count, op); });
 }
 
-namespace {
-
-template <class E>
-void multiply_element(void* out_buffer, const void* in_buffer, std::size_t count,
-                      const void* factor_element) {
-  using T = typename E::Storage;
-  T factor;
-  std::memcpy(&factor, factor_element, sizeof(T));
-  auto* out = static_cast<T*>(out_buffer);
-  const auto* in = static_cast<const T*>(in_buffer);
-  for (std::size_t i = 0; i < count; ++i) {
-    out[i] = E::template combine<ReduceOp::kProd>(in[i], factor);
-  }
+void multiply_to(void* out_buffer, const void* in_buffer, std::size_t count, DataType type,
+                 const void* factor_element) {
+  with_element(type, [&](auto element) {
+    using E = decltype(element);
+    using T = typename E::Storage;
+    T factor;
+    std::memcpy(&factor, factor_element, sizeof(T));
+    auto* out = static_cast<T*>(out_buffer);
+    const auto* in = static_cast<const T*>(in_buffer);
+    for (std::size_t i = 0; i < count; ++i) {
+      out[i] = E::template combine<ReduceOp::kProd>(in[i], factor);
+    }
+  });
 }
 
-template <class T>
-void divide_element(void* out_buffer, const void* in_buffer, std::size_t count,
-                    std::uint64_t divisor) {
-  // In the widest type of T's signedness: a divisor above T's range (an int8 average over 200
-  // members) is still exact.
-  using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
-  const auto d = static_cast<Wide>(divisor);
-  auto* out = static_cast<T*>(out_buffer);
-  const auto* in = static_cast<const T*>(in_buffer);
-  for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<T>(static_cast<Wide>(in[i]) / d);
-}
-
-}  // namespace
-
-void multiply_to(void* out, const void* in, std::size_t count, DataType type, const void* factor) {
-  switch (type) {
-    case DataType::kInt8:
-      return multiply_element<Element<std::int8_t>>(out, in, count, factor);
-    case DataType::kInt16:
-      return multiply_element<Element<std::int16_t>>(out, in, count, factor);
-    case DataType::kInt32:
-      return multiply_element<Element<std::int32_t>>(out, in, count, factor);
-    case DataType::kInt64:
-      return multiply_element<Element<std::int64_t>>(out, in, count, factor);
-    case DataType::kUint8:
-      return multiply_element<Element<std::uint8_t>>(out, in, count, factor);
-    case DataType::kUint16:
-      return multiply_element<Element<std::uint16_t>>(out, in, count, factor);
-    case DataType::kUint32:
-      return multiply_element<Element<std::uint32_t>>(out, in, count, factor);
-    case DataType::kUint64:
-      return multiply_element<Element<std::uint64_t>>(out, in, count, factor);
-    case DataType::kFloat16:
-      return multiply_element<Element<Float16>>(out, in, count, factor);
-    case DataType::kBfloat16:
-      return multiply_element<Element<Bfloat16>>(out, in, count, factor);
-    case DataType::kFloat32:
-      return multiply_element<Element<float>>(out, in, count, factor);
-    case DataType::kFloat64:
-      return multiply_element<Element<double>>(out, in, count, factor);
-  }
-}
-
-void divide_to(void* out, const void* in, std::size_t count, DataType type, std::uint64_t divisor) {
+void divide_to(void* out_buffer, const void* in_buffer, std::size_t count, DataType type,
+               std::uint64_t divisor) {
   if (divisor == 0) return;
-  switch (type) {
-    case DataType::kInt8:
-      return divide_element<std::int8_t>(out, in, count, divisor);
-    case DataType::kInt16:
-      return divide_element<std::int16_t>(out, in, count, divisor);
-    case DataType::kInt32:
-      return divide_element<std::int32_t>(out, in, count, divisor);
-    case DataType::kInt64:
-      return divide_element<std::int64_t>(out, in, count, divisor);
-    case DataType::kUint8:
-      return divide_element<std::uint8_t>(out, in, count, divisor);
-    case DataType::kUint16:
-      return divide_element<std::uint16_t>(out, in, count, divisor);
-    case DataType::kUint32:
-      return divide_element<std::uint32_t>(out, in, count, divisor);
-    case DataType::kUint64:
-      return divide_element<std::uint64_t>(out, in, count, divisor);
-    default:
-      return;
-  }
+  with_element(type, [&](auto element) {
+    using E = decltype(element);
+    using T = typename E::Storage;
+    if constexpr (E::kBitwise) {  // the integer types
+      // In the widest type of T's signedness: a divisor above T's range (an int8 average over
+      // 200 members) is still exact.
+      using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
+      const auto d = static_cast<Wide>(divisor);
+      auto* out = static_cast<T*>(out_buffer);
+      const auto* in = static_cast<const T*>(in_buffer);
+      for (std::size_t i = 0; i < count; ++i) {
+        out[i] = static_cast<T>(static_cast<Wide>(in[i]) / d);
+      }
+    }
+  });
 }
 
 }  // namespace ferry::coll

@@ -14,6 +14,8 @@ namespace ferry::coll {
 // Ok, or kInvalidArgument naming the type and the op: unknown enum values are refused, and the
 // bitwise ops take integer types only.
 Status check_reduction(DataType type, ReduceOp op);
+// Whether `type` is one of the integer types (int8 ... uint64).
+bool is_integer(DataType type);
 
 // out[i] = a[i] op b[i] for i < count. out may be a or b (the same pointer); partial overlap is
 // not allowed. Buffers are aligned to the element size.

@@ -327,7 +327,7 @@ ncclResult_t to_ferry(ncclRedOp_t op, ncclDataType_t type, const ncclComm& comm,
     // As NCCL: a float average multiplies each input by 1/n (in the type), an integer one
     // divides the sum by n (truncating).
     const int n = comm.comm.size();
-    if (t <= DataType::kUint64) {
+    if (coll::is_integer(t)) {
       out->post_divide = true;
       out->scale.divisor = static_cast<std::uint64_t>(n);
       return ncclSuccess;

@@ -254,8 +254,7 @@ Status FakeCuda::scale_on_stream(void* stream, int /*device*/, void* out, const 
   stream_of(stream).enqueue([=] {
     std::uint64_t bits = scale.factor_bits;
     if (scale.device_factor != nullptr) std::memcpy(&bits, scale.device_factor, size_of(type));
-    const bool integer = type <= DataType::kUint64;
-    if (scale.divisor != 0 && integer) {
+    if (scale.divisor != 0 && coll::is_integer(type)) {
       coll::divide_to(out, in, count, type, scale.divisor);
     } else {
       coll::multiply_to(out, in, count, type, &bits);
