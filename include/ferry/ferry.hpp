@@ -467,12 +467,14 @@ class Communicator {
   // Fault-tolerant agreement, collective over the members that are alive (works on a revoked
   // communicator too): every member that returns ok returns the same *flag, the bitwise AND of
   // the flags of all members that survive it (and of some that died during it), and the same
-  // *failed (unless null): the members all of them now count as failed. Members that die before
-  // or during the call do not stop it. kTimeout under FERRY_TIMEOUT names whom it waited for;
+  // *failed (unless null): the members all of them now count as failed (a member that ended its
+  // Context without joining counts as failed). Members that die before or during the call do not
+  // stop it. kTimeout under FERRY_TIMEOUT names whom it waited for;
   // kPeerFailed when the others counted this member as failed.
   Status agree(std::uint64_t* flag, std::vector<int>* failed = nullptr);
   // A new communicator of the members that survive, agreed by all of them (members keep their
-  // order), even when more members die during the call: those are left out too. One that dies
+  // order), even when more members die during the call: those are left out too, as are members
+  // that ended their Context. One that dies
   // after it is a dead member of the new communicator, whose collectives then fail with
   // kPeerFailed (shrink again). Works on a revoked communicator. Throws ferry::Error (kTimeout
   // under FERRY_TIMEOUT, naming whom it waited for).

@@ -13,6 +13,8 @@
 //     many members die meanwhile (a coordinator that dies mid-send leaves some members with its
 //     estimate and some without, which the next surviving coordinator's round evens out).
 // Messages: n-1 per member in each phase, small; n rounds in the second, each one message deep.
+// A member that finalized (its Context ended) sends nothing more after what it sent before: to
+// the agreement it is a member that died after its last message, and counts as failed.
 #include <algorithm>
 #include <cstring>
 
@@ -172,7 +174,7 @@ class Agreement {
       if (m == g_.rank()) continue;
       const Request& r = receives[static_cast<std::size_t>(m)];
       const Status& s = waiter_.status(r);
-      if (s.code() == Code::kPeerFailed) {
+      if (s.code() == Code::kPeerFailed || gone(m, s)) {
         estimate_.set_failed(m);
         continue;
       }
@@ -197,7 +199,10 @@ class Agreement {
         wait_sends();
         continue;
       }
-      if (estimate_.has_failed(c) || engine_->liveness().failure(g_.member(c)) != nullptr) continue;
+      if (estimate_.has_failed(c) || engine_->liveness().failure(g_.member(c)) != nullptr ||
+          engine_->liveness().departed(g_.member(c))) {
+        continue;
+      }
       Request r =
           engine_->messages().irecv(coordinated.data(), bytes_, g_.member(c), tag_ | 2, kFullMask);
       if (!waiter_.wait(r)) {
@@ -205,7 +210,7 @@ class Agreement {
                          ", the coordinator of round " + std::to_string(c));
       }
       const Status& s = waiter_.status(r);
-      if (s.code() == Code::kPeerFailed) continue;
+      if (s.code() == Code::kPeerFailed || gone(c, s)) continue;
       View adopted(n_);
       if (!s.is_ok() || waiter_.received(r) != bytes_ || !adopted.decode(coordinated.data(), n_)) {
         return malformed(c, "estimate", s);
@@ -219,6 +224,11 @@ class Agreement {
   [[nodiscard]] const std::string& what() const { return what_; }
 
  private:
+  // A receive from member `m` that ended because it finalized (kCanceled: it sends nothing
+  // more): it counts as failed, as one that died after its last message.
+  [[nodiscard]] bool gone(int m, const Status& s) const {
+    return s.code() == Code::kCanceled && engine_->liveness().departed(g_.member(m));
+  }
   // Sends `mine_` to every other member with the phase's tag; a test's crash point dies having
   // sent to one only.
   void send_to_all(Tag phase, util::CrashPoint point) {
@@ -274,8 +284,11 @@ Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
   mine.flag = flag;
   mine.next_id = ids_->next;
   engine_->look_for_failures();
+  // A member that finalized joins no more calls: failed, as far as the agreement goes.
   for (int m = 0; m < n; ++m) {
-    if (engine_->liveness().failure(member(m)) != nullptr) mine.set_failed(m);
+    if (engine_->liveness().failure(member(m)) != nullptr || engine_->liveness().departed(member(m))) {
+      mine.set_failed(m);
+    }
   }
   Agreement agreement(*this, tag_of(base_id(), number) | kAgreementTag,
                       std::string(name) + " over " + std::to_string(n) + " members (agreement " +
@@ -325,7 +338,8 @@ std::shared_ptr<Group> Group::shrink() {
     std::uint64_t none_dead = 1;
     for (int m = 0; m < size(); ++m) {
       if (!agreed.failed[static_cast<std::size_t>(m)] &&
-          engine_->liveness().failure(member(m)) != nullptr) {
+          (engine_->liveness().failure(member(m)) != nullptr ||
+           engine_->liveness().departed(member(m)))) {
         none_dead = 0;
       }
     }

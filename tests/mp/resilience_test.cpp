@@ -189,6 +189,49 @@ void death_scenario(ferry::Context& ctx, const std::string& call, const std::str
   std::printf("rank %d: %s %s took %.1f ms\n", ctx.rank(), call.c_str(), when.c_str(), took);
 }
 
+// Rank `victim` ends its Context (alive: no death to see) without joining the survivors'
+// allreduce; the survivors see kCanceled naming it, then agree (it counts as failed) and shrink
+// to a communicator without it, and go on. It stays alive until they are done.
+void departs_scenario(ferry::Context& ctx, const std::string& call, int victim) {
+  {
+    ferry::Communicator world = ctx.world();
+    expect_working(world, "before");
+    if (ctx.rank() == victim) {
+      world = ferry::Communicator();
+      { ferry::Context gone = std::move(ctx); }
+      ::sleep(4);
+      return;
+    }
+    std::int64_t x = 1, y = 0;
+    const ferry::Status s =
+        world.allreduce(&x, &y, 1, ferry::DataType::kInt64, ferry::ReduceOp::kSum);
+    expect(s.code() == ferry::Code::kCanceled || s.code() == ferry::Code::kRevoked,
+           "allreduce without a member that finalized: " + s.to_string());
+    world.revoke();
+    const auto start = Clock::now();
+    std::uint64_t flag = ~(std::uint64_t{1} << ctx.rank());
+    std::vector<int> failed;
+    ferry::Communicator next;
+    if (call == "agree") {
+      const ferry::Status a = world.agree(&flag, &failed);
+      expect(a.is_ok() && failed.size() == 1 && failed[0] == victim,
+             "agree: " + a.to_string() + ", " + std::to_string(failed.size()) + " failed");
+      next = world.shrink();
+      expect_same_everywhere(next, flag, failed, "agree");
+    } else {
+      next = world.shrink();
+    }
+    const double took = ms_since(start);
+    expect(next.size() == ctx.size() - 1, "shrink: " + std::to_string(next.size()) + " members");
+    for (int m = 0; m < next.size(); ++m) {
+      expect(next.world_rank(m) != victim, "the victim is a member after shrink");
+    }
+    expect_working(next, "after shrink", 4096);
+    expect(next.barrier().is_ok(), "barrier after shrink");
+    std::printf("rank %d: %s departs took %.1f ms\n", ctx.rank(), call.c_str(), took);
+  }
+}
+
 // FERRY_TEST_CRASH_AT=mid-revoke on rank 0: it revokes and dies having told one member; the
 // others learn it from that one.
 void revoke_death_scenario(ferry::Context& ctx) {
@@ -312,6 +355,9 @@ int main(int argc, char** argv) {
       never_arrives_scenario(ctx);
     } else if (scenario == "revoke-death") {
       revoke_death_scenario(ctx);
+    } else if ((scenario == "agree" || scenario == "shrink") && argc >= 3 &&
+               std::string(argv[2]) == "departs") {
+      departs_scenario(ctx, scenario, argc >= 4 ? std::atoi(argv[3]) : ctx.size() - 1);
     } else if ((scenario == "agree" || scenario == "shrink") && argc >= 3) {
       death_scenario(ctx, scenario, argv[2], argc >= 4 ? std::atoi(argv[3]) : ctx.size() - 1);
     } else {
@@ -320,7 +366,7 @@ int main(int argc, char** argv) {
     }
     std::string name = scenario;
     for (int i = 2; i < argc; ++i) name += std::string(" ") + argv[i];
-    std::printf("rank %d: %s, %d failures\n", ctx.rank(), name.c_str(), failures);
+    std::printf("rank %d: %s, %d failures\n", me, name.c_str(), failures);
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "rank %d: FAIL: %s\n", me, e.what());
     return 1;

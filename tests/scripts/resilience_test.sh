@@ -47,6 +47,7 @@ for variant in "${variants[@]}"; do
       FERRY_TEST_CRASH_RANK=1 -- "$call" during 1
     run "$call: the first coordinator dies mid-round$tag" 137 3 "$@" FERRY_TEST_CRASH_AT=mid-decide \
       FERRY_TEST_CRASH_RANK=0 -- "$call" during 0
+    run "$call: a rank ended its Context without joining$tag" 0 4 "$@" -- "$call" departs 1
   done
 done
 # The wait board: a program asks for it (Context::wait_report), and ferryrun prints it when the
