@@ -151,8 +151,10 @@ for step in $steps; do
         -n 2 "$bin/ferry_gpu_stream_tests" thread-idle 2>&1 | tee "$out/gpu_thread_idle.log" \
         | grep -E "^rank|error|warn" | awk 'NR <= 20'
       echo "exit ${PIPESTATUS[0]}"
+      # A rank killed, a call nobody else makes (FERRY_TIMEOUT=1), a rank that ends its Context
+      # while the others' calls wait for it (no FERRY_TIMEOUT): every stream must be released.
       for mode in stream-death graph-death p2p-graph-death broadcast-graph-death never-arrives \
-          p2p-never-arrives; do
+          p2p-never-arrives leaves p2p-leaves; do
         for kernel in 16m 0; do
           echo "--- $mode -n 2 FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/256k}"
           FERRY_STREAM_KERNEL=$kernel FERRY_STREAM_P2P=${kernel/16m/256k} FERRY_TIMEOUT=$([[ $mode = *never-arrives ]] && echo 1 || echo 0) \

@@ -6,6 +6,7 @@
 #include "coll/group.hpp"
 #include "proto/engine.hpp"
 #include "proto/stream_ops.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace ferry::coll {
@@ -445,6 +446,16 @@ Status DeviceOneShot::watched_failure() {
       stop();
       return Status(Code::kPeerFailed, what + ": " + group_.peer_label(m) + " failed: " + *why);
     }
+  }
+  const unsigned waited = __atomic_exchange_n(&state_->words[3], 0u, __ATOMIC_ACQ_REL);
+  if (const int m = state_->departed.observe(waited, util::Clock::now(),
+                                             [&](int j) {
+                                               return j < group_.size() &&
+                                                      engine->liveness().departed(group_.member(j));
+                                             });
+      m >= 0) {
+    stop();
+    return Status(Code::kCanceled, what + ": " + group_.departed_label(m));
   }
   return Status();
 }

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "coll/departed_wait.hpp"
 #include "coll/schedule.hpp"
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
@@ -127,6 +128,7 @@ class DeviceOneShot {
     std::vector<std::pair<void*, std::size_t>> staging;  // on-stream mode: staging()
     int watch = -1;         // on-stream mode: the stream thread's watch of it
     bool reported = false;  // watch() returned its failure
+    DepartedWait departed;  // kernels waiting for a member that finalized
   };
   // Each member makes its exchange area, they swap IPC keys and map each other's, then agree
   // that every member succeeded.

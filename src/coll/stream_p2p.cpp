@@ -611,6 +611,7 @@ Status StreamP2p::enqueue(CudaStream stream,
       if (Status s = flush(false); !s) return s;
     }
     cuda::Cuda::P2pOp op;
+    op.peer = w.peer;
     op.index = static_cast<int>(std::count(wave_keys.begin(), wave_keys.end(), key));
     op.bytes = w.bytes;
     // Messages that may take the bulk ring take it in turn, in order.
@@ -711,6 +712,18 @@ Status StreamP2p::watch() {
             Status(Code::kPeerFailed, what + ": " + twin_.peer_label(peer) + " failed: " + *why);
         break;
       }
+    }
+  }
+  if (failure.is_ok()) {
+    const unsigned waited = __atomic_exchange_n(&words_[3], 0u, __ATOMIC_ACQ_REL);
+    proto::Engine* engine = twin_.engine();
+    if (const int m = departed_.observe(waited, util::Clock::now(),
+                                        [&](int j) {
+                                          return j < twin_.size() &&
+                                                 engine->liveness().departed(twin_.member(j));
+                                        });
+        m >= 0) {
+      failure = Status(Code::kCanceled, what + ": " + twin_.departed_label(m));
     }
   }
   if (failure.is_ok()) return failure;

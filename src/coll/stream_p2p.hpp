@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "coll/departed_wait.hpp"
 #include "cuda/cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "proto/stream_ops.hpp"
@@ -104,6 +105,7 @@ class StreamP2p final : public proto::Fuser {
   void* scratch_ = nullptr;  // device: the launches' block counts
   int watch_ = -1;
   bool reported_ = false;
+  DepartedWait departed_;  // kernels waiting for a member that finalized
 };
 
 }  // namespace ferry::coll

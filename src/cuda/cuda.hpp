@@ -208,7 +208,8 @@ class Cuda {
     unsigned max_blocks = kOneShotBlocks;
     std::array<void*, kOneShotMembers> areas{};  // every member's area as mapped here
     // Device view of host words: [0] nonzero ends the waiting; the kernel sets [1] when a
-    // member's call differs in count, type or op, and [2] when it waited past timeout_ns.
+    // member's call differs in count, type or op, and [2] when it waited past timeout_ns; a
+    // waiting block writes the member it waits for, plus one, to [3] now and then.
     void* words = nullptr;
     // collective_on_stream only: 16 bytes of device memory, zeroed before the first call, where
     // the GPU keeps the calls' numbers (`sequence` is not used); how long a block may wait for
@@ -277,6 +278,7 @@ class Cuda {
     int total = 0;            // their number
     bool direct = true;       // receive: `buffer` is the caller's, not a bounce
     int after = -1;           // the launch's op that takes the bulk ring before this one
+    int peer = -1;            // the member at the other end (kernels tell the host they wait)
   };
   // One launch of up to kP2pMaxOps ops on `stream` (of `device`'s context): every op runs at
   // once. `words`: the communicator's stop words (as OneShot::words); `scratch`:

@@ -8,7 +8,9 @@
 // group, or, `broadcast-graph-death`, of a 4 MiB broadcast) wait for it, and they must be released
 // with the error in Context::async_error within seconds. `never-arrives` and `p2p-never-arrives`
 // (FERRY_TIMEOUT set): rank 0's allreduce (or receive) has no partner, and its stream is released
-// with kTimeout. `thread-idle`: send/recv through the kernels' bulk ring needs no thread of
+// with kTimeout. `leaves` and `p2p-leaves` (no FERRY_TIMEOUT): the last rank ends its Context
+// while rank 0's allreduce (or receive from it) waits, and the stream is released with kCanceled
+// within a second. `thread-idle`: send/recv through the kernels' bulk ring needs no thread of
 // ferry's (thread_idle below).
 // Without a GPU it exits 77 (CTest: skipped) and says why.
 #include <gtest/gtest.h>
@@ -980,6 +982,67 @@ int never_arrives(Context& ctx, bool p2p) {
              : 1;
 }
 
+// `leaves` (FERRY_TIMEOUT unset): the last rank ends its Context, alive, without joining the
+// others' last stream call, which waits for it inside a kernel (an allreduce; `p2p`: a receive
+// from it). Nothing dies and no deadline runs, so only its finalize notice and the kernel's word
+// naming whom it waits for (coll/departed_wait.hpp) can release the stream: it must be released
+// with kCanceled naming that rank, within a second of the end.
+int leaves(Context& ctx, bool p2p) {
+  Communicator world = ctx.world();
+  const int n = ctx.size();
+  const int victim = n - 1;
+  Device buffer(64), other(64);
+  check(g_cuda->cuMemsetD8(buffer.p, 1, 64), "memset");
+  // The first calls set up the kernels' areas and pairs on every member.
+  Status first =
+      world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64, ReduceOp::kSum, g_stream);
+  if (first.is_ok()) {
+    ctx.group_start();
+    first = world.send(buffer.get(), 8, (ctx.rank() + 1) % n, g_stream);
+    if (first.is_ok()) first = world.recv(other.get(), 8, (ctx.rank() + n - 1) % n, g_stream);
+    const Status ended = ctx.group_end();
+    if (first.is_ok()) first = ended;
+  }
+  check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+  if (!first.is_ok() || !ctx.async_error().is_ok()) {
+    std::printf("rank %d: the first calls failed: %s / %s\n", ctx.rank(), first.to_string().c_str(),
+                ctx.async_error().to_string().c_str());
+    return 1;
+  }
+  using Clock = std::chrono::steady_clock;
+  if (ctx.rank() == victim) {
+    if (!world.barrier().is_ok()) return 1;
+    const auto start = Clock::now();
+    { Context gone = std::move(ctx); }
+    std::printf("rank %d: ended its Context in %.0f ms; staying alive for 5 s\n", victim,
+                std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    ::usleep(5000000);
+    return 0;
+  }
+  // Enqueued before the barrier that lets the victim go: the kernel already waits for it.
+  const Status enqueued = p2p ? world.recv(other.get(), 8, victim, g_stream)
+                              : world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64,
+                                                ReduceOp::kSum, g_stream);
+  const Status met = world.barrier();
+  const auto start = Clock::now();
+  const CUresult synchronized = g_cuda->cuStreamSynchronize(g_stream);
+  while (ctx.async_error().is_ok() && Clock::now() - start < std::chrono::seconds(30)) {
+    ::usleep(1000);
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  const Status error = ctx.async_error();
+  std::printf(
+      "rank %d: %s rank %d, which ended its Context: enqueued %s, barrier %s; stream %s and "
+      "async error %s %.0f ms after the barrier\n",
+      ctx.rank(), p2p ? "a receive from" : "an allreduce without", victim,
+      enqueued.to_string().c_str(), met.to_string().c_str(),
+      synchronized == CUDA_SUCCESS ? "released" : "failed", error.to_string().c_str(), ms);
+  return enqueued.is_ok() && met.is_ok() && synchronized == CUDA_SUCCESS &&
+                 error.code() == Code::kCanceled && ms < 1000
+             ? 0
+             : 1;
+}
+
 // `thread-idle` (FERRY_TEST_STREAM_THREAD_IDLE=1: ferry's stream thread starts no hand-off; the
 // members' send/recv must take the kernels: GPUs of their own, or FERRY_COLL_DEVICE_SHARED_GPU=1).
 // Send/recv groups of device buffers past the inline limit go through the bulk ring, and their
@@ -1118,6 +1181,10 @@ int main(int argc, char** argv) {
       result = ferry::never_arrives(ctx, false);
     } else if (argc > 1 && std::string(argv[1]) == "p2p-never-arrives") {
       result = ferry::never_arrives(ctx, true);
+    } else if (argc > 1 && std::string(argv[1]) == "leaves") {
+      result = ferry::leaves(ctx, false);
+    } else if (argc > 1 && std::string(argv[1]) == "p2p-leaves") {
+      result = ferry::leaves(ctx, true);
     } else if (argc > 1 && std::string(argv[1]) == "thread-idle") {
       result = ferry::thread_idle(ctx);
     } else {

@@ -323,8 +323,9 @@ struct P2pArgs {
   int first_block;
   int direct;
   int after;
+  int peer;
 };
-static_assert(sizeof(P2pArgs) == 88);
+static_assert(sizeof(P2pArgs) == 96);
 // kernels/p2p.cuh's P2pRelease.
 struct P2pReleaseArgs {
   void* ready;
@@ -377,7 +378,7 @@ Status Launches::p2p_on_stream(void* stream, int ordinal, std::span<const Cuda::
                       op.buffer,         op.bytes,  op.verdict,
                       done + i,          op.chunks, static_cast<int>(op.kind),
                       op.index,          op.total,  blocks,
-                      op.direct ? 1 : 0, op.after};
+                      op.direct ? 1 : 0, op.after,  op.peer};
     blocks += static_cast<int>(std::clamp<std::size_t>(want, 1, share));
   }
   ScopedContext scope(d_, dev.context);

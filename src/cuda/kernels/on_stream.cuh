@@ -30,11 +30,14 @@ __device__ __forceinline__ void ll_store(unsigned char* line, unsigned long long
                : "memory");
 }
 
-// Run every spin of a wait for a peer: every 4,096 spins, whether the call must stop (the host
-// raised words[0], or the GPU's clock passed `deadline`, 0: none; then words[2] is set).
+// Run every spin of a wait for member `member` (-1: for no peer): every 4,096 spins, whether the
+// call must stop (the host raised words[0], or the GPU's clock passed `deadline`, 0: none; then
+// words[2] is set). It also writes member + 1 to words[3], which the host reads to tell a member
+// that finalized and is still waited for (coll/departed_wait.hpp).
 __device__ __forceinline__ bool spin_must_stop(unsigned spins, volatile unsigned* words,
-                                               unsigned long long deadline) {
+                                               unsigned long long deadline, int member) {
   if ((spins & 4095) != 0) return false;
+  if (member >= 0) words[3] = static_cast<unsigned>(member) + 1;
   if (words[0] != 0) return true;
   if (deadline != 0 && now_ns() > deadline) {
     words[2] = 1;
@@ -43,12 +46,12 @@ __device__ __forceinline__ bool spin_must_stop(unsigned spins, volatile unsigned
   return false;
 }
 
-// Waits until `line` shows `flag` and gives its data; false where the call must stop: the host
-// raised words[0] (a member died, the communicator was revoked, or a member saw a mismatch) or the
-// GPU's clock passed `deadline` (then words[2] is set).
+// Waits until `line` (member `member`'s) shows `flag` and gives its data; false where the call
+// must stop: the host raised words[0] (a member died or finalized, the communicator was revoked,
+// or a member saw a mismatch) or the GPU's clock passed `deadline` (then words[2] is set).
 __device__ __forceinline__ bool ll_load(const unsigned char* line, unsigned flag,
                                         volatile unsigned* words, unsigned long long deadline,
-                                        unsigned long long* data) {
+                                        int member, unsigned long long* data) {
   unsigned a, b, c, d;
   for (unsigned spins = 1;; ++spins) {
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -56,7 +59,7 @@ __device__ __forceinline__ bool ll_load(const unsigned char* line, unsigned flag
                  : "l"(line)
                  : "memory");
     if (b == flag && d == flag) break;
-    if (spin_must_stop(spins, words, deadline)) return false;
+    if (spin_must_stop(spins, words, deadline, member)) return false;
   }
   *data = static_cast<unsigned long long>(c) << 32 | a;
   return true;
@@ -187,7 +190,7 @@ __device__ void ll_allreduce(void* out, const void* in, unsigned long long count
       if (j == me) {
         got[j] = line == 0 ? signature : ll_input(input, bytes, (line - 1) * 8);
       } else if (!ll_load(mine + static_cast<unsigned long long>(j) * kLLSlotBytes + line * 16,
-                          flag, words, deadline, &got[j])) {
+                          flag, words, deadline, j, &got[j])) {
         stopped = true;
       }
     }
@@ -314,7 +317,7 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
       for (int j = 0; j < members; ++j) {
         unsigned long long theirs = 0;
         if (j == me) continue;
-        if (!ll_load(slot_line(me, j, 0), flag, words, deadline, &theirs)) return;
+        if (!ll_load(slot_line(me, j, 0), flag, words, deadline, j, &theirs)) return;
         if (theirs != signature) {
           words[1] = 1;
           words[0] = 1;
@@ -329,13 +332,13 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
       for (int j = 0; j < members; ++j) {
         unsigned long long data = 0;
         if (j == me) continue;
-        if (!ll_load(slot_line(me, j, line), flag, words, deadline, &data)) return;
+        if (!ll_load(slot_line(me, j, line), flag, words, deadline, j, &data)) return;
         ll_output(output + static_cast<unsigned long long>(j) * bytes, bytes, at, data);
       }
     } else if (kind == 3) {  // broadcast: the root's line
       if (me == root) continue;
       unsigned long long data = 0;
-      if (!ll_load(slot_line(me, root, line), flag, words, deadline, &data)) return;
+      if (!ll_load(slot_line(me, root, line), flag, words, deadline, root, &data)) return;
       ll_output(output, bytes, at, data);
     } else if (kind == 4) {  // reduce: every member's line at the root, in the host's order
       if (me != root) continue;
@@ -344,7 +347,7 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
         got[j] = 0;
         if (j == me) {
           got[j] = ll_input(input, bytes, at);
-        } else if (!ll_load(slot_line(me, j, line), flag, words, deadline, &got[j])) {
+        } else if (!ll_load(slot_line(me, j, line), flag, words, deadline, j, &got[j])) {
           return;
         }
       }
@@ -375,7 +378,7 @@ __device__ void ll_mesh(int kind, void* out, const void* in, unsigned long long 
         got[j] = 0;
         if (j == me) {
           got[j] = ll_input(input + static_cast<unsigned long long>(me) * bytes, bytes, at);
-        } else if (!ll_load(slot_line(me, j, line), flag, words, deadline, &got[j])) {
+        } else if (!ll_load(slot_line(me, j, line), flag, words, deadline, j, &got[j])) {
           return;
         }
       }

@@ -134,10 +134,14 @@ __device__ int wait_flags(const Areas& areas, std::size_t flags_offset, int memb
           return 1;
         }
       }
-      if ((spins & 4095) == 0 && words[0] != 0) return 1;
-      if ((spins & 4095) == 0 && deadline != 0 && now_ns() > deadline) {
-        words[2] = 1;
-        return 1;
+      if ((spins & 4095) == 0) {
+        // Who is waited for, for the host (spin_must_stop).
+        words[3] = static_cast<unsigned>(j) + 1;
+        if (words[0] != 0) return 1;
+        if (deadline != 0 && now_ns() > deadline) {
+          words[2] = 1;
+          return 1;
+        }
       }
     }
   }

@@ -60,7 +60,9 @@ struct P2pOp {
   int first_block;              // this op's blocks: [first_block, next op's first_block)
   int direct;                   // receive: `buffer` is the caller's (not a bounce)
   int after;                    // the launch's op that takes the ring before this one, or -1
+  int peer;                     // the member at the other end (words[3] while waiting for it)
 };
+static_assert(sizeof(P2pOp) == 96, "launches.cpp's P2pArgs, field for field");
 
 // The hand-off a launch may write itself (proto::Release): where ferry's thread has work after it
 // (an op's verdict says its data comes by the thread, or sits in a host bounce), the launch's last
@@ -84,15 +86,15 @@ struct P2pOps {
   P2pOp op[kCapacity];
 };
 
-// Waits until the 64 bits at `word` reach `want`; false where the call must stop (words[0]
-// raised, or the deadline passed: then words[2] set).
+// Waits until the 64 bits at `word` (which member `peer` raises) reach `want`; false where the
+// call must stop (words[0] raised, or the deadline passed: then words[2] set).
 __device__ __forceinline__ bool p2p_wait_at_least(const unsigned long long* word,
                                                   unsigned long long want,
                                                   volatile unsigned* words,
-                                                  unsigned long long deadline) {
+                                                  unsigned long long deadline, int peer) {
   for (unsigned spins = 1;; ++spins) {
     if (*reinterpret_cast<const volatile unsigned long long*>(word) >= want) return true;
-    if (spin_must_stop(spins, words, deadline)) return false;
+    if (spin_must_stop(spins, words, deadline, peer)) return false;
   }
 }
 
@@ -104,7 +106,7 @@ __device__ __forceinline__ bool p2p_wait_turn(const unsigned* ended, int after,
                                               unsigned long long deadline) {
   if (after < 0) return true;
   for (unsigned spins = 1; reinterpret_cast<const volatile unsigned*>(ended)[after] == 0; ++spins) {
-    if (spin_must_stop(spins, words, deadline)) return false;
+    if (spin_must_stop(spins, words, deadline, -1)) return false;
   }
   return true;
 }
@@ -142,8 +144,8 @@ __device__ bool p2p_bulk(const P2pOp& op, unsigned long long bytes, int block, i
         // The sender writes a place once its last chunk was taken; the receiver reads it once
         // the next is ready. The fence makes the peer's side visible (its data, or that it read
         // the place out).
-        stop = !(sending ? p2p_wait_at_least(taken + place, round, words, deadline)
-                         : p2p_wait_at_least(ready + place, round + 1, words, deadline));
+        stop = !(sending ? p2p_wait_at_least(taken + place, round, words, deadline, op.peer)
+                         : p2p_wait_at_least(ready + place, round + 1, words, deadline, op.peer));
         asm volatile("fence.acq_rel.sys;" ::: "memory");
       }
       __syncthreads();
@@ -206,7 +208,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
     // The slot is ours once its last message was taken.
     if (threadIdx.x == 0 && sequence > kP2pSlots &&
         !p2p_wait_at_least(op.free + sequence % kP2pSlots, sequence - kP2pSlots, words,
-                           deadline)) {
+                           deadline, op.peer)) {
       stopped = 1;
     }
     __syncthreads();
@@ -229,7 +231,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
         auto* reply = reinterpret_cast<unsigned long long*>(
                           reinterpret_cast<unsigned char*>(op.free) + kP2pReplyOffset) +
                       sequence % kP2pSlots;
-        answer = p2p_wait_at_least(reply, sequence << 2, words, deadline) ? load_relaxed(reply) & 3
+        answer = p2p_wait_at_least(reply, sequence << 2, words, deadline, op.peer) ? load_relaxed(reply) & 3
                                                                           : 0;
         if (answer == 0 || answer == 3) {
           // Stopped, or an answer no receiver gives (a peer's bytes in our inbox): every
@@ -270,7 +272,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
   } else {
     if (threadIdx.x == 0) {
       unsigned long long got = 0;
-      if (!ll_load(slot, flag, words, deadline, &got)) {
+      if (!ll_load(slot, flag, words, deadline, op.peer, &got)) {
         stopped = 1;
       } else if ((got & kP2pFlags) == kP2pFlags || (got & ~kP2pFlags) > op.bytes ||
                  ((got & kP2pFlags) == 0 && got > kP2pInlineMax) ||
@@ -311,7 +313,7 @@ __device__ __forceinline__ void p2p_launch(const P2pOps<kCapacity>& ops, int cou
       auto* out = static_cast<unsigned char*>(op.buffer);
       for (unsigned long long line = first == 0 ? stride : first; line < lines; line += stride) {
         unsigned long long data = 0;
-        if (!ll_load(slot + line * 16, flag, words, deadline, &data)) {
+        if (!ll_load(slot + line * 16, flag, words, deadline, op.peer, &data)) {
           stopped = 1;
           break;
         }
