@@ -286,7 +286,8 @@ Status Group::agreement(std::uint64_t flag, const char* name, Agreed* agreed) {
   engine_->look_for_failures();
   // A member that finalized joins no more calls: failed, as far as the agreement goes.
   for (int m = 0; m < n; ++m) {
-    if (engine_->liveness().failure(member(m)) != nullptr || engine_->liveness().departed(member(m))) {
+    if (engine_->liveness().failure(member(m)) != nullptr ||
+        engine_->liveness().departed(member(m))) {
       mine.set_failed(m);
     }
   }
