@@ -133,6 +133,19 @@ void revoke_scenario(ferry::Context& ctx) {
   expect_working(world, "world after revoking others");
 }
 
+// `next`, the result of a shrink without rank `victim`: every other rank is a member, and
+// allreduce, split and barrier work on it.
+void expect_shrunk_without(const ferry::Context& ctx, ferry::Communicator& next, int victim) {
+  expect(next.size() == ctx.size() - 1, "shrink: " + std::to_string(next.size()) + " members");
+  for (int m = 0; m < next.size(); ++m) {
+    expect(next.world_rank(m) != victim, "the victim is a member after shrink");
+  }
+  expect_working(next, "after shrink", 4096);
+  const ferry::Communicator half = next.split(next.rank() % 2, next.rank());
+  expect(half.valid() && half.size() >= 1, "split after shrink");
+  expect(next.barrier().is_ok(), "barrier after shrink");
+}
+
 // Rank `victim` dies at `when` ("before" the call, "after" a first agreement); the survivors
 // agree, shrink and go on.
 void death_scenario(ferry::Context& ctx, const std::string& call, const std::string& when,
@@ -178,14 +191,7 @@ void death_scenario(ferry::Context& ctx, const std::string& call, const std::str
     next = world.shrink();
   }
   const double took = ms_since(start);
-  expect(next.size() == ctx.size() - 1, "shrink: " + std::to_string(next.size()) + " members");
-  for (int m = 0; m < next.size(); ++m) {
-    expect(next.world_rank(m) != victim, "the victim is a member after shrink");
-  }
-  expect_working(next, "after shrink", 4096);
-  const ferry::Communicator half = next.split(next.rank() % 2, next.rank());
-  expect(half.valid() && half.size() >= 1, "split after shrink");
-  expect(next.barrier().is_ok(), "barrier after shrink");
+  expect_shrunk_without(ctx, next, victim);
   std::printf("rank %d: %s %s took %.1f ms\n", ctx.rank(), call.c_str(), when.c_str(), took);
 }
 
@@ -222,12 +228,7 @@ void departs_scenario(ferry::Context& ctx, const std::string& call, int victim) 
       next = world.shrink();
     }
     const double took = ms_since(start);
-    expect(next.size() == ctx.size() - 1, "shrink: " + std::to_string(next.size()) + " members");
-    for (int m = 0; m < next.size(); ++m) {
-      expect(next.world_rank(m) != victim, "the victim is a member after shrink");
-    }
-    expect_working(next, "after shrink", 4096);
-    expect(next.barrier().is_ok(), "barrier after shrink");
+    expect_shrunk_without(ctx, next, victim);
     std::printf("rank %d: %s departs took %.1f ms\n", ctx.rank(), call.c_str(), took);
   }
 }
