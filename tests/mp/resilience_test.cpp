@@ -1,7 +1,8 @@
 // Fault-tolerant communicators (Communicator::revoke, agree, shrink) under
 // `ferryrun --keep-going -n 4`, one scenario per run (resilience_test.sh): ranks die before,
-// during (FERRY_TEST_CRASH_AT=mid-revoke|mid-agree|mid-decide) and after each call, and the
-// survivors must fail what waits, agree alike, shrink alike and go on with correct results.
+// during (FERRY_TEST_CRASH_AT=mid-revoke|mid-agree|mid-decide) and after each call, or end their
+// Context without joining, and the survivors must fail what waits, agree alike, shrink alike and
+// go on with correct results.
 // Each survivor prints "rank R: SCENARIO, N failures"; the exit status is the failure count.
 #include <unistd.h>
 
@@ -146,8 +147,9 @@ void expect_shrunk_without(const ferry::Context& ctx, ferry::Communicator& next,
   expect(next.barrier().is_ok(), "barrier after shrink");
 }
 
-// Rank `victim` dies at `when` ("before" the call, "after" a first agreement); the survivors
-// agree, shrink and go on.
+// Rank `victim` dies at `when` ("before" the call, "after" a first agreement), or ("departs")
+// ends its Context, alive, and stays so until the others are done; the survivors agree, shrink
+// and go on.
 void death_scenario(ferry::Context& ctx, const std::string& call, const std::string& when,
                     int victim) {
   ferry::Communicator world = ctx.world();
@@ -159,15 +161,23 @@ void death_scenario(ferry::Context& ctx, const std::string& call, const std::str
     expect(s.is_ok() && failed.empty(), "agree before the death: " + s.to_string());
     flag = ~(std::uint64_t{1} << ctx.rank());
   }
+  const bool departs = when == "departs";
+  if (departs && ctx.rank() == victim) {
+    world = ferry::Communicator();
+    { ferry::Context gone = std::move(ctx); }
+    ::sleep(4);
+    return;
+  }
   if (when != "during" && ctx.rank() == victim) die();  // "during": FERRY_TEST_CRASH_AT kills it
   if (when != "during") {
     // The survivors see it fail a collective first, as an application would.
     std::int64_t x = 1, y = 0;
     const ferry::Status s =
         world.allreduce(&x, &y, 1, ferry::DataType::kInt64, ferry::ReduceOp::kSum);
-    // kRevoked where a faster survivor revoked it first.
-    expect(s.code() == ferry::Code::kPeerFailed || s.code() == ferry::Code::kRevoked,
-           "allreduce with a dead member: " + s.to_string());
+    // kRevoked where a faster survivor revoked it first; kCanceled from one that finalized.
+    expect(s.code() == (departs ? ferry::Code::kCanceled : ferry::Code::kPeerFailed) ||
+               s.code() == ferry::Code::kRevoked,
+           "allreduce without a member: " + s.to_string());
     world.revoke();
   }
   const auto start = Clock::now();
@@ -193,44 +203,6 @@ void death_scenario(ferry::Context& ctx, const std::string& call, const std::str
   const double took = ms_since(start);
   expect_shrunk_without(ctx, next, victim);
   std::printf("rank %d: %s %s took %.1f ms\n", ctx.rank(), call.c_str(), when.c_str(), took);
-}
-
-// Rank `victim` ends its Context (alive: no death to see) without joining the survivors'
-// allreduce; the survivors see kCanceled naming it, then agree (it counts as failed) and shrink
-// to a communicator without it, and go on. It stays alive until they are done.
-void departs_scenario(ferry::Context& ctx, const std::string& call, int victim) {
-  {
-    ferry::Communicator world = ctx.world();
-    expect_working(world, "before");
-    if (ctx.rank() == victim) {
-      world = ferry::Communicator();
-      { ferry::Context gone = std::move(ctx); }
-      ::sleep(4);
-      return;
-    }
-    std::int64_t x = 1, y = 0;
-    const ferry::Status s =
-        world.allreduce(&x, &y, 1, ferry::DataType::kInt64, ferry::ReduceOp::kSum);
-    expect(s.code() == ferry::Code::kCanceled || s.code() == ferry::Code::kRevoked,
-           "allreduce without a member that finalized: " + s.to_string());
-    world.revoke();
-    const auto start = Clock::now();
-    std::uint64_t flag = ~(std::uint64_t{1} << ctx.rank());
-    std::vector<int> failed;
-    ferry::Communicator next;
-    if (call == "agree") {
-      const ferry::Status a = world.agree(&flag, &failed);
-      expect(a.is_ok() && failed.size() == 1 && failed[0] == victim,
-             "agree: " + a.to_string() + ", " + std::to_string(failed.size()) + " failed");
-      next = world.shrink();
-      expect_same_everywhere(next, flag, failed, "agree");
-    } else {
-      next = world.shrink();
-    }
-    const double took = ms_since(start);
-    expect_shrunk_without(ctx, next, victim);
-    std::printf("rank %d: %s departs took %.1f ms\n", ctx.rank(), call.c_str(), took);
-  }
 }
 
 // FERRY_TEST_CRASH_AT=mid-revoke on rank 0: it revokes and dies having told one member; the
@@ -337,7 +309,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: %s revoke | revoke-death | never-arrives | death-notice | report | stuck | "
         "agree|shrink "
-        "before|during|after "
+        "before|during|after|departs "
         "[VICTIM]\n",
         argv[0]);
     return 2;
@@ -356,9 +328,6 @@ int main(int argc, char** argv) {
       never_arrives_scenario(ctx);
     } else if (scenario == "revoke-death") {
       revoke_death_scenario(ctx);
-    } else if ((scenario == "agree" || scenario == "shrink") && argc >= 3 &&
-               std::string(argv[2]) == "departs") {
-      departs_scenario(ctx, scenario, argc >= 4 ? std::atoi(argv[3]) : ctx.size() - 1);
     } else if ((scenario == "agree" || scenario == "shrink") && argc >= 3) {
       death_scenario(ctx, scenario, argv[2], argc >= 4 ? std::atoi(argv[3]) : ctx.size() - 1);
     } else {
