@@ -42,6 +42,16 @@ class DepartedWait {
     return now - since_ >= kGrace ? m : -1;
   }
 
+  // observe() on the host word a kernel writes (taking and clearing it), for the members of
+  // `group` (a coll::Group: size(), member(j), engine()).
+  template <class Members>
+  int look(unsigned* word, const Members& group) {
+    const unsigned waited = __atomic_exchange_n(word, 0u, __ATOMIC_ACQ_REL);
+    return observe(waited, util::Clock::now(), [&](int j) {
+      return j < group.size() && group.engine()->liveness().departed(group.member(j));
+    });
+  }
+
  private:
   int member_ = -1;  // the departed member seen waited for
   util::Clock::time_point since_{};

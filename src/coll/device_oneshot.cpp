@@ -447,13 +447,7 @@ Status DeviceOneShot::watched_failure() {
       return Status(Code::kPeerFailed, what + ": " + group_.peer_label(m) + " failed: " + *why);
     }
   }
-  const unsigned waited = __atomic_exchange_n(&state_->words[3], 0u, __ATOMIC_ACQ_REL);
-  if (const int m = state_->departed.observe(waited, util::Clock::now(),
-                                             [&](int j) {
-                                               return j < group_.size() &&
-                                                      engine->liveness().departed(group_.member(j));
-                                             });
-      m >= 0) {
+  if (const int m = state_->departed.look(&state_->words[3], group_); m >= 0) {
     stop();
     return Status(Code::kCanceled, what + ": " + group_.departed_label(m));
   }

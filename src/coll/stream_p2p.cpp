@@ -715,14 +715,7 @@ Status StreamP2p::watch() {
     }
   }
   if (failure.is_ok()) {
-    const unsigned waited = __atomic_exchange_n(&words_[3], 0u, __ATOMIC_ACQ_REL);
-    proto::Engine* engine = twin_.engine();
-    if (const int m = departed_.observe(waited, util::Clock::now(),
-                                        [&](int j) {
-                                          return j < twin_.size() &&
-                                                 engine->liveness().departed(twin_.member(j));
-                                        });
-        m >= 0) {
+    if (const int m = departed_.look(&words_[3], twin_); m >= 0) {
       failure = Status(Code::kCanceled, what + ": " + twin_.departed_label(m));
     }
   }

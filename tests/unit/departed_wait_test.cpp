@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <set>
+#include <thread>
 
 namespace ferry::coll {
 namespace {
@@ -66,6 +67,41 @@ TEST_F(DepartedWaitTest, AMemberThatDepartsLaterIsCountedFromItsNotice) {
   const int grace = static_cast<int>(DepartedWait::kGrace.count());
   for (int at = 1000; at < 1000 + grace; at += 5) ASSERT_EQ(look(at, 1), -1) << at;
   EXPECT_EQ(look(1000 + grace, 1), 1);
+}
+
+// look(): the same on the word itself, for the members of a group (members 0..2 are ranks
+// 10..12; rank 12 finalized).
+struct FakeGroup {
+  struct Liveness {
+    bool departed(int rank) const { return rank == 12; }
+  };
+  struct Engine {
+    Liveness live;
+    const Liveness& liveness() const { return live; }
+  };
+  int size() const { return 3; }
+  int member(int j) const { return 10 + j; }
+  Engine* engine() const { return &e; }
+  mutable Engine e;
+};
+
+TEST(DepartedWaitLook, TakesTheWordAndNamesTheDepartedMemberAfterTheGrace) {
+  DepartedWait wait;
+  FakeGroup group;
+  unsigned word = 2;  // member 1, alive
+  EXPECT_EQ(wait.look(&word, group), -1);
+  EXPECT_EQ(word, 0u) << "the word is cleared for the kernels' next write";
+  word = 4;  // member 3: no such member in this group
+  EXPECT_EQ(wait.look(&word, group), -1);
+  const auto start = util::Clock::now();
+  int found = -1;
+  while (found < 0 && util::Clock::now() - start < std::chrono::seconds(2)) {
+    word = 3;  // member 2, rank 12, which finalized
+    found = wait.look(&word, group);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(found, 2);
+  EXPECT_GE(util::Clock::now() - start, DepartedWait::kGrace);
 }
 
 }  // namespace
