@@ -109,10 +109,26 @@ bool DeviceOneShot::mesh_ready(int device, cuda::Cuda::OneShot::Kind kind, std::
 }
 
 std::size_t DeviceOneShot::round_bytes(cuda::Cuda::OneShot::Kind kind) const {
+  using Kind = cuda::Cuda::OneShot::Kind;
   const auto n = static_cast<std::size_t>(group_.size());
-  if (kind == cuda::Cuda::OneShot::Kind::kBroadcast) return n * bytes_;  // mesh_ready's fit
-  // The one-shot kernel's limit: on a stream two members have no two-shot kernel (by_twoshot).
-  if (kind == cuda::Cuda::OneShot::Kind::kAllreduce && on_stream_ && n == 2) return bytes_;
+  // mesh_ready's fits, in whole 256-byte pieces so that every round starts aligned as the call.
+  const auto whole = [](std::size_t bytes) { return bytes / 256 * 256; };
+  switch (kind) {
+    case Kind::kBroadcast:
+      return whole(n * bytes_);
+    case Kind::kAllgather:  // a part of each member's block a round (Cuda::OneShot::stride)
+      return on_stream_ ? whole(n * bytes_) : 0;
+    case Kind::kReduceScatter:  // a part of each block a round, at most a slot
+      return on_stream_ ? whole(bytes_) : 0;
+    case Kind::kReduce:
+      // Between two (reduce_pair) each element's operands are the same whatever the round; among
+      // more the ring's blocks, and so the order of operands, depend on the whole count.
+      return on_stream_ && n == 2 ? whole(2 * bytes_) : 0;
+    case Kind::kAllreduce:
+      // The one-shot kernel's limit: on a stream two members have no two-shot kernel
+      // (by_twoshot); among more the ring's order depends on the whole count, as the reduce's.
+      return on_stream_ && n == 2 ? bytes_ : 0;
+  }
   return 0;
 }
 
@@ -538,12 +554,17 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
       // block, (count + 1) / 2 elements, and member 1's in the second, so each round lies in one of
       // the two and takes recursive doubling's order (member 0's first everywhere), the members
       // named the other way round in the second block.
+      // An allgather's and a reduce-scatter's rounds take the same part of every member's block
+      // (the kernel's stride is the whole count); a reduce's between two, as a broadcast's, a part
+      // of the buffer.
       const std::size_t split = c.kind == Kind::kAllreduce && ring ? (c.count + 1) / 2 : c.count;
       for (std::size_t at = 0; at < c.count;) {
         const std::size_t end = std::min(at + per_call, at < split ? split : c.count);
         const std::size_t offset = at * size_of(c.type);
         cuda::Cuda::OneShot round = kernels.on_stream_call(c.kind, out + offset, in + offset,
-                                                           end - at, c.type, c.op, c.root, false);
+                                                           end - at, c.type, c.op, c.root, ring);
+        if (c.kind == Kind::kAllgather || c.kind == Kind::kReduceScatter) round.stride = c.count;
+        if (c.kind == Kind::kAllreduce) round.ring = false;
         if (c.kind == Kind::kAllreduce && at >= split) {
           round.me = 1 - round.me;
           std::swap(round.areas[0], round.areas[1]);

@@ -187,6 +187,9 @@ class Cuda {
     void* out = nullptr;
     const void* in = nullptr;
     std::size_t count = 0;  // at most slot_bytes of data (any by the two-shot kernel)
+    // collective_on_stream only: an allgather's output or a reduce-scatter's input holds member
+    // j's block at j * stride elements (0: count); a round of a larger call takes a part of each.
+    std::size_t stride = 0;
     DataType type = DataType::kUint8;
     ReduceOp op = ReduceOp::kSum;
     int members = 0;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -687,10 +688,12 @@ TEST(Stream, EveryCollectiveMatchesItsHostForm) {
   }
 }
 
-// Past what one kernel takes (between two members an allreduce past FERRY_STREAM_KERNEL, and a
-// broadcast past the members' slots, twice that) a stream call goes in rounds of kernels, not to
-// ferry's thread: the bits are still the host form's, the order of operands included (the minimum
-// of +0 and -0 is the second operand, so each element shows whose value came first).
+// Past what one kernel takes (between two members an allreduce past FERRY_STREAM_KERNEL and a
+// reduce past twice that; among any number a broadcast or an allgather past the members' slots,
+// twice that for two, and a reduce-scatter whose block is past a slot) a stream call goes in
+// rounds of kernels, not to ferry's thread: the bits are still the host form's, the order of
+// operands included (the minimum of +0 and -0 is the second operand, so each element shows whose
+// value came first).
 TEST(Stream, CallsInRoundsMatchTheirHostForm) {
   Communicator world = g_ctx->world();
   const int me = world.rank();
@@ -746,6 +749,68 @@ TEST(Stream, CallsInRoundsMatchTheirHostForm) {
     EXPECT_EQ(differ(), 0u) << "broadcast from " << root;
     EXPECT_EQ(std::memcmp(by_host.data(), input_of(root).data(), bytes), 0)
         << "broadcast from " << root << " by the host form";
+  }
+  // An allgather past the members' slots and a reduce-scatter whose block is past a slot, in
+  // rounds of a part of every member's block; a reduce between two past the generation's two
+  // slots. Block j of a member's input is its input plus j.
+  const auto un = static_cast<std::size_t>(world.size());
+  std::vector<float> wide_input(un * count);
+  for (std::size_t j = 0; j < un; ++j) {
+    for (std::size_t i = 0; i < count; ++i) {
+      wide_input[j * count + i] = input[i] + static_cast<float>(j);
+    }
+  }
+  Device wide_in(un * bytes), wide_out(un * bytes);
+  std::vector<float> wide_stream(un * count), wide_host(un * count);
+  const auto both = [&](const std::string& what, std::size_t elements, auto&& call) {
+    const auto fill_wide = [&] {
+      check(
+          g_cuda->cuMemcpy(wide_in.p, reinterpret_cast<CUdeviceptr>(wide_input.data()), un * bytes),
+          "fill");
+      check(g_cuda->cuMemsetD8(wide_out.p, 0, un * bytes), "clear");
+      check(g_cuda->cuStreamSynchronize(nullptr), "fill and clear");
+    };
+    fill_wide();
+    ASSERT_TRUE(call(true).is_ok()) << what;
+    check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
+    ASSERT_TRUE(g_ctx->async_error().is_ok()) << what << ": " << g_ctx->async_error().to_string();
+    check(
+        g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(wide_stream.data()), wide_out.p, un * bytes),
+        "read");
+    fill_wide();
+    ASSERT_TRUE(call(false).is_ok()) << what;
+    check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(wide_host.data()), wide_out.p, un * bytes),
+          "read");
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < elements; ++i) {
+      wrong += std::memcmp(&wide_stream[i], &wide_host[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(wrong, 0u) << what;
+  };
+  const auto f32 = DataType::kFloat32;
+  both("allgather", un * count, [&](bool on_stream) {
+    return on_stream ? world.allgather(wide_in.get(), wide_out.get(), count, f32, g_stream)
+                     : world.allgather(wide_in.get(), wide_out.get(), count, f32);
+  });
+  for (std::size_t j = 0; j < un; ++j) {
+    EXPECT_EQ(
+        std::memcmp(wide_host.data() + j * count, input_of(static_cast<int>(j)).data(), bytes), 0)
+        << "allgather by the host form, member " << j << "'s block";
+  }
+  for (const ReduceOp op : {ReduceOp::kMin, ReduceOp::kSum}) {
+    both("reduce_scatter, op " + std::to_string(static_cast<int>(op)), count, [&](bool on_stream) {
+      return on_stream
+                 ? world.reduce_scatter(wide_in.get(), wide_out.get(), count, f32, op, g_stream)
+                 : world.reduce_scatter(wide_in.get(), wide_out.get(), count, f32, op);
+    });
+    for (int root = 0; root < world.size(); ++root) {
+      both("reduce to " + std::to_string(root) + ", op " + std::to_string(static_cast<int>(op)),
+           me == root ? count : 0, [&](bool on_stream) {
+             return on_stream ? world.reduce(wide_in.get(), wide_out.get(), count, f32, op, root,
+                                             g_stream)
+                              : world.reduce(wide_in.get(), wide_out.get(), count, f32, op, root);
+           });
+    }
   }
 }
 
@@ -1124,6 +1189,72 @@ int thread_idle(Context& ctx) {
         ctx.async_error().to_string().c_str(), ok ? "ok" : "FAILED");
     failures += ok ? 0 : 1;
     if (!ended) return 1;  // the buffers stay: the stream still uses them
+  }
+  // Collectives past what one kernel takes (40 MiB a member, past the default FERRY_STREAM_KERNEL
+  // of 16 MiB) go in rounds of kernels: they end with the thread idle, their bytes right.
+  {
+    const auto un = static_cast<std::size_t>(n);
+    constexpr std::size_t kCount = std::size_t{40} << 20;
+    const auto mine = static_cast<unsigned char>(world.rank() + 1);
+    const auto sum = static_cast<unsigned char>(n * (n + 1) / 2);
+    Device in(un * kCount), out(un * kCount);
+    std::vector<unsigned char> host(un * kCount);
+    struct Case {
+      const char* what;
+      std::function<Status()> call;
+      std::function<unsigned char(std::size_t)> expected;  // of byte i of the result
+      std::size_t bytes;  // of the result to check (0: not run here)
+      bool in_place;      // the result in `in` (a broadcast's one buffer), else in `out`
+    };
+    const auto u8 = DataType::kUint8;
+    const int root = n - 1;
+    const Case cases[] = {
+        {"allgather", [&] { return world.allgather(in.get(), out.get(), kCount, u8, g_stream); },
+         [&](std::size_t i) { return static_cast<unsigned char>(i / kCount + 1); }, un * kCount,
+         false},
+        {"reduce_scatter",
+         [&] {
+           return world.reduce_scatter(in.get(), out.get(), kCount, u8, ReduceOp::kSum, g_stream);
+         },
+         [&](std::size_t) { return sum; }, kCount, false},
+        {"allreduce",
+         [&] { return world.allreduce(in.get(), out.get(), kCount, u8, ReduceOp::kSum, g_stream); },
+         // Among more than two, past one kernel, an allreduce or a reduce still takes the thread.
+         [&](std::size_t) { return sum; }, n == 2 ? kCount : 0, false},
+        {"reduce",
+         [&] {
+           return world.reduce(in.get(), out.get(), kCount, u8, ReduceOp::kSum, root, g_stream);
+         },
+         // A non-root's receive buffer stays as it was (cleared).
+         [&](std::size_t) { return world.rank() == root ? sum : static_cast<unsigned char>(0); },
+         n == 2 ? kCount : 0, false},
+        {"broadcast", [&] { return world.broadcast(in.get(), kCount, u8, root, g_stream); },
+         [&](std::size_t) { return static_cast<unsigned char>(n); }, kCount, true},
+    };
+    for (const Case& c : cases) {
+      if (c.bytes == 0) continue;
+      check(g_cuda->cuMemsetD8(in.p, mine, un * kCount), "fill");
+      check(g_cuda->cuMemsetD8(out.p, 0, un * kCount), "clear");
+      check(g_cuda->cuStreamSynchronize(nullptr), "fill");
+      const auto start = Clock::now();
+      const Status enqueued = c.call();
+      const bool ended = ended_within(std::chrono::seconds(30));
+      std::size_t wrong = 0;
+      if (ended) {
+        check(g_cuda->cuMemcpy(reinterpret_cast<CUdeviceptr>(host.data()),
+                               c.in_place ? in.p : out.p, c.bytes),
+              "read");
+        for (std::size_t i = 0; i < c.bytes; ++i) wrong += host[i] != c.expected(i);
+      }
+      const bool ok = enqueued.is_ok() && ended && wrong == 0 && ctx.async_error().is_ok();
+      std::printf(
+          "rank %d: a 40 MiB %s on the stream with ferry's thread idle: enqueued %s, stream %s "
+          "after %.0f ms, %zu bytes wrong: %s\n",
+          world.rank(), c.what, enqueued.to_string().c_str(), ended ? "ended" : "still waits",
+          since_ms(start), wrong, ok ? "ok" : "FAILED");
+      failures += ok ? 0 : 1;
+      if (!ended) return 1;  // the buffers stay: the stream still uses them
+    }
   }
   if (!world.barrier().is_ok()) return 1;
   // The control: a receive into host memory needs the thread, so its stream waits.

@@ -69,18 +69,21 @@ namespace {
 // finish_call) or on an application's stream (ferry_mesh_on_stream, kernels/on_stream.cuh, which
 // passes the call's number the GPU keeps and a deadline by the GPU's clock; 0: none).
 
-// One allgather among 2 to kMaxMembers members (see above; `count` elements per member). The
-// caller keeps count * size within members * slot_bytes.
-__device__ void allgather_mesh(void* out, const void* in, unsigned long long count, int type,
-                               int members, int me, unsigned long long sequence,
-                               unsigned long long slot_bytes, const Areas& areas,
-                               volatile unsigned* words, unsigned long long deadline) {
+// One allgather among 2 to kMaxMembers members (see above; `count` elements per member, member
+// j's at j * stride elements of `out`: a round of a larger call takes a part of each member's).
+// The caller keeps count * size within members * slot_bytes.
+__device__ void allgather_mesh(void* out, const void* in, unsigned long long count,
+                               unsigned long long stride, int type, int members, int me,
+                               unsigned long long sequence, unsigned long long slot_bytes,
+                               const Areas& areas, volatile unsigned* words,
+                               unsigned long long deadline) {
   const auto n = static_cast<std::size_t>(members);
   const std::size_t data_offset = (sequence & 1) * n * slot_bytes;
   const std::size_t flags = 2 * n * slot_bytes + (sequence & 1) * n * kMaxBlocks * 16;
   const unsigned long long signature =
       kAllgatherBit | count << 8 | static_cast<unsigned long long>(type) << 4;
   const std::size_t bytes = count * type_size(type);
+  const std::size_t stride_bytes = stride * type_size(type);
   std::size_t first, last;
   block_part(0, bytes, 16, blockIdx.x, gridDim.x, &first, &last);
   const auto* input = static_cast<const unsigned char*>(in);
@@ -89,7 +92,8 @@ __device__ void allgather_mesh(void* out, const void* in, unsigned long long cou
   __syncthreads();
   if (threadIdx.x == 0) raise_flags(areas, flags, members, me, blockIdx.x, sequence, signature);
   // While the peers copy theirs: this member's own place in the output.
-  block_copy(output + static_cast<std::size_t>(me) * bytes + first, input + first, last - first);
+  block_copy(output + static_cast<std::size_t>(me) * stride_bytes + first, input + first,
+             last - first);
   __shared__ int stop;
   if (threadIdx.x == 0) {
     stop = wait_flags<false>(areas, flags, members, me, blockIdx.x, sequence, signature, words,
@@ -100,16 +104,18 @@ __device__ void allgather_mesh(void* out, const void* in, unsigned long long cou
     // Each member reads from the next one first, so no area is read by every member at once.
     for (int k = 1; k < members; ++k) {
       const int j = me + k < members ? me + k : me + k - members;
-      block_copy(output + static_cast<std::size_t>(j) * bytes + first,
+      block_copy(output + static_cast<std::size_t>(j) * stride_bytes + first,
                  areas.area[j] + data_offset + first, last - first);
     }
   }
 }
 
 // One reduce-scatter among 2 to kMaxMembers members (see above; `count` elements per member's
-// block, the input members * count). The caller keeps count * size within slot_bytes.
-__device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long long count, int type,
-                                    int op, int members, int me, unsigned long long sequence,
+// block, block j at j * stride elements of `in`: a round of a larger call takes a part of each
+// block). The caller keeps count * size within slot_bytes.
+__device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long long count,
+                                    unsigned long long stride, int type, int op, int members,
+                                    int me, unsigned long long sequence,
                                     unsigned long long slot_bytes, const Areas& areas,
                                     volatile unsigned* words, unsigned long long deadline) {
   const std::size_t size = type_size(type);
@@ -120,6 +126,7 @@ __device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long lon
                                        static_cast<unsigned long long>(type) << 4 |
                                        static_cast<unsigned>(op);
   const std::size_t block_bytes = count * size;
+  const std::size_t stride_bytes = stride * size;
   const std::size_t part_bytes = (block_bytes + 255) / 256 * 256;
   std::size_t first, last;
   block_part(0, count, 16 / size, blockIdx.x, gridDim.x, &first, &last);
@@ -129,7 +136,7 @@ __device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long lon
     const int j = me + k < members ? me + k : me + k - members;
     block_copy(areas.area[j] + data_offset + static_cast<std::size_t>(me) * part_bytes +
                    first * size,
-               input + static_cast<std::size_t>(j) * block_bytes + first * size,
+               input + static_cast<std::size_t>(j) * stride_bytes + first * size,
                (last - first) * size);
   }
   __syncthreads();
@@ -146,7 +153,7 @@ __device__ void reduce_scatter_mesh(void* out, const void* in, unsigned long lon
     for (int m = 0; m < kMaxMembers; ++m) {
       sources[m] = nullptr;
       if (m < members) {
-        sources[m] = m == me ? input + static_cast<std::size_t>(me) * block_bytes
+        sources[m] = m == me ? input + static_cast<std::size_t>(me) * stride_bytes
                              : areas.area[me] + data_offset + static_cast<std::size_t>(m) *
                                                                   part_bytes;
       }
@@ -359,7 +366,8 @@ extern "C" __global__ void __launch_bounds__(512)
                          int members, int me, int ring, unsigned long long sequence,
                          unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
                          unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done) {
-  allgather_mesh(out, in, count, type, members, me, sequence, slot_bytes, areas, words, 0);
+  allgather_mesh(out, in, count, count, type, members, me, sequence, slot_bytes, areas, words,
+                 0);
   finish_call(blocks_done, lane_flag, done);
 }
 
@@ -369,8 +377,8 @@ extern "C" __global__ void __launch_bounds__(512)
                               unsigned long long slot_bytes, Areas areas,
                               volatile unsigned* words, unsigned* blocks_done,
                               volatile unsigned* lane_flag, unsigned done) {
-  reduce_scatter_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
-                      0);
+  reduce_scatter_mesh(out, in, count, count, type, op, members, me, sequence, slot_bytes, areas,
+                      words, 0);
   finish_call(blocks_done, lane_flag, done);
 }
 

@@ -450,13 +450,15 @@ __device__ __forceinline__ bool mesh_by_ll(int kind, unsigned long long bytes,
 // 1: allgather, 2: reduce-scatter, 3: broadcast from `root`, 4: reduce to `root`, between two
 // members by reduce_pair); small ones by
 // LL lines (ll_mesh), the others the launched kernel's blocks (kernels/twoshot.cuh,
-// kernels/mesh.cuh) with the number the GPU keeps.
+// kernels/mesh.cuh) with the number the GPU keeps. `stride`: the elements between members' blocks
+// of an allgather's output or a reduce-scatter's input (count, or a larger call's count for its
+// rounds, which the host sends with ll_bytes 0).
 extern "C" __global__ void __launch_bounds__(512)
     ferry_mesh_on_stream(void* out, const void* in, unsigned long long count, int type, int op,
                          int members, int me, int ring, unsigned long long slot_bytes, Areas areas,
                          volatile unsigned* words, unsigned long long* counters,
                          unsigned long long timeout_ns, int kind, int root,
-                         unsigned long long ll_bytes) {
+                         unsigned long long ll_bytes, unsigned long long stride) {
   __shared__ unsigned long long sequence;
   if (threadIdx.x == 0) sequence = *reinterpret_cast<volatile unsigned long long*>(counters) + 1;
   __syncthreads();
@@ -473,12 +475,12 @@ extern "C" __global__ void __launch_bounds__(512)
                    deadline);
       break;
     case 1:
-      allgather_mesh(out, in, count, type, members, me, sequence, slot_bytes, areas, words,
+      allgather_mesh(out, in, count, stride, type, members, me, sequence, slot_bytes, areas, words,
                      deadline);
       break;
     case 2:
-      reduce_scatter_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
-                          deadline);
+      reduce_scatter_mesh(out, in, count, stride, type, op, members, me, sequence, slot_bytes,
+                          areas, words, deadline);
       break;
     case 3:
       broadcast_mesh(out, count, type, members, me, sequence, slot_bytes, areas, words, deadline,
