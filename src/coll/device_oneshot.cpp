@@ -564,6 +564,9 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
         cuda::Cuda::OneShot round = kernels.on_stream_call(c.kind, out + offset, in + offset,
                                                            end - at, c.type, c.op, c.root, ring);
         if (c.kind == Kind::kAllgather || c.kind == Kind::kReduceScatter) round.stride = c.count;
+        // A short last round by the blocks too: LL lines take no stride, and a reduce's LL
+        // lines their own order of operands.
+        if (c.kind != Kind::kAllreduce && c.kind != Kind::kBroadcast) round.ll_bytes = 0;
         if (c.kind == Kind::kAllreduce) round.ring = false;
         if (c.kind == Kind::kAllreduce && at >= split) {
           round.me = 1 - round.me;

@@ -287,9 +287,8 @@ Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::One
   // thread per line: a thread's second line waits a whole round trip (its input read, the store
   // to the peer, the peer's line) behind its first (two H200s: 16 KiB in 8.3 us replayed from a
   // graph with two lines a thread, 8 B in 4.5 with one).
-  // Rounds of a larger call (stride past count) take the blocks, which keep the stride.
+  // Rounds of a larger call (stride past count) come with ll_bytes 0: the blocks keep the stride.
   unsigned long long stride = call.stride != 0 ? call.stride : call.count;
-  if (stride != call.count) ll_bytes = 0;
   const std::size_t data = call.count * size_of(call.type);
   const bool by_lines = data <= ll_bytes && !(mesh && call.kind == Cuda::OneShot::Kind::kAllreduce);
   const unsigned blocks = by_lines ? grid(call, (data + 7) / 8 + 1, 512) : oneshot_blocks(call);
