@@ -752,12 +752,12 @@ TEST(Stream, CallsInRoundsMatchTheirHostForm) {
   }
   // An allgather past the members' slots and a reduce-scatter whose block is past a slot, in
   // rounds of a part of every member's block; a reduce between two past the generation's two
-  // slots. Block j of a member's input is its input plus j.
+  // slots. Block 0 of a member's input is its input (its -0s kept), block j its input plus j.
   const auto un = static_cast<std::size_t>(world.size());
   std::vector<float> wide_input(un * count);
   for (std::size_t j = 0; j < un; ++j) {
     for (std::size_t i = 0; i < count; ++i) {
-      wide_input[j * count + i] = input[i] + static_cast<float>(j);
+      wide_input[j * count + i] = j == 0 ? input[i] : input[i] + static_cast<float>(j);
     }
   }
   Device wide_in(un * bytes), wide_out(un * bytes);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stream collectives past one kernel's size in rounds of kernels (e469dea), on one GPU shared by
+# Stream collectives past one kernel's size in rounds of kernels (77c4ff8), on one GPU shared by
 # two ranks; binaries from `bench/gpu_run.sh pack build` carried as .devbin, and where
 # .devbin/old holds the libferry.so and ferry-nccl/libnccl.so.2 of the commit before, the
 # PyTorch part against them first.
