@@ -689,11 +689,12 @@ TEST(Stream, EveryCollectiveMatchesItsHostForm) {
 }
 
 // Past what one kernel takes (between two members an allreduce past FERRY_STREAM_KERNEL and a
-// reduce past twice that; among any number a broadcast or an allgather past the members' slots,
+// reduce past twice that; among more an allreduce past the members' slots and a reduce whose ring
+// block is past a slot; among any number a broadcast or an allgather past the members' slots,
 // twice that for two, and a reduce-scatter whose block is past a slot) a stream call goes in
 // rounds of kernels, not to ferry's thread: the bits are still the host form's, the order of
 // operands included (the minimum of +0 and -0 is the second operand, so each element shows whose
-// value came first).
+// value came first). 48 MiB a member is past those sizes for up to eight members.
 TEST(Stream, CallsInRoundsMatchTheirHostForm) {
   Communicator world = g_ctx->world();
   const int me = world.rank();
@@ -752,7 +753,8 @@ TEST(Stream, CallsInRoundsMatchTheirHostForm) {
   }
   // An allgather past the members' slots and a reduce-scatter whose block is past a slot, in
   // rounds of a part of every member's block; a reduce between two past the generation's two
-  // slots. Block 0 of a member's input is its input (its -0s kept), block j its input plus j.
+  // slots, among more one whose ring block is past a slot (rounds of a part of every block). Block
+  // 0 of a member's input is its input (its -0s kept), block j its input plus j.
   const auto un = static_cast<std::size_t>(world.size());
   std::vector<float> wide_input(un * count);
   for (std::size_t j = 0; j < un; ++j) {
@@ -998,6 +1000,16 @@ int graph_death(Context& ctx, Replayed what) {
 // that time, the error kTimeout.
 // `p2p`: the same with a pair of send/recv groups first and then a receive from rank 1 that rank 1
 // never sends.
+// The Context's async error once it is set (ferry's thread sets it within a millisecond or so of
+// a kernel's stop), or ok after `limit` from `start`.
+Status async_error_within(Context& ctx, std::chrono::steady_clock::time_point start,
+                          std::chrono::seconds limit) {
+  while (ctx.async_error().is_ok() && std::chrono::steady_clock::now() - start < limit) {
+    ::usleep(1000);
+  }
+  return ctx.async_error();
+}
+
 int never_arrives(Context& ctx, bool p2p) {
   Communicator world = ctx.world();
   const int n = ctx.size();
@@ -1029,10 +1041,7 @@ int never_arrives(Context& ctx, bool p2p) {
                    : world.allreduce(buffer.get(), buffer.get(), 8, DataType::kFloat64,
                                      ReduceOp::kSum, g_stream);
     check(g_cuda->cuStreamSynchronize(g_stream), "synchronize");
-    // The error comes from ferry's thread, within a millisecond or so of the kernel's stop.
-    while (ctx.async_error().is_ok() && Clock::now() - start < std::chrono::seconds(30)) {
-      ::usleep(1000);
-    }
+    (void)async_error_within(ctx, start, std::chrono::seconds(30));
   }
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   const Status error = ctx.async_error();
@@ -1091,11 +1100,8 @@ int leaves(Context& ctx, bool p2p) {
   const Status met = world.barrier();
   const auto start = Clock::now();
   const CUresult synchronized = g_cuda->cuStreamSynchronize(g_stream);
-  while (ctx.async_error().is_ok() && Clock::now() - start < std::chrono::seconds(30)) {
-    ::usleep(1000);
-  }
+  const Status error = async_error_within(ctx, start, std::chrono::seconds(30));
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  const Status error = ctx.async_error();
   std::printf(
       "rank %d: %s rank %d, which ended its Context: enqueued %s, barrier %s; stream %s and "
       "async error %s %.0f ms after the barrier\n",
@@ -1203,8 +1209,8 @@ int thread_idle(Context& ctx) {
       const char* what;
       std::function<Status()> call;
       std::function<unsigned char(std::size_t)> expected;  // of byte i of the result
-      std::size_t bytes;  // of the result to check (0: not run here)
-      bool in_place;      // the result in `in` (a broadcast's one buffer), else in `out`
+      std::size_t bytes;                                   // of the result to check
+      bool in_place;  // the result in `in` (a broadcast's one buffer), else in `out`
     };
     const auto u8 = DataType::kUint8;
     const int root = n - 1;
@@ -1219,20 +1225,18 @@ int thread_idle(Context& ctx) {
          [&](std::size_t) { return sum; }, kCount, false},
         {"allreduce",
          [&] { return world.allreduce(in.get(), out.get(), kCount, u8, ReduceOp::kSum, g_stream); },
-         // Among more than two, past one kernel, an allreduce or a reduce still takes the thread.
-         [&](std::size_t) { return sum; }, n == 2 ? kCount : 0, false},
+         [&](std::size_t) { return sum; }, kCount, false},
         {"reduce",
          [&] {
            return world.reduce(in.get(), out.get(), kCount, u8, ReduceOp::kSum, root, g_stream);
          },
          // A non-root's receive buffer stays as it was (cleared).
          [&](std::size_t) { return world.rank() == root ? sum : static_cast<unsigned char>(0); },
-         n == 2 ? kCount : 0, false},
+         kCount, false},
         {"broadcast", [&] { return world.broadcast(in.get(), kCount, u8, root, g_stream); },
          [&](std::size_t) { return static_cast<unsigned char>(n); }, kCount, true},
     };
     for (const Case& c : cases) {
-      if (c.bytes == 0) continue;
       check(g_cuda->cuMemsetD8(in.p, mine, un * kCount), "fill");
       check(g_cuda->cuMemsetD8(out.p, 0, un * kCount), "clear");
       check(g_cuda->cuStreamSynchronize(nullptr), "fill");
