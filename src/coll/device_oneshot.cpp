@@ -121,18 +121,13 @@ std::size_t DeviceOneShot::round_bytes(cuda::Cuda::OneShot::Kind kind) const {
     case Kind::kReduceScatter:  // a part of each block a round, at most a slot
       return on_stream_ ? whole(bytes_) : 0;
     case Kind::kReduce:
-      // Between two (reduce_pair) a part of the buffer: each element's operands are the same
-      // whatever the round. Among more a part of each of the whole call's ring blocks
-      // (Cuda::OneShot::first), whose order of operands depends on the whole count: at most a
-      // slot, less the 16 bytes by which mesh_ready rounds a block up.
-      if (!on_stream_) return 0;
-      return n == 2 ? whole(2 * bytes_) : bytes_ > 256 ? whole(bytes_ - 256) : 0;
+      // Between two (reduce_pair) each element's operands are the same whatever the round; among
+      // more the ring's blocks, and so the order of operands, depend on the whole count.
+      return on_stream_ && n == 2 ? whole(2 * bytes_) : 0;
     case Kind::kAllreduce:
-      // Between two the one-shot kernel's limit: on a stream two members have no two-shot kernel
-      // (by_twoshot). Among more the two-shot kernel's, a part per slot, each round in the whole
-      // call's order of operands (Cuda::OneShot::first).
-      if (!on_stream_) return 0;
-      return n == 2 ? bytes_ : whole(n * bytes_);
+      // The one-shot kernel's limit: on a stream two members have no two-shot kernel
+      // (by_twoshot); among more the ring's order depends on the whole count, as the reduce's.
+      return on_stream_ && n == 2 ? bytes_ : 0;
   }
   return 0;
 }
@@ -515,17 +510,12 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
     cuda::Cuda::StreamInfo info;
     const bool known = gpu->stream_info(stream, &info).is_ok();
     const int on = known ? info.device : -1;
-    // A call larger than one kernel takes goes in rounds where the kind allows (round_bytes): of
-    // per_call elements, or among three or more a reduce's of per_call elements of each ring
-    // block (by_blocks; the first blocks are the longest).
+    // A call larger than one kernel takes goes in rounds where the kind allows (round_bytes).
     const std::size_t most = kernels.round_bytes(c.kind) / size_of(c.type);
-    const bool by_blocks = c.kind == Kind::kReduce && n > 2;
-    const std::size_t extent = by_blocks ? (c.count + n - 1) / n : c.count;
-    const std::size_t per_call = most > 0 && extent > most ? most : c.count;
-    const std::size_t round_count = per_call == c.count ? c.count : by_blocks ? n * most : most;
+    const std::size_t per_call = most > 0 && c.count > most ? most : c.count;
     const bool ready = c.kind == Kind::kAllreduce
-                           ? kernels.ready(on, round_count, c.type)
-                           : kernels.mesh_ready(on, c.kind, round_count * size_of(c.type));
+                           ? kernels.ready(on, per_call, c.type)
+                           : kernels.mesh_ready(on, c.kind, per_call * size_of(c.type));
     gpu->restore_capture(mode);
     if (!ready || !known) return Status();
     // The host algorithm's order: a reduce in the binomial tree's has a kernel by LL lines only,
@@ -558,30 +548,16 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
     const auto* in = static_cast<const std::byte*>(staged_in != nullptr ? staged_in : c.send);
     if (per_call == c.count) {
       calls.push_back(kernels.on_stream_call(c.kind, out, in, c.count, c.type, c.op, c.root, ring));
-    } else if (by_blocks) {
-      // The same part of every ring block of the whole call a round, the buffers the call's: each
-      // element's operands come in the whole call's order (kernels/mesh.cuh, reduce_mesh).
-      for (std::size_t from = 0; from < extent; from += per_call) {
-        cuda::Cuda::OneShot round = kernels.on_stream_call(
-            c.kind, out, in, std::min(per_call, extent - from), c.type, c.op, c.root, ring);
-        round.stride = c.count;
-        round.first = from;
-        round.ll_bytes = 0;
-        calls.push_back(round);
-      }
     } else {
       // Rounds of per_call elements. An allreduce's (between two members) keep the order of
       // operands of the whole call: in the ring's order member 0's value comes first in its first
       // block, (count + 1) / 2 elements, and member 1's in the second, so each round lies in one of
       // the two and takes recursive doubling's order (member 0's first everywhere), the members
       // named the other way round in the second block.
-      // Among three or more an allreduce's rounds are the two-shot kernel's, in the whole call's
-      // order of operands (the call's count and the round's place in it).
       // An allgather's and a reduce-scatter's rounds take the same part of every member's block
       // (the kernel's stride is the whole count); a reduce's between two, as a broadcast's, a part
       // of the buffer.
-      const bool pair = c.kind == Kind::kAllreduce && n == 2;
-      const std::size_t split = pair && ring ? (c.count + 1) / 2 : c.count;
+      const std::size_t split = c.kind == Kind::kAllreduce && ring ? (c.count + 1) / 2 : c.count;
       for (std::size_t at = 0; at < c.count;) {
         const std::size_t end = std::min(at + per_call, at < split ? split : c.count);
         const std::size_t offset = at * size_of(c.type);
@@ -590,14 +566,9 @@ Status collective_by_kernel(Group& group, const KernelCall& c, void* stream, boo
         if (c.kind == Kind::kAllgather || c.kind == Kind::kReduceScatter) round.stride = c.count;
         // A short last round by the blocks too: LL lines take no stride, and a reduce's LL
         // lines their own order of operands.
-        if (!pair && c.kind != Kind::kBroadcast) round.ll_bytes = 0;
-        if (c.kind == Kind::kAllreduce && !pair) {
-          round.two_shot = true;  // a short last round too
-          round.stride = c.count;
-          round.first = at;
-        }
-        if (pair) round.ring = false;
-        if (pair && at >= split) {
+        if (c.kind != Kind::kAllreduce && c.kind != Kind::kBroadcast) round.ll_bytes = 0;
+        if (c.kind == Kind::kAllreduce) round.ring = false;
+        if (c.kind == Kind::kAllreduce && at >= split) {
           round.me = 1 - round.me;
           std::swap(round.areas[0], round.areas[1]);
         }

@@ -73,10 +73,9 @@ class DeviceOneShot {
   // The most bytes one kernel call of `kind` takes where a larger call goes in rounds of them,
   // one call each: a broadcast's (any size, launched among three or more members, on a stream
   // among two or more); on a stream an allgather's and a reduce-scatter's (a part of every
-  // member's block a round), an allreduce's, and a reduce's (between two members a part of the
-  // buffer, among more a part of every ring block: these bytes of each); else 0 (one call, or
-  // another path). On a stream the rounds keep ferry's thread, and the CUDA calls it would make
-  // while the application's streams wait for it, out of such calls.
+  // member's block a round), and a reduce's and an allreduce's between two members; else 0 (one
+  // call, or another path). On a stream the rounds keep ferry's thread, and the CUDA calls it
+  // would make while the application's streams wait for it, out of such calls.
   [[nodiscard]] std::size_t round_bytes(cuda::Cuda::OneShot::Kind kind) const;
   // The next call's number (the same on every member).
   std::uint64_t next() { return ++state_->sequence; }

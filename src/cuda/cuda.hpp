@@ -187,14 +187,9 @@ class Cuda {
     void* out = nullptr;
     const void* in = nullptr;
     std::size_t count = 0;  // at most slot_bytes of data (any by the two-shot kernel)
-    // collective_on_stream only, for rounds of a larger call (0: count, and first 0): an
-    // allgather's output or a reduce-scatter's input holds member j's block at j * stride
-    // elements, and a round takes a part of each; an allreduce among three or more by the
-    // two-shot kernel is elements [first, first + count) of a call of `stride` elements, in that
-    // call's order of operands; a reduce among three or more takes elements [first, first + count)
-    // of each ring block of a call of `stride` elements, `in` and `out` that call's.
+    // collective_on_stream only: an allgather's output or a reduce-scatter's input holds member
+    // j's block at j * stride elements (0: count); a round of a larger call takes a part of each.
     std::size_t stride = 0;
-    std::size_t first = 0;
     DataType type = DataType::kUint8;
     ReduceOp op = ReduceOp::kSum;
     int members = 0;

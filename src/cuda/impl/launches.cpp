@@ -289,7 +289,6 @@ Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::One
   // graph with two lines a thread, 8 B in 4.5 with one).
   // Rounds of a larger call (stride past count) come with ll_bytes 0: the blocks keep the stride.
   unsigned long long stride = call.stride != 0 ? call.stride : call.count;
-  unsigned long long first = call.stride != 0 ? call.first : 0;
   const std::size_t data = call.count * size_of(call.type);
   const bool by_lines = data <= ll_bytes && !(mesh && call.kind == Cuda::OneShot::Kind::kAllreduce);
   const unsigned blocks = by_lines ? grid(call, (data + 7) / 8 + 1, 512) : oneshot_blocks(call);
@@ -298,7 +297,7 @@ Status Launches::collective_on_stream(void* stream, int ordinal, const Cuda::One
                               &a.words,   &counters, &timeout_ns, &ll_bytes};
   void* mesh_params[] = {&a.out,      &a.in,   &a.count,      &a.type,        &a.op,    &a.members,
                          &a.me,       &a.ring, &a.slot_bytes, a.areas.data(), &a.words, &counters,
-                         &timeout_ns, &kind,   &a.root,       &ll_bytes,      &stride,  &first};
+                         &timeout_ns, &kind,   &a.root,       &ll_bytes,      &stride};
   const CUresult result =
       d_->cuLaunchKernel(kernel, blocks, 1, 1, 512, 1, 1, 0, static_cast<CUstream>(stream),
                          mesh ? mesh_params : allreduce_params, nullptr);

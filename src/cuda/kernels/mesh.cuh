@@ -234,14 +234,11 @@ __device__ void broadcast_mesh(void* out, unsigned long long count, int type, in
 }
 
 // One reduce among 2 to kMaxMembers members to `root` (see above; `out` the root's). The caller
-// keeps a ring block (count / members elements, rounded up) within slot_bytes. A round of a larger
-// call of `whole` elements (else whole is count and from 0) takes elements [from, from + count)
-// of each of that call's ring blocks, `in` and `out` being the whole call's.
+// keeps a ring block (count / members elements, rounded up) within slot_bytes.
 __device__ void reduce_mesh(void* out, const void* in, unsigned long long count, int type, int op,
                             int members, int me, unsigned long long sequence,
                             unsigned long long slot_bytes, const Areas& areas,
-                            volatile unsigned* words, unsigned long long deadline, int root,
-                            unsigned long long whole, unsigned long long from) {
+                            volatile unsigned* words, unsigned long long deadline, int root) {
   const std::size_t size = type_size(type);
   const auto n = static_cast<std::size_t>(members);
   const std::size_t data_offset = (sequence & 1) * n * slot_bytes;
@@ -250,23 +247,17 @@ __device__ void reduce_mesh(void* out, const void* in, unsigned long long count,
   const unsigned long long signature =
       kReduceBit | static_cast<unsigned long long>(root) << 53 | count << 8 |
       static_cast<unsigned long long>(type) << 4 | static_cast<unsigned>(op);
-  // The whole call's ring blocks: the first whole % members have one element more; this call's
-  // part of block j from `from` on, at most count elements.
-  const std::size_t base = whole / n;
-  const std::size_t longer = whole % n;
+  // The ring's blocks: the first count % members have one element more.
+  const std::size_t base = count / n;
+  const std::size_t longer = count % n;
   const auto start = [&](int j) {
     const auto b = static_cast<std::size_t>(j);
-    return (b < longer ? b * (base + 1) : longer * (base + 1) + (b - longer) * base) + from;
+    return b < longer ? b * (base + 1) : longer * (base + 1) + (b - longer) * base;
   };
-  const auto length = [&](int j) {
-    const std::size_t block = base + (static_cast<std::size_t>(j) < longer ? 1 : 0);
-    const std::size_t left = block > from ? block - from : 0;
-    return left < count ? left : static_cast<std::size_t>(count);
-  };
-  const std::size_t longest = length(0);  // block 0 is never shorter than another
-  const std::size_t part_bytes = (longest * size + 255) / 256 * 256;
+  const auto length = [&](int j) { return base + (static_cast<std::size_t>(j) < longer ? 1 : 0); };
+  const std::size_t part_bytes = ((base + 1) * size + 255) / 256 * 256;
   std::size_t first, last;
-  block_part(0, longest, 16 / size, blockIdx.x, gridDim.x, &first, &last);
+  block_part(0, base + 1, 16 / size, blockIdx.x, gridDim.x, &first, &last);
   const auto lo = [&](int j) { return first < length(j) ? first : length(j); };
   const auto hi = [&](int j) { return last < length(j) ? last : length(j); };
   const auto place = [&](int j) {
@@ -407,7 +398,6 @@ extern "C" __global__ void __launch_bounds__(512)
                       unsigned long long slot_bytes, Areas areas, volatile unsigned* words,
                       unsigned* blocks_done, volatile unsigned* lane_flag, unsigned done,
                       int root) {
-  reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words, 0, root,
-              count, 0);
+  reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words, 0, root);
   finish_call(blocks_done, lane_flag, done);
 }

@@ -450,19 +450,15 @@ __device__ __forceinline__ bool mesh_by_ll(int kind, unsigned long long bytes,
 // 1: allgather, 2: reduce-scatter, 3: broadcast from `root`, 4: reduce to `root`, between two
 // members by reduce_pair); small ones by
 // LL lines (ll_mesh), the others the launched kernel's blocks (kernels/twoshot.cuh,
-// kernels/mesh.cuh) with the number the GPU keeps. Rounds of a larger call (which the host sends
-// with ll_bytes 0) say so by `stride` and `first`, else count and 0: an allgather's output and a
-// reduce-scatter's input hold members' blocks `stride` elements apart; an allreduce is elements
-// [first, first + count) of a call of `stride` elements, whose order of operands they keep; a
-// reduce among three or more takes elements [first, first + count) of each ring block of a call
-// of `stride` elements (`in` and `out` that call's).
+// kernels/mesh.cuh) with the number the GPU keeps. `stride`: the elements between members' blocks
+// of an allgather's output or a reduce-scatter's input (count, or a larger call's count for its
+// rounds, which the host sends with ll_bytes 0).
 extern "C" __global__ void __launch_bounds__(512)
     ferry_mesh_on_stream(void* out, const void* in, unsigned long long count, int type, int op,
                          int members, int me, int ring, unsigned long long slot_bytes, Areas areas,
                          volatile unsigned* words, unsigned long long* counters,
                          unsigned long long timeout_ns, int kind, int root,
-                         unsigned long long ll_bytes, unsigned long long stride,
-                         unsigned long long first) {
+                         unsigned long long ll_bytes, unsigned long long stride) {
   __shared__ unsigned long long sequence;
   if (threadIdx.x == 0) sequence = *reinterpret_cast<volatile unsigned long long*>(counters) + 1;
   __syncthreads();
@@ -476,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(512)
   switch (kind) {
     case 0:
       twoshot_mesh(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words,
-                   deadline, stride, first);
+                   deadline);
       break;
     case 1:
       allgather_mesh(out, in, count, stride, type, members, me, sequence, slot_bytes, areas, words,
@@ -496,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(512)
                     root);
       } else {
         reduce_mesh(out, in, count, type, op, members, me, sequence, slot_bytes, areas, words,
-                    deadline, root, stride, first);
+                    deadline, root);
       }
       break;
   }

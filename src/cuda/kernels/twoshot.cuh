@@ -295,16 +295,14 @@ __device__ void mesh_reduce(const unsigned char* const (&sources)[kMaxMembers], 
 namespace {
 
 // A two-shot call among 3 to kMaxMembers members (see above; the arguments are
-// ferry_allreduce_oneshot's, a deadline by the GPU's clock, 0: none, and where the call is a round
-// of a larger one, that one's count and the round's first element in it, else count and 0), run
-// by each block: launched (ferry_allreduce_twoshot_mesh) or on an application's stream
-// (ferry_mesh_on_stream). Block b handles sub-part b of every part and waits only for block b of
-// each peer. The caller keeps a part within a slot (count * size <= members * slot_bytes).
+// ferry_allreduce_oneshot's, and a deadline by the GPU's clock, 0: none), run by each block:
+// launched (ferry_allreduce_twoshot_mesh) or on an application's stream (ferry_mesh_on_stream).
+// Block b handles sub-part b of every part and waits only for block b of each peer. The caller
+// keeps a part within a slot (count * size <= members * slot_bytes).
 __device__ void twoshot_mesh(void* out, const void* in, unsigned long long count, int type, int op,
                              int members, int me, int ring, unsigned long long sequence,
                              unsigned long long slot_bytes, const Areas& areas,
-                             volatile unsigned* words, unsigned long long deadline,
-                             unsigned long long whole, unsigned long long first_of_whole) {
+                             volatile unsigned* words, unsigned long long deadline) {
   const std::size_t size = type_size(type);
   const std::size_t unit = 16 / size;
   const auto n = static_cast<std::size_t>(members);
@@ -322,9 +320,7 @@ __device__ void twoshot_mesh(void* out, const void* in, unsigned long long count
   const std::size_t part_bytes = part * size;
   std::size_t first, last;
   block_part(0, part, unit, blockIdx.x, gridDim.x, &first, &last);
-  // The order of operands of element i is that of element first_of_whole + i of a call of
-  // `whole` elements: a round of a larger call keeps the whole call's (the ring's blocks).
-  const Order order(whole, members, ring != 0);
+  const Order order(count, members, ring != 0);
   // Member j's part: its first element, and this block's share [lo, hi) of it.
   struct Share {
     std::size_t base, lo, hi;
@@ -377,8 +373,8 @@ __device__ void twoshot_mesh(void* out, const void* in, unsigned long long count
     }
     with_element(type, [&](auto element, bool bitwise) {
       with_op(op, bitwise, [&](auto kOp) {
-        mesh_reduce<decltype(element), kOp>(sources, result, copies, first_of_whole + own.base,
-                                            own.lo, own.hi, order);
+        mesh_reduce<decltype(element), kOp>(sources, result, copies, own.base, own.lo, own.hi,
+                                            order);
       });
     });
     __syncthreads();
@@ -410,7 +406,6 @@ extern "C" __global__ void __launch_bounds__(512)
                                  unsigned long long sequence, unsigned long long slot_bytes,
                                  Areas areas, volatile unsigned* words, unsigned* blocks_done,
                                  volatile unsigned* lane_flag, unsigned done) {
-  twoshot_mesh(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words, 0,
-               count, 0);
+  twoshot_mesh(out, in, count, type, op, members, me, ring, sequence, slot_bytes, areas, words, 0);
   finish_call(blocks_done, lane_flag, done);
 }
