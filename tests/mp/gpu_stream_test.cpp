@@ -993,11 +993,6 @@ int graph_death(Context& ctx, Replayed what) {
   return ok ? 0 : 1;
 }
 
-// After one allreduce together, rank 0 enqueues one that no other rank makes (they wait, then
-// meet it in a barrier): with FERRY_TIMEOUT set (1 s), its stream must be released within about
-// that time, the error kTimeout.
-// `p2p`: the same with a pair of send/recv groups first and then a receive from rank 1 that rank 1
-// never sends.
 // The Context's async error once it is set (ferry's thread sets it within a millisecond or so of
 // a kernel's stop), or ok after `limit` from `start`.
 Status async_error_within(Context& ctx, std::chrono::steady_clock::time_point start,
@@ -1008,6 +1003,11 @@ Status async_error_within(Context& ctx, std::chrono::steady_clock::time_point st
   return ctx.async_error();
 }
 
+// After one allreduce together, rank 0 enqueues one that no other rank makes (they wait, then
+// meet it in a barrier): with FERRY_TIMEOUT set (1 s), its stream must be released within about
+// that time, the error kTimeout.
+// `p2p`: the same with a pair of send/recv groups first and then a receive from rank 1 that rank 1
+// never sends.
 int never_arrives(Context& ctx, bool p2p) {
   Communicator world = ctx.world();
   const int n = ctx.size();
